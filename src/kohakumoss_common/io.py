@@ -1,0 +1,192 @@
+"""Files that never end half-written, and safetensors checkpoints (single or sharded with an index).
+
+Loading is per tensor (`iter_tensors`), so a 5B model never needs a full fp32 copy in host memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .errors import CheckpointError
+
+INDEX_SUFFIX = ".safetensors.index.json"
+
+
+@contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside `path`; on success it replaces `path` in one rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def atomic_write_json(path: str | Path, obj: object) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+@contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """Build a folder under a temporary name; it appears at `path` only when complete.
+
+    An existing `path` is kept until the new folder is in place, so a crash leaves the old one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        yield tmp
+        if path.exists():
+            old = path.with_name(f".{path.name}.old")
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(path, old)
+            os.replace(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_safetensors(
+    tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """Atomically write one safetensors file (tensors made contiguous, on the CPU)."""
+    cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
+    with atomic_path(path) as tmp:
+        save_file(cpu, str(tmp), metadata=metadata)
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def save_sharded(
+    tensors: dict[str, torch.Tensor],
+    directory: str | Path,
+    prefix: str = "model",
+    max_shard_bytes: int = 5 << 30,
+    metadata: dict[str, str] | None = None,
+) -> list[Path]:
+    """Write `prefix.safetensors`, or `prefix-0000i-of-0000n.safetensors` shards plus the HF index file."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for key, tensor in tensors.items():
+        if shards[-1] and size + _nbytes(tensor) > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = tensor
+        size += _nbytes(tensor)
+    if len(shards) == 1:
+        path = directory / f"{prefix}.safetensors"
+        save_safetensors(shards[0], path, metadata)
+        return [path]
+    paths, weight_map = [], {}
+    for i, shard in enumerate(shards):
+        name = f"{prefix}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_safetensors(shard, directory / name, metadata)
+        paths.append(directory / name)
+        weight_map.update({k: name for k in shard})
+    total = sum(_nbytes(t) for t in tensors.values())
+    atomic_write_json(
+        directory / f"{prefix}{INDEX_SUFFIX}",
+        {"metadata": {"total_size": total, **(metadata or {})}, "weight_map": weight_map},
+    )
+    return paths
+
+
+def resolve_files(path: str | Path) -> list[Path]:
+    """The safetensors files behind `path`: a file, an index json, or a folder holding either."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(path, "no such file or folder")
+    if path.is_dir():
+        indexes = sorted(path.glob(f"*{INDEX_SUFFIX}"))
+        if indexes:
+            return resolve_files(indexes[0])
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(path, "folder holds no .safetensors file and no index")
+        return files
+    if path.name.endswith(".json"):
+        try:
+            weight_map = json.loads(path.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise CheckpointError(path, f"not a safetensors index file ({e})") from e
+        files = [path.parent / name for name in sorted(set(weight_map.values()))]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            raise CheckpointError(path, f"index names shard files that do not exist: {missing}")
+        return files
+    if path.suffix != ".safetensors":
+        raise CheckpointError(path, "expected a .safetensors file, an index .json or a folder")
+    return [path]
+
+
+def read_header(path: str | Path) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str]]:
+    """{key: (dtype, shape)} and the metadata of every file behind `path`, reading no tensor data."""
+    entries: dict[str, tuple[str, list[int]]] = {}
+    metadata: dict[str, str] = {}
+    for file in resolve_files(path):
+        try:
+            with open(file, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                if n <= 0 or n > 100 << 20:
+                    raise ValueError(f"header length {n} is implausible")
+                header = json.loads(f.read(n))
+        except (OSError, ValueError) as e:
+            raise CheckpointError(file, f"not a readable safetensors file ({e})") from e
+        metadata.update(header.pop("__metadata__", None) or {})
+        for key, info in header.items():
+            entries[key] = (info["dtype"], list(info["shape"]))
+    return entries, metadata
+
+
+def iter_tensors(
+    path: str | Path,
+    keys: set[str] | None = None,
+    transform: Callable[[str, torch.Tensor], torch.Tensor] | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (key, tensor) one at a time from every file behind `path` (memory-mapped reads)."""
+    for file in resolve_files(path):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if keys is not None and key not in keys:
+                    continue
+                tensor = f.get_tensor(key)
+                yield key, (transform(key, tensor) if transform else tensor)
+
+
+def load_tensors(path: str | Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """Every tensor behind `path`, floating ones cast to `dtype` when given."""
+
+    def cast(_key: str, t: torch.Tensor) -> torch.Tensor:
+        return t.to(dtype) if dtype is not None and t.is_floating_point() else t
+
+    return dict(iter_tensors(path, transform=cast))

@@ -1,0 +1,1 @@
+"""The gated_residual op."""

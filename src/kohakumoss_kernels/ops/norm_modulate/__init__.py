@@ -1,0 +1,1 @@
+"""The norm_modulate op."""

@@ -1,0 +1,1 @@
+"""The rms_norm op."""

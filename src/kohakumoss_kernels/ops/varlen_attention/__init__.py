@@ -1,0 +1,1 @@
+"""The varlen_attention op."""
