@@ -1,0 +1,79 @@
+"""The transformer block: AdaLN-modulated attention and MLP on the packed token axis.
+
+    shift1, scale1, gate1, shift2, scale2, gate2 = modulation(silu(t_emb))     (per sample)
+    x = x + gate1 * attn(rms_norm(x) * (1 + scale1) + shift1)
+    x = x + gate2 * mlp(rms_norm(x) * (1 + scale2) + shift2)
+
+Every elementwise op goes through `ops` (a kohakumoss_kernels.OpSet); the linears stay nn.Linear so
+LyCORIS can wrap them by name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import MossConfig
+from .seq import PackedSeq
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: MossConfig):
+        super().__init__()
+        self.num_heads, self.head_dim, self.eps = cfg.num_heads, cfg.head_dim, cfg.norm_eps
+        self.q_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+            self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, h: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops) -> torch.Tensor:
+        shape = (h.shape[0], self.num_heads, self.head_dim)
+        q, k, v = self.q_proj(h).view(shape), self.k_proj(h).view(shape), self.v_proj(h).view(shape)
+        if self.q_norm is not None:
+            q = ops.rms_norm(q, self.q_norm.weight, self.eps)
+            k = ops.rms_norm(k, self.k_norm.weight, self.eps)
+        cos, sin = rope
+        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        out = ops.varlen_attention(q, k, v, seq.cu_seqlens, seq.max_seqlen)
+        return self.o_proj(out.reshape(h.shape[0], -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: MossConfig):
+        super().__init__()
+        self.act = cfg.mlp_act
+        if self.act == "swiglu":
+            self.gate_up_proj = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)
+        else:
+            self.up_proj = nn.Linear(cfg.dim, cfg.mlp_hidden, bias=False)
+        self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
+
+    def forward(self, h: torch.Tensor, ops) -> torch.Tensor:
+        if self.act == "swiglu":
+            return self.down_proj(ops.swiglu(self.gate_up_proj(h)))
+        return self.down_proj(F.gelu(self.up_proj(h), approximate="tanh"))
+
+
+class MossBlock(nn.Module):
+    def __init__(self, cfg: MossConfig):
+        super().__init__()
+        self.eps = cfg.norm_eps
+        self.modulation = nn.Linear(cfg.mod_dim, 6 * cfg.dim)
+        self.attn = Attention(cfg)
+        self.mlp = MLP(cfg)
+
+    def forward(
+        self, x: torch.Tensor, mod_in: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
+    ) -> torch.Tensor:
+        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(mod_in).chunk(6, dim=-1)
+        ts = seq.token_sample
+        h = ops.norm_modulate(x, shift1, scale1, ts, self.eps)
+        x = ops.gated_residual(x, self.attn(h, seq, rope, ops), gate1, ts)
+        h = ops.norm_modulate(x, shift2, scale2, ts, self.eps)
+        return ops.gated_residual(x, self.mlp(h, ops), gate2, ts)

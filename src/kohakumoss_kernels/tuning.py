@@ -1,0 +1,173 @@
+"""The per-card tuning table: which backend won each shape key, timed once and kept in the user cache.
+
+Modes (`OpSet(tune=...)`, else env KOHAKUMOSS_TUNE, default "table"):
+- "off":    never time; the backend priority order decides.
+- "table":  a key found in the table is used; a missing key is timed while a tuning window is open
+            (`tuning_window()`, the trainer's prewarm step) and stored; outside the window the first
+            candidate runs untimed.
+- "always": every key is timed again the first time this process sees it, window or not.
+The file is `user_cache_dir()/tuning/<card>.json`, written atomically; entries timed under other
+torch/triton versions are ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.io import atomic_write_json
+from kohakumoss_common.log import get_logger, log_once
+from kohakumoss_common.paths import user_cache_dir
+
+log = get_logger("kohakumoss.kernels.tuning")
+
+MODES = ("off", "table", "always")
+ENV = "KOHAKUMOSS_TUNE"
+_window = threading.local()
+
+
+def tune_mode(explicit: str | None = None) -> str:
+    mode = (explicit or os.environ.get(ENV) or "table").lower()
+    if mode not in MODES:
+        raise ConfigError(f"OpSet(tune=...) / ${ENV}", f"'{mode}' is not one of {MODES}")
+    return mode
+
+
+@contextlib.contextmanager
+def tuning_window() -> Iterator[None]:
+    """Calls made inside time their missing shape keys (TUNE=table); the prewarm step runs in one."""
+    depth = getattr(_window, "depth", 0)
+    _window.depth = depth + 1
+    try:
+        yield
+    finally:
+        _window.depth = depth
+
+
+def in_tuning_window() -> bool:
+    return getattr(_window, "depth", 0) > 0
+
+
+def card_name(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    elif device.type == "xpu":
+        name = torch.xpu.get_device_name(device)
+    else:
+        name = "cpu"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "unknown"
+
+
+def software_versions() -> dict[str, str]:
+    versions = {"torch": torch.__version__}
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:
+        pass
+    return versions
+
+
+class TuningTable:
+    """One card's table: shape key -> {"backend", "ms": {backend: time}}."""
+
+    def __init__(self, path: Path, versions: dict[str, str] | None = None):
+        self.path = Path(path)
+        self.versions = versions or software_versions()
+        self.entries: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        self.load()
+
+    @classmethod
+    def for_card(cls, card: str) -> TuningTable:
+        return cls(user_cache_dir() / "tuning" / f"{card}.json")
+
+    def load(self) -> None:
+        if not self.path.exists():
+            return
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            log_once(log, f"tuning table {self.path} unreadable ({e}); starting empty")
+            return
+        if data.get("versions") != self.versions:
+            log_once(log, f"tuning table {self.path} was timed under {data.get('versions')}; re-timing")
+            return
+        self.entries = dict(data.get("entries", {}))
+
+    def get(self, key: str) -> str | None:
+        entry = self.entries.get(key)
+        return entry["backend"] if entry else None
+
+    def put(self, key: str, backend: str, ms: dict[str, float]) -> None:
+        with self._lock:
+            self.entries[key] = {"backend": backend, "ms": {k: round(v, 4) for k, v in ms.items()}}
+            atomic_write_json(self.path, {"versions": self.versions, "entries": self.entries})
+
+
+_tables: dict[str, TuningTable] = {}
+
+
+def table_for(card: str) -> TuningTable:
+    if card not in _tables:
+        _tables[card] = TuningTable.for_card(card)
+    return _tables[card]
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "xpu":
+        torch.xpu.synchronize(device)
+
+
+def _fresh_args(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[torch.Tensor]]:
+    """Detached copies of the tensor arguments, keeping which ones need a gradient."""
+    leaves: list[torch.Tensor] = []
+
+    def fresh(a):
+        if isinstance(a, torch.Tensor):
+            t = a.detach()
+            if a.requires_grad:
+                t = t.requires_grad_(True)
+                leaves.append(t)
+            return t
+        return a
+
+    return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}, leaves
+
+
+def time_call(fn: Callable, args: tuple, kwargs: dict, repeats: int = 5) -> float:
+    """Median milliseconds of fn(*args) (plus its backward when an input needs a gradient), after a warm-up."""
+    first = next(a for a in args if isinstance(a, torch.Tensor))
+    a, k, leaves = _fresh_args(args, kwargs)
+
+    def once():
+        out = fn(*a, **k)
+        if leaves:
+            outs = out if isinstance(out, tuple) else (out,)
+            outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            for leaf in leaves:
+                leaf.grad = None
+
+    once()  # warm-up: compiles, autotunes
+    times = []
+    for _ in range(repeats):
+        _synchronize(first.device)
+        start = time.perf_counter()
+        once()
+        _synchronize(first.device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return sorted(times)[len(times) // 2]
