@@ -7,6 +7,7 @@ import torch
 
 from kohakumoss.model import MossBackbone, PackedSeq, get_preset
 from kohakumoss.model.reference import reference_forward
+from kohakumoss_kernels import OpSet
 
 from .helpers import random_batch, random_model
 from .test_parity import IMG_SIZES, TEXT_LENS, rel_err
@@ -19,6 +20,7 @@ def test_parity_packed_vs_reference_on_cuda_fp32():
     torch.backends.cudnn.allow_tf32 = False
     cfg = get_preset("tiny")
     model = random_model(cfg).cuda()
+    model.ops = OpSet("eager")
     imgs, texts, sigma, seq = random_batch(cfg, TEXT_LENS, IMG_SIZES)
     with torch.no_grad():
         out = model(torch.cat(imgs).cuda(), torch.cat(texts).cuda(), sigma.cuda(), seq.to("cuda"))
@@ -35,7 +37,7 @@ def test_moss_image_5b_forward_backward_at_1mp_and_bf16_error():
     text = torch.randn(seq.text_index.numel(), cfg.text_dim, device="cuda", generator=g)
     sigma = torch.rand(2, device="cuda", generator=g)
     with torch.device("cuda"):
-        model = MossBackbone(cfg)
+        model = MossBackbone(cfg, ops=OpSet("eager"))
     model.init_weights(std=0.02, generator=torch.Generator(device="cuda").manual_seed(0))
     # bf16 error against the fp32 model on a smaller batch (same weights)
     small = PackedSeq.build([32, 7], [(16, 16), (8, 12)], "cuda")
