@@ -61,7 +61,9 @@ def main() -> None:
         model = MossBackbone(cfg).to(dtype)
     model.init_weights(std=0.02)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"built {PRESET}: {n_params / 1e9:.3f}B params in {time.perf_counter() - t0:.1f}s, tokens {seq.total_tokens}")
+    print(
+        f"built {PRESET}: {n_params / 1e9:.3f}B params in {time.perf_counter() - t0:.1f}s, tokens {seq.total_tokens}"
+    )
 
     rows = []
     for backend in BACKENDS.split(","):
@@ -88,18 +90,32 @@ def main() -> None:
             continue
         model.zero_grad(set_to_none=True)
         T = seq.total_tokens
-        flops_fwd = 2 * (n_params - cfg.depth * 6 * cfg.dim * cfg.mod_dim) * T + 4 * sum(
-            L * L for L in seq.seq_lens
-        ) * cfg.dim * cfg.depth
-        rows.append(
-            dict(backend=backend, fwd_ms=fwd, fwd_bwd_ms=fb, fwd_peak_gib=fwd_peak, fwd_bwd_peak_gib=fb_peak,
-                 fwd_tflops=flops_fwd / fwd / 1e9, fwd_bwd_tflops=3 * flops_fwd / fb / 1e9)
+        flops_fwd = (
+            2 * (n_params - cfg.depth * 6 * cfg.dim * cfg.mod_dim) * T
+            + 4 * sum(L * L for L in seq.seq_lens) * cfg.dim * cfg.depth
         )
-    print(f"\n{PRESET}, {SAMPLES} x ({IMAGE_TOKENS} img + {TEXT_TOKENS} text) tokens packed, {DTYPE}, {torch.cuda.get_device_name()}")
-    print(f"{'backend':<8} {'fwd ms':>8} {'fwd+bwd ms':>11} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd peak GiB':>13} {'f+b peak GiB':>13}")
+        rows.append(
+            dict(
+                backend=backend,
+                fwd_ms=fwd,
+                fwd_bwd_ms=fb,
+                fwd_peak_gib=fwd_peak,
+                fwd_bwd_peak_gib=fb_peak,
+                fwd_tflops=flops_fwd / fwd / 1e9,
+                fwd_bwd_tflops=3 * flops_fwd / fb / 1e9,
+            )
+        )
+    print(
+        f"\n{PRESET}, {SAMPLES} x ({IMAGE_TOKENS} img + {TEXT_TOKENS} text) tokens packed, {DTYPE}, {torch.cuda.get_device_name()}"
+    )
+    print(
+        f"{'backend':<8} {'fwd ms':>8} {'fwd+bwd ms':>11} {'fwd TF/s':>9} {'f+b TF/s':>9} {'fwd peak GiB':>13} {'f+b peak GiB':>13}"
+    )
     for r in rows:
-        print(f"{r['backend']:<8} {r['fwd_ms']:>8.1f} {r['fwd_bwd_ms']:>11.1f} {r['fwd_tflops']:>9.0f} {r['fwd_bwd_tflops']:>9.0f} "
-              f"{r['fwd_peak_gib']:>13.1f} {r['fwd_bwd_peak_gib']:>13.1f}")
+        print(
+            f"{r['backend']:<8} {r['fwd_ms']:>8.1f} {r['fwd_bwd_ms']:>11.1f} {r['fwd_tflops']:>9.0f} {r['fwd_bwd_tflops']:>9.0f} "
+            f"{r['fwd_peak_gib']:>13.1f} {r['fwd_bwd_peak_gib']:>13.1f}"
+        )
     if out := os.environ.get("OUT"):
         with open(os.path.join(out, "backbone_bench.json"), "w") as f:
             json.dump(dict(preset=PRESET, samples=SAMPLES, tokens=seq.total_tokens, rows=rows), f, indent=2)

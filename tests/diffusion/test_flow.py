@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kohakumoss.diffusion import SamplerConfig, TimestepConfig, draw_sigmas, euler_sample, flow_matching_loss, make_flow_target, sigma_schedule
+from kohakumoss.diffusion import (
+    SamplerConfig,
+    TimestepConfig,
+    draw_sigmas,
+    euler_sample,
+    flow_matching_loss,
+    make_flow_target,
+    sigma_schedule,
+)
 from kohakumoss.diffusion.timestep import shift_sigma
 from kohakumoss.model import PackedSeq, get_preset
 from kohakumoss_common.errors import ConfigError
@@ -17,8 +25,10 @@ def test_uniform_and_logit_normal_sigma_statistics():
     g = torch.Generator().manual_seed(0)
     tokens = torch.full((20000,), 256)
     u = draw_sigmas(TimestepConfig(mode="uniform", shift="none"), tokens, g)
-    assert abs(u.mean().item() - 0.5) < 0.01 and 0 < u.min() and u.max() < 1
-    ln = draw_sigmas(TimestepConfig(mode="logit_normal", logit_mean=1.0, logit_std=0.5, shift="none"), tokens, g)
+    assert abs(u.mean().item() - 0.5) < 0.01 and u.min() > 0 and u.max() < 1
+    ln = draw_sigmas(
+        TimestepConfig(mode="logit_normal", logit_mean=1.0, logit_std=0.5, shift="none"), tokens, g
+    )
     logit = torch.log(ln / (1 - ln))
     assert abs(logit.mean().item() - 1.0) < 0.02 and abs(logit.std().item() - 0.5) < 0.02
 
@@ -44,7 +54,9 @@ def test_bad_knobs_name_themselves():
     with pytest.raises(ConfigError, match="TIMESTEP_SAMPLING"):
         TimestepConfig(mode="cosine")
     with pytest.raises(ConfigError, match="LOSS_WEIGHTING"):
-        flow_matching_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(1), torch.zeros(2, dtype=torch.long), "x")
+        flow_matching_loss(
+            torch.zeros(2, 3), torch.zeros(2, 3), torch.ones(1), torch.zeros(2, dtype=torch.long), "x"
+        )
 
 
 def test_flow_target_endpoints_and_velocity():
@@ -93,6 +105,8 @@ def test_euler_cfg_sampler_one_packed_batch_and_seed_determinism():
     assert torch.allclose(alone[0], out[0], atol=1e-5)
     other = euler_sample(model, cond[:1], uncond[:1], [(2, 3)], [99], sc, cfg.in_channels)
     assert not torch.allclose(other[0], out[0])
-    no_cfg = euler_sample(model, cond[:1], None, [(2, 3)], [11], SamplerConfig(steps=3, cfg_scale=1.0), cfg.in_channels)
+    no_cfg = euler_sample(
+        model, cond[:1], None, [(2, 3)], [11], SamplerConfig(steps=3, cfg_scale=1.0), cfg.in_channels
+    )
     assert not torch.allclose(no_cfg[0], out[0])
     assert PackedSeq.build([1], [(1, 1)]).total_tokens == 2

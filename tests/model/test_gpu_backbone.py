@@ -24,7 +24,13 @@ def test_parity_packed_vs_reference_on_cuda_fp32():
     imgs, texts, sigma, seq = random_batch(cfg, TEXT_LENS, IMG_SIZES)
     with torch.no_grad():
         out = model(torch.cat(imgs).cuda(), torch.cat(texts).cuda(), sigma.cuda(), seq.to("cuda"))
-    ref = reference_forward(random_model(cfg).double(), [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double())
+    ref = reference_forward(
+        random_model(cfg).double(),
+        [i.double() for i in imgs],
+        [t.double() for t in texts],
+        IMG_SIZES,
+        sigma.double(),
+    )
     errors = [rel_err(p.cpu(), r) for p, r in zip(torch.split(out, list(seq.img_lens)), ref)]
     assert max(errors) <= 1e-5, errors
 

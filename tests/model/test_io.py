@@ -38,12 +38,16 @@ def test_save_load_roundtrip_is_bit_exact(tmp_path, layout):
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("variant", [{}, {"mlp_act": "gelu_tanh", "qkv_bias": True}, {"qk_norm": False, "text_norm": False}])
+@pytest.mark.parametrize(
+    "variant", [{}, {"mlp_act": "gelu_tanh", "qkv_bias": True}, {"qk_norm": False, "text_norm": False}]
+)
 def test_inferred_config_equals_original_without_metadata(tmp_path, layout, variant):
     cfg = dataclasses.replace(CFG, **variant)
     model = random_model(cfg)
     state = LAYOUTS[layout].from_native(model.state_dict())
-    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "bare.safetensors"))  # no metadata
+    save_file(
+        {k: v.contiguous() for k, v in state.items()}, str(tmp_path / "bare.safetensors")
+    )  # no metadata
     hints = {"mlp_act": cfg.mlp_act, "head_dim": cfg.head_dim} if not cfg.qk_norm else {}
     if hints:
         (tmp_path / "config.json").write_text(json.dumps(hints))
@@ -91,14 +95,18 @@ def test_missing_and_unexpected_keys_are_listed(tmp_path):
     with pytest.raises(CheckpointError) as e:
         load_backbone(tmp_path / "bad.safetensors")
     msg = str(e.value)
-    assert "bad.safetensors" in msg and "blocks.1.attn.v_proj.weight" in msg and "blocks.0.extra.weight" in msg
+    assert (
+        "bad.safetensors" in msg and "blocks.1.attn.v_proj.weight" in msg and "blocks.0.extra.weight" in msg
+    )
 
 
 def test_shape_mismatch_names_key_and_both_shapes(tmp_path):
     state = random_model(CFG).state_dict()
     state["blocks.2.mlp.down_proj.weight"] = torch.zeros(CFG.dim, CFG.mlp_hidden + 1)
     save_file(state, str(tmp_path / "bad.safetensors"), metadata={"kohakumoss_config": CFG.to_json()})
-    with pytest.raises(CheckpointError, match=r"blocks\.2\.mlp\.down_proj\.weight.*\(256, 513\).*\(256, 512\)"):
+    with pytest.raises(
+        CheckpointError, match=r"blocks\.2\.mlp\.down_proj\.weight.*\(256, 513\).*\(256, 512\)"
+    ):
         load_backbone(tmp_path / "bad.safetensors")
 
 

@@ -27,7 +27,9 @@ def packed_vs_reference(cfg, dtype=torch.float32, seed=0):
     with torch.no_grad():
         packed = model(torch.cat(imgs), torch.cat(texts), sigma, seq)
     ref_model = random_model(cfg, seed).double()
-    ref = reference_forward(ref_model, [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double())
+    ref = reference_forward(
+        ref_model, [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double()
+    )
     splits = torch.split(packed, list(seq.img_lens))
     return [rel_err(p, r) for p, r in zip(splits, ref)]
 
@@ -45,7 +47,13 @@ def test_parity_reference_in_fp32_matches_fp64():
     model = random_model(cfg)
     imgs, texts, sigma, _ = random_batch(cfg, TEXT_LENS, IMG_SIZES)
     ref32 = reference_forward(model, imgs, texts, IMG_SIZES, sigma)
-    ref64 = reference_forward(random_model(cfg).double(), [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double())
+    ref64 = reference_forward(
+        random_model(cfg).double(),
+        [i.double() for i in imgs],
+        [t.double() for t in texts],
+        IMG_SIZES,
+        sigma.double(),
+    )
     assert max(rel_err(a, b) for a, b in zip(ref32, ref64)) <= 1e-5
 
 

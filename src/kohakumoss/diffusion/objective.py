@@ -64,7 +64,9 @@ def flow_matching_loss(
     return (sums / counts).mean()
 
 
-def per_sample_loss(pred: torch.Tensor, target: torch.Tensor, img_token_sample: torch.Tensor, n: int) -> torch.Tensor:
+def per_sample_loss(
+    pred: torch.Tensor, target: torch.Tensor, img_token_sample: torch.Tensor, n: int
+) -> torch.Tensor:
     """Unweighted mean squared error per sample [n] (validation at fixed sigmas)."""
     per_token = (pred.float() - target.float()).pow(2).mean(dim=-1)
     sums = torch.zeros(n, device=per_token.device).index_add_(0, img_token_sample, per_token)

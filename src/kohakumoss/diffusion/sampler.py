@@ -31,7 +31,9 @@ def sigma_schedule(steps: int, image_tokens: int, shift: TimestepConfig) -> torc
     return (s * t / (1 + (s - 1) * t)).float()
 
 
-def initial_noise(img_sizes: Sequence[tuple[int, int]], seeds: Sequence[int], channels: int) -> list[torch.Tensor]:
+def initial_noise(
+    img_sizes: Sequence[tuple[int, int]], seeds: Sequence[int], channels: int
+) -> list[torch.Tensor]:
     return [
         torch.randn(h * w, channels, generator=torch.Generator().manual_seed(int(seed)), dtype=torch.float32)
         for (h, w), seed in zip(img_sizes, seeds)
@@ -52,7 +54,7 @@ def euler_sample(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[torch.Tensor]:
     """cond / uncond: per-sample text hidden states; returns clean latent tokens [h*w, C] per sample."""
-    n = len(cond)
+    len(cond)
     guided = uncond is not None and config.cfg_scale != 1.0
     texts = list(cond) + (list(uncond) if guided else [])
     sizes = list(img_sizes) * (2 if guided else 1)

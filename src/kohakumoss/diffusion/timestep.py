@@ -57,13 +57,17 @@ def shift_for(image_tokens: torch.Tensor, cfg: TimestepConfig) -> torch.Tensor:
     return torch.exp(resolution_mu(image_tokens, cfg))
 
 
-def draw_sigmas(cfg: TimestepConfig, image_tokens: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def draw_sigmas(
+    cfg: TimestepConfig, image_tokens: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """One sigma per sample in (0, 1), float32 on the CPU (deterministic given the generator)."""
     n = image_tokens.shape[0]
     if cfg.mode == "uniform":
         sigma = torch.rand(n, generator=generator, dtype=torch.float64)
     else:
-        sigma = torch.sigmoid(cfg.logit_mean + cfg.logit_std * torch.randn(n, generator=generator, dtype=torch.float64))
+        sigma = torch.sigmoid(
+            cfg.logit_mean + cfg.logit_std * torch.randn(n, generator=generator, dtype=torch.float64)
+        )
     sigma = shift_sigma(sigma, shift_for(image_tokens.cpu(), cfg))
     return sigma.clamp(1e-5, 1 - 1e-5).float()
 
@@ -71,4 +75,6 @@ def draw_sigmas(cfg: TimestepConfig, image_tokens: torch.Tensor, generator: torc
 def logit_normal_density(sigma: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
     """Density of the logit-normal distribution (used to check the sampler and for weighting)."""
     logit = torch.log(sigma / (1 - sigma))
-    return torch.exp(-((logit - mean) ** 2) / (2 * std**2)) / (std * math.sqrt(2 * math.pi) * sigma * (1 - sigma))
+    return torch.exp(-((logit - mean) ** 2) / (2 * std**2)) / (
+        std * math.sqrt(2 * math.pi) * sigma * (1 - sigma)
+    )

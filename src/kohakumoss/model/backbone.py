@@ -50,10 +50,16 @@ class MossBackbone(nn.Module):
     def embed(self, img: torch.Tensor, text: torch.Tensor, seq: PackedSeq) -> torch.Tensor:
         """Project both streams and interleave them onto the joint axis ([text, image] per sample)."""
         ops = self.ops
-        txt = ops.rms_norm(text, self.txt_norm.weight, self.config.norm_eps) if self.txt_norm is not None else text
+        txt = (
+            ops.rms_norm(text, self.txt_norm.weight, self.config.norm_eps)
+            if self.txt_norm is not None
+            else text
+        )
         return torch.cat([self.txt_in(txt), self.img_in(img)], dim=0)[seq.joint_gather]
 
-    def forward(self, img: torch.Tensor, text: torch.Tensor, sigma: torch.Tensor, seq: PackedSeq) -> torch.Tensor:
+    def forward(
+        self, img: torch.Tensor, text: torch.Tensor, sigma: torch.Tensor, seq: PackedSeq
+    ) -> torch.Tensor:
         cfg = self.config
         x = self.embed(img, text, seq)
         mod_in = nn.functional.silu(self.time_embed(sigma))

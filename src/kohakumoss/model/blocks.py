@@ -32,7 +32,9 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, h: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
+    ) -> torch.Tensor:
         shape = (h.shape[0], self.num_heads, self.head_dim)
         q, k, v = self.q_proj(h).view(shape), self.k_proj(h).view(shape), self.v_proj(h).view(shape)
         if self.q_norm is not None:
@@ -69,7 +71,12 @@ class MossBlock(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(
-        self, x: torch.Tensor, mod_in: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
+        self,
+        x: torch.Tensor,
+        mod_in: torch.Tensor,
+        seq: PackedSeq,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        ops,
     ) -> torch.Tensor:
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(mod_in).chunk(6, dim=-1)
         ts = seq.token_sample

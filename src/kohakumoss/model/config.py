@@ -36,14 +36,27 @@ class MossConfig:
 
     def validate(self) -> None:
         if self.num_heads * self.head_dim != self.dim:
-            raise ConfigError("num_heads", f"num_heads x head_dim = {self.num_heads * self.head_dim} != dim {self.dim}")
+            raise ConfigError(
+                "num_heads", f"num_heads x head_dim = {self.num_heads * self.head_dim} != dim {self.dim}"
+            )
         if len(self.rope_axes) != 3 or sum(self.rope_axes) != self.head_dim:
-            raise ConfigError("rope_axes", f"{self.rope_axes} must be 3 even sizes summing to head_dim {self.head_dim}")
+            raise ConfigError(
+                "rope_axes", f"{self.rope_axes} must be 3 even sizes summing to head_dim {self.head_dim}"
+            )
         if any(a % 2 for a in self.rope_axes):
             raise ConfigError("rope_axes", f"{self.rope_axes}: every axis size must be even")
         if self.mlp_act not in MLP_ACTS:
             raise ConfigError("mlp_act", f"'{self.mlp_act}' is not one of {MLP_ACTS}")
-        for f in ("dim", "depth", "num_heads", "head_dim", "mlp_hidden", "in_channels", "text_dim", "mod_dim"):
+        for f in (
+            "dim",
+            "depth",
+            "num_heads",
+            "head_dim",
+            "mlp_hidden",
+            "in_channels",
+            "text_dim",
+            "mod_dim",
+        ):
             if getattr(self, f) <= 0:
                 raise ConfigError(f, f"must be positive, got {getattr(self, f)}")
 

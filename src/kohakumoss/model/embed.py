@@ -8,10 +8,14 @@ import torch
 from torch import nn
 
 
-def timestep_features(sigma: torch.Tensor, dim: int, scale: float = 1000.0, max_period: float = 10000.0) -> torch.Tensor:
+def timestep_features(
+    sigma: torch.Tensor, dim: int, scale: float = 1000.0, max_period: float = 10000.0
+) -> torch.Tensor:
     """Sinusoidal features of sigma * scale: [B] -> [B, dim] float32 (cos half, then sin half)."""
     half = dim // 2
-    freqs = torch.exp(-math.log(max_period) * torch.arange(half, dtype=torch.float32, device=sigma.device) / half)
+    freqs = torch.exp(
+        -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=sigma.device) / half
+    )
     args = (sigma.float() * scale)[:, None] * freqs[None, :]
     return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
 

@@ -33,7 +33,9 @@ def group_of(key: str) -> str:
     return key.rsplit(".", 1)[0]
 
 
-def summarize(config: MossConfig, shapes: dict[str, tuple[int, ...]], source: str, layout: str | None = None) -> str:
+def summarize(
+    config: MossConfig, shapes: dict[str, tuple[int, ...]], source: str, layout: str | None = None
+) -> str:
     groups: dict[str, int] = defaultdict(int)
     for key, shape in shapes.items():
         groups[group_of(key)] += math.prod(shape)
@@ -64,7 +66,9 @@ def describe(target: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kohakumoss.model.info", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m kohakumoss.model.info", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("target", help=f"a preset ({', '.join(sorted(PRESETS))}) or a checkpoint file/folder")
     args = parser.parse_args(argv)
     try:

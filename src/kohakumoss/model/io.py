@@ -26,8 +26,18 @@ LAYOUT_METADATA_KEY = "kohakumoss_layout"
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 # key suffixes that quantized checkpoints carry next to their weights
 _QUANT_MARKERS = (
-    "comfy_quant", "scale_weight", "weight_scale", "scale_input", "input_scale", "absmax",
-    "quant_state", "quant_map", "weight_scale_2", "convrot", "qweight", "qzeros",
+    "comfy_quant",
+    "scale_weight",
+    "weight_scale",
+    "scale_input",
+    "input_scale",
+    "absmax",
+    "quant_state",
+    "quant_map",
+    "weight_scale_2",
+    "convrot",
+    "qweight",
+    "qzeros",
 )
 
 
@@ -51,7 +61,9 @@ def detect_layout(keys: set[str]) -> KeyLayout:
         if layout.matches(keys):
             return layout
     sample = sorted(keys)[:8]
-    raise CheckpointError("<checkpoint>", f"keys match no known layout ({sorted(LAYOUTS)}); first keys: {sample}")
+    raise CheckpointError(
+        "<checkpoint>", f"keys match no known layout ({sorted(LAYOUTS)}); first keys: {sample}"
+    )
 
 
 def _config_from_json_file(path: Path) -> dict | None:
@@ -85,10 +97,19 @@ def infer_config(shapes: dict[str, list[int]], hints: dict | None = None) -> Mos
     else:
         mlp_act, mlp_hidden = hints.get("mlp_act", "gelu_tanh"), shapes["blocks.0.mlp.down_proj.weight"][1]
     fields = dict(
-        dim=dim, depth=depth, num_heads=dim // head_dim, head_dim=head_dim, mlp_hidden=mlp_hidden,
-        mlp_act=mlp_act, in_channels=in_channels, text_dim=text_dim, time_freq_dim=time_freq_dim,
-        mod_dim=mod_dim, qk_norm="blocks.0.attn.q_norm.weight" in shapes,
-        qkv_bias="blocks.0.attn.q_proj.bias" in shapes, text_norm="txt_norm.weight" in shapes,
+        dim=dim,
+        depth=depth,
+        num_heads=dim // head_dim,
+        head_dim=head_dim,
+        mlp_hidden=mlp_hidden,
+        mlp_act=mlp_act,
+        in_channels=in_channels,
+        text_dim=text_dim,
+        time_freq_dim=time_freq_dim,
+        mod_dim=mod_dim,
+        qk_norm="blocks.0.attn.q_norm.weight" in shapes,
+        qkv_bias="blocks.0.attn.q_proj.bias" in shapes,
+        text_norm="txt_norm.weight" in shapes,
     )
     quarter = head_dim // 4 // 2 * 2
     rest = (head_dim - quarter) // 2 // 2 * 2
@@ -104,7 +125,9 @@ def inspect_checkpoint(path: str | Path) -> tuple[KeyLayout, MossConfig, dict[st
     entries, metadata = read_header(path)
     scheme = _quantization_scheme(entries, metadata)
     if scheme is not None:
-        raise CheckpointError(path, f"unsupported quantization scheme: {scheme}. Use a bf16/fp16/fp32 checkpoint.")
+        raise CheckpointError(
+            path, f"unsupported quantization scheme: {scheme}. Use a bf16/fp16/fp32 checkpoint."
+        )
     layout = LAYOUTS.get(metadata.get(LAYOUT_METADATA_KEY, "")) or detect_layout(set(entries))
     hints = _config_from_json_file(Path(path)) or {}
     if CONFIG_METADATA_KEY in metadata:
@@ -158,7 +181,9 @@ def load_backbone(
             parts.append(f"missing keys ({len(missing)}): {missing[:20]}")
         if unexpected:
             parts.append(f"unexpected keys ({len(unexpected)}): {sorted(unexpected)[:20]}")
-        raise CheckpointError(path, f"does not match the {layout.name} layout of this config; " + "; ".join(parts))
+        raise CheckpointError(
+            path, f"does not match the {layout.name} layout of this config; " + "; ".join(parts)
+        )
     if missing:  # non-strict: leave the rest randomly initialised on the target device
         for key in missing:
             _set_tensor(model, key, torch.empty(expected[key], device=device, dtype=dtype).normal_(0, 0.02))

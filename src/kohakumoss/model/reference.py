@@ -65,14 +65,18 @@ def reference_forward(
         pos = _positions(n_text[b], *img_sizes[b]).to(device)
         parts, offset = [], 0
         for axis, size in enumerate(cfg.rope_axes):
-            inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, size, 2, dtype=torch.float64, device=device) / size))
+            inv_freq = 1.0 / (
+                cfg.rope_theta ** (torch.arange(0, size, 2, dtype=torch.float64, device=device) / size)
+            )
             parts.append(pos[:, axis : axis + 1] * inv_freq[None, :])
             offset += size
         angles[b, : lengths[b]] = torch.cat(parts, dim=1)
     valid = torch.zeros(B, L, dtype=torch.bool, device=device)
     for b in range(B):
         valid[b, : lengths[b]] = True
-    attn_bias = torch.zeros(B, 1, 1, L, dtype=dtype, device=device).masked_fill(~valid[:, None, None, :], float("-inf"))
+    attn_bias = torch.zeros(B, 1, 1, L, dtype=dtype, device=device).masked_fill(
+        ~valid[:, None, None, :], float("-inf")
+    )
 
     # timestep embedding -> AdaLN input
     half = cfg.time_freq_dim // 2

@@ -10,10 +10,13 @@ def rope_frequencies(axes: tuple[int, ...], theta: float) -> list[torch.Tensor]:
     return [1.0 / (theta ** (torch.arange(0, a, 2, dtype=torch.float64) / a)) for a in axes]
 
 
-def rope_cos_sin(positions: torch.Tensor, axes: tuple[int, ...], theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, axes: tuple[int, ...], theta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions [T, n_axes] -> cos, sin [T, head_dim / 2] float32, axis blocks concatenated."""
     freqs = rope_frequencies(axes, theta)
     angles = torch.cat(
-        [positions[:, i : i + 1].double() * f.to(positions.device)[None, :] for i, f in enumerate(freqs)], dim=1
+        [positions[:, i : i + 1].double() * f.to(positions.device)[None, :] for i, f in enumerate(freqs)],
+        dim=1,
     )
     return angles.cos().float(), angles.sin().float()

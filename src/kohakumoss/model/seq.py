@@ -68,7 +68,9 @@ class PackedSeq:
         if len(text_lens) != len(img_sizes) or not text_lens:
             raise ValueError(f"need one text length per image: {len(text_lens)} vs {len(img_sizes)}")
         if any(t < 1 for t in text_lens) or any(h < 1 or w < 1 for h, w in img_sizes):
-            raise ValueError(f"every sample needs >= 1 text token and >= 1 image token: {text_lens}, {img_sizes}")
+            raise ValueError(
+                f"every sample needs >= 1 text token and >= 1 image token: {text_lens}, {img_sizes}"
+            )
         text_index, img_index, sample, pos = [], [], [], []
         cu = [0]
         for b, (n_text, (rows, cols)) in enumerate(zip(text_lens, img_sizes)):

@@ -38,7 +38,9 @@ class KeyLayout:
                     continue
                 names = [p.replace("{i}", m.group("i")) if "{i}" in p else p for p in parts]
                 if all(n in state for n in names):
-                    out[target.replace("{i}", m.groupdict().get("i") or "")] = torch.cat([state[n] for n in names], 0)
+                    out[target.replace("{i}", m.groupdict().get("i") or "")] = torch.cat(
+                        [state[n] for n in names], 0
+                    )
                     used.update(names)
         for key, tensor in state.items():
             if key not in used:

@@ -33,8 +33,18 @@ LAYOUT = KeyLayout(
         ("final.proj.bias", "final_layer.linear.bias"),
     ),
     fused=(
-        (("blocks.{i}.attn.q_proj.weight", "blocks.{i}.attn.k_proj.weight", "blocks.{i}.attn.v_proj.weight"), "layers.{i}.attention.qkv.weight"),
-        (("blocks.{i}.attn.q_proj.bias", "blocks.{i}.attn.k_proj.bias", "blocks.{i}.attn.v_proj.bias"), "layers.{i}.attention.qkv.bias"),
+        (
+            (
+                "blocks.{i}.attn.q_proj.weight",
+                "blocks.{i}.attn.k_proj.weight",
+                "blocks.{i}.attn.v_proj.weight",
+            ),
+            "layers.{i}.attention.qkv.weight",
+        ),
+        (
+            ("blocks.{i}.attn.q_proj.bias", "blocks.{i}.attn.k_proj.bias", "blocks.{i}.attn.v_proj.bias"),
+            "layers.{i}.attention.qkv.bias",
+        ),
     ),
     strip_prefixes=("model.diffusion_model.", "diffusion_model."),
     marker_keys=("x_embedder.weight", "layers.0.attention.qkv.weight"),
