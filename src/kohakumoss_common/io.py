@@ -176,7 +176,7 @@ def iter_tensors(
     """Yield (key, tensor) one at a time from every file behind `path` (memory-mapped reads)."""
     for file in resolve_files(path):
         with safe_open(str(file), framework="pt") as f:
-            for key in f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 if keys is not None and key not in keys:
                     continue
                 tensor = f.get_tensor(key)
