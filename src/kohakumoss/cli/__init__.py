@@ -1,0 +1,1 @@
+"""Command-line tools: kohakumoss-doctor, kohakumoss-config."""
