@@ -1,0 +1,1 @@
+"""Script knobs: their schemas (type, range, choices, help), validation, and preset-layer composition."""

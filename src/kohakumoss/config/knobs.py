@@ -1,0 +1,117 @@
+"""Knob schemas and their validation.
+
+A kogine script's settings are module-level UPPER_CASE globals. `Knob` describes one; `validate`
+checks a globals dict against a schema before any work starts: unknown knobs (with a did-you-mean),
+wrong types, values out of range or not among the choices, paths that do not exist. Every problem is
+reported by name, all at once.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kohakumoss_common.errors import ConfigError
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: Any
+    help: str
+    type: type | tuple[type, ...] | None = None  # None: the default's type
+    choices: tuple | None = None
+    min: float | None = None
+    max: float | None = None
+    path: str | None = None  # "file", "dir" or "any": must exist when non-empty
+    check: Callable[[Any], str | None] | None = None  # extra rule: returns a problem or None
+
+    @property
+    def types(self) -> tuple[type, ...]:
+        if self.type is not None:
+            return self.type if isinstance(self.type, tuple) else (self.type,)
+        if isinstance(self.default, bool):
+            return (bool,)
+        if isinstance(self.default, float):
+            return (float, int)
+        if isinstance(self.default, int):
+            return (int,)
+        return (type(self.default),)
+
+    def problems(self, value: Any) -> list[str]:
+        types = self.types
+        if isinstance(value, bool) and bool not in types:
+            return [f"expected {'/'.join(t.__name__ for t in types)}, got bool {value!r}"]
+        if not isinstance(value, types):
+            return [f"expected {'/'.join(t.__name__ for t in types)}, got {type(value).__name__} {value!r}"]
+        out = []
+        if self.choices is not None and value not in self.choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            out.append(f"{value!r} is not one of {list(self.choices)}{hint}")
+        if self.min is not None and isinstance(value, (int, float)) and value < self.min:
+            out.append(f"{value} is below the minimum {self.min}")
+        if self.max is not None and isinstance(value, (int, float)) and value > self.max:
+            out.append(f"{value} is above the maximum {self.max}")
+        if self.path and isinstance(value, str) and value:
+            p = Path(value)
+            if not p.exists():
+                out.append(f"path '{value}' does not exist")
+            elif self.path == "file" and not p.is_file():
+                out.append(f"'{value}' is not a file")
+            elif self.path == "dir" and not p.is_dir():
+                out.append(f"'{value}' is not a folder")
+        if self.check is not None and not out and (msg := self.check(value)):
+            out.append(msg)
+        return out
+
+
+class Schema:
+    """An ordered set of knobs for one script."""
+
+    def __init__(self, knobs: Iterable[Knob]):
+        self.knobs: dict[str, Knob] = {}
+        for k in knobs:
+            if k.name in self.knobs or not k.name.isupper():
+                raise ValueError(f"bad or duplicate knob name {k.name!r}")
+            self.knobs[k.name] = k
+
+    def defaults(self) -> dict[str, Any]:
+        return {n: k.default for n, k in self.knobs.items()}
+
+    def suggest(self, name: str) -> str:
+        close = difflib.get_close_matches(name, list(self.knobs), n=1, cutoff=0.6)
+        return f" (did you mean {close[0]}?)" if close else ""
+
+    def problems(self, values: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(knob, problem) pairs for every unknown knob and every bad value."""
+        out = []
+        for name in values:
+            if name.isupper() and not name.startswith("_") and name not in self.knobs:
+                out.append((name, f"unknown knob{self.suggest(name)}"))
+        for name, knob in self.knobs.items():
+            value = values.get(name, _MISSING)
+            if value is _MISSING:
+                continue
+            out += [(name, p) for p in knob.problems(value)]
+        return out
+
+    def validate(self, values: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
+        """Defaults overlaid with `values`; raises ConfigError naming every bad knob."""
+        problems = self.problems(values)
+        if problems:
+            lines = "\n".join(f"  {k}: {p}" for k, p in problems)
+            raise ConfigError(problems[0][0], f"{len(problems)} problem(s) in {source}:\n{lines}")
+        merged = self.defaults()
+        merged.update({k: v for k, v in values.items() if k in self.knobs})
+        return merged
+
+
+def script_knobs(module_globals: Mapping[str, Any]) -> dict[str, Any]:
+    """The UPPER_CASE settings of a script's globals (what kogine configs and --set change)."""
+    return {k: v for k, v in module_globals.items() if k.isupper() and not k.startswith("_")}

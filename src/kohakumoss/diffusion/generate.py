@@ -1,0 +1,82 @@
+"""Text to image: encode prompts, run the Euler CFG sampler on the backbone, decode with the VAE.
+
+The glue between the encoders, the sampler and the VAE; no state of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from kohakumoss.encoders.latents import unpatchify
+from kohakumoss_common.errors import ConfigError
+
+from .sampler import SamplerConfig, euler_sample
+
+PIXELS_PER_TOKEN = 16  # 8x VAE down-sampling, then 2x2 patches
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt: str
+    seed: int
+    width: int = 1024
+    height: int = 1024
+    negative: str = ""
+
+    def token_grid(self) -> tuple[int, int]:
+        for knob, v in (("WIDTH", self.width), ("HEIGHT", self.height)):
+            if v <= 0 or v % PIXELS_PER_TOKEN:
+                raise ConfigError(knob, f"{v} must be a positive multiple of {PIXELS_PER_TOKEN} px")
+        return self.height // PIXELS_PER_TOKEN, self.width // PIXELS_PER_TOKEN
+
+
+def split_packed(hidden: torch.Tensor, lengths: torch.Tensor) -> list[torch.Tensor]:
+    return list(torch.split(hidden, lengths.tolist()))
+
+
+def to_pil(pixels: torch.Tensor) -> Image.Image:
+    """[3, H, W] in [-1, 1] -> an RGB PIL image."""
+    arr = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(1, 2, 0).cpu().numpy()
+    return Image.fromarray(np.ascontiguousarray(arr), "RGB")
+
+
+@torch.no_grad()
+def generate_latents(
+    backbone: Callable[..., torch.Tensor],
+    text_encoder,
+    requests: Sequence[GenerationRequest],
+    config: SamplerConfig,
+    in_channels: int = 128,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[torch.Tensor]:
+    """Latents [32, H/8, W/8] per request (normalized, as the VAE's decode takes them)."""
+    cond = split_packed(*text_encoder.encode([r.prompt for r in requests]))
+    uncond = split_packed(*text_encoder.encode([r.negative for r in requests])) if config.cfg_scale != 1.0 else None
+    grids = [r.token_grid() for r in requests]
+    tokens = euler_sample(
+        backbone, cond, uncond, grids, [r.seed for r in requests], config, in_channels, device, dtype, progress
+    )
+    return [unpatchify(t.float().cpu(), 2 * h, 2 * w) for t, (h, w) in zip(tokens, grids)]
+
+
+@torch.no_grad()
+def generate(
+    backbone: Callable[..., torch.Tensor],
+    text_encoder,
+    vae,
+    requests: Sequence[GenerationRequest],
+    config: SamplerConfig,
+    in_channels: int = 128,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Image.Image]:
+    latents = generate_latents(backbone, text_encoder, requests, config, in_channels, device, dtype, progress)
+    return [to_pil(vae.decode(z[None])[0]) for z in latents]
