@@ -3,7 +3,7 @@
 moss-image-5b: 42 blocks (public), d 3072 = 24 heads x 128, SwiGLU 8192 (fused gate_up: 2 x 8192 rows),
 text 4096 (Qwen3.5-9B). Per block six large matrices: q, k, v, o, gate_up, down (37.7M + 75.5M) plus a
 256 -> 6d AdaLN modulation (4.7M): 118M per block, about 4.97B in all. docs/concepts/model.md says why.
-tiny: a few million parameters, for CPU tests and the demo.
+tiny: a few million parameters, for CPU tests and the demo (text_dim matches the tiny text encoder).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ PRESETS: dict[str, MossConfig] = {
         num_heads=4,
         head_dim=64,
         mlp_hidden=512,
-        text_dim=64,
+        text_dim=32,  # the tiny Qwen3.5 text encoder's hidden size
         time_freq_dim=64,
         mod_dim=64,
         rope_axes=(16, 24, 24),

@@ -1,0 +1,20 @@
+"""Text encoder (Qwen3.5) and image VAE (FLUX.2) wrappers, latent layout and normalization."""
+
+from .latents import denormalize_latents, normalize_latents, patchify, unpatchify
+from .text import TextEncoder
+from .text_config import QWEN_CHAT_TEMPLATE, TextEncoderConfig, tiny_text_encoder_config
+from .vae import ImageVAE
+from .vae_config import tiny_vae_config
+
+__all__ = [
+    "QWEN_CHAT_TEMPLATE",
+    "ImageVAE",
+    "TextEncoder",
+    "TextEncoderConfig",
+    "denormalize_latents",
+    "normalize_latents",
+    "patchify",
+    "tiny_text_encoder_config",
+    "tiny_vae_config",
+    "unpatchify",
+]

@@ -1,0 +1,273 @@
+"""`TextEncoder`: Qwen3.5 (transformers' `qwen3_5`, text part) -> packed caption hidden states.
+
+`encode(captions) -> (hidden [sum_len, D'], lengths [B])`, one row per kept token, samples one after
+another. Prompts are right-padded within a micro-batch; the model is causal (attention and the
+Gated DeltaNet recurrence), so padding never changes a real token's state.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoTokenizer
+from transformers.models.qwen3_5 import Qwen3_5TextConfig, Qwen3_5TextModel
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+
+from kohakumoss_common.errors import CheckpointError, ConfigError
+from kohakumoss_common.hashing import sha256_json
+from kohakumoss_common.io import iter_tensors, read_header, resolve_files
+from kohakumoss_common.log import get_logger
+
+from . import text_layouts
+from .identity import files_identity, module_identity
+from .quant import dequantize, plan_quantization
+from .streaming import cast, check_keys, expected_shapes, meta_leftovers, set_tensor
+from .text_config import (
+    PRESETS,
+    TextEncoderConfig,
+    folder_text_config,
+    infer_text_config,
+    truncated,
+    with_overrides,
+)
+from .text_template import PromptTokenizer, Tokenized
+
+log = get_logger(__name__)
+TOKENIZER_FILES = (
+    "tokenizer*.json",
+    "vocab*",
+    "merges.txt",
+    "special_tokens_map.json",
+    "*.model",
+    "chat_template*",
+)
+
+
+def resolve_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """Hidden-state indices (HF convention, 0..num_layers) with negatives resolved."""
+    out = tuple(i if i >= 0 else num_layers + 1 + i for i in layers)
+    bad = [i for i, r in zip(layers, out) if not 0 <= r <= num_layers]
+    if bad:
+        raise ConfigError("text_encoder.layers", f"{bad} out of range for a {num_layers}-block model")
+    return out
+
+
+class _Capture:
+    """Forward hooks that keep the hidden states at the chosen indices during one forward."""
+
+    def __init__(self, model: Qwen3_5TextModel, indices: tuple[int, ...], full_layers: int):
+        self.states: dict[int, torch.Tensor] = {}
+        self.handles = []
+        for index in set(indices):
+            module = self._module(model, index, full_layers)
+            self.handles.append(module.register_forward_hook(self._hook(index)))
+
+    @staticmethod
+    def _module(model: Qwen3_5TextModel, index: int, full_layers: int) -> nn.Module:
+        if index == 0:
+            return model.embed_tokens
+        return model.norm if index == full_layers else model.layers[index - 1]
+
+    def _hook(self, index: int):
+        def hook(_module, _inputs, output):
+            self.states[index] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class TextEncoder:
+    """Qwen3.5 text encoder with a fixed template and layer choice."""
+
+    def __init__(
+        self,
+        model: Qwen3_5TextModel,
+        tokenizer,
+        config: TextEncoderConfig,
+        full_config: Qwen3_5TextConfig,
+        weights_identity: str | None = None,
+        tokenizer_identity: str = "unknown",
+    ):
+        self.model = model.eval().requires_grad_(False)
+        self.config = config
+        self.full_config = full_config
+        self.layer_indices = resolve_layers(config.layers, full_config.num_hidden_layers)
+        deepest = max(self.layer_indices)
+        if deepest > len(model.layers) and deepest != full_config.num_hidden_layers:
+            raise ConfigError("text_encoder.layers", f"layer {deepest} was pruned from the loaded model")
+        self.prompts = PromptTokenizer(
+            tokenizer, config.template, config.max_length, config.keep_template_tokens
+        )
+        self._weights_identity = weights_identity or module_identity(model)
+        self._tokenizer_identity = tokenizer_identity
+
+    @classmethod
+    def load(cls, config: TextEncoderConfig) -> TextEncoder:
+        """Load weights (HF folder or single file, streamed per tensor) and the tokenizer."""
+        path = Path(config.path)
+        files = resolve_files(path)
+        tok_path = _tokenizer_path(path, config)
+        tokenizer = _load_tokenizer(tok_path)
+        tok_files = sorted({f for pattern in TOKENIZER_FILES for f in tok_path.glob(pattern) if f.is_file()})
+        model, full = _load_model(path, config)
+        return cls(model, tokenizer, config, full, files_identity(files), files_identity(tok_files))
+
+    @property
+    def layer_choice(self) -> tuple[int, ...]:
+        return self.config.layers
+
+    @property
+    def template(self) -> str:
+        return self.config.template
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+    @property
+    def hidden_size(self) -> int:
+        """Width of the returned hidden states."""
+        width = self.full_config.hidden_size
+        return width * len(self.layer_indices) if self.config.combine == "concat" else width
+
+    @property
+    def identity(self) -> str:
+        """sha256 of model config, weights, tokenizer, template, layer choice and dtype: a cache key."""
+        model_config = {k: v for k, v in self.full_config.to_dict().items() if not k.startswith("_")}
+        model_config.pop("transformers_version", None)
+        model_config.pop("dtype", None)
+        return sha256_json(
+            {
+                "model": model_config,
+                "weights": self._weights_identity,
+                "tokenizer": self._tokenizer_identity,
+                "template": self.config.template,
+                "keep_template_tokens": self.config.keep_template_tokens,
+                "layers": self.layer_indices,
+                "combine": self.config.combine,
+                "max_length": self.config.max_length,
+                "dtype": str(self.dtype),
+            }
+        )
+
+    def to(self, device: str | torch.device) -> TextEncoder:
+        self.model.to(device)
+        return self
+
+    def tokenize(self, captions: list[str]) -> list[Tokenized]:
+        return [self.prompts(c) for c in captions]
+
+    @torch.no_grad()
+    def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Captions -> (hidden [sum(lengths), hidden_size] packed in caption order, lengths [B] long)."""
+        if isinstance(captions, str):
+            raise TypeError("encode takes a list of captions, not one string")
+        prompts = self.tokenize(list(captions))
+        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i].ids))
+        pieces: list[torch.Tensor | None] = [None] * len(prompts)
+        for chunk_start in range(0, len(order), self.config.micro_batch):
+            chunk = order[chunk_start : chunk_start + self.config.micro_batch]
+            for i, hidden in zip(chunk, self._forward([prompts[i] for i in chunk])):
+                pieces[i] = hidden
+        lengths = torch.tensor([p.end - p.start for p in prompts], dtype=torch.long)
+        if not pieces:
+            return torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), lengths
+        return torch.cat(pieces), lengths
+
+    def _forward(self, prompts: list[Tokenized]) -> list[torch.Tensor]:
+        longest = max(len(p.ids) for p in prompts)
+        ids = torch.full((len(prompts), longest), self.prompts.fallback, dtype=torch.long)
+        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for row, p in enumerate(prompts):
+            ids[row, : len(p.ids)] = torch.tensor(p.ids)
+            mask[row, : len(p.ids)] = 1
+        capture = _Capture(self.model, self.layer_indices, self.full_config.num_hidden_layers)
+        try:
+            self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
+        finally:
+            capture.close()
+        hidden = self._combine([capture.states[i] for i in self.layer_indices])
+        return [hidden[row, p.start : p.end] for row, p in enumerate(prompts)]
+
+    def _combine(self, states: list[torch.Tensor]) -> torch.Tensor:
+        if len(states) == 1:
+            return states[0]
+        if self.config.combine == "concat":
+            return torch.cat(states, dim=-1)
+        return torch.stack([s.float() for s in states]).mean(0).to(states[0].dtype)
+
+
+def _tokenizer_path(path: Path, config: TextEncoderConfig) -> Path:
+    if config.tokenizer_path is not None:
+        return Path(config.tokenizer_path)
+    if path.is_dir():
+        return path
+    raise ConfigError("text_encoder.tokenizer_path", f"{path} is a single file; give the tokenizer folder")
+
+
+def _load_tokenizer(path: Path):
+    try:
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise ConfigError("text_encoder.tokenizer_path", f"{path}: no usable tokenizer ({e})") from e
+
+
+def _model_config(path: Path, config: TextEncoderConfig, shapes: dict) -> Qwen3_5TextConfig:
+    base = folder_text_config(path)
+    if base is None and config.preset is not None:
+        base = Qwen3_5TextConfig(**PRESETS[config.preset])
+    if base is None:
+        base = infer_text_config(shapes, path)
+    return with_overrides(base, config.model_overrides)
+
+
+def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel, Qwen3_5TextConfig]:
+    header, _ = read_header(path)
+    quant = plan_quantization(path, header)
+    keys = [k for k in header if k not in quant.dropped]
+    layout = text_layouts.detect_layout(list(header)) if config.layout == "auto" else config.layout
+    names = {k: n for k in keys if (n := text_layouts.text_key(layout, k)) is not None}
+    shapes = {n: tuple(header[k][1]) for k, n in names.items()}
+    full = _model_config(path, config, shapes)
+    keep = _kept_layers(config, full)
+    names = {k: n for k, n in names.items() if not _pruned(n, keep)}
+    shapes = {n: s for n, s in shapes.items() if not _pruned(n, keep)}
+    with torch.device("meta"):
+        model = Qwen3_5TextModel(truncated(full, keep) if keep < full.num_hidden_layers else full)
+    check_keys(path, expected_shapes(model), shapes)
+    _stream(model, path, names, quant.scales, config)
+    model.rotary_emb = Qwen3_5TextRotaryEmbedding(config=model.config).to(config.device)
+    if left := meta_leftovers(model):
+        raise CheckpointError(path, f"nothing loaded these tensors: {left}")
+    log.info(
+        "text encoder loaded from %s (%s layout, %d of %d blocks)", path, layout, keep, full.num_hidden_layers
+    )
+    return model, full
+
+
+def _kept_layers(config: TextEncoderConfig, full: Qwen3_5TextConfig) -> int:
+    n = full.num_hidden_layers
+    deepest = max(resolve_layers(config.layers, n))
+    return max(deepest, 1) if config.prune_unused_layers and deepest < n else n
+
+
+def _pruned(name: str, keep: int) -> bool:
+    parts = name.split(".")
+    return parts[0] == "layers" and int(parts[1]) >= keep
+
+
+def _stream(model: nn.Module, path: Path, names: dict[str, str], scales: dict[str, str], config) -> None:
+    scale_values = dict(iter_tensors(path, keys=set(scales.values()))) if scales else {}
+    for key, tensor in iter_tensors(path, keys=set(names)):
+        if key in scales:
+            tensor = dequantize(tensor, scale_values[scales[key]], config.torch_dtype)
+        set_tensor(model, names[key], cast(tensor, config.torch_dtype, config.device))

@@ -1,0 +1,85 @@
+"""Tiny random encoders built from config: a word-level tokenizer, a 4-block Qwen3.5 and a small VAE.
+
+For tests and the embedded demo: nothing is downloaded, every file is written here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+from transformers.models.qwen3_5 import Qwen3_5TextModel
+
+from kohakumoss_common.io import save_safetensors
+
+from .text import TextEncoder
+from .text_config import TextEncoderConfig, tiny_text_encoder_config
+from .vae import ImageVAE
+from .vae_config import tiny_vae_config
+
+SPECIALS = ("[PAD]", "[UNK]", "[EOS]", "<|im_start|>", "<|im_end|>")
+TINY_TEMPLATE = "<|im_start|>user {caption}<|im_end|>"
+
+
+def words_of(texts: Iterable[str]) -> list[str]:
+    return sorted({w for t in texts for w in re.findall(r"\S+", t.lower())} | {"user"})
+
+
+def write_word_tokenizer(folder: str | Path, texts: Iterable[str]) -> Path:
+    """A whitespace word-level tokenizer over the words of `texts`, saved as a fast tokenizer folder."""
+    folder = Path(folder)
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *words_of(texts)])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import normalizers
+
+    tok.normalizer = normalizers.Lowercase()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        eos_token="[EOS]",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    fast.save_pretrained(str(folder))
+    return folder
+
+
+def write_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int = 0) -> TextEncoderConfig:
+    """Write `folder/tokenizer` and `folder/model` (HF layout, random weights); return the config to load it."""
+    folder = Path(folder)
+    tokenizer = write_word_tokenizer(folder / "tokenizer", texts)
+    vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
+    torch.manual_seed(seed)
+    model = Qwen3_5TextModel(tiny_text_encoder_config(vocab_size=max(vocab, 16))).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):  # (1 + w) norms start at zero: give them some spread
+                p.normal_(0, 0.2)
+    model_dir = folder / "model"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config = {"model_type": "qwen3_5", "text_config": model.config.to_dict()}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    save_safetensors(
+        {f"model.language_model.{k}": v for k, v in model.state_dict().items()},
+        model_dir / "model.safetensors",
+    )
+    return TextEncoderConfig(
+        path=str(model_dir), tokenizer_path=str(tokenizer), template=TINY_TEMPLATE, dtype="float32"
+    )
+
+
+def load_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int = 0) -> TextEncoder:
+    return TextEncoder.load(write_tiny_text_encoder(folder, texts, seed))
+
+
+def tiny_vae(
+    seed: int = 0, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> ImageVAE:
+    torch.manual_seed(seed)
+    return ImageVAE.from_config(tiny_vae_config(), dtype=dtype, device=device)
