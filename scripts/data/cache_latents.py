@@ -1,0 +1,59 @@
+"""Encode every planned crop with the VAE into the latent cache (safetensors shards), ahead of training.
+
+    kogine run scripts/data/cache_latents.py --config my_data.py --set VAE_KWARGS='{"path": "models/vae"}'
+
+Resumable: shards are written as they fill, and a rerun skips every latent already cached. The
+cache is keyed by (image hash, crop box, target size, flip, VAE identity), so use the same plan
+knobs and SEED as the training run. VAE_FACTORY ('module:callable') returns the encoder; it is
+called with VAE_KWARGS.
+"""
+
+from __future__ import annotations
+
+from kohakumoss_data.cache import TensorCache
+from kohakumoss_data.cache_keys import latent_cache_identity
+from kohakumoss_data.offline import fill_latent_cache
+from kohakumoss_data.pipeline import open_dataset, plan_dataset, upper_knobs
+from kohakumoss_data.settings import load_factory
+
+DATASET = {"kind": "kohya", "path": "data/train"}
+CATALOG_DIR = None
+MIN_SIDE = 64
+MAX_PIXELS = 178_956_970
+MISSING_CAPTION = "empty"
+SCAN_WORKERS = 4
+SEED = 0
+AREA = 1024 * 1024
+MIN_ASPECT = 0.25
+MAX_ASPECT = 4.0
+NO_UPSCALE = False
+CROP = "center"
+BUCKETS = None
+TOKENS_PER_STEP = 32768
+MAX_TEXT_TOKENS = 256
+FLIP_PROB = 0.0
+CAPTION_DROPOUT = 0.0
+SHUFFLE_CAPTION = False
+KEEP_TOKENS = 0
+EPOCHS = 1
+CACHE_DIR = "cache"
+SHARD_ITEMS = 512
+WORKERS = 4
+BATCH_SIZE = 8
+VAE_FACTORY = "kohakumoss.encoders.vae:ImageVAE.load"
+VAE_KWARGS = {"path": "models/vae", "device": "cuda"}
+
+
+def main() -> None:
+    knobs = upper_knobs(globals())
+    source, catalog = open_dataset(knobs)
+    plan = plan_dataset(knobs, catalog)
+    vae = load_factory(VAE_FACTORY, "VAE_FACTORY")(**VAE_KWARGS)
+    cache = TensorCache(CACHE_DIR, latent_cache_identity(vae.identity), SHARD_ITEMS)
+    report = fill_latent_cache(plan, catalog, source, vae, cache, WORKERS, BATCH_SIZE)
+    print(report.summary("latents"))
+    print(f"cache {cache.dir}")
+
+
+if __name__ == "__main__":
+    main()

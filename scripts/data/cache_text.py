@@ -1,0 +1,69 @@
+"""Encode every planned caption with the text encoder into the text cache (safetensors shards).
+
+    kogine run scripts/data/cache_text.py --config my_data.py --set TEXT_KWARGS='{"path": "models/qwen"}'
+
+Resumable and skips what exists. Keyed by (caption, template, encoder identity, layer choice), so a
+changed template or layer choice encodes again. TEXT_FACTORY ('module:callable') is called with
+TEXT_KWARGS; the default builds kohakumoss.encoders.TextEncoder from a TextEncoderConfig.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kohakumoss_data.cache import TensorCache
+from kohakumoss_data.cache_keys import text_cache_identity
+from kohakumoss_data.offline import fill_text_cache, planned_captions
+from kohakumoss_data.pipeline import open_dataset, plan_dataset, upper_knobs
+from kohakumoss_data.settings import load_factory
+
+DATASET = {"kind": "kohya", "path": "data/train"}
+CATALOG_DIR = None
+MIN_SIDE = 64
+MAX_PIXELS = 178_956_970
+MISSING_CAPTION = "empty"
+SCAN_WORKERS = 4
+SEED = 0
+AREA = 1024 * 1024
+MIN_ASPECT = 0.25
+MAX_ASPECT = 4.0
+NO_UPSCALE = False
+CROP = "center"
+BUCKETS = None
+TOKENS_PER_STEP = 32768
+MAX_TEXT_TOKENS = 256
+FLIP_PROB = 0.0
+CAPTION_DROPOUT = 0.0
+SHUFFLE_CAPTION = False
+KEEP_TOKENS = 0
+EPOCHS = 1
+CACHE_DIR = "cache"
+SHARD_ITEMS = 1024
+BATCH_SIZE = 16
+TEXT_FACTORY = ""  # '' : the real Qwen3.5 encoder below
+TEXT_KWARGS = {"path": "models/text_encoder", "device": "cuda"}
+
+
+def real_text_encoder(**kwargs: Any) -> Any:
+    """kohakumoss.encoders.TextEncoder from TextEncoderConfig fields."""
+    from kohakumoss.encoders import TextEncoder, TextEncoderConfig
+
+    return TextEncoder.load(TextEncoderConfig(**kwargs))
+
+
+def main() -> None:
+    knobs = upper_knobs(globals())
+    _, catalog = open_dataset(knobs)
+    plan = plan_dataset(knobs, catalog)
+    factory = load_factory(TEXT_FACTORY, "TEXT_FACTORY") if TEXT_FACTORY else real_text_encoder
+    encoder = factory(**TEXT_KWARGS)
+    cache = TensorCache(
+        CACHE_DIR, text_cache_identity(encoder.identity, encoder.template, encoder.layer_choice), SHARD_ITEMS
+    )
+    report = fill_text_cache(planned_captions(plan), encoder, cache, BATCH_SIZE)
+    print(report.summary("text"))
+    print(f"cache {cache.dir}")
+
+
+if __name__ == "__main__":
+    main()

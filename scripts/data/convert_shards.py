@@ -1,0 +1,32 @@
+"""Convert any dataset into the project's shard format: decoded once, shrunk to MAX_AREA, fast to read.
+
+    kogine run scripts/data/convert_shards.py --config my_data.py --set OUT_DIR=data/train_shards
+
+Only usable items are written (the scan report says what was dropped and why). Train from the
+result with DATASET = {"kind": "shards", "path": OUT_DIR}.
+"""
+
+from __future__ import annotations
+
+from kohakumoss_data.pipeline import open_dataset, upper_knobs
+from kohakumoss_data.sources.convert import convert_to_shards
+
+DATASET = {"kind": "kohya", "path": "data/train"}
+CATALOG_DIR = None
+MIN_SIDE = 64
+MAX_PIXELS = 178_956_970
+MISSING_CAPTION = "empty"
+SCAN_WORKERS = 4
+OUT_DIR = "data/shards"
+MAX_AREA = 2048 * 2048  # keeps enough pixels for any AREA up to 4 MP; None keeps the original size
+ITEMS_PER_SHARD = 256
+
+
+def main() -> None:
+    source, catalog = open_dataset(upper_knobs(globals()))
+    paths = convert_to_shards(source, catalog, OUT_DIR, MAX_AREA, ITEMS_PER_SHARD)
+    print(f"wrote {len(catalog.usable)} images into {len(paths)} shards under {OUT_DIR}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Look at a dataset before training: what was kept or dropped, sizes, tokens per step, the plan hash.
+
+    kogine run scripts/data/inspect_data.py --config my_data.py [--set RUN_DIR=runs/inspect]
+
+Prints items kept and dropped per reason, the aspect and planned-resolution histograms, tokens per
+step (min / median / max), steps per epoch and a line `plan sha256 <hex>`; writes report.txt,
+histogram.png and contact_sheet.png (the first planned crops) into RUN_DIR.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image
+
+from kohakumoss_common.io import atomic_write_text
+from kohakumoss_data.figures import contact_sheet, histogram_png
+from kohakumoss_data.pipeline import open_dataset, upper_knobs
+from kohakumoss_data.plan import build_plan
+from kohakumoss_data.report import aspect_histogram, report_lines, resolution_histogram
+from kohakumoss_data.settings import plan_knobs
+from kohakumoss_data.transform import planned_pixels
+
+DATASET = {"kind": "kohya", "path": "data/train"}
+CATALOG_DIR = None  # None: the catalog cache sits beside the dataset
+MIN_SIDE = 64
+MAX_PIXELS = 178_956_970
+MISSING_CAPTION = "empty"  # error | empty | filename
+SCAN_WORKERS = 4
+SEED = 0
+AREA = 1024 * 1024
+MIN_ASPECT = 0.25
+MAX_ASPECT = 4.0
+NO_UPSCALE = False
+CROP = "center"  # center | random
+BUCKETS = None  # None | "kohya" | [[w, h], ...]
+TOKENS_PER_STEP = 32768
+MAX_TEXT_TOKENS = 256
+FLIP_PROB = 0.0
+CAPTION_DROPOUT = 0.0
+SHUFFLE_CAPTION = False
+KEEP_TOKENS = 0
+EPOCHS = 1
+RUN_DIR = "runs/inspect"
+CONTACT_ITEMS = 12
+
+
+def main() -> None:
+    knobs = upper_knobs(globals())
+    source, catalog = open_dataset(knobs)
+    plan = build_plan(catalog, SEED, plan_knobs(knobs))
+    lines = report_lines(catalog, plan)
+    print("\n".join(lines))
+    run = Path(RUN_DIR)
+    run.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run / "report.txt", "\n".join(lines) + "\n")
+    aspect = histogram_png("aspect ratio (w/h) of usable items", aspect_histogram(catalog))
+    sizes = histogram_png("planned resolution, epoch 0", resolution_histogram(plan))
+    figure = Image.new("RGB", (aspect.width, aspect.height + sizes.height), "white")
+    figure.paste(aspect, (0, 0))
+    figure.paste(sizes, (0, aspect.height))
+    figure.save(run / "histogram.png")
+    locators = {it.key: it.locator for it in catalog.usable}
+    first = [it for step in plan.steps for it in step][:CONTACT_ITEMS]
+    tiles = [
+        (
+            Image.fromarray(planned_pixels(source.read(locators[it.key]), it)),
+            f"{it.target[0]}x{it.target[1]} {it.key}",
+        )
+        for it in first
+    ]
+    contact_sheet(tiles).save(run / "contact_sheet.png")
+    print(f"wrote {run / 'report.txt'}, {run / 'histogram.png'}, {run / 'contact_sheet.png'}")
+
+
+if __name__ == "__main__":
+    main()

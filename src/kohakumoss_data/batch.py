@@ -1,0 +1,38 @@
+"""HostBatch: one step's inputs in host memory (pinned when a GPU is present), ready to copy over."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+
+@dataclass
+class HostBatch:
+    step: int
+    keys: list[str]
+    captions: list[str]
+    sizes: list[tuple[int, int]]  # target (width, height) in pixels, per image
+    latents: list[torch.Tensor] | None = None  # [32, h/8, w/8] per image
+    pixels: list[torch.Tensor] | None = None  # uint8 [3, h, w] per image, when no image encoder is given
+    text_hidden: torch.Tensor | None = None  # packed [sum_len, D]
+    text_lengths: torch.Tensor | None = None  # [B] long
+    hits: dict[str, int] = field(default_factory=dict)  # cache hits per kind, for logging
+
+    @property
+    def image_tokens(self) -> int:
+        return sum((w // 16) * (h // 16) for w, h in self.sizes)
+
+    def pin_memory(self) -> HostBatch:
+        """A copy whose tensors live in page-locked memory (only meaningful with CUDA)."""
+
+        def pin(ts: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+            return None if ts is None else [t.pin_memory() for t in ts]
+
+        return replace(
+            self,
+            latents=pin(self.latents),
+            pixels=pin(self.pixels),
+            text_hidden=None if self.text_hidden is None else self.text_hidden.pin_memory(),
+            text_lengths=None if self.text_lengths is None else self.text_lengths.pin_memory(),
+        )

@@ -1,0 +1,43 @@
+"""Cache keys: everything that changes a cached tensor's content is part of its key."""
+
+from __future__ import annotations
+
+from kohakumoss_common.hashing import canonical_json, sha256_json
+
+from .plan import PlannedItem
+
+
+def latent_key(item: PlannedItem, vae_identity: str) -> str:
+    """(image hash, resize, crop box, target size, flip, VAE identity)."""
+    x, y = item.crop
+    box = [x, y, x + item.target[0], y + item.target[1]]
+    return sha256_json(
+        {
+            "image": item.hash,
+            "resize": list(item.resize),
+            "crop": box,
+            "target": list(item.target),
+            "flip": item.flip,
+            "vae": vae_identity,
+        }
+    )
+
+
+def text_key(caption: str, template: str, encoder_identity: str, layer_choice: object) -> str:
+    """(caption, template, encoder identity, layer choice)."""
+    return sha256_json(
+        {"caption": caption, "template": template, "encoder": encoder_identity, "layer": layer_choice}
+    )
+
+
+def latent_cache_identity(vae_identity: str) -> dict[str, str]:
+    return {"kind": "latents", "vae": vae_identity}
+
+
+def text_cache_identity(encoder_identity: str, template: str, layer_choice: object) -> dict[str, str]:
+    return {
+        "kind": "text",
+        "encoder": encoder_identity,
+        "template": template,
+        "layer": canonical_json(layer_choice),
+    }

@@ -1,0 +1,44 @@
+"""Caption bytes -> text, and what to do when an image has none (the MISSING_CAPTION knob)."""
+
+from __future__ import annotations
+
+from kohakumoss_common.errors import ConfigError
+
+from .records import OK
+
+MISSING_POLICIES = ("error", "empty", "filename")
+
+
+def check_policy(policy: str) -> str:
+    if policy not in MISSING_POLICIES:
+        raise ConfigError("MISSING_CAPTION", f"must be one of {MISSING_POLICIES}, got {policy!r}")
+    return policy
+
+
+def decode_captions(raw: list[bytes] | None) -> tuple[list[str], str]:
+    """(captions, status): status is ok, missing or not_utf8; blank lines are dropped."""
+    if raw is None:
+        return [], "missing"
+    out = []
+    for blob in raw:
+        try:
+            text = blob.decode("utf-8-sig").strip()
+        except UnicodeDecodeError:
+            return [], "not_utf8"
+        if text:
+            out.append(text)
+    return out, OK if out else "missing"
+
+
+def filename_caption(name: str) -> str:
+    """kohya's fallback: the file stem with underscores as spaces."""
+    return name.replace("_", " ").strip()
+
+
+def apply_missing_policy(captions: list[str], status: str, name: str, policy: str) -> list[str]:
+    """The captions an item trains with once the MISSING_CAPTION knob is applied."""
+    if status != "missing":
+        return captions
+    if policy == "filename":
+        return [filename_caption(name)]
+    return [""]

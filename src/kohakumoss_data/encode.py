@@ -1,0 +1,61 @@
+"""Run the passed-in encoders on cache misses only, grouping same-size images into one call."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from .cache import TensorCache
+from .cache_keys import text_key
+from .protocols import ImageEncoder, TextEncoder
+from .transform import to_model_range
+
+
+@torch.no_grad()
+def encode_images(
+    encoder: ImageEncoder, pixels: list[torch.Tensor], max_batch: int = 16
+) -> list[torch.Tensor]:
+    """uint8 [3,H,W] images (any mix of sizes) -> one latent per image, on the CPU, in order."""
+    groups: dict[tuple[int, ...], list[int]] = defaultdict(list)
+    for i, p in enumerate(pixels):
+        groups[tuple(p.shape)].append(i)
+    out: list[torch.Tensor | None] = [None] * len(pixels)
+    for indices in groups.values():
+        for start in range(0, len(indices), max_batch):
+            chunk = indices[start : start + max_batch]
+            latents = encoder.encode(to_model_range(torch.stack([pixels[i] for i in chunk])))
+            for i, latent in zip(chunk, latents.to("cpu")):
+                out[i] = latent.clone()
+    return out  # type: ignore[return-value]
+
+
+@torch.no_grad()
+def encode_texts(encoder: TextEncoder, captions: list[str]) -> list[torch.Tensor]:
+    """Captions -> one [len, D] hidden-state tensor per caption, on the CPU."""
+    if not captions:
+        return []
+    hidden, lengths = encoder.encode(captions)
+    return [h.clone() for h in torch.split(hidden.to("cpu"), [int(n) for n in lengths.tolist()])]
+
+
+def caption_embeddings(
+    captions: list[str], encoder: TextEncoder, cache: TensorCache | None, write_back: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Packed (hidden [sum_len, D], lengths [B]) for `captions`, reading the cache first; returns hits too."""
+    keys = [text_key(c, encoder.template, encoder.identity, encoder.layer_choice) for c in captions]
+    found: dict[str, torch.Tensor] = {}
+    if cache is not None:
+        for k in set(keys):
+            hit = cache.get(k)
+            if hit is not None:
+                found[k] = hit
+    hits = sum(1 for k in keys if k in found)
+    missing = list(dict.fromkeys((k, c) for k, c in zip(keys, captions) if k not in found))
+    for (k, _), hidden in zip(missing, encode_texts(encoder, [c for _, c in missing])):
+        found[k] = hidden
+        if cache is not None and write_back:
+            cache.put(k, hidden)
+    parts = [found[k] for k in keys]
+    lengths = torch.tensor([p.shape[0] for p in parts], dtype=torch.long)
+    return torch.cat(parts, 0), lengths, hits

@@ -1,0 +1,212 @@
+"""Loader: worker processes decode and resize planned items; a feeder thread builds HostBatches into a
+bounded prefetch queue. Caches are read first; only misses reach the encoders (online write-back).
+
+What a step contains depends only on the plan, never on the worker count or timing.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import sys
+import threading
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from kohakumoss_common.errors import DataError
+
+from .batch import HostBatch
+from .cache import TensorCache
+from .cache_keys import latent_cache_identity, latent_key, text_cache_identity
+from .catalog import Catalog
+from .encode import caption_embeddings, encode_images
+from .plan import Plan
+from .protocols import ImageEncoder, TextEncoder
+from .sources.base import Source
+from .transform import to_chw
+from .worker import ItemResult, ItemTask, init_worker, run_task
+
+_DONE = object()
+
+
+@dataclass
+class LoaderKnobs:
+    workers: int = 2
+    prefetch_steps: int = 2
+    write_back: bool = True  # online mode: encode a miss in the step and store it
+    pin_memory: bool | None = None  # None: pin when CUDA is available
+    start_method: str | None = None  # None: fork on Linux, spawn elsewhere (Windows, macOS)
+
+
+def open_caches(
+    cache_dir: str | None, image_encoder: ImageEncoder | None, text_encoder: TextEncoder | None
+) -> tuple[TensorCache | None, TensorCache | None]:
+    """The latent and text caches under `cache_dir` for these encoders (None without a dir or encoder)."""
+    if cache_dir is None:
+        return None, None
+    latents = TensorCache(cache_dir, latent_cache_identity(image_encoder.identity)) if image_encoder else None
+    texts = (
+        TensorCache(
+            cache_dir,
+            text_cache_identity(text_encoder.identity, text_encoder.template, text_encoder.layer_choice),
+        )
+        if text_encoder
+        else None
+    )
+    return latents, texts
+
+
+def worker_pool(
+    workers: int, source: Source, cache: TensorCache | None, start_method: str | None = None
+) -> Executor | None:
+    """Worker processes holding their own copy of the source (None: work in this process)."""
+    if workers <= 0:
+        return None
+    method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
+    return ProcessPoolExecutor(
+        workers, mp.get_context(method), initializer=init_worker, initargs=(source, cache)
+    )
+
+
+class Loader:
+    """Iterate HostBatches for `plan.steps[start_step:]`."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        catalog: Catalog,
+        source: Source,
+        image_encoder: ImageEncoder | None = None,
+        text_encoder: TextEncoder | None = None,
+        latent_cache: TensorCache | None = None,
+        text_cache: TensorCache | None = None,
+        knobs: LoaderKnobs | None = None,
+        start_step: int = 0,
+    ):
+        if not 0 <= start_step <= len(plan.steps):
+            raise DataError(f"start_step {start_step} is outside the plan (0..{len(plan.steps)})")
+        if plan.catalog != catalog.fingerprint():
+            raise DataError("the plan was built from another catalog (fingerprints differ); rebuild the plan")
+        self.plan, self.source = plan, source
+        self.locators = {it.key: it.locator for it in catalog.usable}
+        self.image_encoder, self.text_encoder = image_encoder, text_encoder
+        self.latent_cache, self.text_cache = latent_cache, text_cache
+        self.knobs = knobs or LoaderKnobs()
+        self.start_step = start_step
+        self.pin = torch.cuda.is_available() if self.knobs.pin_memory is None else self.knobs.pin_memory
+
+    def tasks(self, step: int) -> list[ItemTask]:
+        vae = self.image_encoder.identity if self.image_encoder is not None else None
+        return [
+            ItemTask(
+                self.locators[it.key],
+                it,
+                latent_key(it, vae) if vae and self.latent_cache is not None else None,
+            )
+            for it in self.plan.steps[step]
+        ]
+
+    def _submit(self, pool: Executor | None, step: int) -> list[Future[ItemResult] | ItemResult]:
+        if pool is None:
+            return [run_task(t, self.source, self.latent_cache) for t in self.tasks(step)]
+        return [pool.submit(run_task, t) for t in self.tasks(step)]
+
+    def _latents(self, tasks: list[ItemTask], results: list[ItemResult]) -> tuple[list[torch.Tensor], int]:
+        """Worker hits, then hits written since the workers' index was read, then the encoder."""
+        out: list[torch.Tensor | None] = [r.latent for r in results]
+        hits = sum(1 for r in results if r.latent is not None)
+        misses = []
+        for i, task in enumerate(tasks):
+            if out[i] is None and self.latent_cache is not None and task.latent_key in self.latent_cache:
+                out[i], hits = self.latent_cache.get(task.latent_key), hits + 1
+            elif out[i] is None:
+                misses.append(i)
+        encoded = encode_images(self.image_encoder, [to_chw(results[i].pixels) for i in misses])
+        for i, latent in zip(misses, encoded):
+            out[i] = latent
+            if self.latent_cache is not None and self.knobs.write_back:
+                self.latent_cache.put(tasks[i].latent_key, latent)
+        return out, hits  # type: ignore[return-value]
+
+    def build(self, step: int, results: list[ItemResult]) -> HostBatch:
+        """Assemble one step from its item results (main process: the encoders live here)."""
+        items = self.plan.steps[step]
+        tasks = self.tasks(step)
+        batch = HostBatch(
+            step, [it.key for it in items], [it.caption for it in items], [it.target for it in items]
+        )
+        if self.image_encoder is not None:
+            batch.latents, batch.hits["latent"] = self._latents(tasks, results)
+        else:
+            batch.pixels = [to_chw(r.pixels) for r in results]
+        if self.text_encoder is not None:
+            batch.text_hidden, batch.text_lengths, batch.hits["text"] = caption_embeddings(
+                batch.captions, self.text_encoder, self.text_cache, self.knobs.write_back
+            )
+        return batch.pin_memory() if self.pin else batch
+
+    def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
+        """Feeder thread: keep steps in flight in the workers, assemble them in order, queue them."""
+        pool = worker_pool(self.knobs.workers, self.source, self.latent_cache, self.knobs.start_method)
+        ahead = max(1, self.knobs.prefetch_steps, self.knobs.workers)
+        pending: deque[tuple[int, list]] = deque()
+        try:
+            for step in range(self.start_step, len(self.plan.steps)):
+                pending.append((step, self._submit(pool, step)))
+                if len(pending) >= ahead:
+                    self._emit(pending.popleft(), out, stop)
+                if stop.is_set():
+                    return
+            while pending and not stop.is_set():
+                self._emit(pending.popleft(), out, stop)
+            self.flush()
+            out.put(_DONE)
+        except BaseException as e:  # handed to the consumer, which re-raises it
+            out.put(e)
+        finally:
+            self.flush()  # written-back entries survive an early stop
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
+
+    def _emit(self, entry: tuple[int, list], out: queue.Queue, stop: threading.Event) -> None:
+        step, futures = entry
+        results = [f.result() if isinstance(f, Future) else f for f in futures]
+        batch = self.build(step, results)
+        while not stop.is_set():
+            try:
+                out.put(batch, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def flush(self) -> None:
+        for cache in (self.latent_cache, self.text_cache):
+            if cache is not None:
+                cache.flush()
+
+    def __iter__(self) -> Iterator[HostBatch]:
+        out: queue.Queue = queue.Queue(maxsize=max(1, self.knobs.prefetch_steps))
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._produce, args=(out, stop), name="kohakumoss-loader", daemon=True
+        )
+        thread.start()
+        try:
+            while True:
+                item = out.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while thread.is_alive():
+                try:
+                    out.get_nowait()
+                except queue.Empty:
+                    thread.join(0.05)

@@ -1,0 +1,111 @@
+"""Fill the latent and text caches ahead of training: resumable, skipping what is already cached."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from .cache import TensorCache
+from .cache_keys import latent_key, text_key
+from .catalog import Catalog
+from .encode import encode_images, encode_texts
+from .loader import worker_pool
+from .ordered_map import bounded_map
+from .plan import Plan, PlannedItem
+from .protocols import ImageEncoder, TextEncoder
+from .sources.base import Source
+from .transform import to_chw
+from .worker import ItemTask, run_task
+
+
+@dataclass
+class FillReport:
+    total: int
+    skipped: int
+    encoded: int
+
+    def summary(self, kind: str) -> str:
+        return f"{kind}: {self.total} planned, {self.skipped} already cached, {self.encoded} encoded"
+
+
+def planned_latents(plan: Plan, vae_identity: str) -> dict[str, PlannedItem]:
+    """Every distinct latent the plan asks for, by cache key, in plan order."""
+    out: dict[str, PlannedItem] = {}
+    for step in plan.steps:
+        for item in step:
+            out.setdefault(latent_key(item, vae_identity), item)
+    return out
+
+
+def _run(task: ItemTask, source: Source | None = None) -> tuple[ItemTask, object]:
+    return task, run_task(task, source, None).pixels
+
+
+def fill_latent_cache(
+    plan: Plan,
+    catalog: Catalog,
+    source: Source,
+    encoder: ImageEncoder,
+    cache: TensorCache,
+    workers: int = 2,
+    batch_size: int = 8,
+    progress: bool = True,
+) -> FillReport:
+    """Encode every planned latent not yet in `cache`; shards are written as they fill (resumable)."""
+    wanted = planned_latents(plan, encoder.identity)
+    todo = [(k, it) for k, it in wanted.items() if k not in cache]
+    locators = {it.key: it.locator for it in catalog.usable}
+    tasks = [ItemTask(locators[it.key], it, k) for k, it in todo]
+    pool = worker_pool(workers, source, None)
+    pending: dict[tuple[int, int], list[tuple[str, object]]] = defaultdict(list)
+    results: Iterator = (
+        bounded_map(pool, _run, tasks, 4 * max(1, workers)) if pool else (_run(t, source) for t in tasks)
+    )
+    try:
+        for task, pixels in tqdm(results, total=len(tasks), desc="latents", unit="img", disable=not progress):
+            group = pending[task.item.target]
+            group.append((task.latent_key, pixels))
+            if len(group) >= batch_size:
+                _encode_group(group, encoder, cache)
+        for group in pending.values():
+            _encode_group(group, encoder, cache)
+    finally:
+        cache.flush()
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
+    return FillReport(len(wanted), len(wanted) - len(todo), len(todo))
+
+
+def _encode_group(group: list[tuple[str, object]], encoder: ImageEncoder, cache: TensorCache) -> None:
+    if not group:
+        return
+    latents = encode_images(encoder, [to_chw(p) for _, p in group], max_batch=len(group))
+    for (key, _), latent in zip(group, latents):
+        cache.put(key, latent)
+    group.clear()
+
+
+def planned_captions(plan: Plan) -> list[str]:
+    return list(dict.fromkeys(it.caption for step in plan.steps for it in step))
+
+
+def fill_text_cache(
+    captions: list[str], encoder: TextEncoder, cache: TensorCache, batch_size: int = 16, progress: bool = True
+) -> FillReport:
+    """Encode every caption whose (caption, template, encoder, layer) key is not in `cache` yet."""
+    keyed = {text_key(c, encoder.template, encoder.identity, encoder.layer_choice): c for c in captions}
+    todo = [(k, c) for k, c in keyed.items() if k not in cache]
+    bar = tqdm(total=len(todo), desc="text", unit="caption", disable=not progress)
+    try:
+        for start in range(0, len(todo), batch_size):
+            chunk = todo[start : start + batch_size]
+            for (key, _), hidden in zip(chunk, encode_texts(encoder, [c for _, c in chunk])):
+                cache.put(key, hidden)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        cache.flush()
+    return FillReport(len(keyed), len(keyed) - len(todo), len(todo))

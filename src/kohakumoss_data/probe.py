@@ -1,0 +1,67 @@
+"""Check one image while scanning: size, content hash, and the reason it cannot be used, if any."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from PIL import Image, UnidentifiedImageError
+
+from kohakumoss_common.hashing import sha256_bytes
+
+from .decode import open_image, upright_size
+from .records import OK
+
+ZERO_BYTE = "zero_byte"
+CORRUPT = "corrupt"
+TRUNCATED = "truncated"
+UNSUPPORTED = "unsupported_format"
+BOMB = "decompression_bomb"
+TOO_SMALL = "too_small"
+CAPTION_NOT_UTF8 = "caption_not_utf8"
+MISSING_CAPTION = "missing_caption"
+DROP_REASONS = (
+    ZERO_BYTE,
+    CORRUPT,
+    TRUNCATED,
+    UNSUPPORTED,
+    BOMB,
+    TOO_SMALL,
+    CAPTION_NOT_UTF8,
+    MISSING_CAPTION,
+)
+
+# JPEG draft mode decodes at 1/8 scale: every byte is still read, so truncation is still caught.
+_DRAFT_SIZE = (64, 64)
+
+
+@dataclass(frozen=True)
+class Probe:
+    width: int
+    height: int
+    hash: str
+    status: str = OK
+    reason: str = ""
+
+
+def probe_bytes(data: bytes, max_pixels: int) -> Probe:
+    """Fully decode `data` once (cheaply) to prove it is usable; never raises for bad images."""
+    if len(data) == 0:
+        return Probe(0, 0, "", ZERO_BYTE, "file is empty")
+    digest = sha256_bytes(data)
+    try:
+        image = open_image(data, max_pixels)
+    except Image.DecompressionBombError as e:
+        return Probe(0, 0, digest, BOMB, str(e))
+    except UnidentifiedImageError as e:
+        return Probe(0, 0, digest, UNSUPPORTED, str(e))
+    except Exception as e:  # Pillow raises many types for malformed headers
+        return Probe(0, 0, digest, CORRUPT, f"{type(e).__name__}: {e}")
+    width, height = upright_size(image)
+    try:
+        if image.format == "JPEG":
+            image.draft("RGB", _DRAFT_SIZE)
+        image.load()
+    except Exception as e:
+        reason = TRUNCATED if "truncated" in str(e).lower() else CORRUPT
+        return Probe(width, height, digest, reason, f"{type(e).__name__}: {e}")
+    return Probe(width, height, digest)

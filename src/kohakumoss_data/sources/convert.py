@@ -1,0 +1,50 @@
+"""Convert any source into the project's shard format: decoded once, shrunk to an area budget."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+from PIL import Image
+
+from ..catalog import Catalog
+from ..decode import decode_rgb
+from .base import Source
+from .shards import ShardWriter
+
+
+def presize(image: Image.Image, max_area: int | None) -> Image.Image:
+    """Shrink (never enlarge) to at most `max_area` pixels at the same aspect."""
+    if not max_area or image.width * image.height <= max_area:
+        return image
+    scale = math.sqrt(max_area / (image.width * image.height))
+    size = (max(1, int(image.width * scale)), max(1, int(image.height * scale)))
+    return image.resize(size, Image.Resampling.LANCZOS, reducing_gap=3.0)
+
+
+def convert_items(
+    source: Source, catalog: Catalog, max_area: int | None
+) -> Iterator[tuple[str, Image.Image, list[str], int, str]]:
+    for item in catalog.usable:
+        yield (
+            item.key,
+            presize(decode_rgb(source.read(item.locator)), max_area),
+            item.captions,
+            item.repeats,
+            item.name,
+        )
+
+
+def convert_to_shards(
+    source: Source,
+    catalog: Catalog,
+    out_dir: str | Path,
+    max_area: int | None = None,
+    items_per_shard: int = 256,
+) -> list[Path]:
+    """Write every usable item of `catalog` as shards under `out_dir`; returns the shard paths."""
+    writer = ShardWriter(out_dir, items_per_shard)
+    for key, image, captions, repeats, name in convert_items(source, catalog, max_area):
+        writer.add(key, image, captions, repeats, name)
+    return writer.close()

@@ -1,0 +1,98 @@
+"""jsonl manifests: one JSON object per line with an image path (relative to the manifest) and caption(s)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from kohakumoss_common.errors import DataError
+from kohakumoss_common.hashing import sha256_bytes
+
+from ..records import RawItem, Unit
+from .base import Source
+from .files import stat_signature
+
+
+def caption_blobs(value: Any) -> list[bytes] | None:
+    """A caption field (string, list of strings, or absent) as raw caption bytes."""
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value]
+    return [str(v).encode("utf-8") for v in values]
+
+
+class JsonlSource(Source):
+    kind = "jsonl"
+
+    def __init__(
+        self,
+        path: str | Path,
+        image_key: str = "image",
+        caption_key: str = "caption",
+        image_root: str | Path | None = None,
+    ):
+        super().__init__(path)
+        if not self.path.is_file():
+            raise DataError(f"{self.path}: jsonl manifest does not exist")
+        self.image_key = image_key
+        self.caption_key = caption_key
+        self.image_root = Path(image_root) if image_root else self.path.parent
+
+    def _records(self) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+        with open(self.path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                    raise DataError(f"{self.path}:{lineno}: not a JSON object ({e})") from e
+                if not isinstance(record, dict) or self.image_key not in record:
+                    raise DataError(f"{self.path}:{lineno}: no '{self.image_key}' field (knob image_key)")
+                yield lineno, line, record
+
+    def _image_path(self, record: dict[str, Any]) -> Path:
+        rel = str(record[self.image_key])
+        if "://" in rel:
+            raise DataError(f"{self.path}: '{rel}' is a URL; jsonl images must be local relative paths")
+        return self.image_root / rel
+
+    def units(self) -> Iterator[Unit]:
+        for lineno, line, record in self._records():
+            image = self._image_path(record)
+            sig = stat_signature(image) if image.is_file() else "missing"
+            yield Unit(f"{lineno}:{record[self.image_key]}", f"{sha256_bytes(line)}|{sig}")
+
+    def expand(self, unit_id: str) -> Iterator[RawItem]:
+        yield from self.expand_units([unit_id])
+
+    def expand_units(self, unit_ids: list[str]) -> Iterator[RawItem]:
+        wanted = {int(u.split(":", 1)[0]): u for u in unit_ids}
+        for lineno, _, record in self._records():
+            if lineno not in wanted:
+                continue
+            image = self._image_path(record)
+            extra = {k: v for k, v in record.items() if k not in (self.image_key, self.caption_key)}
+            rel = str(record[self.image_key])
+            yield RawItem(
+                key=wanted[lineno],
+                unit=wanted[lineno],
+                locator=rel,
+                data=image.read_bytes() if image.is_file() else None,
+                captions=caption_blobs(record.get(self.caption_key)),
+                name=Path(rel).stem,
+                extra=extra,
+            )
+
+    def read(self, locator: str) -> bytes:
+        return (self.image_root / locator).read_bytes()
+
+    def spec(self) -> dict:
+        return {
+            **super().spec(),
+            "image_key": self.image_key,
+            "caption_key": self.caption_key,
+            "image_root": str(self.image_root.resolve()),
+        }
