@@ -4,6 +4,26 @@ The model calls ops only through `registry.OpSet`, so the eager op stays the sin
 Imports only `kohakumoss_common`.
 """
 
-from .registry import OpSet, available_ops, resolve
+from .registry import (
+    DEFAULT_PRIORITY,
+    BoundOp,
+    OpSet,
+    available_ops,
+    priority_for,
+    register_backend,
+    register_op,
+    resolve,
+)
+from .tuning import tuning_window
 
-__all__ = ["OpSet", "available_ops", "resolve"]
+__all__ = [
+    "DEFAULT_PRIORITY",
+    "BoundOp",
+    "OpSet",
+    "available_ops",
+    "priority_for",
+    "register_backend",
+    "register_op",
+    "resolve",
+    "tuning_window",
+]

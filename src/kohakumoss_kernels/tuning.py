@@ -148,26 +148,30 @@ def _fresh_args(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[torch.Tens
     return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}, leaves
 
 
-def time_call(fn: Callable, args: tuple, kwargs: dict, repeats: int = 5) -> float:
-    """Median milliseconds of fn(*args) (plus its backward when an input needs a gradient), after a warm-up."""
+def time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int = 3, calls: int = 5) -> float:
+    """Milliseconds per call of fn(*args) (plus its backward when an input needs a gradient): the best
+    of `rounds` rounds of `calls` back-to-back calls, after a warm-up call (compiles, autotunes).
+    Host overhead stays in the time, as it does in the model."""
     first = next(a for a in args if isinstance(a, torch.Tensor))
     a, k, leaves = _fresh_args(args, kwargs)
+    backward = bool(leaves) and torch.is_grad_enabled()
 
     def once():
         out = fn(*a, **k)
-        if leaves:
-            outs = out if isinstance(out, tuple) else (out,)
-            outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        outs = out if isinstance(out, tuple) else (out,)
+        outs = [o for o in outs if isinstance(o, torch.Tensor) and o.requires_grad]
+        if backward and outs:
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
             for leaf in leaves:
                 leaf.grad = None
 
-    once()  # warm-up: compiles, autotunes
-    times = []
-    for _ in range(repeats):
+    once()
+    best = float("inf")
+    for _ in range(rounds):
         _synchronize(first.device)
         start = time.perf_counter()
-        once()
+        for _ in range(calls):
+            once()
         _synchronize(first.device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2]
+        best = min(best, (time.perf_counter() - start) * 1e3 / calls)
+    return best

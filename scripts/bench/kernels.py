@@ -1,0 +1,392 @@
+"""Per-op kernel benchmark at the moss-image-5b block shape (1 MP, two samples packed), plus one block.
+
+    python scripts/bench/kernels.py
+    kogine run scripts/bench/kernels.py [--set SAMPLES=2 ...]
+
+For each op: eager, torch.compile, the Triton kernel (and for attention torch's own candidates and
+SDPA flash on the padded equal-length batch), forward and forward + backward, as ms and as achieved
+GB/s (memory-bound ops) or TFLOP/s (attention) against ceilings measured here (device copy
+bandwidth, bf16 matmul rate). Then a synthetic block with LoRA r32 on its linears through the
+registry vs eager vs torch.compile. Prints a table last; writes kernels_bench.json under $OUT.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import sys
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from kohakumoss_kernels import OpSet, registry  # noqa: E402
+
+D_MODEL = 3072
+HEADS = 24
+HEAD_DIM = 128
+MLP_HIDDEN = 8192  # fused gate_up width 2 * 8192
+IMAGE_TOKENS = 4096
+TEXT_TOKENS = 256
+SAMPLES = 2
+LORA_RANK = 32
+DTYPE = "bfloat16"
+WARMUP = 3
+ITERS = 20
+OPS = "rms_norm,norm_modulate,gated_residual,residual_norm_modulate,apply_rope,qk_norm_rope,swiglu,varlen_attention"
+ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
+BLOCK = True
+HOST_SYNC = ("eager", "compile", "sdpa_groups", "flex")  # attention backends that read cu_seqlens on the host
+DEVICE = "cuda"
+
+
+def time_ms(fn, warmup: int = WARMUP, iters: int = ITERS) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def time_graph_ms(fn, iters: int = ITERS) -> float | None:
+    """GPU time per call from CUDA-graph replay (no Python or launch overhead); None if fn cannot be captured."""
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # a host sync (eager attention's .tolist()) cannot be captured
+        torch.cuda.synchronize()
+        return None
+    return time_ms(graph.replay, 2, iters)
+
+
+def ceilings() -> dict[str, float]:
+    n = 1 << 30  # 2 GiB of bf16 each way
+    src = torch.empty(n, device=DEVICE, dtype=torch.bfloat16).normal_()
+    dst = torch.empty_like(src)
+    copy_ms = time_ms(lambda: dst.copy_(src), 2, 10)
+    src = dst = None  # free 4 GiB before the matmul
+    a = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEVICE, dtype=torch.bfloat16)
+    mm_ms = time_ms(lambda: a @ b, 3, 10)
+    return {"copy_GBps": 2 * 2 * n / copy_ms / 1e6, "bf16_mm_TFLOPs": 2 * 8192**3 / mm_ms / 1e9}
+
+
+def inputs(op: str, dtype, g):
+    T = SAMPLES * (IMAGE_TOKENS + TEXT_TOKENS)
+    L = IMAGE_TOKENS + TEXT_TOKENS
+    d, B = D_MODEL, SAMPLES
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(dtype).requires_grad_(True)
+
+    ts = torch.arange(B, device=DEVICE).repeat_interleave(L)
+    cu = torch.arange(B + 1, device=DEVICE, dtype=torch.int32) * L
+    ang = torch.rand(T, HEAD_DIM // 2, device=DEVICE, generator=g) * 6.28
+    cos, sin = ang.cos(), ang.sin()
+    e = 2  # bytes per element
+    rows = T * d * e
+    heads = T * HEADS * HEAD_DIM * e
+    table = {  # op: (args, bytes forward, bytes backward)
+        "rms_norm": ((rnd(T, d), rnd(d), 1e-6), 2 * rows, 3 * rows),
+        "norm_modulate": (
+            (rnd(T, d), rnd(B, d, scale=0.1), rnd(B, d, scale=0.1), ts, 1e-6),
+            2 * rows,
+            3 * rows,
+        ),
+        "gated_residual": ((rnd(T, d), rnd(T, d), rnd(B, d), ts), 3 * rows, 3 * rows),
+        "residual_norm_modulate": (
+            (rnd(T, d), rnd(T, d), rnd(B, d), rnd(B, d, scale=0.1), rnd(B, d, scale=0.1), ts, 1e-6),
+            4 * rows,
+            6 * rows,
+        ),
+        "apply_rope": ((rnd(T, HEADS, HEAD_DIM), cos, sin), 2 * heads, 2 * heads),
+        "qk_norm_rope": ((rnd(T, HEADS, HEAD_DIM), rnd(HEAD_DIM), cos, sin, 1e-6), 2 * heads, 3 * heads),
+        "swiglu": ((rnd(T, 2 * MLP_HIDDEN),), 3 * T * MLP_HIDDEN * e, 5 * T * MLP_HIDDEN * e),
+        "varlen_attention": (
+            (rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), cu, L),
+            None,
+            None,
+        ),
+    }
+    return table[op]
+
+
+def attention_flops() -> float:
+    L = IMAGE_TOKENS + TEXT_TOKENS
+    return 4.0 * SAMPLES * L * L * HEADS * HEAD_DIM
+
+
+def fwd_bwd(fn, args):
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+
+    def fwd():
+        with torch.no_grad():
+            fn(*args)
+
+    out = fn(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+    grads = [torch.randn_like(o) for o in outs]
+    del out, outs
+
+    def both():
+        o = fn(*args)
+        torch.autograd.backward(o if isinstance(o, tuple) else (o,), grads)
+        for leaf in leaves:
+            leaf.grad = None
+
+    return fwd, both
+
+
+def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+    args, bytes_f, bytes_b = inputs(op, dtype, g)
+    backends = ["eager", "compile", "triton"]
+    if op == "varlen_attention":
+        backends = ["eager", "compile", *ATTN_BACKENDS.split(",")]
+    for backend in backends:
+        row = {"op": op, "backend": backend}
+        try:
+            fn = (
+                registry.eager_op(op)
+                if backend == "eager"
+                else registry.load_backend(op, backend, "sm90", dtype)
+            )
+            if fn is None:
+                raise RuntimeError("backend unavailable")
+            fwd, both = fwd_bwd(fn, args)
+            row["call_fwd_ms"] = time_ms(fwd)
+            row["call_fwd_bwd_ms"] = time_ms(both)
+            graph_fwd = graph_both = None
+            if not (op == "varlen_attention" and backend in HOST_SYNC):
+                graph_fwd, graph_both = time_graph_ms(fwd), time_graph_ms(both)
+            row["timing"] = "cuda graph" if graph_fwd and graph_both else "per call"
+            row["fwd_ms"] = graph_fwd or row["call_fwd_ms"]
+            row["fwd_bwd_ms"] = graph_both or row["call_fwd_bwd_ms"]
+        except Exception as e:  # a failing backend is a row of the table, not the end of the run
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+            traceback.print_exc()
+        add_rates(row, op, bytes_f, bytes_b, ceil)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if op == "varlen_attention":
+        rows.append(padded_sdpa(args, dtype, ceil))
+        print(json.dumps(rows[-1]), flush=True)
+
+
+def add_rates(row: dict, op: str, bytes_f, bytes_b, ceil: dict) -> None:
+    if "fwd_ms" not in row:
+        return
+    if op == "varlen_attention":
+        flops = attention_flops()
+        row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
+        row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9  # backward = 2.5 x forward matmuls
+        row["fwd_pct_ceiling"] = 100 * row["fwd_TFLOPs"] / ceil["bf16_mm_TFLOPs"]
+        row["fwd_bwd_pct_ceiling"] = 100 * row["fwd_bwd_TFLOPs"] / ceil["bf16_mm_TFLOPs"]
+    else:
+        row["fwd_GBps"] = bytes_f / row["fwd_ms"] / 1e6
+        row["fwd_bwd_GBps"] = (bytes_f + bytes_b) / row["fwd_bwd_ms"] / 1e6
+        row["fwd_pct_ceiling"] = 100 * row["fwd_GBps"] / ceil["copy_GBps"]
+        row["fwd_bwd_pct_ceiling"] = 100 * row["fwd_bwd_GBps"] / ceil["copy_GBps"]
+
+
+def padded_sdpa(args, dtype, ceil: dict) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    L = IMAGE_TOKENS + TEXT_TOKENS
+    q, k, v = (a.detach().view(SAMPLES, L, HEADS, HEAD_DIM).transpose(1, 2).contiguous() for a in args[:3])
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    row = {"op": "varlen_attention", "backend": f"sdpa_flash_padded[{SAMPLES},{HEADS},{L},{HEAD_DIM}]"}
+    try:
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            fwd, both = fwd_bwd(F.scaled_dot_product_attention, (q, k, v))
+            row["call_fwd_ms"] = time_ms(fwd)
+            row["call_fwd_bwd_ms"] = time_ms(both)
+            graph_fwd, graph_both = time_graph_ms(fwd), time_graph_ms(both)
+            row["timing"] = "cuda graph" if graph_fwd and graph_both else "per call"
+            row["fwd_ms"] = graph_fwd or row["call_fwd_ms"]
+            row["fwd_bwd_ms"] = graph_both or row["call_fwd_bwd_ms"]
+    except Exception as e:
+        row["error"] = f"{type(e).__name__}: {e}"
+    add_rates(row, "varlen_attention", None, None, ceil)
+    return row
+
+
+# ---- the block -------------------------------------------------------------------------------
+
+
+def eager_namespace() -> SimpleNamespace:
+    """The eager ops as attributes, for the torch.compile baseline (no registry in the graph)."""
+    return SimpleNamespace(**{op: registry.eager_op(op) for op in registry.available_ops()})
+
+
+def block_params(dtype, g):
+    d, r = D_MODEL, LORA_RANK
+
+    def w(o, i, grad=False, scale=None):
+        t = torch.randn(o, i, device=DEVICE, generator=g) * (scale or 1 / math.sqrt(i))
+        return t.to(dtype).requires_grad_(grad)
+
+    shapes = {"qkv": (3 * d, d), "o": (d, d), "gate_up": (2 * MLP_HIDDEN, d), "down": (d, MLP_HIDDEN)}
+    p = {}
+    for name, (o, i) in shapes.items():
+        p[name] = w(o, i)
+        p[name + ".down"] = w(r, i, grad=True)
+        p[name + ".up"] = w(o, r, grad=True, scale=0.01)
+    p["q_norm"] = torch.ones(HEAD_DIM, device=DEVICE, dtype=dtype)
+    p["k_norm"] = torch.ones(HEAD_DIM, device=DEVICE, dtype=dtype)
+    return p
+
+
+def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
+    """norm_modulate -> qkv -> qk-norm + rope -> attention -> o -> gated residual + norm_modulate
+    -> gate_up -> swiglu -> down -> gated residual; every linear frozen with a LoRA r32 bypass."""
+    T, d = x.shape
+    s = 1.0
+
+    def lin(h, name):
+        return ops.lora_linear(h, p[name], None, p[name + ".down"], p[name + ".up"], s)
+
+    shift1, scale1, gate1, shift2, scale2, gate2 = mod
+    h = ops.norm_modulate(x, shift1, scale1, ts, 1e-6)
+    q, k, v = lin(h, "qkv").view(T, 3, HEADS, HEAD_DIM).unbind(1)
+    q = ops.qk_norm_rope(q, p["q_norm"], cos, sin, 1e-6)
+    k = ops.qk_norm_rope(k, p["k_norm"], cos, sin, 1e-6)
+    a = ops.varlen_attention(q, k, v, cu, max_len)
+    x, h = ops.residual_norm_modulate(x, lin(a.reshape(T, d), "o"), gate1, shift2, scale2, ts, 1e-6)
+    y = lin(ops.swiglu(lin(h, "gate_up")), "down")
+    return ops.gated_residual(x, y, gate2, ts)
+
+
+def block_flops() -> float:
+    T = SAMPLES * (IMAGE_TOKENS + TEXT_TOKENS)
+    d = D_MODEL
+    linear = 2 * T * d * (3 * d + d + 2 * MLP_HIDDEN) + 2 * T * MLP_HIDDEN * d
+    return linear + attention_flops()
+
+
+def bench_block(dtype, rows: list[dict]) -> None:
+    g = torch.Generator(device=DEVICE).manual_seed(1)
+    T = SAMPLES * (IMAGE_TOKENS + TEXT_TOKENS)
+    L = IMAGE_TOKENS + TEXT_TOKENS
+    p = block_params(dtype, g)
+    x = (torch.randn(T, D_MODEL, device=DEVICE, generator=g)).to(dtype).requires_grad_(True)
+    mod = [
+        (torch.randn(SAMPLES, D_MODEL, device=DEVICE, generator=g) * 0.1).to(dtype).requires_grad_(True)
+        for _ in range(6)
+    ]  # the AdaLN modulation is trained (it comes from the timestep MLP)
+    ts = torch.arange(SAMPLES, device=DEVICE).repeat_interleave(L)
+    cu = torch.arange(SAMPLES + 1, device=DEVICE, dtype=torch.int32) * L
+    ang = torch.rand(T, HEAD_DIM // 2, device=DEVICE, generator=g) * 6.28
+    cos, sin = ang.cos(), ang.sin()
+    extra = (x, mod, ts, cu, L, cos, sin)
+    # fwd + bwd FLOPs: forward linears + attention, backward 2x linears + 2.5x attention
+    flops = 3 * (block_flops() - attention_flops()) + 3.5 * attention_flops()
+
+    auto = OpSet("auto", tune="table")
+    with auto.tuning():  # the prewarm step: time every candidate once per shape key, keep the winner
+        block(auto, p, *extra).float().sum().backward()
+    eager_ns = eager_namespace()
+    compiled = torch.compile(lambda *a: block(eager_ns, p, *a))
+    variants = {
+        "eager": lambda *a: block(OpSet("eager"), p, *a),
+        "torch.compile": compiled,
+        "registry(auto, tuned)": lambda *a: block(auto, p, *a),
+        "registry(auto, tune=off)": lambda *a: block(OpSet("auto", tune="off"), p, *a),
+    }
+    leaves = [x, *mod] + [t for t in p.values() if t.requires_grad]
+    grad = torch.randn(T, D_MODEL, device=DEVICE, dtype=dtype)
+    for name, fn in variants.items():
+        row = {"op": "block(fwd+bwd, LoRA r32)", "backend": name}
+
+        def step(fn=fn):
+            fn(*extra).backward(grad)
+            for leaf in leaves:
+                leaf.grad = None
+
+        try:
+            row["fwd_bwd_ms"] = time_ms(step, warmup=3, iters=10)
+            row["fwd_bwd_TFLOPs"] = flops / row["fwd_bwd_ms"] / 1e9
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            traceback.print_exc()
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    rows.append({"op": "block", "backend": "chosen", "chosen": auto.chosen()})
+    print(json.dumps(rows[-1]), flush=True)
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        f"{'op':<26} {'backend':<34} {'fwd ms':>8} {'f+b ms':>8} {'fwd rate':>14} {'f+b rate':>14} "
+        f"{'%ceil f/fb':>11}  {'timing':<10} {'per-call f / f+b ms':>20}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        if "chosen" in r:
+            continue
+        if "error" in r:
+            lines.append(f"{r['op']:<26} {r['backend']:<34} {'error: ' + r['error'][:60]}")
+            continue
+        unit = "TFLOP/s" if "fwd_bwd_TFLOPs" in r else "GB/s"
+        key = "TFLOPs" if unit == "TFLOP/s" else "GBps"
+        fwd = f"{r['fwd_ms']:8.3f}" if "fwd_ms" in r else f"{'':8}"
+        rf = f"{r[f'fwd_{key}']:7.0f} {unit}" if f"fwd_{key}" in r else ""
+        rb = f"{r[f'fwd_bwd_{key}']:7.0f} {unit}"
+        pct = f"{r['fwd_pct_ceiling']:4.0f}/{r['fwd_bwd_pct_ceiling']:4.0f}" if "fwd_pct_ceiling" in r else ""
+        lines.append(
+            f"{r['op']:<26} {r['backend']:<34} {fwd} {r['fwd_bwd_ms']:8.3f} {rf:>14} {rb:>14} {pct:>11}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
+    dtype = getattr(torch, DTYPE)
+    ceil = ceilings()
+    print(
+        json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **ceil}), flush=True
+    )
+    rows: list[dict] = []
+    for op in OPS.split(","):
+        bench_op(op, dtype, ceil, rows)
+        torch.cuda.empty_cache()
+    if BLOCK:
+        try:
+            bench_block(dtype, rows)
+        except Exception:
+            traceback.print_exc()
+    import triton
+
+    print(
+        f"\n{torch.cuda.get_device_name()}  torch {torch.__version__}  triton {triton.__version__}  {DTYPE}  "
+        f"T={SAMPLES}x({IMAGE_TOKENS}+{TEXT_TOKENS})  d={D_MODEL} H={HEADS} D={HEAD_DIM}  "
+        f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 mm {ceil['bf16_mm_TFLOPs']:.0f} TFLOP/s"
+    )
+    print(table(rows))
+    if out := os.environ.get("OUT"):
+        Path(out, "kernels_bench.json").write_text(json.dumps({"ceilings": ceil, "rows": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

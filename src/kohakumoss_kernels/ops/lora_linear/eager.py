@@ -1,0 +1,18 @@
+"""y = x W^T + b + scale * (x down^T) up^T: a frozen linear with a LoRA bypass."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def lora_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    down: torch.Tensor,
+    up: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """x [..., I]; weight [O, I]; bias [O] or None; down [r, I]; up [O, r]."""
+    return F.linear(x, weight, bias) + scale * F.linear(F.linear(x, down), up)

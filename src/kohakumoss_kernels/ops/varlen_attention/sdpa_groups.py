@@ -1,0 +1,48 @@
+"""Varlen attention as torch SDPA over runs of consecutive equal-length samples.
+
+Each run of n samples of length L is a view [n, L, H, D] of the packed tensors (no copy), so SDPA's
+flash / cuDNN kernels see a dense batch. When the planner packs equal lengths together (the
+common case: one resolution bucket) this is one SDPA call. Costs one device-to-host copy of cu_seqlens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def supports(arch: str, dtype: torch.dtype) -> bool:
+    return arch != "cpu"
+
+
+def runs(cu_seqlens: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(start token, sample count, length) per run of consecutive equal-length, non-empty samples."""
+    bounds = cu_seqlens.tolist()
+    out: list[tuple[int, int, int]] = []
+    for start, end in zip(bounds[:-1], bounds[1:]):
+        length = end - start
+        if length == 0:
+            continue
+        if out and out[-1][2] == length and out[-1][0] + out[-1][1] * length == start:
+            out[-1] = (out[-1][0], out[-1][1] + 1, length)
+        else:
+            out.append((start, 1, length))
+    return out
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    T, H, D = q.shape
+    outs = []
+    for start, n, length in runs(cu_seqlens):
+        end = start + n * length
+        qs, ks, vs = (t[start:end].view(n, length, H, D).transpose(1, 2) for t in (q, k, v))
+        o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+        outs.append(o.transpose(1, 2).reshape(n * length, H, D))
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)

@@ -1,0 +1,334 @@
+"""Varlen attention in Triton, flash-attention-2 style, over the packed layout (no padding, no causal mask).
+
+q, k, v [T, H, D] with samples delimited by cu_seqlens; each program owns one block of queries
+(forward, dq) or of keys (dk/dv) of one (sample, head) and loops over the other side within that
+sample only. Softmax in base 2 with fp32 accumulation; the forward keeps lse [H, T] (base 2) for the
+backward, which recomputes P. The rotary embedding is not fused here: q/k go through the fused
+qk_norm_rope op first (one pass for both), which keeps this kernel's backward free of an unrotate.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ...triton_utils import supports as _triton_supports
+
+LOG2E = 1.4426950408889634
+
+
+def supports(arch: str, dtype: torch.dtype) -> bool:
+    return _triton_supports(arch, dtype) and dtype != torch.float32
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _configs(pairs):
+    if _interpreting():
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in pairs]
+
+
+FWD_CONFIGS = _configs([(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3)])
+DKDV_CONFIGS = _configs([(64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)])
+DQ_CONFIGS = _configs([(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)])
+
+
+@triton.jit
+def _fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    offs_n,
+    offs_d,
+    start_n,
+    seq_len,
+    stride_t,
+    qk_scale,
+    MASK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    cols = start_n + offs_n
+    kv_off = cols[:, None] * stride_t + offs_d[None, :]
+    if MASK:
+        k = tl.load(K + kv_off, mask=cols[:, None] < seq_len, other=0.0)
+        v = tl.load(V + kv_off, mask=cols[:, None] < seq_len, other=0.0)
+    else:
+        k = tl.load(K + kv_off)
+        v = tl.load(V + kv_off)
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    if MASK:
+        qk = tl.where(cols[None, :] < seq_len, qk, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    p = tl.math.exp2(qk - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, l_i, m_new
+
+
+@triton.autotune(configs=FWD_CONFIGS, key=["HEAD_DIM"])
+@triton.jit
+def _fwd(
+    Q,
+    K,
+    V,
+    Out,
+    LSE,
+    CU,
+    T,
+    H,
+    stride_t,
+    qk_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    seq_start = tl.load(CU + b)
+    seq_len = tl.load(CU + b + 1) - seq_start
+    if start_m >= seq_len:
+        return
+    base = seq_start.to(tl.int64) * stride_t + h * HEAD_DIM
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(
+        Q + base + offs_m[:, None] * stride_t + offs_d[None, :], mask=offs_m[:, None] < seq_len, other=0.0
+    )
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    n_full = (seq_len // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_full, BLOCK_N):
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            K + base,
+            V + base,
+            offs_n,
+            offs_d,
+            start_n,
+            seq_len,
+            stride_t,
+            qk_scale,
+            MASK=False,
+            BLOCK_N=BLOCK_N,
+        )
+    if n_full < seq_len:
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            q,
+            K + base,
+            V + base,
+            offs_n,
+            offs_d,
+            n_full,
+            seq_len,
+            stride_t,
+            qk_scale,
+            MASK=True,
+            BLOCK_N=BLOCK_N,
+        )
+    acc = acc / l_i[:, None]
+    row_ok = offs_m < seq_len
+    tl.store(
+        Out + base + offs_m[:, None] * stride_t + offs_d[None, :],
+        acc.to(Out.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
+    tl.store(LSE + h.to(tl.int64) * T + seq_start + offs_m, m_i + tl.math.log2(l_i), mask=row_ok)
+
+
+@triton.jit
+def _bwd_delta(Out, DO, DELTA, T, H, stride_t, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    h = tl.program_id(1)
+    offs_d = tl.arange(0, HEAD_DIM)
+    off = rows[:, None].to(tl.int64) * stride_t + h * HEAD_DIM + offs_d[None, :]
+    o = tl.load(Out + off, mask=rows[:, None] < T, other=0.0).to(tl.float32)
+    do = tl.load(DO + off, mask=rows[:, None] < T, other=0.0).to(tl.float32)
+    tl.store(DELTA + h.to(tl.int64) * T + rows, tl.sum(o * do, 1), mask=rows < T)
+
+
+@triton.autotune(configs=DKDV_CONFIGS, key=["HEAD_DIM"])
+@triton.jit
+def _bwd_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    DK,
+    DV,
+    LSE,
+    DELTA,
+    CU,
+    T,
+    H,
+    stride_t,
+    qk_scale,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    start_n = tl.program_id(0) * BLOCK_N
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    seq_start = tl.load(CU + b)
+    seq_len = tl.load(CU + b + 1) - seq_start
+    if start_n >= seq_len:
+        return
+    base = seq_start.to(tl.int64) * stride_t + h * HEAD_DIM
+    row_base = h.to(tl.int64) * T + seq_start
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    kv_off = offs_n[:, None] * stride_t + offs_d[None, :]
+    k = tl.load(K + base + kv_off, mask=offs_n[:, None] < seq_len, other=0.0)
+    v = tl.load(V + base + kv_off, mask=offs_n[:, None] < seq_len, other=0.0)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for start_m in range(0, seq_len, BLOCK_M):
+        offs_m = start_m + offs_m0
+        m_ok = offs_m < seq_len
+        q_off = offs_m[:, None] * stride_t + offs_d[None, :]
+        q = tl.load(Q + base + q_off, mask=m_ok[:, None], other=0.0)
+        do = tl.load(DO + base + q_off, mask=m_ok[:, None], other=0.0)
+        lse = tl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0)
+        delta = tl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
+        qkT = tl.dot(k, tl.trans(q)) * qk_scale
+        pT = tl.math.exp2(qkT - lse[None, :])
+        pT = tl.where(m_ok[None, :], pT, 0.0)
+        dv += tl.dot(pT.to(do.dtype), do)
+        dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
+        dsT = pT * (dpT - delta[None, :])
+        dk += tl.dot(dsT.to(q.dtype), q)
+    n_ok = offs_n[:, None] < seq_len
+    tl.store(DK + base + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=n_ok)
+    tl.store(DV + base + kv_off, dv.to(DV.dtype.element_ty), mask=n_ok)
+
+
+@triton.autotune(configs=DQ_CONFIGS, key=["HEAD_DIM"])
+@triton.jit
+def _bwd_dq(
+    Q,
+    K,
+    V,
+    DO,
+    DQ,
+    LSE,
+    DELTA,
+    CU,
+    T,
+    H,
+    stride_t,
+    qk_scale,
+    sm_scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    start_m = tl.program_id(0) * BLOCK_M
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    seq_start = tl.load(CU + b)
+    seq_len = tl.load(CU + b + 1) - seq_start
+    if start_m >= seq_len:
+        return
+    base = seq_start.to(tl.int64) * stride_t + h * HEAD_DIM
+    row_base = h.to(tl.int64) * T + seq_start
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    m_ok = offs_m < seq_len
+    q_off = offs_m[:, None] * stride_t + offs_d[None, :]
+    q = tl.load(Q + base + q_off, mask=m_ok[:, None], other=0.0)
+    do = tl.load(DO + base + q_off, mask=m_ok[:, None], other=0.0)
+    lse = tl.load(LSE + row_base + offs_m, mask=m_ok, other=0.0)
+    delta = tl.load(DELTA + row_base + offs_m, mask=m_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for start_n in range(0, seq_len, BLOCK_N):
+        offs_n = start_n + offs_n0
+        n_ok = offs_n < seq_len
+        kv_off = offs_n[:, None] * stride_t + offs_d[None, :]
+        k = tl.load(K + base + kv_off, mask=n_ok[:, None], other=0.0)
+        v = tl.load(V + base + kv_off, mask=n_ok[:, None], other=0.0)
+        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        p = tl.math.exp2(qk - lse[:, None])
+        p = tl.where(n_ok[None, :], p, 0.0)
+        dp = tl.dot(do, tl.trans(v)).to(tl.float32)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k)
+    tl.store(DQ + base + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
+
+
+def _grid(max_seqlen: int, B: int, H: int, block: str):
+    return lambda meta: (triton.cdiv(max_seqlen, meta[block]), B, H)
+
+
+class _VarlenAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, scale):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        T, H, D = q.shape
+        if D not in (16, 32, 64, 128, 256):
+            raise RuntimeError(f"triton varlen_attention: head_dim {D} is not a power of two in 16..256")
+        cu = cu_seqlens.to(torch.int32).contiguous()
+        B = cu.numel() - 1
+        sm_scale = scale if scale is not None else 1.0 / math.sqrt(D)
+        o = torch.empty_like(q)
+        lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
+        if T and max_seqlen:
+            _fwd[_grid(max_seqlen, B, H, "BLOCK_M")](
+                q, k, v, o, lse, cu, T, H, H * D, sm_scale * LOG2E, HEAD_DIM=D
+            )
+        ctx.save_for_backward(q, k, v, o, lse, cu)
+        ctx.max_seqlen, ctx.sm_scale = max_seqlen, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, cu = ctx.saved_tensors
+        T, H, D = q.shape
+        B = cu.numel() - 1
+        do = do.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        delta = torch.empty_like(lse)
+        if T and ctx.max_seqlen:
+            block = 16 if _interpreting() else 64
+            _bwd_delta[(triton.cdiv(T, block), H)](o, do, delta, T, H, H * D, HEAD_DIM=D, BLOCK=block)
+            args = (T, H, H * D, ctx.sm_scale * LOG2E, ctx.sm_scale)
+            _bwd_dkdv[_grid(ctx.max_seqlen, B, H, "BLOCK_N")](
+                q, k, v, do, dk, dv, lse, delta, cu, *args, HEAD_DIM=D
+            )
+            _bwd_dq[_grid(ctx.max_seqlen, B, H, "BLOCK_M")](
+                q, k, v, do, dq, lse, delta, cu, *args, HEAD_DIM=D
+            )
+        return dq, dk, dv, None, None, None
+
+
+def varlen_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    scale: float | None = None,
+) -> torch.Tensor:
+    return _VarlenAttention.apply(q, k, v, cu_seqlens, int(max_seqlen), scale)

@@ -1,0 +1,57 @@
+"""The references and torch-native backends on the CPU: fused ops equal their unfused composition,
+SDPA-over-runs equals the loop, and the compare harness itself can fail."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kohakumoss_kernels.ops.varlen_attention import sdpa_groups
+from kohakumoss_kernels.registry import eager_op
+
+from .cases import compare, make_inputs
+
+
+def test_residual_norm_modulate_equals_its_parts():
+    x, y, gate, shift, scale, ts, eps = make_inputs("residual_norm_modulate", [3, 4], torch.float32, "cpu")[0]
+    r, h = eager_op("residual_norm_modulate")(x, y, gate, shift, scale, ts, eps)
+    torch.testing.assert_close(r, eager_op("gated_residual")(x, y, gate, ts))
+    torch.testing.assert_close(h, eager_op("norm_modulate")(r, shift, scale, ts, eps))
+
+
+def test_qk_norm_rope_equals_its_parts():
+    x, w, cos, sin, eps = make_inputs("qk_norm_rope", [5], torch.float32, "cpu")[0]
+    ref = eager_op("apply_rope")(eager_op("rms_norm")(x, w, eps), cos, sin)
+    torch.testing.assert_close(eager_op("qk_norm_rope")(x, w, cos, sin, eps), ref)
+
+
+@pytest.mark.parametrize("lengths", [[7, 7, 7], [1, 5, 5, 3], [4, 0, 4]])
+def test_sdpa_over_runs_matches_the_loop(lengths):
+    # the CPU check of this backend's logic; supports() keeps it off the CPU in the registry
+    compare("varlen_attention", "sdpa_groups", lengths, torch.float32, "cpu", heads=2, head_dim=16)
+
+
+def test_runs_merge_only_consecutive_equal_lengths():
+    cu = torch.tensor([0, 4, 8, 9, 13, 13, 17])
+    assert sdpa_groups.runs(cu) == [(0, 2, 4), (8, 1, 1), (9, 2, 4)]
+
+
+def test_compare_catches_a_wrong_kernel(monkeypatch):
+    from kohakumoss_kernels.ops.rms_norm import eager as rms
+
+    def wrong(x, weight=None, eps=1e-6):
+        return rms.rms_norm(x, weight, eps) * 1.01
+
+    monkeypatch.setattr("tests.kernels.cases.backend_fn", lambda op, backend: wrong)
+    with pytest.raises(AssertionError):
+        compare("rms_norm", "triton", [3], torch.float32, "cpu")
+
+
+def test_lora_linear_reference():
+    x, w, b, down, up, scale = make_inputs("lora_linear", [3, 2], torch.float32, "cpu")[0]
+    y = eager_op("lora_linear")(x, w, b, down, up, scale)
+    torch.testing.assert_close(y, x @ w.T + b + scale * (x @ down.T) @ up.T)
+
+
+def test_lora_linear_addmm_matches_eager_on_cpu():
+    compare("lora_linear", "addmm", [3, 5], torch.float32, "cpu")

@@ -1,0 +1,316 @@
+"""Registry resolution, per-arch priority, skipping, runtime fallback and the tuning table, with fake backends."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+
+import pytest
+import torch
+
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_kernels import (
+    OpSet,
+    available_ops,
+    priority_for,
+    register_backend,
+    register_op,
+    registry,
+    resolve,
+    tuning,
+)
+from kohakumoss_kernels.shape_keys import bucket, shape_key
+
+_ids = itertools.count()
+
+
+class Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def lines():
+    handler = Lines()
+    logger = logging.getLogger("kohakumoss")
+    logger.addHandler(handler)
+    yield handler.lines
+    logger.removeHandler(handler)
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOHAKUMOSS_CACHE", str(tmp_path))
+    monkeypatch.delenv("KOHAKUMOSS_TUNE", raising=False)
+    tuning._tables.clear()
+    yield tmp_path
+    tuning._tables.clear()
+
+
+def fake_op(**backends):
+    """A fresh op name whose eager doubles x (slowly: 2 ms), and the given fake backends (name -> fn)."""
+    op = f"fake_op_{next(_ids)}"
+    register_op(op, slow_eager)
+    for name, fn in backends.items():
+        register_backend(op, name, fn)
+    return op
+
+
+def slow_eager(x):
+    import time
+
+    time.sleep(0.002)
+    return x * 2
+
+
+def tagged(tag: str, fn=lambda x: x * 2, supports=None):
+    calls = []
+
+    def run(x):
+        calls.append(tag)
+        return fn(x)
+
+    if supports is not None:
+        run.supports = supports
+    run.calls = calls
+    return run
+
+
+def test_priority_per_arch():
+    assert priority_for("sm70")[0] == "tilelang"
+    assert priority_for("sm75")[:2] == ("tilelang", "triton")
+    for arch in ("sm80", "sm86", "sm89", "sm90", "sm100", "sm120", "xpu"):
+        assert priority_for(arch)[0] == "triton", arch
+        assert priority_for(arch).index("compile") < priority_for(arch).index("eager")
+    assert priority_for("cpu") == ("eager",)
+    assert priority_for("sm61")[-1] == "eager"
+
+
+def test_builtin_ops_resolve_on_cpu_to_eager_only():
+    for op in (
+        "rms_norm",
+        "norm_modulate",
+        "gated_residual",
+        "apply_rope",
+        "swiglu",
+        "varlen_attention",
+        "qk_norm_rope",
+        "residual_norm_modulate",
+        "lora_linear",
+    ):
+        assert op in available_ops()
+        assert resolve(op, "cpu", torch.float32).names == ["eager"]
+    assert resolve("rms_norm", "cpu", torch.float32, backend="compile").names == ["compile", "eager"]
+
+
+def test_candidates_follow_priority_and_torch_slot():
+    names = registry.candidate_names("varlen_attention", "sm90")
+    assert names[0] == "triton"
+    assert names.index("sdpa_groups") < names.index("compile") < names.index("eager")
+    assert registry.candidate_names("varlen_attention", "sm75")[0] == "tilelang"
+    assert "triton" not in registry.candidate_names("rms_norm", "sm70")
+
+
+def test_eager_backend_is_the_reference():
+    ops = OpSet(backend="eager")
+    x = torch.randn(5, 8)
+    assert torch.equal(ops.rms_norm(x, None, 1e-6), registry.eager_op("rms_norm")(x, None, 1e-6))
+    assert ops.bind("rms_norm", x.device, x.dtype).names == ["eager"]
+
+
+def test_unknown_names_raise():
+    with pytest.raises(KeyError, match="unknown op"):
+        resolve("no_such_op", "sm90", torch.float16)
+    with pytest.raises(ConfigError, match="unknown backend"):
+        resolve("rms_norm", "sm90", torch.float16, backend="cuda_magic")
+    with pytest.raises(ConfigError, match="KOHAKUMOSS_TUNE"):
+        OpSet(tune="sometimes")
+
+
+def test_unbuildable_backend_is_skipped_with_one_line(lines):
+    def broken(arch, dtype):
+        raise ImportError("no module named 'tilelang'")
+
+    op = fake_op(tilelang=tagged("tl", supports=broken), triton=tagged("tr"))
+    assert resolve(op, "sm75", torch.float16).names == ["triton", "eager"]
+    resolve(op, "sm75", torch.float16)
+    skipped = [m for m in lines if "tilelang" in m and "skipped" in m]
+    assert len(skipped) == 1 and op in skipped[0]
+
+
+def test_unsupported_dtype_skips_silently(lines):
+    op = fake_op(triton=tagged("tr", supports=lambda arch, dtype: dtype != torch.float32))
+    assert resolve(op, "sm90", torch.float32).names == ["eager"]
+    assert resolve(op, "sm90", torch.float16).names == ["triton", "eager"]
+    assert not lines
+
+
+def test_runtime_error_falls_back_and_logs_once(lines):
+    def boom(x):
+        raise RuntimeError("CUDA error: too many resources requested")
+
+    tr = tagged("tr", boom)
+    cp = tagged("cp")
+    op = fake_op(triton=tr, compile=cp)
+    bound = resolve(op, "sm90", torch.float32, tune="off")
+    x = torch.ones(3)
+    for _ in range(3):
+        assert torch.equal(bound(x), x * 2)
+    assert tr.calls == ["tr"]  # demoted after its first failure
+    assert cp.calls == ["cp"] * 3
+    falls = [m for m in lines if "falling back" in m]
+    assert len(falls) == 1 and "'compile'" in falls[0]
+
+
+def test_last_backend_error_propagates():
+    op = fake_op()
+    register_op(op, lambda x: (_ for _ in ()).throw(RuntimeError("bad shape")))
+    with pytest.raises(RuntimeError, match="bad shape"):
+        resolve(op, "sm90", torch.float32)(torch.ones(2))
+
+
+def test_opset_binds_per_device_and_dtype():
+    op = fake_op()
+    ops = OpSet(backend="auto", tune="off")
+    getattr(ops, op)(torch.ones(2))
+    getattr(ops, op)(torch.ones(2, dtype=torch.float64))
+    assert len(ops._bound) == 2
+    with pytest.raises(AttributeError):
+        ops.not_an_op  # noqa: B018
+
+
+def slow(tag, delay):
+    import time
+
+    def fn(x):
+        time.sleep(delay)
+        return x * 2
+
+    return tagged(tag, fn)
+
+
+def test_tune_table_times_inside_window_and_stores(cache):
+    fast, lazy = slow("fast", 0.0), slow("lazy", 0.003)
+    op = fake_op(triton=lazy, compile=fast)
+    ops = OpSet(backend="triton,compile", tune="table")
+    x = torch.ones(300)
+    getattr(ops, op)(x)  # outside the window: the first candidate, untimed
+    assert lazy.calls == ["lazy"] and fast.calls == []
+    with ops.tuning():
+        getattr(ops, op)(x)
+    key = shape_key(op, x)
+    table = json.loads((cache / "tuning" / "cpu.json").read_text())
+    assert table["entries"][key]["backend"] == "compile"
+    assert set(table["entries"][key]["ms"]) == {"triton", "compile", "eager"}
+    n = len(lazy.calls)
+    getattr(ops, op)(x)  # after the window: the stored winner, untimed
+    assert len(lazy.calls) == n and fast.calls[-1] == "fast"
+
+
+def test_tune_table_is_loaded_by_a_new_process(cache):
+    op = fake_op(triton=slow("a", 0.003), compile=slow("b", 0.0))
+    x = torch.ones(10)
+    with tuning.tuning_window():
+        getattr(OpSet(backend="triton,compile", tune="table"), op)(x)
+    tuning._tables.clear()  # a new process: the table comes from disk
+    a, b = tagged("a"), tagged("b")
+    register_backend(op, "triton", a)
+    register_backend(op, "compile", b)
+    getattr(OpSet(backend="triton,compile", tune="table"), op)(x)
+    assert b.calls == ["b"] and a.calls == []
+
+
+def test_table_from_other_versions_is_ignored(cache, lines):
+    path = cache / "tuning" / "cpu.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"versions": {"torch": "0.0"}, "entries": {"k": {"backend": "triton"}}}))
+    table = tuning.TuningTable(path)
+    assert table.get("k") is None
+    assert any("re-timing" in m for m in lines)
+
+
+def test_tune_off_never_times(cache):
+    a, b = slow("a", 0.003), slow("b", 0.0)
+    op = fake_op(triton=a, compile=b)
+    with tuning.tuning_window():
+        getattr(OpSet(backend="triton,compile", tune="off"), op)(torch.ones(4))
+    assert a.calls == ["a"] and b.calls == []
+    assert not (cache / "tuning").exists()
+
+
+def test_tune_always_retimes_over_a_stored_choice(cache, monkeypatch):
+    a, b = slow("a", 0.003), slow("b", 0.0)
+    op = fake_op(triton=a, compile=b)
+    x = torch.ones(4)
+    tuning.table_for("cpu").put(shape_key(op, x), "triton", {"triton": 0.1})
+    monkeypatch.setenv("KOHAKUMOSS_TUNE", "always")
+    ops = OpSet(backend="triton,compile")
+    assert ops.tune == "always"
+    getattr(ops, op)(x)  # no window needed
+    assert tuning.table_for("cpu").get(shape_key(op, x)) == "compile"
+
+
+def test_timing_failure_excludes_candidate(cache, lines):
+    def boom(x):
+        raise RuntimeError("no kernel image")
+
+    op = fake_op(triton=tagged("tr", boom), compile=tagged("cp"))
+    with tuning.tuning_window():
+        out = getattr(OpSet(backend="triton,compile", tune="table"), op)(torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 2.0))
+    assert tuning.table_for("cpu").get(shape_key(op, torch.ones(4))) in ("compile", "eager")
+    assert any("failed while timing" in m for m in lines)
+
+
+def test_timing_runs_backward_when_inputs_need_grad():
+    seen = []
+
+    def fn(x):
+        seen.append(x.requires_grad)
+        return x * 3
+
+    x = torch.ones(4, requires_grad=True)
+    tuning.time_call(fn, (x,), {}, rounds=1, calls=2)
+    assert seen == [True, True, True] and x.grad is None
+
+
+def test_shape_keys_bucket_tokens_and_keep_widths():
+    assert bucket(1) == 64 and bucket(64) == 64 and bucket(65) == 128 and bucket(8704) == 16384
+    x = torch.zeros(8704, 3072, dtype=torch.bfloat16)
+    assert shape_key("rms_norm", x, None, 1e-6) == "rms_norm|bf16|T=16384|d=3072"
+    q = torch.zeros(8704, 24, 128, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4352, 8704], dtype=torch.int32)
+    assert (
+        shape_key("varlen_attention", q, q, q, cu, 4352)
+        == "varlen_attention|bf16|T=16384|H=24|D=128|L=8192|B=2"
+    )
+
+
+def test_decided_order_is_cached_until_a_backend_fails():
+    fail = {"on": False}
+
+    def flaky(x):
+        if fail["on"]:
+            raise RuntimeError("illegal memory access")
+        return x * 2
+
+    tr, cp = tagged("tr", flaky), tagged("cp")
+    op = fake_op(triton=tr, compile=cp)
+    bound = resolve(op, "sm90", torch.float32, tune="off")
+    x = torch.ones(3)
+    bound(x)
+    assert len(bound._decided) == 1
+    fail["on"] = True
+    assert torch.equal(bound(x), x * 2)  # falls back, and the cached order is dropped
+    assert bound.order(x)[0][0] == "compile"
+
+
+def test_timing_under_no_grad_skips_the_backward():
+    x = torch.ones(4, requires_grad=True)
+    with torch.no_grad():
+        assert tuning.time_call(lambda t: t * 3, (x,), {}, rounds=1, calls=1) >= 0
