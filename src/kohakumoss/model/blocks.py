@@ -37,11 +37,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         shape = (h.shape[0], self.num_heads, self.head_dim)
         q, k, v = self.q_proj(h).view(shape), self.k_proj(h).view(shape), self.v_proj(h).view(shape)
-        if self.q_norm is not None:
-            q = ops.rms_norm(q, self.q_norm.weight, self.eps)
-            k = ops.rms_norm(k, self.k_norm.weight, self.eps)
         cos, sin = rope
-        q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
+        if self.q_norm is not None:  # QK-norm and rotary in one pass
+            q = ops.qk_norm_rope(q, self.q_norm.weight, cos, sin, self.eps)
+            k = ops.qk_norm_rope(k, self.k_norm.weight, cos, sin, self.eps)
+        else:
+            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
         out = ops.varlen_attention(q, k, v, seq.cu_seqlens, seq.max_seqlen)
         return self.o_proj(out.reshape(h.shape[0], -1))
 
@@ -81,6 +82,6 @@ class MossBlock(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(mod_in).chunk(6, dim=-1)
         ts = seq.token_sample
         h = ops.norm_modulate(x, shift1, scale1, ts, self.eps)
-        x = ops.gated_residual(x, self.attn(h, seq, rope, ops), gate1, ts)
-        h = ops.norm_modulate(x, shift2, scale2, ts, self.eps)
+        # the attention's residual add and the MLP's AdaLN input in one pass
+        x, h = ops.residual_norm_modulate(x, self.attn(h, seq, rope, ops), gate1, shift2, scale2, ts, self.eps)
         return ops.gated_residual(x, self.mlp(h, ops), gate2, ts)
