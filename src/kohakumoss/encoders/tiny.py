@@ -83,3 +83,10 @@ def tiny_vae(
 ) -> ImageVAE:
     torch.manual_seed(seed)
     return ImageVAE.from_config(tiny_vae_config(), dtype=dtype, device=device)
+
+
+def write_tiny_vae(folder: str | Path, seed: int = 0) -> Path:
+    """A diffusers-layout folder (config.json + weights) of a tiny random FLUX.2-shaped VAE."""
+    folder = Path(folder)
+    tiny_vae(seed).model.save_pretrained(str(folder))
+    return folder

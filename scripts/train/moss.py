@@ -1,0 +1,130 @@
+"""Train an adapter (any LyCORIS algorithm) or a full fine-tune of MOSS-Image.
+
+    kogine run scripts/train/moss.py --config configs/user/my-lora.py --set LR=2e-4 --set STEPS=2000
+
+Every setting is a module-level knob below; a config file or --set overrides any of them. The knobs
+are checked (names, types, ranges, paths) before any work starts: kohakumoss.config.train has the
+schema. The run writes RUNS_DIR/RUN_NAME/: log.txt, metrics.jsonl, loss.png, samples/,
+checkpoints/step_XXXXX/ (each with export/) and export/.
+"""
+
+from kohakumoss.config.knobs import script_knobs
+from kohakumoss.config.train import TRAIN_SCHEMA
+
+# --- model and weights -------------------------------------------------------------------------
+WEIGHTS = ""  # DiT checkpoint: file, index json or folder, any layout (native / hf / comfy)
+MODEL_PRESET = (
+    ""  # with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks
+)
+TEXT_ENCODER = ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file
+TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
+TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
+TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
+VAE = ""  # FLUX.2 VAE: diffusers folder or single file
+DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
+PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
+OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)
+
+# --- data --------------------------------------------------------------------------------------
+DATASET = {
+    "kind": "kohya",
+    "path": "data/train",
+}  # data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}
+CATALOG_DIR = None  # where the catalog cache lives (None: beside the dataset)
+CACHE_DIR = "cache"  # latent and text caches (safetensors shards)
+VAE_ENCODE = (
+    "auto"  # latents: auto (cache, misses encoded in the step and written back), cache (must hit), online
+)
+TEXT_ENCODE = "auto"  # text embeddings: auto, cache or online (as VAE_ENCODE)
+MIN_SIDE = 64  # images with a shorter side are dropped
+MAX_PIXELS = 178956970  # decompression-bomb limit in pixels
+MISSING_CAPTION = "empty"  # error, empty or filename
+SCAN_WORKERS = 4  # threads that probe images during the catalog scan
+AREA = 1048576  # target pixel area per image (native aspect kept)
+MIN_ASPECT = 0.25  # smallest width/height kept
+MAX_ASPECT = 4.0  # largest width/height kept
+NO_UPSCALE = False  # never enlarge an image past its own size
+CROP = "center"  # center or random (seeded) crop to the target size
+BUCKETS = None  # None, 'kohya', or a list of [w, h] buckets
+TOKENS_PER_STEP = 8192  # token budget per optimizer micro-step (image + text tokens)
+MAX_TEXT_TOKENS = 256  # caption tokens budgeted per image
+FLIP_PROB = 0.0  # horizontal flip probability
+CAPTION_DROPOUT = 0.0  # probability of an empty caption (trains the unconditional)
+SHUFFLE_CAPTION = False  # shuffle comma-separated tags
+KEEP_TOKENS = 0  # leading tags kept in place when shuffling
+WORKERS = 2  # loader worker processes
+PREFETCH_STEPS = 2  # steps prepared ahead
+VAL_ITEMS = 0  # items held out of training for the validation loss (0: none)
+VAL_EVERY = 0  # validation loss every N steps (0: never)
+VAL_SIGMAS = [0.1, 0.3, 0.5, 0.7, 0.9]  # fixed sigmas of the validation loss
+
+# --- adapter or full fine-tune -----------------------------------------------------------------
+ALGO = "lora"  # adapter algorithm (LyCORIS) or 'full' for a full fine-tune
+RANK = 16  # adapter rank (block size for OFT / BOFT)
+ALPHA = 16.0  # adapter alpha (scale = ALPHA / RANK)
+ALGO_ARGS = {}  # extra LyCORIS arguments (factor, block_size, constraint, ...)
+TARGET_PRESET = "attn-mlp"  # which modules the adapter wraps
+TARGET_PATTERNS = []  # module name regexes or globs for TARGET_PRESET='custom'
+DROPOUT = 0.0  # adapter dropout
+RANK_DROPOUT = 0.0  # adapter rank dropout
+MODULE_DROPOUT = 0.0  # adapter module dropout
+LORA_PLUS_RATIO = 0.0  # LoRA+: LR multiplier of the up matrices (0: off)
+BYPASS = False  # bypass forward (base output + adapter output) instead of merged weights
+
+# --- optimisation ------------------------------------------------------------------------------
+LR = 0.0001  # learning rate (AdamW; adapters and the non-matrix weights of a full fine-tune)
+MUON_LR = 0.0  # full fine-tune: Muon LR for hidden matrices (0: same as LR)
+USE_MUON = True  # full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)
+WEIGHT_DECAY = 0.0  # weight decay
+LR_SCHEDULE = "constant"  # constant, linear or cosine
+LR_WARMUP_STEPS = 0  # linear warmup steps
+LR_MIN_RATIO = 0.0  # final LR / LR for linear and cosine
+STEPS = 1000  # optimizer steps
+GRAD_ACCUM = 1  # micro-steps per optimizer step
+GRAD_CLIP = 1.0  # max gradient norm (0: no clipping)
+EMA = False  # keep an EMA of the trainable weights
+EMA_DECAY = 0.999  # EMA decay
+EMA_WARMUP = 100  # steps over which the EMA decay ramps up
+EMA_EVERY = 1  # EMA update interval in steps
+EXPORT_EMA = False  # export the EMA weights instead of the raw ones
+
+# --- objective ---------------------------------------------------------------------------------
+TIMESTEP_SAMPLING = "logit_normal"  # sigma distribution
+LOGIT_MEAN = 0.0  # logit-normal mean
+LOGIT_STD = 1.0  # logit-normal std
+TIMESTEP_SHIFT = "resolution"  # none, static or resolution-dependent shift
+STATIC_SHIFT = 3.0  # shift for TIMESTEP_SHIFT='static'
+LOSS_WEIGHTING = "none"  # per-sigma loss weight
+LOSS_REDUCTION = "token"  # token: every image token alike; sample: every sample alike
+MAX_BAD_STEPS = 5  # stop after this many non-finite losses in a row
+
+# --- run, checkpoints, samples, exports --------------------------------------------------------
+SEED = 0  # seed of the plan, the sigmas and the noise
+RUN_NAME = "moss-lora"  # run folder name under RUNS_DIR
+RUNS_DIR = "runs/moss"  # where runs are written
+SAVE_EVERY = 500  # checkpoint every N steps (0: only at the end)
+KEEP_LAST = 3  # checkpoints kept (older ones deleted)
+RESUME = ""  # '' (fresh run), 'latest' or a checkpoint folder
+LOG_EVERY = 1  # metrics line every N steps
+SAMPLE_EVERY = 0  # sample grid every N steps (0: only at the end, if prompts are set)
+SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each)
+SAMPLE_SEEDS = []  # one seed per prompt (default: 0, 1, 2, ...)
+SAMPLE_NEGATIVE = ""  # negative prompt of the samples
+SAMPLE_STEPS = 20  # sampler steps
+SAMPLE_CFG = 3.0  # classifier-free guidance scale
+SAMPLE_WIDTH = 1024  # sample width in px (multiple of 16)
+SAMPLE_HEIGHT = 1024  # sample height in px (multiple of 16)
+SAVE_FORMAT = "comfy"  # comfy: the ComfyUI LoRA; hf: the LyCORIS file; both
+SAVE_MERGED = False  # also write the merged transformer
+SAVE_DIFFUSERS = False  # also write a diffusers-layout transformer
+
+
+def main() -> None:
+    from kohakumoss.train.loop import train
+
+    knobs = TRAIN_SCHEMA.validate(script_knobs(globals()), source="scripts/train/moss.py knobs")
+    train(knobs)
+
+
+if __name__ == "__main__":
+    main()

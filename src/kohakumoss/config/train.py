@@ -1,0 +1,167 @@
+"""The knobs of scripts/train/moss.py: names, defaults, types, ranges and one line of help each.
+
+The script lists the same knobs with the same defaults (tests/config/test_train_knobs.py checks it);
+this schema is what validates them before any work starts, and what `kohakumoss-config` documents.
+"""
+
+from __future__ import annotations
+
+from kohakumoss.adapters.algos import ALGOS
+from kohakumoss.adapters.targets import TARGET_PRESETS
+from kohakumoss.diffusion.objective import REDUCTIONS, WEIGHTINGS
+from kohakumoss.diffusion.timestep import SHIFT_MODES, SIGMA_MODES
+
+from .knobs import Knob, Schema
+
+ENCODE_PLACEMENTS = (
+    "auto",
+    "cache",
+    "online",
+)  # auto: cache hits, misses encoded in the step and written back
+SAVE_FORMATS = ("comfy", "hf", "both")
+PRECISIONS = ("bf16", "fp16", "fp32")
+ALGO_CHOICES = (*sorted(ALGOS), "full")
+
+_ANY = (str, type(None))
+
+TRAIN_KNOBS = [
+    # model and weights
+    Knob(
+        "WEIGHTS",
+        "",
+        "DiT checkpoint: file, index json or folder, any layout (native / hf / comfy)",
+        path="any",
+    ),
+    Knob(
+        "MODEL_PRESET",
+        "",
+        "with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks",
+    ),
+    Knob("TEXT_ENCODER", "", "Qwen3.5 text encoder: HF folder or single ComfyUI-style file", path="any"),
+    Knob("TOKENIZER", "", "tokenizer folder (needed with a single-file text encoder)", path="any"),
+    Knob("TEXT_TEMPLATE", "", "prompt template with {caption}; empty: the encoder's default"),
+    Knob("TEXT_LAYERS", [-1], "hidden-state layer(s) of the text encoder (HF numbering)", type=list),
+    Knob("VAE", "", "FLUX.2 VAE: diffusers folder or single file", path="any"),
+    Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),
+    Knob(
+        "PRECISION",
+        "bf16",
+        "compute precision (autocast); weights of the frozen base follow it",
+        choices=PRECISIONS,
+    ),
+    Knob(
+        "OPS_BACKEND",
+        "auto",
+        "kernel registry backend: auto (per-arch priority) or eager (the reference)",
+        choices=("auto", "eager"),
+    ),
+    # data
+    Knob(
+        "DATASET",
+        {"kind": "kohya", "path": "data/train"},
+        "data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}",
+        type=dict,
+    ),
+    Knob("CATALOG_DIR", None, "where the catalog cache lives (None: beside the dataset)", type=_ANY),
+    Knob("CACHE_DIR", "cache", "latent and text caches (safetensors shards)"),
+    Knob(
+        "VAE_ENCODE",
+        "auto",
+        "latents: auto (cache, misses encoded in the step and written back), cache (must hit), online",
+        choices=ENCODE_PLACEMENTS,
+    ),
+    Knob(
+        "TEXT_ENCODE",
+        "auto",
+        "text embeddings: auto, cache or online (as VAE_ENCODE)",
+        choices=ENCODE_PLACEMENTS,
+    ),
+    Knob("MIN_SIDE", 64, "images with a shorter side are dropped", min=1),
+    Knob("MAX_PIXELS", 178_956_970, "decompression-bomb limit in pixels", min=1),
+    Knob("MISSING_CAPTION", "empty", "error, empty or filename", choices=("error", "empty", "filename")),
+    Knob("SCAN_WORKERS", 4, "threads that probe images during the catalog scan", min=1),
+    Knob("AREA", 1024 * 1024, "target pixel area per image (native aspect kept)", min=256),
+    Knob("MIN_ASPECT", 0.25, "smallest width/height kept", min=0.01, max=1.0),
+    Knob("MAX_ASPECT", 4.0, "largest width/height kept", min=1.0),
+    Knob("NO_UPSCALE", False, "never enlarge an image past its own size"),
+    Knob("CROP", "center", "center or random (seeded) crop to the target size", choices=("center", "random")),
+    Knob("BUCKETS", None, "None, 'kohya', or a list of [w, h] buckets", type=(str, list, type(None))),
+    Knob("TOKENS_PER_STEP", 8192, "token budget per optimizer micro-step (image + text tokens)", min=2),
+    Knob("MAX_TEXT_TOKENS", 256, "caption tokens budgeted per image", min=1),
+    Knob("FLIP_PROB", 0.0, "horizontal flip probability", min=0.0, max=1.0),
+    Knob(
+        "CAPTION_DROPOUT", 0.0, "probability of an empty caption (trains the unconditional)", min=0.0, max=1.0
+    ),
+    Knob("SHUFFLE_CAPTION", False, "shuffle comma-separated tags"),
+    Knob("KEEP_TOKENS", 0, "leading tags kept in place when shuffling", min=0),
+    Knob("WORKERS", 2, "loader worker processes", min=0),
+    Knob("PREFETCH_STEPS", 2, "steps prepared ahead", min=1),
+    Knob("VAL_ITEMS", 0, "items held out of training for the validation loss (0: none)", min=0),
+    Knob("VAL_EVERY", 0, "validation loss every N steps (0: never)", min=0),
+    Knob("VAL_SIGMAS", [0.1, 0.3, 0.5, 0.7, 0.9], "fixed sigmas of the validation loss", type=list),
+    # adapter or full fine-tune
+    Knob("ALGO", "lora", "adapter algorithm (LyCORIS) or 'full' for a full fine-tune", choices=ALGO_CHOICES),
+    Knob("RANK", 16, "adapter rank (block size for OFT / BOFT)", min=1),
+    Knob("ALPHA", 16.0, "adapter alpha (scale = ALPHA / RANK)", min=0.0),
+    Knob("ALGO_ARGS", {}, "extra LyCORIS arguments (factor, block_size, constraint, ...)", type=dict),
+    Knob("TARGET_PRESET", "attn-mlp", "which modules the adapter wraps", choices=(*TARGET_PRESETS, "custom")),
+    Knob("TARGET_PATTERNS", [], "module name regexes or globs for TARGET_PRESET='custom'", type=list),
+    Knob("DROPOUT", 0.0, "adapter dropout", min=0.0, max=1.0),
+    Knob("RANK_DROPOUT", 0.0, "adapter rank dropout", min=0.0, max=1.0),
+    Knob("MODULE_DROPOUT", 0.0, "adapter module dropout", min=0.0, max=1.0),
+    Knob("LORA_PLUS_RATIO", 0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0),
+    Knob("BYPASS", False, "bypass forward (base output + adapter output) instead of merged weights"),
+    # optimisation
+    Knob(
+        "LR", 1e-4, "learning rate (AdamW; adapters and the non-matrix weights of a full fine-tune)", min=0.0
+    ),
+    Knob("MUON_LR", 0.0, "full fine-tune: Muon LR for hidden matrices (0: same as LR)", min=0.0),
+    Knob("USE_MUON", True, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)"),
+    Knob("WEIGHT_DECAY", 0.0, "weight decay", min=0.0),
+    Knob("LR_SCHEDULE", "constant", "constant, linear or cosine", choices=("constant", "linear", "cosine")),
+    Knob("LR_WARMUP_STEPS", 0, "linear warmup steps", min=0),
+    Knob("LR_MIN_RATIO", 0.0, "final LR / LR for linear and cosine", min=0.0, max=1.0),
+    Knob("STEPS", 1000, "optimizer steps", min=1),
+    Knob("GRAD_ACCUM", 1, "micro-steps per optimizer step", min=1),
+    Knob("GRAD_CLIP", 1.0, "max gradient norm (0: no clipping)", min=0.0),
+    Knob("EMA", False, "keep an EMA of the trainable weights"),
+    Knob("EMA_DECAY", 0.999, "EMA decay", min=0.0, max=1.0),
+    Knob("EMA_WARMUP", 100, "steps over which the EMA decay ramps up", min=0),
+    Knob("EMA_EVERY", 1, "EMA update interval in steps", min=1),
+    Knob("EXPORT_EMA", False, "export the EMA weights instead of the raw ones"),
+    # objective
+    Knob("TIMESTEP_SAMPLING", "logit_normal", "sigma distribution", choices=SIGMA_MODES),
+    Knob("LOGIT_MEAN", 0.0, "logit-normal mean"),
+    Knob("LOGIT_STD", 1.0, "logit-normal std", min=1e-3),
+    Knob("TIMESTEP_SHIFT", "resolution", "none, static or resolution-dependent shift", choices=SHIFT_MODES),
+    Knob("STATIC_SHIFT", 3.0, "shift for TIMESTEP_SHIFT='static'", min=1e-3),
+    Knob("LOSS_WEIGHTING", "none", "per-sigma loss weight", choices=WEIGHTINGS),
+    Knob(
+        "LOSS_REDUCTION",
+        "token",
+        "token: every image token alike; sample: every sample alike",
+        choices=REDUCTIONS,
+    ),
+    Knob("MAX_BAD_STEPS", 5, "stop after this many non-finite losses in a row", min=1),
+    # run, checkpoints, samples, exports
+    Knob("SEED", 0, "seed of the plan, the sigmas and the noise"),
+    Knob("RUN_NAME", "moss-lora", "run folder name under RUNS_DIR"),
+    Knob("RUNS_DIR", "runs/moss", "where runs are written"),
+    Knob("SAVE_EVERY", 500, "checkpoint every N steps (0: only at the end)", min=0),
+    Knob("KEEP_LAST", 3, "checkpoints kept (older ones deleted)", min=1),
+    Knob("RESUME", "", "'' (fresh run), 'latest' or a checkpoint folder"),
+    Knob("LOG_EVERY", 1, "metrics line every N steps", min=1),
+    Knob("SAMPLE_EVERY", 0, "sample grid every N steps (0: only at the end, if prompts are set)", min=0),
+    Knob("SAMPLE_PROMPTS", [], "prompts of the sample grid (one column each)", type=list),
+    Knob("SAMPLE_SEEDS", [], "one seed per prompt (default: 0, 1, 2, ...)", type=list),
+    Knob("SAMPLE_NEGATIVE", "", "negative prompt of the samples"),
+    Knob("SAMPLE_STEPS", 20, "sampler steps", min=1),
+    Knob("SAMPLE_CFG", 3.0, "classifier-free guidance scale", min=0.0),
+    Knob("SAMPLE_WIDTH", 1024, "sample width in px (multiple of 16)", min=16),
+    Knob("SAMPLE_HEIGHT", 1024, "sample height in px (multiple of 16)", min=16),
+    Knob("SAVE_FORMAT", "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS),
+    Knob("SAVE_MERGED", False, "also write the merged transformer"),
+    Knob("SAVE_DIFFUSERS", False, "also write a diffusers-layout transformer"),
+]
+
+TRAIN_SCHEMA = Schema(TRAIN_KNOBS)

@@ -1,0 +1,70 @@
+"""metrics.jsonl (one JSON line per logged step, appended and flushed) and a loss plot PNG."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+
+class MetricsWriter:
+    """Appends to runs/<name>/metrics.jsonl; on resume, lines past the resume step are dropped first."""
+
+    def __init__(self, path: str | Path, resume_step: int | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is not None and self.path.exists():
+            kept = [line for line in self.read() if line.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        elif resume_step is None and self.path.exists():
+            self.path.unlink()
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+
+    def read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+
+def loss_plot(
+    records: list[dict], path: str | Path, key: str = "loss", width: int = 640, height: int = 320
+) -> None:
+    """A plain loss curve (raw points and a running mean) drawn with Pillow."""
+    pts = [
+        (r["step"], r[key])
+        for r in records
+        if key in r and isinstance(r[key], (int, float)) and math.isfinite(r[key])
+    ]
+    img = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(img)
+    pad = 40
+    draw.rectangle([pad, 10, width - 10, height - pad], outline="black")
+    if len(pts) >= 2:
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+        span_x, span_y = max(x1 - x0, 1), max(y1 - y0, 1e-12)
+
+        def at(x: float, y: float) -> tuple[float, float]:
+            return pad + (x - x0) / span_x * (width - pad - 10), height - pad - (y - y0) / span_y * (
+                height - pad - 10
+            )
+
+        draw.line([at(x, y) for x, y in pts], fill=(170, 190, 230), width=1)
+        window, smooth, acc = max(1, len(pts) // 20), [], []
+        for x, y in pts:
+            acc.append(y)
+            acc = acc[-window:]
+            smooth.append(at(x, sum(acc) / len(acc)))
+        draw.line(smooth, fill=(20, 60, 160), width=2)
+        draw.text((pad, height - pad + 5), f"step {x0}", fill="black")
+        draw.text((width - 90, height - pad + 5), f"step {x1}", fill="black")
+        draw.text((4, 12), f"{y1:.3g}", fill="black")
+        draw.text((4, height - pad - 12), f"{y0:.3g}", fill="black")
+    draw.text((pad + 5, 14), key, fill="black")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    img.save(path)

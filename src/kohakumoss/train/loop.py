@@ -1,0 +1,382 @@
+"""The training loop: knobs in, runs/<RUN_NAME>/ out.
+
+    build components -> data and plan -> base samples -> adapter or full fine-tune -> (resume) ->
+    for each step: GRAD_ACCUM micro-steps (loss, backward) -> clip -> optimizer -> EMA -> log,
+    validate, sample, checkpoint (with exports) -> final checkpoint, exports, grid, loss plot.
+
+Written so that a run stopped at step k and resumed replays exactly what an uninterrupted run does:
+the plan is a pure function of the data and knobs, sigmas and noise are drawn from (SEED, micro-step),
+and the global RNG states travel in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask, set_tlora_sigma
+from kohakumoss.diffusion import TimestepConfig
+from kohakumoss.export import export_all
+from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
+from kohakumoss_common.io import atomic_write_json
+from kohakumoss_common.log import add_file_log, get_logger
+
+from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from .components import Components, build_components
+from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
+from .ema import EMA
+from .logbook import MetricsWriter, loss_plot
+from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
+from .rng import restore_rng
+from .samples import draw_row, grid, load_row, save_row
+from .schedule import LRSchedule
+from .state import load_trainable_state, trainable_state
+from .step import draw_step_noise, flow_loss, to_device_batch
+from .validation import validation_loss
+
+log = get_logger(__name__)
+
+
+class NonFiniteLoss(KohakuMossError):
+    pass
+
+
+@dataclass
+class Trainable:
+    module: torch.nn.Module  # what holds the trainable weights: the LyCORIS network or the backbone
+    network: Any  # LycorisNetwork or None (full fine-tune)
+    params: list[torch.nn.Parameter]
+    optimizer: CombinedOptimizer
+    schedule: LRSchedule
+    ema: EMA | None
+
+
+class CacheOnly:
+    """An encoder stand-in for VAE_ENCODE / TEXT_ENCODE = 'cache': same identity, a miss is an error."""
+
+    def __init__(self, encoder, knob: str, script: str):
+        self.encoder, self.knob, self.script = encoder, knob, script
+        self.identity = encoder.identity
+        for attr in ("template", "layer_choice"):
+            if hasattr(encoder, attr):
+                setattr(self, attr, getattr(encoder, attr))
+
+    def encode(self, *args, **kwargs):
+        raise DataError(
+            f"{self.knob}='cache' but the cache misses an entry: run {self.script} first, or set {self.knob}='auto'"
+        )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_trainable(k: dict[str, Any], model: torch.nn.Module, device: torch.device) -> Trainable:
+    total = int(k["STEPS"])
+    schedule = LRSchedule(k["LR_SCHEDULE"], int(k["LR_WARMUP_STEPS"]), total, float(k["LR_MIN_RATIO"]))
+    if k["ALGO"] == "full":
+        model.requires_grad_(True)
+        optimizer = build_full_ft_optimizer(
+            model,
+            lr=k["LR"],
+            muon_lr=k["MUON_LR"] or None,
+            weight_decay=k["WEIGHT_DECAY"],
+            use_muon=k["USE_MUON"],
+        )
+        module, network = model, None
+    else:
+        algo_args = dict(k["ALGO_ARGS"])
+        network = build_adapter(
+            model,
+            algo=k["ALGO"],
+            rank=int(k["RANK"]),
+            alpha=float(k["ALPHA"]),
+            preset=k["TARGET_PRESET"],
+            patterns=tuple(k["TARGET_PATTERNS"]),
+            dropout=k["DROPOUT"],
+            rank_dropout=k["RANK_DROPOUT"],
+            module_dropout=k["MODULE_DROPOUT"],
+            bypass=k["BYPASS"],
+            **algo_args,
+        )
+        network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
+        ratio = k["LORA_PLUS_RATIO"] or None
+        optimizer = build_adamw(adapter_param_groups(network, k["LR"], ratio, k["WEIGHT_DECAY"]), lr=k["LR"])
+        module = network
+    params = [p for p in module.parameters() if p.requires_grad]
+    ema = EMA(module, k["EMA_DECAY"], int(k["EMA_WARMUP"]), int(k["EMA_EVERY"])) if k["EMA"] else None
+    n = sum(p.numel() for p in params)
+    log.info(f"training {'the full model' if network is None else k['ALGO']}: {n:,} trainable parameters")
+    return Trainable(module, network, params, optimizer, schedule, ema)
+
+
+def resume_point(k: dict[str, Any], ckpt_root: Path) -> Path | None:
+    if not k["RESUME"]:
+        return None
+    try:
+        path = resolve_checkpoint(ckpt_root, k["RESUME"])
+    except CheckpointError as e:
+        raise ConfigError("RESUME", str(e)) from e
+    if path is None:
+        if k["RESUME"] == "latest":
+            log.info(f"RESUME='latest': no checkpoint under {ckpt_root}, starting fresh")
+            return None
+        raise ConfigError("RESUME", f"no checkpoint at '{k['RESUME']}'")
+    return path
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: process peak RSS
+
+
+def export_run(comps: Components, tr: Trainable, k: dict[str, Any], folder: Path) -> dict[str, Path]:
+    """The run's files into `folder`: ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers."""
+    clear_tlora_mask()
+
+    def write() -> dict[str, Path]:
+        written = export_all(
+            comps.backbone,
+            tr.network,
+            folder,
+            k["RUN_NAME"],
+            save_merged_model=k["SAVE_MERGED"],
+            save_diffusers=k["SAVE_DIFFUSERS"],
+        )
+        drop = {"comfy": ["lycoris"], "hf": ["comfy"]}.get(k["SAVE_FORMAT"], [])
+        for kind in drop:  # SAVE_FORMAT picks which adapter files stay
+            if kind in written:
+                written.pop(kind).unlink()
+        return written
+
+    if tr.ema is not None and k["EXPORT_EMA"]:
+        with tr.ema.swapped():
+            return write()
+    return write()
+
+
+def save_run_checkpoint(
+    comps, tr: Trainable, data: RunData, k: dict[str, Any], ckpt_root: Path, step: int
+) -> Path:
+    return save_checkpoint(
+        ckpt_root,
+        step,
+        trainable_state(tr.module),
+        tr.optimizer.state_dict(),
+        tr.ema.state_dict() if tr.ema is not None else None,
+        data_position={
+            "step": step,
+            "micro_step": step * int(k["GRAD_ACCUM"]),
+            "plan_sha256": data.plan.sha256,
+            "seen_sha256": plan_prefix_sha256(data.plan, step * int(k["GRAD_ACCUM"])),
+        },
+        config=k,
+        keep_last=int(k["KEEP_LAST"]),
+        write_extra=lambda tmp: export_run(comps, tr, k, tmp / "export"),
+    )
+
+
+def train(k: dict[str, Any]) -> Path:
+    """Run training as the (validated) knobs say; returns the run folder."""
+    run_dir = Path(k["RUNS_DIR"]) / k["RUN_NAME"]
+    ckpt_root = run_dir / "checkpoints"
+    resume_path = resume_point(k, ckpt_root)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handler = add_file_log(run_dir / "log.txt")
+    try:
+        return _train(k, run_dir, ckpt_root, resume_path)
+    finally:
+        import logging
+
+        logging.getLogger("kohakumoss").removeHandler(handler)
+        handler.close()
+
+
+def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path | None) -> Path:
+    seed_everything(int(k["SEED"]))
+    atomic_write_json(run_dir / "config.json", k)
+    comps = build_components(k)
+    model, device, dtype = comps.backbone, comps.device, comps.dtype
+    log.info(f"device {device}, precision {k['PRECISION']}, run folder {run_dir}")
+    image_encoder = (
+        comps.vae
+        if k["VAE_ENCODE"] != "cache"
+        else CacheOnly(comps.vae, "VAE_ENCODE", "scripts/data/cache_latents.py")
+    )
+    text_encoder = (
+        comps.text_encoder
+        if k["TEXT_ENCODE"] != "cache"
+        else CacheOnly(comps.text_encoder, "TEXT_ENCODE", "scripts/data/cache_text.py")
+    )
+    data = open_run_data(k, image_encoder, text_encoder)
+    val = [
+        to_device_batch(b, device, dtype) for b in validation_batches(data, k, image_encoder, text_encoder)
+    ]
+
+    prompts = list(k["SAMPLE_PROMPTS"])
+    samples_dir = run_dir / "samples"
+    can_sample = bool(prompts) and comps.text_encoder is not None and comps.vae is not None
+    base_row = None
+    if can_sample:  # the base model's row, drawn before any training and kept for every later grid
+        base_row = load_row(samples_dir / "base", "base", len(prompts))
+        if base_row is None:
+            base_row = draw_row(model, comps.text_encoder, comps.vae, k, device, dtype)
+            save_row(base_row, samples_dir / "base", "base")
+
+    tr = build_trainable(k, model, device)
+    start = 0
+    if resume_path is not None:
+        ckpt = load_checkpoint(resume_path)
+        seen = ckpt.data_position.get("seen_sha256")
+        if seen is not None and seen != plan_prefix_sha256(
+            data.plan, ckpt.data_position.get("micro_step", 0)
+        ):
+            raise ConfigError(
+                "RESUME",
+                f"{resume_path} saw other batches than this plan's first ones (data, SEED or data knobs changed)",
+            )
+        load_trainable_state(tr.module, ckpt.trainable, resume_path)
+        if ckpt.optimizer is not None:
+            tr.optimizer.load_state_dict(ckpt.optimizer)
+        if tr.ema is not None and ckpt.ema is not None:
+            tr.ema.load_state_dict(ckpt.ema)
+        restore_rng(ckpt.rng)
+        start = ckpt.step
+        log.info(f"resumed from {resume_path} at step {start}")
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=start if resume_path is not None else None)
+
+    tcfg = TimestepConfig(
+        mode=k["TIMESTEP_SAMPLING"],
+        logit_mean=k["LOGIT_MEAN"],
+        logit_std=k["LOGIT_STD"],
+        shift=k["TIMESTEP_SHIFT"],
+        static_shift=k["STATIC_SHIFT"],
+    )
+    accum, steps = int(k["GRAD_ACCUM"]), int(k["STEPS"])
+    scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
+    loader = make_loader(data, k, image_encoder, text_encoder, start * accum)
+    batches = iter(loader)
+    model.train()
+    bad_in_row, skipped, step = 0, 0, start
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    bar = tqdm(total=steps, initial=start, desc=k["RUN_NAME"], unit="step", dynamic_ncols=True, disable=None)
+    try:
+        while step < steps:
+            t0 = time.perf_counter()
+            lr_factor = tr.schedule.apply(tr.optimizer, step)
+            losses, samples, tokens, finite = [], 0, 0, True
+            for micro in range(accum):
+                micro_step = step * accum + micro
+                try:
+                    host = next(batches)
+                except StopIteration as e:
+                    raise DataError(f"the plan ran out of steps at micro-step {micro_step}") from e
+                batch = to_device_batch(host, device, dtype)
+                sigma, noise = draw_step_noise(int(k["SEED"]), micro_step, batch.x0, batch.seq, tcfg)
+                if k["ALGO"] == "tlora":
+                    set_tlora_sigma(sigma, int(k["RANK"]))
+                loss = flow_loss(model, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"])
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                scaled = loss / accum
+                (scaler.scale(scaled) if scaler else scaled).backward()
+                losses.append(loss.item())
+                samples, tokens = samples + batch.num_samples, tokens + batch.tokens
+            if not finite:
+                tr.optimizer.zero_grad(set_to_none=True)
+                bad_in_row, skipped = bad_in_row + 1, skipped + 1
+                log.warning(f"step {step}: non-finite loss, step skipped ({bad_in_row} in a row)")
+                if bad_in_row >= int(k["MAX_BAD_STEPS"]):
+                    raise NonFiniteLoss(
+                        f"{bad_in_row} non-finite losses in a row (MAX_BAD_STEPS); lower LR, check the data or use PRECISION='bf16'"
+                    )
+                for _ in range(accum - len(losses) - 1):  # keep the data aligned with the step count
+                    next(batches)
+                step += 1
+                bar.update(1)
+                continue
+            bad_in_row = 0
+            if scaler:
+                for opt in tr.optimizer.optimizers.values():
+                    scaler.unscale_(opt)
+            clip = float(k["GRAD_CLIP"]) or math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(tr.params, clip).item()
+            if scaler:
+                for opt in tr.optimizer.optimizers.values():
+                    scaler.step(opt)
+                scaler.update()
+            else:
+                tr.optimizer.step()
+            tr.optimizer.zero_grad(set_to_none=True)
+            if tr.ema is not None:
+                tr.ema.update(step)
+            step += 1
+            dt = time.perf_counter() - t0
+            bar.update(1)
+            loss_value = sum(losses) / len(losses)
+            bar.set_postfix(loss=f"{loss_value:.4f}")
+            if step % int(k["LOG_EVERY"]) == 0 or step == steps:
+                record = dict(
+                    step=step,
+                    loss=loss_value,
+                    lr=k["LR"] * lr_factor,
+                    grad_norm=grad_norm,
+                    samples=samples,
+                    tokens=tokens,
+                    samples_per_s=samples / dt,
+                    tokens_per_s=tokens / dt,
+                    step_s=dt,
+                    peak_mem_gib=peak_memory_gib(device),
+                    skipped=skipped,
+                )
+                if k["VAL_EVERY"] and val and (step % int(k["VAL_EVERY"]) == 0 or step == steps):
+                    record["val_loss"] = validation_loss(
+                        model, val, list(k["VAL_SIGMAS"]), dtype, int(k["SEED"])
+                    )
+                metrics.write(record)
+                log.debug(str(record))
+            if can_sample and k["SAMPLE_EVERY"] and step % int(k["SAMPLE_EVERY"]) == 0 and step < steps:
+                sample_grid(comps, k, base_row, samples_dir, step)
+            if k["SAVE_EVERY"] and step % int(k["SAVE_EVERY"]) == 0 and step < steps:
+                path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
+                log.info(f"checkpoint {path}")
+    except KeyboardInterrupt:
+        bar.close()
+        path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
+        log.info(f"interrupted: saved {path}; continue with RESUME='latest'")
+        raise
+    bar.close()
+    path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
+    log.info(f"checkpoint {path}")
+    written = export_run(comps, tr, k, run_dir / "export")
+    log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
+    if can_sample:
+        sample_grid(comps, k, base_row, samples_dir, step)
+    loss_plot(metrics.read(), run_dir / "loss.png")
+    log.info(f"done: {step} steps, {skipped} skipped; run folder {run_dir}")
+    return run_dir
+
+
+def sample_grid(comps: Components, k: dict[str, Any], base_row, samples_dir: Path, step: int) -> Path:
+    clear_tlora_mask()
+    row = draw_row(comps.backbone, comps.text_encoder, comps.vae, k, comps.device, comps.dtype)
+    save_row(row, samples_dir / f"step_{step:05d}", "sample")
+    image = grid([("base", base_row), (f"step {step}", row)], list(k["SAMPLE_PROMPTS"]))
+    path = samples_dir / f"grid_step_{step:05d}.png"
+    image.save(path)
+    log.info(f"samples {path}")
+    return path

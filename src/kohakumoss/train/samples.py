@@ -1,0 +1,78 @@
+"""Sample grids during training: the base model's row (drawn once, kept on disk) above the current row."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from PIL import Image, ImageDraw
+
+from kohakumoss.diffusion import SamplerConfig, TimestepConfig
+from kohakumoss.diffusion.generate import GenerationRequest, generate
+
+
+def sample_requests(k: dict) -> list[GenerationRequest]:
+    seeds = list(k["SAMPLE_SEEDS"]) or list(range(len(k["SAMPLE_PROMPTS"])))
+    return [
+        GenerationRequest(
+            p,
+            int(seeds[i % len(seeds)]),
+            int(k["SAMPLE_WIDTH"]),
+            int(k["SAMPLE_HEIGHT"]),
+            k["SAMPLE_NEGATIVE"],
+        )
+        for i, p in enumerate(k["SAMPLE_PROMPTS"])
+    ]
+
+
+def sampler_config(k: dict) -> SamplerConfig:
+    shift = TimestepConfig(shift=k["TIMESTEP_SHIFT"], static_shift=k["STATIC_SHIFT"])
+    return SamplerConfig(steps=int(k["SAMPLE_STEPS"]), cfg_scale=float(k["SAMPLE_CFG"]), shift=shift)
+
+
+@torch.no_grad()
+def draw_row(model, text_encoder, vae, k: dict, device, dtype) -> list[Image.Image]:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            return generate(
+                model,
+                text_encoder,
+                vae,
+                sample_requests(k),
+                sampler_config(k),
+                model.config.in_channels,
+                device,
+            )
+    finally:
+        model.train(was_training)
+
+
+def save_row(images: list[Image.Image], folder: Path, prefix: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, im in enumerate(images):
+        im.save(folder / f"{prefix}_{i:02d}.png")
+
+
+def load_row(folder: Path, prefix: str, n: int) -> list[Image.Image] | None:
+    paths = [folder / f"{prefix}_{i:02d}.png" for i in range(n)]
+    return [Image.open(p).convert("RGB") for p in paths] if all(p.exists() for p in paths) else None
+
+
+def grid(rows: list[tuple[str, list[Image.Image]]], captions: list[str], cell: int = 256) -> Image.Image:
+    """Rows of images (label on the left), prompts above the columns; cells scaled to `cell` px wide."""
+    label_w, head_h = 110, 28
+    ncols = max(len(r[1]) for r in rows)
+    heights = [max(int(im.height * cell / im.width) for im in imgs) for _, imgs in rows]
+    canvas = Image.new("RGB", (label_w + ncols * cell, head_h + sum(heights)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for c, text in enumerate(captions):
+        draw.text((label_w + c * cell + 4, 6), text[: cell // 7], fill="black")
+    y = head_h
+    for (label, imgs), h in zip(rows, heights):
+        draw.text((6, y + h // 2 - 6), label, fill="black")
+        for c, im in enumerate(imgs):
+            canvas.paste(im.resize((cell, int(im.height * cell / im.width))), (label_w + c * cell, y))
+        y += h
+    return canvas

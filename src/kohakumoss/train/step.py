@@ -1,0 +1,74 @@
+"""One micro-step: a HostBatch onto the device as a packed batch, sigmas and noise, the loss.
+
+Sigmas and noise come from generators seeded by (SEED, micro-step), so a resumed run draws exactly
+what an uninterrupted one would, with no generator state to carry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kohakumoss.diffusion import TimestepConfig, draw_sigmas, flow_matching_loss, make_flow_target
+from kohakumoss.encoders.latents import patchify
+from kohakumoss.model import PackedSeq
+from kohakumoss_common.errors import DataError
+
+
+@dataclass
+class DeviceBatch:
+    x0: torch.Tensor  # [T_img, 128] clean latent tokens
+    text: torch.Tensor  # [T_text, text_dim]
+    seq: PackedSeq
+
+    @property
+    def num_samples(self) -> int:
+        return self.seq.num_samples
+
+    @property
+    def tokens(self) -> int:
+        return self.seq.total_tokens
+
+
+def to_device_batch(batch, device: torch.device, dtype: torch.dtype) -> DeviceBatch:
+    """HostBatch (latents [32, h, w] per image, packed text) -> packed device tensors."""
+    if batch.latents is None or batch.text_hidden is None:
+        raise DataError(
+            f"step {batch.step}: the batch has no latents or no text embeddings (no encoder and no cache)"
+        )
+    tokens = [patchify(lat.float()) for lat in batch.latents]
+    grids = [(lat.shape[-2] // 2, lat.shape[-1] // 2) for lat in batch.latents]
+    seq = PackedSeq.build(batch.text_lengths.tolist(), grids, device)
+    x0 = torch.cat(tokens).to(device, dtype, non_blocking=True)
+    text = batch.text_hidden.to(device, dtype, non_blocking=True)
+    return DeviceBatch(x0, text, seq)
+
+
+def step_generator(seed: int, micro_step: int, stream: int) -> torch.Generator:
+    """A CPU generator for one micro-step and stream (0: sigma, 1: noise), independent of the device."""
+    return torch.Generator().manual_seed((int(seed) * 1_000_003 + micro_step * 2 + stream) % (2**63))
+
+
+def draw_step_noise(seed: int, micro_step: int, x0: torch.Tensor, seq: PackedSeq, tcfg: TimestepConfig):
+    image_tokens = torch.tensor(seq.img_lens)
+    sigma = draw_sigmas(tcfg, image_tokens, step_generator(seed, micro_step, 0))
+    noise = torch.randn(x0.shape, generator=step_generator(seed, micro_step, 1), dtype=torch.float32)
+    return sigma.to(x0.device), noise.to(x0.device, x0.dtype)
+
+
+def flow_loss(
+    model,
+    batch: DeviceBatch,
+    sigma: torch.Tensor,
+    noise: torch.Tensor,
+    dtype: torch.dtype,
+    weighting: str = "none",
+    reduction: str = "token",
+) -> torch.Tensor:
+    """Forward the backbone on the noised batch (autocast to `dtype`) and return the flow-matching loss."""
+    target = make_flow_target(batch.x0, sigma, batch.seq.img_token_sample, noise)
+    device_type = batch.x0.device.type
+    with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+        pred = model(target.x_t, batch.text, sigma, batch.seq)
+    return flow_matching_loss(pred, target.target, sigma, batch.seq.img_token_sample, weighting, reduction)

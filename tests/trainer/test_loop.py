@@ -1,0 +1,71 @@
+"""The training loop end to end on the tiny model and real images: files, exact resume, samples, guards."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kohakumoss.train.loop import train
+from kohakumoss_common.errors import ConfigError
+
+from .conftest import tiny_knobs
+
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_lora_run_writes_its_folder(train_world):
+    k = tiny_knobs(
+        train_world,
+        "files",
+        SAVE_EVERY=3,
+        VAL_ITEMS=1,
+        VAL_EVERY=3,
+        SAMPLE_EVERY=3,
+        SAMPLE_PROMPTS=["blue glass hexagons", "golden square grid"],
+        SAVE_FORMAT="both",
+    )
+    run = train(k)
+    assert (run / "log.txt").read_text().count("checkpoint") >= 2
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    for key in ("loss", "lr", "grad_norm", "tokens", "samples_per_s", "tokens_per_s", "peak_mem_gib"):
+        assert all(key in r for r in records), key
+    assert "val_loss" in records[2] and "val_loss" in records[5]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00003", "step_00006"]
+    for ckpt in (run / "checkpoints").iterdir():
+        assert (ckpt / "trainable.safetensors").exists() and (
+            ckpt / "export" / "files-comfy.safetensors"
+        ).exists()
+    assert (run / "export" / "files-comfy.safetensors").exists() and (
+        run / "export" / "files-lycoris.safetensors"
+    ).exists()
+    assert (run / "samples" / "grid_step_00003.png").exists() and (
+        run / "samples" / "grid_step_00006.png"
+    ).exists()
+    assert (run / "loss.png").exists()
+
+
+def test_resume_is_exact(train_world):
+    straight = train(tiny_knobs(train_world, "straight", STEPS=6, DROPOUT=0.1))
+    half = tiny_knobs(train_world, "halves", STEPS=3, DROPOUT=0.1)
+    train(half)
+    resumed = train(tiny_knobs(train_world, "halves", STEPS=6, DROPOUT=0.1, RESUME="latest"))
+    assert losses(straight) == losses(resumed)  # bit for bit at every step
+
+
+def test_resume_from_a_missing_path_is_named(train_world, tmp_path):
+    with pytest.raises(ConfigError, match="RESUME"):
+        train(tiny_knobs(train_world, "nothing", RESUME=str(tmp_path / "nope")))
+
+
+def test_non_finite_losses_stop_the_run_with_a_message(train_world, monkeypatch):
+    from kohakumoss.train import loop
+
+    monkeypatch.setattr(loop, "flow_loss", lambda *a, **kw: torch.tensor(float("nan"), requires_grad=True))
+    with pytest.raises(loop.NonFiniteLoss, match="MAX_BAD_STEPS"):
+        train(tiny_knobs(train_world, "nan", MAX_BAD_STEPS=2))
