@@ -8,8 +8,7 @@ schema. The run writes RUNS_DIR/RUN_NAME/: log.txt, metrics.jsonl, loss.png, sam
 checkpoints/step_XXXXX/ (each with export/) and export/.
 """
 
-from kohakumoss.config.knobs import script_knobs
-from kohakumoss.config.train import TRAIN_SCHEMA
+import sys
 
 # --- model and weights -------------------------------------------------------------------------
 WEIGHTS = ""  # DiT checkpoint: file, index json or folder, any layout (native / hf / comfy)
@@ -120,10 +119,11 @@ SAVE_DIFFUSERS = False  # also write a diffusers-layout transformer
 
 
 def main() -> None:
+    from kohakumoss.config.knobs import run_checked
+    from kohakumoss.config.train import TRAIN_SCHEMA
     from kohakumoss.train.loop import train
 
-    knobs = TRAIN_SCHEMA.validate(script_knobs(globals()), source="scripts/train/moss.py knobs")
-    train(knobs)
+    sys.exit(run_checked(TRAIN_SCHEMA, globals(), train, "scripts/train/moss.py"))
 
 
 if __name__ == "__main__":

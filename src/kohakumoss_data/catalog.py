@@ -195,7 +195,9 @@ def _probe_changed(
                     started = time.monotonic()
                     checkpoint(finished)
                     last_save = time.monotonic()
-                    interval = max(CHECKPOINT_SECONDS, SAVE_OVERHEAD * (last_save - started))  # saving stays under 10%
+                    interval = max(
+                        CHECKPOINT_SECONDS, SAVE_OVERHEAD * (last_save - started)
+                    )  # saving stays under 10%
             fresh[item.unit].append(item.to_json())
         bar.update(len(changed) - bar.n)
     return fresh

@@ -115,3 +115,23 @@ class Schema:
 def script_knobs(module_globals: Mapping[str, Any]) -> dict[str, Any]:
     """The UPPER_CASE settings of a script's globals (what kogine configs and --set change)."""
     return {k: v for k, v in module_globals.items() if k.isupper() and not k.startswith("_")}
+
+
+def run_checked(
+    schema: Schema, module_globals: Mapping[str, Any], fn: Callable[[dict], Any], script: str
+) -> int:
+    """Validate a script's knobs, then run `fn(knobs)`; project errors print one clear line, exit status 2."""
+    import sys
+
+    from kohakumoss_common.errors import KohakuMossError
+
+    try:
+        knobs = schema.validate(script_knobs(module_globals), source=f"{script} knobs")
+        fn(knobs)
+    except KohakuMossError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -58,10 +58,23 @@ def generate_latents(
 ) -> list[torch.Tensor]:
     """Latents [32, H/8, W/8] per request (normalized, as the VAE's decode takes them)."""
     cond = split_packed(*text_encoder.encode([r.prompt for r in requests]))
-    uncond = split_packed(*text_encoder.encode([r.negative for r in requests])) if config.cfg_scale != 1.0 else None
+    uncond = (
+        split_packed(*text_encoder.encode([r.negative for r in requests]))
+        if config.cfg_scale != 1.0
+        else None
+    )
     grids = [r.token_grid() for r in requests]
     tokens = euler_sample(
-        backbone, cond, uncond, grids, [r.seed for r in requests], config, in_channels, device, dtype, progress
+        backbone,
+        cond,
+        uncond,
+        grids,
+        [r.seed for r in requests],
+        config,
+        in_channels,
+        device,
+        dtype,
+        progress,
     )
     return [unpatchify(t.float().cpu(), 2 * h, 2 * w) for t, (h, w) in zip(tokens, grids)]
 

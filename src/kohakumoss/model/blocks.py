@@ -83,5 +83,7 @@ class MossBlock(nn.Module):
         ts = seq.token_sample
         h = ops.norm_modulate(x, shift1, scale1, ts, self.eps)
         # the attention's residual add and the MLP's AdaLN input in one pass
-        x, h = ops.residual_norm_modulate(x, self.attn(h, seq, rope, ops), gate1, shift2, scale2, ts, self.eps)
+        x, h = ops.residual_norm_modulate(
+            x, self.attn(h, seq, rope, ops), gate1, shift2, scale2, ts, self.eps
+        )
         return ops.gated_residual(x, self.mlp(h, ops), gate2, ts)

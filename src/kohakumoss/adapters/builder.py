@@ -1,0 +1,108 @@
+"""build_adapter: wrap the backbone's selected linears with a LyCORIS network (lycoris-lora does the work)."""
+
+from __future__ import annotations
+
+import logging
+
+import lycoris
+from lycoris import LycorisNetwork, create_lycoris
+from torch import nn
+
+from kohakumoss_common.errors import ConfigError
+
+from .algos import resolve_algo
+from .spec import AdapterSpec
+from .targets import lycoris_preset, matched_modules, target_patterns
+
+
+def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> LycorisNetwork:
+    """Freeze `model`, create the LyCORIS network for `spec`, apply it to the model and return it."""
+    _, algo = resolve_algo(spec.algo)
+    patterns, globs = target_patterns(spec.preset, spec.patterns)
+    names = matched_modules(model, patterns, globs)
+    if not names:
+        raise ConfigError(
+            "TARGET_PRESET", f"preset '{spec.preset}' {patterns} matches no nn.Linear of the model"
+        )
+    _check_bypass(spec, {**algo.fixed, **spec.algo_args})
+    model.requires_grad_(False)
+    # create_lycoris reads its targets from class attributes; set them for this call
+    LycorisNetwork.apply_preset(lycoris_preset(patterns, globs))
+    kwargs = {
+        "algo": algo.lycoris,
+        "dropout": spec.dropout,
+        "rank_dropout": spec.rank_dropout,
+        "module_dropout": spec.module_dropout,
+        "bypass_mode": spec.bypass,
+        **algo.fixed,
+        **spec.algo_args,
+    }
+    level = lycoris.logger.level
+    if quiet:
+        lycoris.logger.setLevel(logging.WARNING)
+    try:
+        network = create_lycoris(
+            model, spec.multiplier, linear_dim=spec.rank, linear_alpha=spec.alpha, **kwargs
+        )
+    except (ValueError, AssertionError) as e:
+        raise ConfigError(
+            "ALGO_ARGS", f"lycoris rejected {spec.algo} rank={spec.rank} {spec.algo_args}: {e}"
+        ) from e
+    finally:
+        lycoris.logger.setLevel(level)
+    if len(network.loras) != len(names):
+        raise ConfigError(
+            "TARGET_PRESET", f"lycoris wrapped {len(network.loras)} modules, expected {len(names)}"
+        )
+    network.apply_to()
+    network.to(next(model.parameters()).device)
+    network.requires_grad_(True)
+    network.kohakumoss_spec = spec
+    return network
+
+
+def _check_bypass(spec: AdapterSpec, args: dict) -> None:
+    """Refuse the bypass combinations lycoris-lora 4.1.3 computes wrongly (instead of training them)."""
+    if not spec.bypass:
+        return
+    if args.get("dora_wd"):
+        raise ConfigError(
+            "BYPASS", "lycoris ignores DoRA's weight decomposition (dora_wd) in bypass mode; use BYPASS=False"
+        )
+    if spec.algo == "dylora":
+        raise ConfigError("BYPASS", "lycoris's DyLoRA bypass forward drops its scale; use BYPASS=False")
+
+
+def build_adapter(
+    model: nn.Module,
+    algo: str = "lora",
+    rank: int = 16,
+    alpha: float = 16.0,
+    preset: str = "attn-mlp",
+    patterns: tuple[str, ...] = (),
+    dropout: float = 0.0,
+    rank_dropout: float = 0.0,
+    module_dropout: float = 0.0,
+    bypass: bool = False,
+    multiplier: float = 1.0,
+    **algo_args,
+) -> LycorisNetwork:
+    """Keyword form of `build_from_spec`; extra keywords go to lycoris (factor, block_size, constraint...)."""
+    spec = AdapterSpec(
+        algo=algo,
+        rank=rank,
+        alpha=alpha,
+        preset=preset,
+        patterns=tuple(patterns),
+        dropout=dropout,
+        rank_dropout=rank_dropout,
+        module_dropout=module_dropout,
+        bypass=bypass,
+        multiplier=multiplier,
+        algo_args=dict(algo_args),
+    )
+    return build_from_spec(model, spec)
+
+
+def adapter_spec(network: LycorisNetwork) -> AdapterSpec | None:
+    return getattr(network, "kohakumoss_spec", None)

@@ -1,0 +1,149 @@
+"""Adapter files in the LyCORIS format: written by `LycorisNetwork.save_weights`, read by lycoris's loader.
+
+Two lycoris-lora 4.1.3 gaps are bridged here, nothing else:
+- DyLoRA trains with scale alpha / blocks_used but saves a plain LoRA that readers scale by
+  alpha / rank; the saved alpha is multiplied by block_size so the file is DyLoRA at full rank.
+- `create_lycoris_from_weights` cannot rebuild IA3 (its make_module_from_state_dict takes one tensor
+  and is given two); IA3 entries are rebuilt with lycoris's IA3Module directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from lycoris import LycorisNetwork, create_lycoris_from_weights
+from lycoris.modules.dylora import DyLoraModule
+from lycoris.modules.ia3 import IA3Module
+from safetensors import safe_open
+from safetensors.torch import load_file
+from torch import nn
+
+from kohakumoss_common.errors import CheckpointError
+
+from .spec import SPEC_METADATA_KEY, AdapterSpec
+from .targets import module_name_map
+
+AdapterSource = LycorisNetwork | dict | str | Path
+
+
+@contextmanager
+def _dylora_full_rank_alpha(network: LycorisNetwork) -> Iterator[None]:
+    mods = [m for m in network.loras if isinstance(m, DyLoraModule)]
+    saved = [m.alpha.clone() for m in mods]
+    for m in mods:
+        m.alpha.mul_(m.block_size)
+    try:
+        yield
+    finally:
+        for m, a in zip(mods, saved):
+            m.alpha.copy_(a)
+
+
+@torch.no_grad()
+def adapter_state_dict(network: LycorisNetwork) -> dict[str, torch.Tensor]:
+    """The tensors `save_weights` writes (lycoris key format), detached copies on the CPU."""
+    with _dylora_full_rank_alpha(network):
+        return {k: v.detach().to("cpu").clone() for k, v in network.state_dict().items()}
+
+
+def adapter_metadata(network: LycorisNetwork, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """kohya/LyCORIS-style metadata (ss_network_*) plus the full AdapterSpec."""
+    spec: AdapterSpec | None = getattr(network, "kohakumoss_spec", None)
+    meta = {"ss_network_module": "lycoris.kohya", "modelspec.architecture": "moss-image/lycoris"}
+    if spec is not None:
+        args = {"algo": spec.algo, "preset": spec.preset, "dropout": spec.dropout, **spec.algo_args}
+        meta.update(
+            ss_network_dim=str(spec.rank),
+            ss_network_alpha=str(spec.alpha),
+            ss_network_args=json.dumps(args),
+            **{SPEC_METADATA_KEY: spec.to_json()},
+        )
+    meta.update(extra or {})
+    return meta
+
+
+def save_adapter(
+    network: LycorisNetwork,
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    metadata: dict[str, str] | None = None,
+) -> Path:
+    """Write the LyCORIS file with `save_weights` (atomically: temp name, then one rename)."""
+    path = Path(path)
+    if path.suffix != ".safetensors":
+        raise CheckpointError(path, "adapter files are .safetensors")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.partial.safetensors")
+    try:
+        with _dylora_full_rank_alpha(network):
+            network.save_weights(str(tmp), dtype, adapter_metadata(network, metadata))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def read_adapter(source: dict | str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(lycoris state dict, metadata) from a file or an in-memory state dict."""
+    if isinstance(source, dict):
+        return source, {}
+    path = Path(source)
+    if not path.is_file():
+        raise CheckpointError(path, "no such adapter file")
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    return load_file(str(path)), metadata
+
+
+def read_spec(path: str | Path) -> AdapterSpec | None:
+    _, metadata = read_adapter(path)
+    return AdapterSpec.from_json(metadata[SPEC_METADATA_KEY]) if SPEC_METADATA_KEY in metadata else None
+
+
+def _ia3_modules(model: nn.Module, sd: dict, names: set[str], multiplier: float) -> list[IA3Module]:
+    by_name = module_name_map(model)
+    out = []
+    for name in sorted(names):
+        on_input = bool(int(sd[f"{name}.on_input"]))
+        module = IA3Module(name, model.get_submodule(by_name[name]), multiplier, train_on_input=on_input)
+        module.weight.data.copy_(sd[f"{name}.weight"])
+        out.append(module)
+    return out
+
+
+def load_adapter(
+    model: nn.Module, source: AdapterSource, multiplier: float = 1.0, apply: bool = True
+) -> LycorisNetwork:
+    """Rebuild a network from a LyCORIS file (or state dict, or a live network's state) onto `model`."""
+    if isinstance(source, LycorisNetwork):
+        source = adapter_state_dict(source)
+    sd, _ = read_adapter(source)
+    where = source if isinstance(source, (str, Path)) else "<state dict>"
+    prefixes = {k.split(".", 1)[0] for k in sd if "." in k}
+    known = module_name_map(model)
+    foreign = sorted(prefixes - set(known))
+    if foreign:
+        raise CheckpointError(
+            where, f"{len(foreign)} adapter modules name no module of this model: {foreign[:5]}"
+        )
+    ia3 = {p for p in prefixes if f"{p}.on_input" in sd}
+    rest = {k: v for k, v in sd.items() if k.split(".", 1)[0] not in ia3}
+    network, _ = create_lycoris_from_weights(multiplier, "", model, weights_sd=rest)
+    network.loras.extend(_ia3_modules(model, sd, ia3, multiplier))
+    loaded = {m.lora_name for m in network.loras}
+    if loaded != prefixes:
+        raise CheckpointError(
+            where, f"lycoris could not rebuild {sorted(prefixes - loaded)[:5]} (unknown algorithm?)"
+        )
+    device = next(model.parameters()).device
+    for module in network.loras:  # not yet registered on the network: move each one
+        module.to(device)
+    if apply:
+        network.apply_to()
+    network.requires_grad_(False)
+    return network

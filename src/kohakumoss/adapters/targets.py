@@ -1,0 +1,81 @@
+"""Which MOSS modules an adapter wraps: named presets and custom patterns, as a LyCORIS preset dict.
+
+Patterns are full-name regexes (anchored at both ends) over `MossBackbone.named_modules()`; a custom
+preset may use globs instead (`blocks.*.attn.q_proj`). Only nn.Linear modules are ever adapted.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Sequence
+
+from torch import nn
+
+from kohakumoss_common.errors import ConfigError
+
+LORA_PREFIX = "lycoris"
+
+_ATTN = [r"blocks\.\d+\.attn\.(q_proj|k_proj|v_proj|o_proj)"]
+_MLP = [r"blocks\.\d+\.mlp\.(gate_up_proj|up_proj|down_proj)"]
+_REST = [
+    r"img_in",
+    r"txt_in",
+    r"time_embed\.linear_[12]",
+    r"blocks\.\d+\.modulation",
+    r"final\.modulation",
+    r"final\.proj",
+]
+
+TARGET_PRESETS: dict[str, list[str]] = {
+    "attn": _ATTN,
+    "attn-mlp": _ATTN + _MLP,
+    "full": _ATTN + _MLP + _REST,
+}
+
+
+def target_patterns(preset: str, patterns: Sequence[str] | None = None) -> tuple[list[str], bool]:
+    """(patterns, use_fnmatch) for a preset name; 'custom' takes `patterns` (globs if any has '*')."""
+    if preset == "custom":
+        if not patterns:
+            raise ConfigError("TARGET_PATTERNS", "preset 'custom' needs at least one module name pattern")
+        globs = any("*" in p or "?" in p for p in patterns) and not any("\\" in p for p in patterns)
+        return list(patterns), globs
+    if preset not in TARGET_PRESETS:
+        raise ConfigError("TARGET_PRESET", f"unknown preset '{preset}'; known: {[*TARGET_PRESETS, 'custom']}")
+    return list(TARGET_PRESETS[preset]), False
+
+
+def lycoris_preset(patterns: Sequence[str], use_fnmatch: bool) -> dict:
+    """The LyCORIS preset dict (for `LycorisNetwork.apply_preset`) that targets exactly these names."""
+    names = list(patterns) if use_fnmatch else [f"(?:{p})$" for p in patterns]
+    return {
+        "enable_conv": False,
+        "target_module": [],
+        "target_name": names,
+        "module_algo_map": {},
+        "name_algo_map": {},
+        "exclude_name": [],
+        "use_fnmatch": use_fnmatch,
+        "lora_prefix": LORA_PREFIX,
+    }
+
+
+def matched_modules(model: nn.Module, patterns: Sequence[str], use_fnmatch: bool) -> list[str]:
+    """Names of the nn.Linear modules the patterns select (what the adapter will wrap)."""
+    if use_fnmatch:
+        hit = lambda name: any(fnmatch.fnmatch(name, p) for p in patterns)  # noqa: E731
+    else:
+        compiled = [re.compile(f"(?:{p})$") for p in patterns]
+        hit = lambda name: any(c.match(name) for c in compiled)  # noqa: E731
+    return [n for n, m in model.named_modules() if n and isinstance(m, nn.Linear) and hit(n)]
+
+
+def lycoris_name(module_name: str) -> str:
+    """LyCORIS's key prefix for a module: 'blocks.0.attn.q_proj' -> 'lycoris_blocks_0_attn_q_proj'."""
+    return f"{LORA_PREFIX}_{module_name}".replace(".", "_")
+
+
+def module_name_map(model: nn.Module) -> dict[str, str]:
+    """lycoris name -> native module name, for every module of the model."""
+    return {lycoris_name(n): n for n, _ in model.named_modules() if n}

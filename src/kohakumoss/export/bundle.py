@@ -1,0 +1,63 @@
+"""One call that writes every export of a run or checkpoint into a folder.
+
+<name>-lycoris.safetensors   LyCORIS file (adapter runs)
+<name>-comfy.safetensors     ComfyUI-format adapter (adapter runs)
+merged/                      merged transformer, `merged_layout` keys (optional; always for full FT)
+transformer/                 diffusers-layout transformer + config.json (optional)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from lycoris import LycorisNetwork
+
+from kohakumoss.adapters.io import adapter_metadata, adapter_state_dict, save_adapter
+from kohakumoss.model import MossBackbone
+from kohakumoss_common.io import save_safetensors
+
+from .comfy_lora import to_comfy_adapter
+from .merged import save_merged
+
+
+def save_comfy_adapter(
+    model: MossBackbone, network: LycorisNetwork | dict, path: str | Path, dtype: torch.dtype | None = None
+) -> dict[str, str]:
+    """Write the ComfyUI-format adapter; returns {comfy module: format} (lora, loha, lokr or diff)."""
+    comfy = to_comfy_adapter(model, network, dtype)
+    meta = adapter_metadata(network) if isinstance(network, LycorisNetwork) else {}
+    meta.update(kohakumoss_format="comfy", kohakumoss_comfy_formats=json.dumps(comfy.formats, sort_keys=True))
+    save_safetensors(comfy.tensors, path, meta)
+    return comfy.formats
+
+
+def export_all(
+    model: MossBackbone,
+    network: LycorisNetwork | None,
+    directory: str | Path,
+    name: str,
+    save_merged_model: bool = False,
+    merged_layout: str = "comfy",
+    save_diffusers: bool = False,
+    dtype: torch.dtype | None = torch.bfloat16,
+    adapter_dtype: torch.dtype | None = None,
+) -> dict[str, Path]:
+    """Write the exports of an adapter run (network given) or a full fine-tune (network None)."""
+    directory = Path(directory)
+    written: dict[str, Path] = {}
+    source = None
+    if network is not None:
+        source = adapter_state_dict(network)
+        written["lycoris"] = save_adapter(network, directory / f"{name}-lycoris.safetensors", adapter_dtype)
+        comfy = directory / f"{name}-comfy.safetensors"
+        save_comfy_adapter(model, network, comfy, adapter_dtype)
+        written["comfy"] = comfy
+    if save_merged_model or network is None:
+        save_merged(model, source, directory / "merged", merged_layout, dtype)
+        written["merged"] = directory / "merged"
+    if save_diffusers:
+        save_merged(model, source, directory / "transformer", "hf", dtype)
+        written["diffusers"] = directory / "transformer"
+    return written

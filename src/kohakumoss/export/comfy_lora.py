@@ -1,0 +1,168 @@
+"""The ComfyUI-format adapter: LyCORIS keys on ComfyUI's MOSS module names, q/k/v repacked to fused qkv.
+
+ComfyUI stores q, k, v as one matrix W_qkv = [W_q; W_k; W_v] (rows stacked). Per algorithm:
+
+- LoRA / LoCon / DyLoRA (saved at full rank): dW_i = s_i U_i D_i with s_i = alpha_i / r_i. Then
+      dW_qkv = [s_q U_q D_q; s_k U_k D_k; s_v U_v D_v] = blockdiag(s_q U_q, s_k U_k, s_v U_v) @ [D_q; D_k; D_v]
+  so the fused LoRA has down = concat of the downs along the rank axis (R = r_q + r_k + r_v rows), up =
+  the block-diagonal of the ups (3 out x R). ComfyUI scales by alpha / R; when every s_i equals s the
+  file keeps alpha = s R, otherwise s_i / s is folded into each up block with s = 1. A member without
+  an adapter contributes zero rows.
+- LoHa: dW_i = s_i (A1_i B1_i) * (A2_i B2_i) (elementwise). Stacking rows of Hadamard products is the
+  Hadamard product of the stacked factors, and each stack is again block-diagonal @ concat:
+  A1 = blockdiag(s_i/s A1_i), B1 = [B1_i], A2 = blockdiag(A2_i), B2 = [B2_i]; alpha = s R.
+- LoKr: a row stack of Kronecker products is not a Kronecker product; fused q/k/v fall back to `diff`.
+  Modules stored alone keep their lokr_* keys.
+- DoRA, OFT, BOFT, GLoRA, IA3, T-LoRA, and Tucker (mid/t) variants: a `diff` key (the full weight
+  difference merged - base, computed by lycoris), which ComfyUI adds as is.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from kohakumoss.adapters.io import AdapterSource, adapter_state_dict, read_adapter
+from kohakumoss.adapters.merge import weight_diffs
+from kohakumoss.adapters.targets import module_name_map
+from kohakumoss_common.errors import CheckpointError
+
+from .comfy_keys import COMFY_PREFIX, comfy_module, fused_slot
+
+LORA_KEYS = ("lora_up.weight", "lora_down.weight")
+LOHA_KEYS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
+
+
+@dataclass
+class ComfyAdapter:
+    tensors: dict[str, torch.Tensor]
+    formats: dict[str, str] = field(default_factory=dict)  # comfy module -> lora | loha | lokr | diff
+
+
+def _kind(entry: dict[str, torch.Tensor]) -> str:
+    names = set(entry)
+    if set(LORA_KEYS) <= names and not names & {"lora_mid.weight", "dora_scale"}:
+        return "lora"
+    if set(LOHA_KEYS) <= names and not names & {"hada_t1", "hada_t2", "dora_scale"}:
+        return "loha"
+    if any(n.startswith("lokr_") for n in names) and "dora_scale" not in names and "lokr_t2" not in names:
+        return "lokr"
+    return "diff"
+
+
+def _scale(entry: dict[str, torch.Tensor], rank: int) -> float:
+    return float(entry["alpha"]) / rank if "alpha" in entry else 1.0
+
+
+def _factors(
+    entry: dict[str, torch.Tensor], kind: str
+) -> tuple[list[torch.Tensor], list[torch.Tensor], float]:
+    """([up factors], [down factors], scale) of one module: one pair for LoRA, two for LoHa."""
+    if kind == "lora":
+        up, down = [entry["lora_up.weight"]], [entry["lora_down.weight"]]
+    else:
+        up, down = [entry["hada_w1_a"], entry["hada_w2_a"]], [entry["hada_w1_b"], entry["hada_w2_b"]]
+    return up, down, _scale(entry, down[0].shape[0])
+
+
+def _fuse(members: list[str], entries: dict[str, dict], out_dims: list[int], in_dim: int, kind: str) -> dict:
+    """Block-diagonal ups @ concatenated downs (see the module docstring); missing members are rank 0."""
+    pairs = 1 if kind == "lora" else 2
+    ups: list[list[torch.Tensor]] = [[] for _ in range(pairs)]
+    downs: list[list[torch.Tensor]] = [[] for _ in range(pairs)]
+    scales: list[float | None] = []
+    for name, out in zip(members, out_dims):
+        if name in entries:
+            up, down, s = _factors(entries[name], kind)
+        else:
+            up, down, s = [torch.zeros(out, 0)] * pairs, [torch.zeros(0, in_dim)] * pairs, None
+        for j in range(pairs):
+            ups[j].append(up[j].float())
+            downs[j].append(down[j].float())
+        scales.append(s)
+    known = [s for s in scales if s is not None]
+    same = all(abs(s - known[0]) <= 1e-12 * max(1.0, abs(known[0])) for s in known)
+    common = known[0] if same else 1.0
+    folded = [u * ((s if s is not None else common) / common) for u, s in zip(ups[0], scales)]
+    fused_up = [torch.block_diag(*folded)] + [torch.block_diag(*u) for u in ups[1:]]
+    fused_down = [torch.cat(d, 0) for d in downs]
+    alpha = torch.tensor(common * fused_down[0].shape[0])
+    if kind == "lora":
+        return {"lora_up.weight": fused_up[0], "lora_down.weight": fused_down[0], "alpha": alpha}
+    return {
+        "hada_w1_a": fused_up[0],
+        "hada_w1_b": fused_down[0],
+        "hada_w2_a": fused_up[1],
+        "hada_w2_b": fused_down[1],
+        "alpha": alpha,
+    }
+
+
+def to_comfy_adapter(
+    model: nn.Module, source: AdapterSource, dtype: torch.dtype | None = None
+) -> ComfyAdapter:
+    """ComfyUI-format tensors for an adapter on `model` (weights are only read for `diff` fallbacks)."""
+    sd, _ = read_adapter(adapter_state_dict(source) if isinstance(source, nn.Module) else source)
+    names = module_name_map(model)
+    entries: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
+    for key, t in sd.items():
+        prefix, _, rest = key.partition(".")
+        if prefix not in names:
+            raise CheckpointError(prefix, "adapter module names no module of this model")
+        entries[names[prefix]][rest] = t
+    groups: dict[str, list[str]] = defaultdict(list)
+    singles = []
+    for name in entries:
+        slot = fused_slot(name)
+        if slot is None:
+            singles.append(name)
+        else:
+            groups[slot.target] = list(slot.members)
+    out = ComfyAdapter({})
+    need_diff: dict[str, list[str]] = {}  # comfy module -> native members (one, or the fused group)
+    for name in singles:
+        kind = _kind(entries[name])
+        target = comfy_module(name)
+        if kind == "diff":
+            need_diff[target] = [name]
+            continue
+        out.formats[target] = kind
+        out.tensors.update(
+            {f"{COMFY_PREFIX}{target}.{k}": v for k, v in entries[name].items() if k != "dora_scale"}
+        )
+    for target, members in groups.items():
+        kinds = {_kind(entries[m]) for m in members if m in entries}
+        if len(kinds) == 1 and kinds <= {"lora", "loha"}:
+            kind = kinds.pop()
+            weights = [model.get_submodule(m).weight for m in members]
+            fused = _fuse(members, entries, [w.shape[0] for w in weights], weights[0].shape[1], kind)
+            out.formats[target] = kind
+            out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in fused.items()})
+        else:
+            need_diff[target] = members
+    if need_diff:
+        wanted = {m for ms in need_diff.values() for m in ms}
+        subset = {k: v for k, v in sd.items() if names[k.partition(".")[0]] in wanted}
+        diffs = weight_diffs(model, subset)
+        for target, members in need_diff.items():
+            parts = [
+                diffs.get(f"{m}.weight", torch.zeros_like(model.get_submodule(m).weight, dtype=torch.float32))
+                for m in members
+            ]
+            out.tensors[f"{COMFY_PREFIX}{target}.diff"] = torch.cat(parts, 0)
+            biases = [diffs.get(f"{m}.bias") for m in members]
+            if any(b is not None for b in biases):
+                out.tensors[f"{COMFY_PREFIX}{target}.diff_b"] = torch.cat(
+                    [
+                        b if b is not None else torch.zeros(model.get_submodule(m).weight.shape[0])
+                        for b, m in zip(biases, members)
+                    ]
+                )
+            out.formats[target] = "diff"
+    if dtype is not None:
+        out.tensors = {k: v.to(dtype) if v.is_floating_point() else v for k, v in out.tensors.items()}
+    out.tensors = {k: v.contiguous() for k, v in out.tensors.items()}
+    return out

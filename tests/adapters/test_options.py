@@ -1,0 +1,150 @@
+"""LoRA+ groups, dropouts, bypass vs merged forward, the T-LoRA mask, and load errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kohakumoss.adapters import (
+    adapter_param_groups,
+    adapter_state_dict,
+    build_adapter,
+    clear_tlora_mask,
+    is_up_param,
+    load_adapter,
+    set_tlora_sigma,
+    tlora_mask,
+)
+from kohakumoss.model import MossBackbone, get_preset
+from kohakumoss_common.errors import CheckpointError
+
+from .helpers import flow_batch, forward, tiny_model
+
+
+@pytest.mark.parametrize("algo", ["lora", "loha", "lokr", "glora", "tlora", "dylora"])
+def test_loraplus_puts_up_factors_in_their_own_group(monkeypatch, algo):
+    monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
+    net = build_adapter(
+        tiny_model(), algo, rank=4, alpha=4, preset="custom", patterns=[r"blocks\.0\.attn\.o_proj"]
+    )
+    groups = adapter_param_groups(net, 1e-4, up_lr_ratio=16.0)
+    assert [g["name"] for g in groups] == ["adapter", "adapter_up"]
+    assert groups[1]["lr"] == pytest.approx(1.6e-3) and groups[0]["lr"] == 1e-4
+    up_names = {n for n, p in net.named_parameters() if any(p is q for q in groups[1]["params"])}
+    assert up_names and all(is_up_param(n) for n in up_names)
+    assert sum(len(g["params"]) for g in groups) == len(list(net.parameters()))
+    assert len(adapter_param_groups(net, 1e-4)) == 1  # no ratio: one group
+
+
+def test_oft_has_no_up_group():
+    net = build_adapter(tiny_model(), "oft", rank=8, preset="attn")
+    assert [g["name"] for g in adapter_param_groups(net, 1e-4, up_lr_ratio=16.0)] == ["adapter"]
+
+
+def _nonzero(net):
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05)
+
+
+def test_dropouts_reach_lycoris_and_only_act_in_training():
+    batch = flow_batch()
+    model = tiny_model()
+    net = build_adapter(
+        model,
+        "lora",
+        rank=4,
+        alpha=4,
+        preset="attn",
+        bypass=True,
+        dropout=0.5,
+        rank_dropout=0.5,
+        module_dropout=0.5,
+    )
+    m = net.loras[0]
+    assert (m.dropout.p, m.rank_dropout, m.module_dropout, m.bypass_mode) == (0.5, 0.5, 0.5, True)
+    _nonzero(net)
+    net.train()
+    with torch.no_grad():
+        assert not torch.equal(forward(model, batch), forward(model, batch))
+    net.eval()
+    with torch.no_grad():
+        assert torch.equal(forward(model, batch), forward(model, batch))
+
+
+def test_bypass_and_merged_forward_agree():
+    batch = flow_batch()
+    outs = []
+    for bypass in (True, False):
+        model = tiny_model()
+        torch.manual_seed(0)
+        net = build_adapter(model, "lora", rank=4, alpha=2, preset="attn-mlp", bypass=bypass)
+        _nonzero(net)
+        net.eval()
+        with torch.no_grad():
+            outs.append(forward(model, batch))
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_tlora_mask_follows_sigma(monkeypatch):
+    assert tlora_mask(0.0, 8).sum() == 8  # clean image: every rank
+    assert tlora_mask(1.0, 8, min_rank=2).sum() == 2  # pure noise: min_rank
+    assert 2 < tlora_mask(0.5, 8, min_rank=2).sum() < 8
+    monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
+    batch = flow_batch()
+    model = tiny_model()
+    net = build_adapter(model, "tlora", rank=8, alpha=8, preset="attn")
+    _nonzero(net)
+    net.eval()
+    with torch.no_grad():
+        full = forward(model, batch)
+        set_tlora_sigma(torch.tensor([0.9, 1.0]), rank=8, min_rank=1)
+        masked = forward(model, batch)
+        clear_tlora_mask()
+        assert not torch.equal(full, masked) and torch.equal(forward(model, batch), full)
+
+
+def test_loading_onto_another_model_names_the_modules():
+    net = build_adapter(tiny_model(), "lora", rank=4, preset="full")
+    other = MossBackbone(get_preset("tiny").__class__(**{**get_preset("tiny").to_dict(), "depth": 2}))
+    with pytest.raises(CheckpointError, match="lycoris_blocks_2"):
+        load_adapter(other, adapter_state_dict(net))
+
+
+BYPASS_ALGOS = [
+    ("lora", {}),
+    ("loha", {}),
+    ("lokr", {"factor": 8}),
+    ("oft", {}),
+    ("boft", {}),
+    ("glora", {}),
+    ("ia3", {}),
+    ("tlora", {}),
+]
+
+
+@pytest.mark.parametrize("algo,args", BYPASS_ALGOS, ids=[a for a, _ in BYPASS_ALGOS])
+def test_bypass_equals_rebuild_forward_for_every_algo(monkeypatch, algo, args):
+    monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
+    batch = flow_batch()
+    outs = []
+    for bypass in (True, False):
+        model = tiny_model()
+        net = build_adapter(model, algo, rank=8, alpha=4, preset="attn", bypass=bypass, **args)
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(torch.randn(p.shape, generator=g) * 0.02)
+        net.eval()
+        with torch.no_grad():
+            outs.append(forward(model, batch))
+    assert (outs[0] - forward(tiny_model(), batch)).abs().max() > 1e-3
+    torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def test_bypass_combinations_lycoris_gets_wrong_are_refused():
+    from kohakumoss_common.errors import ConfigError
+
+    for algo, args in [("dora", {}), ("loha", {"dora_wd": True}), ("dylora", {})]:
+        with pytest.raises(ConfigError, match="BYPASS"):
+            build_adapter(tiny_model(), algo, rank=8, preset="attn", bypass=True, **args)
