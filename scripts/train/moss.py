@@ -15,11 +15,11 @@ WEIGHTS = ""  # DiT checkpoint: file, index json or folder, any layout (native /
 MODEL_PRESET = (
     ""  # with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks
 )
-TEXT_ENCODER = ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file
+TEXT_ENCODER = ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file ("synthetic": benchmarks only)
 TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
-VAE = ""  # FLUX.2 VAE: diffusers folder or single file
+VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks only)
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)

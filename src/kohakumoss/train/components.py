@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
+from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.model import MossBackbone, get_preset
 from kohakumoss.model.io import load_backbone
 from kohakumoss_common.errors import ConfigError
@@ -61,9 +62,12 @@ def build_backbone(
     return model
 
 
-def build_text_encoder(k: dict[str, Any], device: torch.device) -> TextEncoder | None:
+def build_text_encoder(k: dict[str, Any], device: torch.device, text_dim: int) -> TextEncoder | None:
     if not k["TEXT_ENCODER"]:
         return None
+    if k["TEXT_ENCODER"] == "synthetic":
+        log.warning("TEXT_ENCODER='synthetic': fixed random word vectors, for benchmarks and smoke runs only")
+        return SyntheticTextEncoder(text_dim, int(k["SEED"]), device)
     kwargs: dict[str, Any] = dict(
         path=k["TEXT_ENCODER"],
         layers=tuple(k["TEXT_LAYERS"]),
@@ -80,6 +84,9 @@ def build_text_encoder(k: dict[str, Any], device: torch.device) -> TextEncoder |
 def build_vae(k: dict[str, Any], device: torch.device) -> ImageVAE | None:
     if not k["VAE"]:
         return None
+    if k["VAE"] == "synthetic":
+        log.warning("VAE='synthetic': a fixed random patch projection, for benchmarks and smoke runs only")
+        return SyntheticVAE(int(k["SEED"]), device)
     return ImageVAE.load(
         k["VAE"], dtype=torch.float32 if device.type == "cpu" else torch.bfloat16, device=device
     )
@@ -91,4 +98,5 @@ def build_components(k: dict[str, Any]) -> Components:
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
     backbone = build_backbone(k, device, dtype, k["ALGO"] == "full")
-    return Components(device, dtype, backbone, build_text_encoder(k, device), build_vae(k, device))
+    text_encoder = build_text_encoder(k, device, backbone.config.text_dim)
+    return Components(device, dtype, backbone, text_encoder, build_vae(k, device))

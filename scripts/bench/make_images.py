@@ -1,0 +1,33 @@
+"""Write N synthetic images with captions as a kohya folder (smoke runs where no dataset exists).
+
+    python scripts/bench/make_images.py OUT_DIR [N] [SIZE]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+WORDS = ["red", "blue", "green", "gold", "stripes", "waves", "grid", "dots", "soft", "sharp"]
+
+
+def main() -> None:
+    out, n, size = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 16, int(sys.argv[3]) if len(sys.argv) > 3 else 1024
+    folder = out / "1_smoke"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    yy, xx = np.mgrid[0:size, 0:size] / size
+    for i in range(n):
+        f = rng.uniform(2, 12, 3)
+        img = np.stack([np.sin(f[c] * (xx + (c + 1) * yy) + i) for c in range(3)], -1) * 0.4 + 0.5
+        img += rng.normal(0, 0.05, img.shape)
+        Image.fromarray((img.clip(0, 1) * 255).astype(np.uint8)).save(folder / f"img_{i:03d}.jpg", quality=90)
+        (folder / f"img_{i:03d}.txt").write_text(" ".join(rng.choice(WORDS, 4)))
+    print(f"{n} images of {size}x{size} in {folder}")
+
+
+if __name__ == "__main__":
+    main()
