@@ -1,6 +1,6 @@
 """Write N synthetic images with captions as a kohya folder (smoke runs where no dataset exists).
 
-    python scripts/bench/make_images.py OUT_DIR [N] [SIZE]
+python scripts/bench/make_images.py OUT_DIR [N] [SIZE]
 """
 
 from __future__ import annotations
@@ -15,7 +15,11 @@ WORDS = ["red", "blue", "green", "gold", "stripes", "waves", "grid", "dots", "so
 
 
 def main() -> None:
-    out, n, size = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 16, int(sys.argv[3]) if len(sys.argv) > 3 else 1024
+    out, n, size = (
+        Path(sys.argv[1]),
+        int(sys.argv[2]) if len(sys.argv) > 2 else 16,
+        int(sys.argv[3]) if len(sys.argv) > 3 else 1024,
+    )
     folder = out / "1_smoke"
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)

@@ -15,7 +15,9 @@ WEIGHTS = ""  # DiT checkpoint: file, index json or folder, any layout (native /
 MODEL_PRESET = (
     ""  # with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks
 )
-TEXT_ENCODER = ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file ("synthetic": benchmarks only)
+TEXT_ENCODER = (
+    ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file ("synthetic": benchmarks only)
+)
 TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)

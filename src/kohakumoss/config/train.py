@@ -32,6 +32,7 @@ def _exists_or_synthetic(value: str, knob: str) -> str | None:
         return None
     return f"path '{value}' does not exist"
 
+
 TRAIN_KNOBS = [
     # model and weights
     Knob(
@@ -45,11 +46,21 @@ TRAIN_KNOBS = [
         "",
         "with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks",
     ),
-    Knob("TEXT_ENCODER", "", "Qwen3.5 text encoder: HF folder or single ComfyUI-style file ('synthetic': benchmarks only)", check=lambda v: _exists_or_synthetic(v, "TEXT_ENCODER")),
+    Knob(
+        "TEXT_ENCODER",
+        "",
+        "Qwen3.5 text encoder: HF folder or single ComfyUI-style file ('synthetic': benchmarks only)",
+        check=lambda v: _exists_or_synthetic(v, "TEXT_ENCODER"),
+    ),
     Knob("TOKENIZER", "", "tokenizer folder (needed with a single-file text encoder)", path="any"),
     Knob("TEXT_TEMPLATE", "", "prompt template with {caption}; empty: the encoder's default"),
     Knob("TEXT_LAYERS", [-1], "hidden-state layer(s) of the text encoder (HF numbering)", type=list),
-    Knob("VAE", "", "FLUX.2 VAE: diffusers folder or single file ('synthetic': benchmarks only)", check=lambda v: _exists_or_synthetic(v, "VAE")),
+    Knob(
+        "VAE",
+        "",
+        "FLUX.2 VAE: diffusers folder or single file ('synthetic': benchmarks only)",
+        check=lambda v: _exists_or_synthetic(v, "VAE"),
+    ),
     Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),
     Knob(
         "PRECISION",

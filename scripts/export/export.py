@@ -1,0 +1,65 @@
+"""Export any checkpoint again: the ComfyUI adapter, the LyCORIS file, merged and diffusers transformers.
+
+    kogine run scripts/export/export.py --set WEIGHTS=ComfyUI/models \
+        --set ADAPTER=runs/moss/my-lora/checkpoints/step_00001000 --set OUT=exports --set SAVE_MERGED=True
+"""
+
+import sys
+
+WEIGHTS = ""  # base DiT checkpoint (any layout) the adapter was trained on
+MODEL_PRESET = ""  # with WEIGHTS empty: random weights of this preset (tests only)
+ADAPTER = ""  # a checkpoint folder (or its trainable.safetensors), or a LyCORIS file
+OUT = "export"  # output folder
+NAME = ""  # file name stem (default: RUN_NAME-stepXXXXX, or the adapter file's stem)
+SAVE_MERGED = False  # also write the merged transformer
+MERGED_LAYOUT = "comfy"  # key layout of the merged transformer
+SAVE_DIFFUSERS = False  # also write a diffusers-layout transformer
+USE_EMA = False  # export the checkpoint's EMA weights instead of the raw ones
+DTYPE = "bf16"  # dtype of merged / diffusers weights
+SEED = 0  # seed of MODEL_PRESET's random weights
+
+
+def run(k: dict) -> None:
+    import torch
+
+    from kohakumoss.export.from_checkpoint import export_checkpoint
+    from kohakumoss.model import MossBackbone, get_preset
+    from kohakumoss.model.io import load_backbone
+    from kohakumoss_common.errors import ConfigError
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[k["DTYPE"]]
+    if not k["ADAPTER"]:
+        raise ConfigError("ADAPTER", "set ADAPTER to a checkpoint folder or a LyCORIS file")
+    if k["WEIGHTS"]:
+        model = load_backbone(k["WEIGHTS"], dtype=torch.float32)
+    elif k["MODEL_PRESET"]:
+        model = MossBackbone(get_preset(k["MODEL_PRESET"])).init_weights(
+            0.02, torch.Generator().manual_seed(k["SEED"])
+        )
+    else:
+        raise ConfigError("WEIGHTS", "set WEIGHTS to the base DiT the adapter was trained on")
+    model.requires_grad_(False)
+    written = export_checkpoint(
+        model,
+        k["ADAPTER"],
+        k["OUT"],
+        k["NAME"],
+        k["SAVE_MERGED"],
+        k["MERGED_LAYOUT"],
+        k["SAVE_DIFFUSERS"],
+        k["USE_EMA"],
+        dtype,
+    )
+    for kind, path in written.items():
+        print(f"{kind}: {path}")
+
+
+def main() -> None:
+    from kohakumoss.config.export import EXPORT_SCHEMA
+    from kohakumoss.config.knobs import run_checked
+
+    sys.exit(run_checked(EXPORT_SCHEMA, globals(), run, "scripts/export/export.py"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Sample images with MOSS-Image, optionally with adapters (LyCORIS files or checkpoints) at multipliers.
+
+    kogine run scripts/sample/sample.py --config configs/user/my-lora-sample.py \
+        --set PROMPT="a lighthouse on a rocky coast at sunset" --set COUNT=4
+
+Writes OUT_DIR/NNNN_seedS.png (prompt and settings in the PNG metadata) and OUT_DIR/grid.png.
+"""
+
+import sys
+
+WEIGHTS = ""  # DiT checkpoint: file, index json or folder, any layout
+MODEL_PRESET = ""  # with WEIGHTS empty: random weights of this preset (tests only)
+TEXT_ENCODER = ""  # Qwen3.5 text encoder: HF folder or single file
+TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
+TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
+TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder
+VAE = ""  # FLUX.2 VAE: diffusers folder or single file
+ADAPTERS = []  # adapter files or checkpoint folders; an entry may be [path, multiplier]
+PROMPT = ""  # the prompt (or use PROMPT_FILE)
+PROMPT_FILE = ""  # a text file with one prompt per line
+NEGATIVE = ""  # negative prompt (the unconditional side of CFG)
+CFG = 3.0  # classifier-free guidance scale (1: no guidance)
+STEPS = 32  # sampler steps
+SEED = 0  # first seed; image i of a prompt uses SEED + i
+SEEDS = []  # explicit seeds (override SEED and COUNT)
+COUNT = 1  # images per prompt
+WIDTH = 1024  # width in px (multiple of 16)
+HEIGHT = 1024  # height in px (multiple of 16)
+SHIFT = "resolution"  # sigma schedule shift
+STATIC_SHIFT = 3.0  # shift for SHIFT='static'
+BATCH = 4  # images per packed sampler call
+OUT_DIR = "samples"  # where PNGs and the grid are written
+GRID = True  # also write grid.png of every image
+DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
+PRECISION = "bf16"  # compute precision
+
+
+def run(k: dict) -> None:
+    from kohakumoss.diffusion.sample_run import sample_images
+    from kohakumoss.train.components import (
+        PRECISION_DTYPES,
+        build_backbone,
+        build_text_encoder,
+        build_vae,
+        resolve_device,
+    )
+
+    device, dtype = resolve_device(k["DEVICE"]), PRECISION_DTYPES[k["PRECISION"]]
+    model = build_backbone({**k, "OPS_BACKEND": "auto"}, device, dtype, full_ft=False)
+    text_encoder = build_text_encoder(k, device, model.config.text_dim)
+    vae = build_vae(k, device)
+    for path in sample_images(k, model, text_encoder, vae, device, dtype):
+        print(path)
+
+
+def main() -> None:
+    from kohakumoss.config.knobs import run_checked
+    from kohakumoss.config.sample import SAMPLE_SCHEMA
+
+    sys.exit(run_checked(SAMPLE_SCHEMA, globals(), run, "scripts/sample/sample.py"))
+
+
+if __name__ == "__main__":
+    main()

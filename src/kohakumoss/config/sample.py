@@ -1,0 +1,48 @@
+"""The knobs of scripts/sample/sample.py."""
+
+from __future__ import annotations
+
+from .knobs import Knob, Schema
+from .train import PRECISIONS, _exists_or_synthetic
+
+SAMPLE_KNOBS = [
+    Knob("WEIGHTS", "", "DiT checkpoint: file, index json or folder, any layout", path="any"),
+    Knob("MODEL_PRESET", "", "with WEIGHTS empty: random weights of this preset (tests only)"),
+    Knob(
+        "TEXT_ENCODER",
+        "",
+        "Qwen3.5 text encoder: HF folder or single file",
+        check=lambda v: _exists_or_synthetic(v, "TEXT_ENCODER"),
+    ),
+    Knob("TOKENIZER", "", "tokenizer folder (needed with a single-file text encoder)", path="any"),
+    Knob("TEXT_TEMPLATE", "", "prompt template with {caption}; empty: the encoder's default"),
+    Knob("TEXT_LAYERS", [-1], "hidden-state layer(s) of the text encoder", type=list),
+    Knob(
+        "VAE",
+        "",
+        "FLUX.2 VAE: diffusers folder or single file",
+        check=lambda v: _exists_or_synthetic(v, "VAE"),
+    ),
+    Knob(
+        "ADAPTERS", [], "adapter files or checkpoint folders; an entry may be [path, multiplier]", type=list
+    ),
+    Knob("PROMPT", "", "the prompt (or use PROMPT_FILE)"),
+    Knob("PROMPT_FILE", "", "a text file with one prompt per line", path="file"),
+    Knob("NEGATIVE", "", "negative prompt (the unconditional side of CFG)"),
+    Knob("CFG", 3.0, "classifier-free guidance scale (1: no guidance)", min=0.0),
+    Knob("STEPS", 32, "sampler steps", min=1),
+    Knob("SEED", 0, "first seed; image i of a prompt uses SEED + i"),
+    Knob("SEEDS", [], "explicit seeds (override SEED and COUNT)", type=list),
+    Knob("COUNT", 1, "images per prompt", min=1),
+    Knob("WIDTH", 1024, "width in px (multiple of 16)", min=16),
+    Knob("HEIGHT", 1024, "height in px (multiple of 16)", min=16),
+    Knob("SHIFT", "resolution", "sigma schedule shift", choices=("none", "static", "resolution")),
+    Knob("STATIC_SHIFT", 3.0, "shift for SHIFT='static'", min=1e-3),
+    Knob("BATCH", 4, "images per packed sampler call", min=1),
+    Knob("OUT_DIR", "samples", "where PNGs and the grid are written"),
+    Knob("GRID", True, "also write grid.png of every image"),
+    Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),
+    Knob("PRECISION", "bf16", "compute precision", choices=PRECISIONS),
+]
+
+SAMPLE_SCHEMA = Schema(SAMPLE_KNOBS)

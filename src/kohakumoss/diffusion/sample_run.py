@@ -1,0 +1,108 @@
+"""What scripts/sample/sample.py does: load, attach adapters, sample in packed batches, write PNGs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import PngImagePlugin
+
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.log import get_logger
+
+from .generate import GenerationRequest, generate
+from .sampler import SamplerConfig
+from .timestep import TimestepConfig
+
+log = get_logger(__name__)
+
+
+def read_prompts(k: dict[str, Any]) -> list[str]:
+    prompts = [k["PROMPT"]] if k["PROMPT"] else []
+    if k["PROMPT_FILE"]:
+        prompts += [
+            line.strip()
+            for line in Path(k["PROMPT_FILE"]).read_text(encoding="utf-8").splitlines()
+            if line.strip()
+        ]
+    if not prompts:
+        raise ConfigError("PROMPT", "set PROMPT or PROMPT_FILE")
+    return prompts
+
+
+def requests_for(k: dict[str, Any], prompts: list[str]) -> list[GenerationRequest]:
+    seeds = [int(s) for s in k["SEEDS"]] or [int(k["SEED"]) + i for i in range(int(k["COUNT"]))]
+    return [
+        GenerationRequest(p, s, int(k["WIDTH"]), int(k["HEIGHT"]), k["NEGATIVE"])
+        for p in prompts
+        for s in seeds
+    ]
+
+
+def adapter_entries(k: dict[str, Any]) -> list[tuple[str, float]]:
+    out = []
+    for entry in k["ADAPTERS"]:
+        path, mult = (entry, 1.0) if isinstance(entry, str) else (entry[0], float(entry[1]))
+        if not Path(path).exists():
+            raise ConfigError("ADAPTERS", f"adapter '{path}' does not exist")
+        out.append((path, mult))
+    return out
+
+
+def png_info(
+    request: GenerationRequest, k: dict[str, Any], adapters: list[tuple[str, float]]
+) -> PngImagePlugin.PngInfo:
+    info = PngImagePlugin.PngInfo()
+    settings = dict(
+        prompt=request.prompt,
+        negative=request.negative,
+        seed=request.seed,
+        width=request.width,
+        height=request.height,
+        steps=k["STEPS"],
+        cfg=k["CFG"],
+        shift=k["SHIFT"],
+        weights=k["WEIGHTS"] or k["MODEL_PRESET"],
+        adapters=adapters,
+    )
+    info.add_text("prompt", request.prompt)
+    info.add_text("kohakumoss", json.dumps(settings))
+    return info
+
+
+def sample_images(
+    k: dict[str, Any], model, text_encoder, vae, device: torch.device, dtype: torch.dtype
+) -> list[Path]:
+    from kohakumoss.export.from_checkpoint import attach
+    from kohakumoss.train.samples import grid
+
+    adapters = adapter_entries(k)
+    for path, mult in adapters:
+        attach(model, path, multiplier=mult)
+        log.info(f"adapter {path} x {mult}")
+    requests = requests_for(k, read_prompts(k))
+    config = SamplerConfig(
+        int(k["STEPS"]), float(k["CFG"]), TimestepConfig(shift=k["SHIFT"], static_shift=k["STATIC_SHIFT"])
+    )
+    out = Path(k["OUT_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    paths, images = [], []
+    batch = int(k["BATCH"])
+    model.eval()
+    for start in range(0, len(requests), batch):
+        chunk = requests[start : start + batch]
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            pics = generate(model, text_encoder, vae, chunk, config, model.config.in_channels, device)
+        for i, (req, im) in enumerate(zip(chunk, pics)):
+            path = out / f"{start + i:04d}_seed{req.seed}.png"
+            im.save(path, pnginfo=png_info(req, k, adapters))
+            paths.append(path)
+            images.append(im)
+        log.info(f"{len(paths)}/{len(requests)} images")
+    if k["GRID"] and images:
+        cols = len(k["SEEDS"]) or int(k["COUNT"])
+        rows = [(f"prompt {r}", images[r * cols : (r + 1) * cols]) for r in range(len(images) // cols)]
+        grid(rows, [f"seed {req.seed}" for req in requests[:cols]]).save(out / "grid.png")
+    return paths

@@ -1,0 +1,95 @@
+"""Re-export any checkpoint later: rebuild its adapter (or full weights) onto a base model, then export.
+
+A checkpoint folder carries its run's knobs (config.json), so its adapter is rebuilt with the same
+algorithm and targets and filled with the saved trainable weights (or the EMA ones). A bare LyCORIS
+file is rebuilt by lycoris from its own keys.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from kohakumoss.adapters import build_adapter, load_adapter
+from kohakumoss.model import MossBackbone
+from kohakumoss.train.checkpoint import load_checkpoint
+from kohakumoss.train.state import load_trainable_state
+from kohakumoss_common.errors import CheckpointError
+
+from .bundle import export_all
+
+
+def checkpoint_folder(path: str | Path) -> Path | None:
+    """The checkpoint folder behind `path` (the folder itself, or its trainable.safetensors), else None."""
+    path = Path(path)
+    folder = path.parent if path.name == "trainable.safetensors" else path
+    return folder if (folder / "meta.json").is_file() else None
+
+
+def _ema_weights(ckpt, where: Path) -> dict[str, torch.Tensor]:
+    if ckpt.ema is None:
+        raise CheckpointError(where, "USE_EMA is set but the checkpoint holds no EMA (the run had EMA off)")
+    return ckpt.ema["shadow"]
+
+
+def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multiplier: float = 1.0):
+    """Put the adapter or full weights of `source` on `model`; returns (network or None, default name)."""
+    folder = checkpoint_folder(source)
+    if folder is None:
+        if use_ema:
+            raise CheckpointError(source, "USE_EMA needs a checkpoint folder, not a bare adapter file")
+        return load_adapter(model, source, multiplier=multiplier), Path(source).stem
+    ckpt = load_checkpoint(folder)
+    k = ckpt.config
+    weights = _ema_weights(ckpt, folder) if use_ema else ckpt.trainable
+    name = f"{k.get('RUN_NAME', 'moss')}-step{ckpt.step:05d}"
+    if k.get("ALGO") == "full":
+        model.requires_grad_(True)
+        load_trainable_state(model, {n: w for n, w in weights.items()}, folder)
+        model.requires_grad_(False)
+        return None, name
+    network = build_adapter(
+        model,
+        algo=k["ALGO"],
+        rank=int(k["RANK"]),
+        alpha=float(k["ALPHA"]),
+        preset=k["TARGET_PRESET"],
+        patterns=tuple(k.get("TARGET_PATTERNS", ())),
+        bypass=bool(k.get("BYPASS", False)),
+        multiplier=multiplier,
+        **dict(k.get("ALGO_ARGS", {})),
+    )
+    network.to(dtype=torch.float32)
+    load_trainable_state(network, weights, folder)
+    network.requires_grad_(False)
+    return network, name
+
+
+def export_checkpoint(
+    model: MossBackbone,
+    source: str | Path,
+    out: str | Path,
+    name: str = "",
+    merged: bool = False,
+    merged_layout: str = "comfy",
+    diffusers: bool = False,
+    use_ema: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
+) -> dict[str, Path]:
+    network, default_name = attach(model, source, use_ema)
+    return export_all(
+        model,
+        network,
+        out,
+        name or default_name,
+        save_merged_model=merged,
+        merged_layout=merged_layout,
+        save_diffusers=diffusers,
+        dtype=dtype,
+    )
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

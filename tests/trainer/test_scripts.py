@@ -1,0 +1,129 @@
+"""The export and sample scripts on a tiny trained run; every script's knobs equal its schema."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from kohakumoss.config.export import EXPORT_SCHEMA
+from kohakumoss.config.knobs import run_checked
+from kohakumoss.config.sample import SAMPLE_SCHEMA
+from kohakumoss.config.train import TRAIN_SCHEMA
+from kohakumoss.train.loop import train
+
+from .conftest import tiny_knobs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script_defaults(path: Path) -> dict:
+    tree = ast.parse(path.read_text())
+    out = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name.isupper():
+                out[name] = ast.literal_eval(node.value)
+    return out
+
+
+@pytest.mark.parametrize(
+    "script, schema",
+    [
+        ("scripts/train/moss.py", TRAIN_SCHEMA),
+        ("scripts/sample/sample.py", SAMPLE_SCHEMA),
+        ("scripts/export/export.py", EXPORT_SCHEMA),
+    ],
+)
+def test_script_knobs_equal_schema_defaults(script, schema):
+    assert script_defaults(ROOT / script) == schema.defaults()
+
+
+def load_script(path: str):
+    import runpy
+
+    return runpy.run_path(str(ROOT / path), run_name="kohakumoss_test")
+
+
+@pytest.fixture(scope="module")
+def trained(train_world) -> Path:
+    return train(
+        tiny_knobs(train_world, "scripts", STEPS=4, SAVE_FORMAT="both", SAVE_EVERY=2, EMA=True, EMA_WARMUP=0)
+    )
+
+
+def test_export_script_reexports_a_checkpoint(trained, tmp_path):
+    ns = load_script("scripts/export/export.py")
+    ckpt = trained / "checkpoints" / "step_00004"
+    knobs = {
+        **ns,
+        "MODEL_PRESET": "tiny",
+        "ADAPTER": str(ckpt),
+        "OUT": str(tmp_path),
+        "NAME": "again",
+        "SAVE_MERGED": True,
+    }
+    assert run_checked(EXPORT_SCHEMA, knobs, ns["run"], "export.py") == 0
+    for name in ("again-comfy.safetensors", "again-lycoris.safetensors"):
+        fresh, original = (
+            load_file(tmp_path / name),
+            load_file(ckpt / "export" / name.replace("again", "scripts")),
+        )
+        assert fresh.keys() == original.keys() and all(torch.equal(fresh[k], original[k]) for k in fresh), (
+            name
+        )
+    assert (tmp_path / "merged").is_dir()
+    ema = {**knobs, "OUT": str(tmp_path / "ema"), "USE_EMA": True, "SAVE_MERGED": False}
+    assert run_checked(EXPORT_SCHEMA, ema, ns["run"], "export.py") == 0
+    raw, averaged = (
+        load_file(tmp_path / "again-lycoris.safetensors"),
+        load_file(tmp_path / "ema" / "again-lycoris.safetensors"),
+    )
+    assert any(not torch.equal(raw[k], averaged[k]) for k in raw)
+
+
+def test_export_script_names_bad_knobs(capsys):
+    ns = load_script("scripts/export/export.py")
+    assert run_checked(EXPORT_SCHEMA, {**ns, "ADAPTER": "/no/such/file"}, ns["run"], "export.py") == 2
+    assert "ADAPTER: path '/no/such/file' does not exist" in capsys.readouterr().err
+
+
+def test_sample_script_writes_pngs_with_settings_and_a_grid(trained, train_world, tmp_path):
+    ns = load_script("scripts/sample/sample.py")
+    world = {k: v for k, v in train_world.items() if k in SAMPLE_SCHEMA.knobs}
+    base = {
+        **ns,
+        **world,
+        "MODEL_PRESET": "tiny",
+        "DEVICE": "cpu",
+        "PRECISION": "fp32",
+        "STEPS": 3,
+        "WIDTH": 48,
+        "HEIGHT": 32,
+        "COUNT": 2,
+    }
+    lora = trained / "export" / "scripts-lycoris.safetensors"
+    with_adapter = {
+        **base,
+        "PROMPT": "blue glass hexagons",
+        "ADAPTERS": [[str(lora), 1.0]],
+        "OUT_DIR": str(tmp_path / "a"),
+    }
+    assert run_checked(SAMPLE_SCHEMA, with_adapter, ns["run"], "sample.py") == 0
+    pngs = sorted((tmp_path / "a").glob("0*.png"))
+    assert len(pngs) == 2 and (tmp_path / "a" / "grid.png").exists()
+    info = json.loads(Image.open(pngs[0]).text["kohakumoss"])
+    assert info["prompt"] == "blue glass hexagons" and info["seed"] == 0 and info["adapters"][0][1] == 1.0
+    assert Image.open(pngs[0]).size == (48, 32)
+    without = {**base, "PROMPT": "blue glass hexagons", "OUT_DIR": str(tmp_path / "b")}
+    assert run_checked(SAMPLE_SCHEMA, without, ns["run"], "sample.py") == 0
+    a, b = (
+        torch.tensor(list(Image.open(d / pngs[0].name).tobytes())) for d in (tmp_path / "a", tmp_path / "b")
+    )
+    assert not torch.equal(a, b)  # the adapter changes the picture
