@@ -13,6 +13,6 @@ K=(--set MODEL_PRESET="$PRESET" --set TEXT_ENCODER=synthetic --set VAE=synthetic
    --set "DATASET={'kind':'kohya','path':'$WORK/data'}" --set AREA=$((SIZE * SIZE)) --set TOKENS_PER_STEP="$TPS"
    --set RUNS_DIR="$WORK/runs" --set RUN_NAME=smoke --set RANK=32 --set ALPHA=32 --set WORKERS=4
    --set CACHE_DIR="$WORK/cache" --set SAVE_EVERY=$((STEPS / 2)) --set LR=1e-4 "$@")
-$PY -m kohakuengine.cli run "$ROOT/scripts/train/moss.py" "${K[@]}" --set STEPS=$((STEPS / 2))
+$PY -m kohakuengine.cli run "$ROOT/scripts/train/moss.py" "${K[@]}" --set STEPS="$STEPS" --set STOP_AT=$((STEPS / 2))
 $PY -m kohakuengine.cli run "$ROOT/scripts/train/moss.py" "${K[@]}" --set STEPS="$STEPS" --set RESUME=latest
 $PY "$ROOT/scripts/bench/summarize_run.py" "$WORK/runs/smoke" 5

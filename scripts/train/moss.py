@@ -106,6 +106,7 @@ RUNS_DIR = "runs/moss"  # where runs are written
 SAVE_EVERY = 500  # checkpoint every N steps (0: only at the end)
 KEEP_LAST = 3  # checkpoints kept (older ones deleted)
 RESUME = ""  # '' (fresh run), 'latest' or a checkpoint folder
+STOP_AT = 0  # stop this invocation at this step with a checkpoint (0: run to STEPS); resume later
 LOG_EVERY = 1  # metrics line every N steps
 SAMPLE_EVERY = 0  # sample grid every N steps (0: only at the end, if prompts are set)
 SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each)

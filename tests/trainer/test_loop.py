@@ -51,11 +51,41 @@ def test_lora_run_writes_its_folder(train_world):
 
 
 def test_resume_is_exact(train_world):
-    straight = train(tiny_knobs(train_world, "straight", STEPS=6, DROPOUT=0.1))
-    half = tiny_knobs(train_world, "halves", STEPS=3, DROPOUT=0.1)
-    train(half)
-    resumed = train(tiny_knobs(train_world, "halves", STEPS=6, DROPOUT=0.1, RESUME="latest"))
+    """20 steps straight vs 10, a fresh start from the checkpoint, then 10 more: the same loss at every step."""
+    knobs = dict(STEPS=20, DROPOUT=0.1, RANK_DROPOUT=0.1, LR_SCHEDULE="cosine", LR_WARMUP_STEPS=3, EMA=True)
+    straight = train(tiny_knobs(train_world, "straight", **knobs))
+    train(tiny_knobs(train_world, "halves", **knobs, STOP_AT=10))
+    resumed = train(tiny_knobs(train_world, "halves", **knobs, RESUME="latest"))
+    assert len(losses(straight)) == 20
     assert losses(straight) == losses(resumed)  # bit for bit at every step
+
+
+def test_ctrl_c_saves_a_checkpoint_that_resumes(train_world, monkeypatch):
+    from kohakumoss.train import loop
+
+    real, calls = loop.flow_loss, []
+
+    def interrupt_at_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "flow_loss", interrupt_at_third)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_knobs(train_world, "ctrlc"))
+    monkeypatch.setattr(loop, "flow_loss", real)
+    run = Path(tiny_knobs(train_world, "ctrlc")["RUNS_DIR"]) / "ctrlc"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00002"]
+    train(tiny_knobs(train_world, "ctrlc", RESUME="latest"))
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+    ]
 
 
 def test_resume_from_a_missing_path_is_named(train_world, tmp_path):

@@ -169,6 +169,12 @@ TRAIN_KNOBS = [
     Knob("SAVE_EVERY", 500, "checkpoint every N steps (0: only at the end)", min=0),
     Knob("KEEP_LAST", 3, "checkpoints kept (older ones deleted)", min=1),
     Knob("RESUME", "", "'' (fresh run), 'latest' or a checkpoint folder"),
+    Knob(
+        "STOP_AT",
+        0,
+        "stop this invocation at this step with a checkpoint (0: run to STEPS); resume later",
+        min=0,
+    ),
     Knob("LOG_EVERY", 1, "metrics line every N steps", min=1),
     Knob("SAMPLE_EVERY", 0, "sample grid every N steps (0: only at the end, if prompts are set)", min=0),
     Knob("SAMPLE_PROMPTS", [], "prompts of the sample grid (one column each)", type=list),

@@ -265,6 +265,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         static_shift=k["STATIC_SHIFT"],
     )
     accum, steps = int(k["GRAD_ACCUM"]), int(k["STEPS"])
+    stop_at = min(int(k["STOP_AT"]) or steps, steps)
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     loader = make_loader(data, k, image_encoder, text_encoder, start * accum)
     batches = iter(loader)
@@ -274,7 +275,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         torch.cuda.reset_peak_memory_stats(device)
     bar = tqdm(total=steps, initial=start, desc=k["RUN_NAME"], unit="step", dynamic_ncols=True, disable=None)
     try:
-        while step < steps:
+        while step < stop_at:
             t0 = time.perf_counter()
             lr_factor = tr.schedule.apply(tr.optimizer, step)
             losses, samples, tokens, finite = [], 0, 0, True
@@ -362,6 +363,9 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     bar.close()
     path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
     log.info(f"checkpoint {path}")
+    if step < steps:
+        log.info(f"stopped at step {step} (STOP_AT); continue with RESUME='latest'")
+        return run_dir
     written = export_run(comps, tr, k, run_dir / "export")
     log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
     if can_sample:
