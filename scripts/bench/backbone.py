@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import time
 
 import torch
 
 from kohakumoss.model import MossBackbone, PackedSeq, get_preset
+from kohakumoss_common.timing import median_ms
 from kohakumoss_kernels import OpSet
 
 PRESET = "moss-image-5b"
@@ -28,21 +28,6 @@ BACKENDS = "eager,auto"
 WARMUP = 2
 ITERS = 5
 DTYPE = "bfloat16"
-
-
-def time_cuda(fn, warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -80,10 +65,10 @@ def main() -> None:
 
         try:
             torch.cuda.reset_peak_memory_stats()
-            fwd = time_cuda(forward, WARMUP, ITERS)
+            fwd = median_ms(forward, WARMUP, ITERS)
             fwd_peak = torch.cuda.max_memory_allocated() / 2**30
             torch.cuda.reset_peak_memory_stats()
-            fb = time_cuda(forward_backward, WARMUP, ITERS)
+            fb = median_ms(forward_backward, WARMUP, ITERS)
             fb_peak = torch.cuda.max_memory_allocated() / 2**30
         except Exception as e:  # report and go on with the next backend
             print(f"{backend}: failed: {type(e).__name__}: {e}")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -23,6 +22,8 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+
+from kohakumoss_common.timing import median_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
@@ -47,18 +48,7 @@ DEVICE = "cuda"
 
 
 def time_ms(fn, warmup: int = WARMUP, iters: int = ITERS) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(fn, warmup, iters)
 
 
 def time_graph_ms(fn, iters: int = ITERS) -> float | None:

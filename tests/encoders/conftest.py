@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tokenizers import Tokenizer, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 from transformers.models.qwen3_5 import Qwen3_5TextModel
 
 from kohakumoss.encoders import (
@@ -19,6 +17,7 @@ from kohakumoss.encoders import (
     tiny_text_encoder_config,
     tiny_vae_config,
 )
+from kohakumoss.encoders.tiny import write_word_tokenizer
 from kohakumoss_common.io import save_safetensors
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -57,18 +56,7 @@ def load_text_encoder(path, **kw) -> TextEncoder:
 
 
 def make_tokenizer(folder: Path) -> Path:
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + sorted(set(WORDS)))}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        eos_token="[EOS]",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    fast.save_pretrained(str(folder))
-    return folder
+    return write_word_tokenizer(folder, WORDS)
 
 
 def random_text_model(seed: int = 0) -> Qwen3_5TextModel:

@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 from .knobs import Knob, Schema
-from .train import PRECISIONS, _exists_or_synthetic
+from .train import ENCODER_KNOBS, PRECISIONS
 
 SAMPLE_KNOBS = [
     Knob("WEIGHTS", "", "DiT checkpoint: file, index json or folder, any layout", path="any"),
     Knob("MODEL_PRESET", "", "with WEIGHTS empty: random weights of this preset (tests only)"),
-    Knob(
-        "TEXT_ENCODER",
-        "",
-        "Qwen3.5 text encoder: HF folder or single file",
-        check=lambda v: _exists_or_synthetic(v, "TEXT_ENCODER"),
-    ),
-    Knob("TOKENIZER", "", "tokenizer folder (needed with a single-file text encoder)", path="any"),
-    Knob("TEXT_TEMPLATE", "", "prompt template with {caption}; empty: the encoder's default"),
-    Knob("TEXT_LAYERS", [-1], "hidden-state layer(s) of the text encoder", type=list),
-    Knob(
-        "VAE",
-        "",
-        "FLUX.2 VAE: diffusers folder or single file",
-        check=lambda v: _exists_or_synthetic(v, "VAE"),
-    ),
+    *ENCODER_KNOBS,
     Knob(
         "ADAPTERS", [], "adapter files or checkpoint folders; an entry may be [path, multiplier]", type=list
     ),

@@ -33,19 +33,7 @@ def _exists_or_synthetic(value: str, knob: str) -> str | None:
     return f"path '{value}' does not exist"
 
 
-TRAIN_KNOBS = [
-    # model and weights
-    Knob(
-        "WEIGHTS",
-        "",
-        "DiT checkpoint: file, index json or folder, any layout (native / hf / comfy)",
-        path="any",
-    ),
-    Knob(
-        "MODEL_PRESET",
-        "",
-        "with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks",
-    ),
+ENCODER_KNOBS = [
     Knob(
         "TEXT_ENCODER",
         "",
@@ -61,6 +49,22 @@ TRAIN_KNOBS = [
         "FLUX.2 VAE: diffusers folder or single file ('synthetic': benchmarks only)",
         check=lambda v: _exists_or_synthetic(v, "VAE"),
     ),
+]
+
+TRAIN_KNOBS = [
+    # model and weights
+    Knob(
+        "WEIGHTS",
+        "",
+        "DiT checkpoint: file, index json or folder, any layout (native / hf / comfy)",
+        path="any",
+    ),
+    Knob(
+        "MODEL_PRESET",
+        "",
+        "with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks",
+    ),
+    *ENCODER_KNOBS,
     Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),
     Knob(
         "PRECISION",
