@@ -1,0 +1,7 @@
+"""Algorithm layer: DoRA (LoRA with weight decomposition).
+
+Starting values, not tuned on MOSS-Image.
+"""
+
+ALGO = "dora"
+LR = 0.0001

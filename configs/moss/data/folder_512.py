@@ -1,0 +1,10 @@
+"""Data layer: a plain folder of images with same-name caption files, target area 512 x 512, native aspect kept.
+
+DATASET's path is a placeholder: your own config sets DATASET in full.
+"""
+
+DATASET = {"kind": "folder", "path": "data/train"}
+AREA = 262144  # 512 x 512 pixels
+SAMPLE_WIDTH = 512
+SAMPLE_HEIGHT = 512
+MIN_SIDE = 256  # smaller images would be upscaled more than 2x

@@ -1,0 +1,9 @@
+"""Data layer: parquet files (image and caption columns), target area 1 MP (1024 x 1024), native aspect kept.
+
+DATASET's path is a placeholder: your own config sets DATASET in full.
+"""
+
+DATASET = {"kind": "parquet", "path": "data/train"}
+AREA = 1048576  # 1024 x 1024 pixels
+SAMPLE_WIDTH = 1024
+SAMPLE_HEIGHT = 1024

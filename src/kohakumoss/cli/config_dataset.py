@@ -1,0 +1,57 @@
+"""Guess a dataset's source kind from its path and check that it opens and holds something."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+from typing import Any
+
+from kohakumoss_common.errors import KohakuMossError
+
+from .config_layers import SOURCES
+
+
+def guess_source(path: str | Path) -> str:
+    """jsonl / parquet files by suffix; a folder of tars, parquet or shards by content; `N_name/` folders
+    mean kohya; anything else is a plain folder."""
+    p = Path(path)
+    if p.is_file():
+        return {".jsonl": "jsonl", ".parquet": "parquet", ".tar": "webdataset"}.get(
+            p.suffix.lower(), "folder"
+        )
+    if not p.is_dir():
+        return "kohya"
+    names = [c.name for c in itertools.islice(p.iterdir(), 2000)]
+    if any(n.endswith(".tar") for n in names):
+        return "webdataset"
+    if any(n.endswith(".parquet") for n in names):
+        return "parquet"
+    if any(n.endswith(".jsonl") for n in names):
+        return "jsonl"
+    if any(n.startswith("shard") and n.endswith(".safetensors") for n in names):
+        return "shards"
+    if any(re.match(r"^\d+_.", n) and (p / n).is_dir() for n in names):
+        return "kohya"
+    return "folder"
+
+
+def dataset_spec(path: str | Path, source: str) -> dict[str, Any]:
+    return {"kind": source, "path": str(Path(path).expanduser().resolve())}
+
+
+def check_dataset(spec: Any) -> str | None:
+    """None when the source opens and lists at least one unit, else the problem."""
+    from kohakumoss_data.sources import make_source
+
+    if isinstance(spec, dict) and spec.get("kind") not in SOURCES:
+        return f"kind {spec.get('kind')!r} is not one of {list(SOURCES)}"
+    if isinstance(spec, dict) and "path" in spec and not Path(str(spec["path"])).exists():
+        return f"path '{spec['path']}' does not exist"
+    try:
+        source = make_source(spec)
+        if next(iter(source.units()), None) is None:
+            return f"no images found in {spec.get('path') if isinstance(spec, dict) else spec}"
+    except (KohakuMossError, OSError, ValueError, TypeError) as e:
+        return f"cannot open the dataset: {e}"
+    return None

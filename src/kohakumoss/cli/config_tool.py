@@ -1,0 +1,389 @@
+"""kohakumoss-config: write a checked config for your GPU and dataset, or check one.
+
+    kohakumoss-config new train --weights ComfyUI/models --data path/to/dataset --name my-lora
+    kohakumoss-config new sample --weights ComfyUI/models --adapter my-lora-comfy.safetensors --name my-sample
+    kohakumoss-config new data --data path/to/dataset --name my-set
+    kohakumoss-config new --from lora_24g_bf16 configs/user/my_run.py
+    kohakumoss-config wizard
+    kohakumoss-config check configs/user/my-lora.py
+
+Configs compose preset layers from configs/moss/ (gpu -> algo -> data -> your knobs); see
+docs/guides/configs.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kohakumoss_common.errors import KohakuMossError
+
+from .config_layers import RESOLUTIONS, SOURCES, data_layer_name, layer_path, list_layers
+
+SAMPLE_USAGE = "kogine run scripts/sample/sample.py --config {p} --set PROMPT='a lighthouse at dusk'"
+
+
+@dataclass
+class NewRequest:
+    what: str  # train, sample or data
+    name: str
+    weights: str = ""
+    data: str = ""
+    source: str = "auto"
+    resolution: str = "1mp"
+    algo: str = "lora"
+    gpu: str = "auto"
+    adapter: str = ""
+    out_dir: str = "configs/user"
+    force: bool = False
+    no_check: bool = False
+    said: list[str] = field(default_factory=list)
+
+
+class Refused(Exception):
+    """A request the tool will not write (its reasons are already printed)."""
+
+
+def _say(req: NewRequest, line: str) -> None:
+    req.said.append(line)
+    print(line)
+
+
+def _target(req: NewRequest, suffix: str = "") -> Path:
+    path = Path(req.out_dir) / f"{req.name}{suffix}.py"
+    if path.exists() and not req.force:
+        raise Refused(f"{path} exists: pass --force to overwrite it")
+    return path
+
+
+def _write(path: Path, text: str) -> None:
+    from kohakumoss_common.io import atomic_write_text
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, text)
+    print(f"wrote {path}")
+
+
+def _problems(req: NewRequest, problems: list[tuple[str, str]]) -> None:
+    for knob, msg in problems:
+        print(f"  {knob}: {msg}", file=sys.stderr)
+    if problems and not req.no_check:
+        raise Refused(f"{len(problems)} problem(s): nothing written (--no-check writes the config anyway)")
+
+
+def new_config(req: NewRequest) -> list[Path]:
+    """Write the config(s) of `req`; returns the paths written. Raises Refused or a KohakuMossError."""
+    from kohakumoss.config.sample import SAMPLE_SCHEMA
+    from kohakumoss.config.train import ALGO_CHOICES, TRAIN_SCHEMA
+
+    from .config_data_schema import DATA_SCHEMA
+    from .config_dataset import check_dataset, dataset_spec, guess_source
+    from .config_gpu import resolve_gpu
+    from .config_layers import load_file
+    from .config_weights import WeightsFound, find_weights
+    from .config_write import render_data, render_layered, render_plain
+
+    if req.what not in ("train", "sample", "data"):
+        raise Refused(f"new: say what to write: train, sample or data (got {req.what!r})")
+    if req.algo not in ALGO_CHOICES:
+        raise Refused(f"--algo {req.algo!r} is not one of {list(ALGO_CHOICES)}")
+    if req.what in ("train", "sample") and not req.weights:
+        raise Refused("--weights DIR is needed (a ComfyUI models folder, an HF folder or a DiT checkpoint)")
+    if req.what in ("train", "data") and not req.data:
+        raise Refused("--data DIR is needed (the dataset folder or file)")
+    gpu = resolve_gpu(req.gpu)
+    if gpu.message:
+        _say(req, gpu.message)
+    _say(req, f"GPU: {gpu.description} -> layer gpu/{gpu.layer}")
+    problems: list[tuple[str, str]] = []
+    found = WeightsFound("none")
+    if req.what in ("train", "sample"):
+        if not req.weights:
+            raise Refused(
+                "--weights DIR is needed (a ComfyUI models folder, an HF folder or a DiT checkpoint)"
+            )
+        found = find_weights(req.weights)
+        problems += found.problems
+        if found.dit_layout:
+            _say(req, f"weights: {found.kind} folder, DiT {found.dit} ({found.dit_layout} layout)")
+        for n in found.notes:
+            _say(req, f"note: {n}")
+    spec: dict[str, Any] = {}
+    if req.what in ("train", "data"):
+        source = guess_source(req.data) if req.source == "auto" else req.source
+        if source not in SOURCES:
+            raise Refused(f"--source {source!r} is not one of {list(SOURCES)}")
+        spec = dataset_spec(req.data, source)
+        if msg := check_dataset(spec):
+            problems.append(("DATASET", msg))
+        else:
+            _say(req, f"data: {source} source at {spec['path']}")
+    _problems(req, problems)
+
+    metadata = {"kind": req.what, "card": gpu.description, "card_gb": gpu.card_gb}
+    gpu_file = layer_path("gpu", gpu.layer)
+    if req.what == "sample":
+        path = _target(req)
+        knobs = {**found.knobs(), "ADAPTERS": [req.adapter] if req.adapter else []}
+        knobs["PRECISION"] = load_file(gpu_file)[0].get("PRECISION", "bf16")
+        knobs["OUT_DIR"] = f"samples/{req.name}"
+        usage = [SAMPLE_USAGE.format(p=path.as_posix())]
+        _write(path, render_plain(f"{req.name}: sampling config", usage, metadata, knobs, SAMPLE_SCHEMA))
+        return [path]
+
+    data_layer = layer_path("data", data_layer_name(spec["kind"], req.resolution))
+    written = []
+    data_path = _target(req, "_data")
+    data_usage = [
+        f"kogine run scripts/data/{s}.py --config {data_path.as_posix()}"
+        for s in ("inspect_data", "cache_text", "cache_latents")
+    ]
+    own_data = {"DATASET": spec, "CACHE_DIR": f"cache/{req.name}", "RUN_DIR": f"runs/inspect/{req.name}"}
+    if req.what == "data":
+        _write(
+            data_path,
+            render_data(
+                data_path, f"{req.name}: data-scripts config", data_usage, [data_layer], own_data, DATA_SCHEMA
+            ),
+        )
+        return [data_path]
+
+    path = _target(req)
+    layers = [gpu_file, layer_path("algo", req.algo), data_layer]
+    knobs = {**found.knobs(), "DATASET": spec, "CACHE_DIR": f"cache/{req.name}", "RUN_NAME": req.name}
+    body = [
+        f"Layers, later overriding earlier: gpu/{gpu.layer} ({gpu.description}) -> algo/{req.algo} -> "
+        f"data/{data_layer.stem} -> the knobs below.",
+        f"Data first: {data_path.as_posix()} (inspect, then cache text and latents).",
+        f"Check it: kohakumoss-config check {path.as_posix()}",
+    ]
+    usage = [f"kogine run scripts/train/moss.py --config {path.as_posix()}"]
+    _write(
+        path,
+        render_layered(
+            path, f"{req.name}: training config", usage, body, layers, metadata, knobs, TRAIN_SCHEMA
+        ),
+    )
+    written.append(path)
+    own_data.pop("DATASET")
+    own_data.pop("CACHE_DIR")
+    _write(
+        data_path,
+        render_data(data_path, f"{req.name}: data-scripts config", data_usage, [path], own_data, DATA_SCHEMA),
+    )
+    written.append(data_path)
+    _after_write(req, path)
+    return written
+
+
+def _after_write(req: NewRequest, path: Path) -> None:
+    """Validate what was written; the memory estimate is said, not enforced (the profiles come later)."""
+    from .config_check import check_config
+
+    res = check_config(path)
+    for knob, msg in res.problems:
+        _say(req, f"{'note' if knob == 'memory' else 'problem'}: {knob}: {msg}")
+    if res.memory_lines:
+        _say(req, "memory estimate of one training step with today's trainer:")
+        for line in res.memory_lines:
+            _say(req, line)
+    _say(
+        req,
+        f"next: kogine run scripts/data/inspect_data.py --config {Path(req.out_dir, req.name + '_data.py').as_posix()}",
+    )
+    _say(req, f"      kogine run scripts/train/moss.py --config {path.as_posix()}")
+
+
+def new_from_recipe(
+    recipe: str, target: str, force: bool = False, extra: dict[str, Any] | None = None
+) -> Path:
+    """Write `target` extending configs/moss/recipes/<recipe>.py with every train knob and its value."""
+    from kohakumoss.config.train import TRAIN_SCHEMA
+
+    from .config_layers import load_file, use_line
+    from .config_write import header, knob_line
+
+    recipe_file = layer_path("recipes", recipe)
+    path = Path(target)
+    if path.exists() and not force:
+        raise Refused(f"{path} exists: pass --force to overwrite it")
+    knobs, metadata = load_file(recipe_file)
+    values = {**TRAIN_SCHEMA.defaults(), **knobs, **(extra or {})}
+    lines = header(
+        f"{path.stem}: training config extending recipe {recipe}",
+        [f"kogine run scripts/train/moss.py --config {path.as_posix()}"],
+        [
+            "Every knob of scripts/train/moss.py is listed with the value the recipe gives it (or the",
+            "script's default) and one line of help. Your lines override the recipe; delete a line to",
+            f"fall back to the recipe's value. Check it: kohakumoss-config check {path.as_posix()}",
+        ],
+    )
+    lines += ["from kohakuengine import use_config", "", use_line(recipe_file, path.parent), ""]
+    meta = {"kind": "train", "recipe": recipe, **{k: v for k, v in metadata.items() if k != "kind"}}
+    lines += [f"_metadata = {meta!r}  # not a knob: read by kohakumoss-config check", ""]
+    for name in TRAIN_SCHEMA.knobs:
+        line = knob_line(name, values[name], TRAIN_SCHEMA)
+        if name not in knobs and name not in (extra or {}):
+            line = line.replace("  # ", "  # [script default] ", 1)
+        lines.append(line)
+    _write(path, "\n".join(lines) + "\n")
+    return path
+
+
+def _ask(prompt: str, default: str, choices: tuple[str, ...] | None = None) -> str:
+    for _ in range(3):
+        hint = f" ({'/'.join(choices)})" if choices and len(choices) <= 14 else ""
+        print(f"{prompt}{hint} [{default}]: ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:  # end of input: take the default
+            print()
+            answer = default
+        else:
+            answer = line.strip() or default
+        if (choices is None or answer in choices) and (answer or default):
+            return answer
+        print(f"  please answer one of {list(choices)}" if choices else "  an answer is needed")
+        if not line:
+            break
+    raise Refused(f"no usable answer for: {prompt}")
+
+
+def wizard(out_dir: str = "configs/user", force: bool = False) -> list[Path]:
+    """Ask for what `new` takes, with defaults, then write the same files."""
+    from kohakumoss.config.train import ALGO_CHOICES
+
+    from .config_gpu import detect_gpu
+
+    found = detect_gpu()
+    print(f"GPU found: {found[0]} ({found[1]:.1f} GiB)" if found else "no GPU found")
+    what = _ask("what to write", "train", ("train", "sample", "data"))
+    gpu = _ask("GPU: auto, a card name (rtx4090), vram_<N>g or memory in GB", "auto")
+    req = NewRequest(what=what, name="", gpu=gpu, out_dir=out_dir, force=force)
+    if what == "train":
+        req.algo = _ask("algorithm", "lora", tuple(ALGO_CHOICES))
+    if what in ("train", "data"):
+        req.data = _ask("dataset folder or file", "")
+        from .config_dataset import guess_source
+
+        req.source = _ask("dataset kind", guess_source(req.data), SOURCES)
+        req.resolution = _ask("training resolution", "1mp", RESOLUTIONS)
+    if what in ("train", "sample"):
+        req.weights = _ask("weights folder (ComfyUI models folder, HF folder or DiT file)", "")
+    if what == "sample":
+        req.adapter = _ask("adapter file (empty: the base model)", "-")
+        req.adapter = "" if req.adapter == "-" else req.adapter
+    req.name = _ask("config name", {"train": "my-lora", "sample": "my-sample", "data": "my-data"}[what])
+    return new_config(req)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kohakumoss-config", description="Write or check KohakuMoss configs (docs/guides/configs.md)."
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    n = sub.add_parser("new", help="write a config: new train|sample|data ..., or new --from RECIPE FILE.py")
+    n.add_argument("what", nargs="?", help="train, sample or data (with --from: the file to write)")
+    n.add_argument(
+        "--from",
+        dest="recipe",
+        help=f"a recipe of configs/moss/recipes/ ({', '.join(list_layers('recipes'))})",
+    )
+    n.add_argument("--name", help="config name: writes OUT_DIR/NAME.py (and NAME_data.py)")
+    n.add_argument("--weights", default="", help="ComfyUI models folder, HF folder, or a DiT checkpoint")
+    n.add_argument("--data", default="", help="dataset folder or file")
+    n.add_argument(
+        "--source", default="auto", choices=("auto", *SOURCES), help="dataset kind (auto: guessed)"
+    )
+    n.add_argument("--resolution", default="1mp", choices=RESOLUTIONS, help="data layer's target area")
+    n.add_argument("--algo", default="lora", help="adapter algorithm or full")
+    n.add_argument("--gpu", default="auto", help="auto, a card name (rtx4090), vram_<N>g, or memory in GB")
+    n.add_argument("--adapter", default="", help="sample: adapter file to load")
+    n.add_argument("--out-dir", default="configs/user")
+    n.add_argument("--force", action="store_true", help="overwrite existing files")
+    n.add_argument(
+        "--no-check", action="store_true", help="write even when the weights or data have problems"
+    )
+    w = sub.add_parser("wizard", help="ask for the GPU, algorithm, data and weights, then write the config")
+    w.add_argument("--out-dir", default="configs/user")
+    w.add_argument("--force", action="store_true")
+    c = sub.add_parser("check", help="report every problem of a config by knob; non-zero exit status if any")
+    c.add_argument("file")
+    c.add_argument(
+        "--gpu", default=None, help="compare the memory estimate with this card (default: the config's)"
+    )
+    c.add_argument(
+        "--script", choices=("train", "sample", "data"), default=None, help="default: from the file"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "check":
+            from .config_check import check_config
+
+            res = check_config(args.file, gpu=args.gpu, kind=args.script)
+            print(res.text())
+            return 1 if res.problems else 0
+        if args.command == "wizard":
+            wizard(args.out_dir, args.force)
+            return 0
+        if args.recipe:
+            if not args.what:
+                raise Refused("new --from RECIPE FILE.py: give the file to write")
+            extra = _weights_and_data(args)
+            new_from_recipe(args.recipe, args.what, args.force, extra)
+            return 0
+        if not args.name:
+            raise Refused("new: --name NAME is needed")
+        req = NewRequest(
+            what=args.what or "",
+            name=args.name,
+            weights=args.weights,
+            data=args.data,
+            source=args.source,
+            resolution=args.resolution,
+            algo=args.algo,
+            gpu=args.gpu,
+            adapter=args.adapter,
+            out_dir=args.out_dir,
+            force=args.force,
+            no_check=args.no_check,
+        )
+        new_config(req)
+        return 0
+    except Refused as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KohakuMossError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _weights_and_data(args: argparse.Namespace) -> dict[str, Any]:
+    """--weights / --data given with --from: their knobs (checked) on top of the recipe."""
+    from .config_dataset import check_dataset, dataset_spec, guess_source
+    from .config_weights import find_weights
+
+    extra: dict[str, Any] = {}
+    problems: list[tuple[str, str]] = []
+    if args.weights:
+        found = find_weights(args.weights)
+        problems += found.problems
+        extra.update(found.knobs())
+    if args.data:
+        source = guess_source(args.data) if args.source == "auto" else args.source
+        extra["DATASET"] = dataset_spec(args.data, source)
+        if msg := check_dataset(extra["DATASET"]):
+            problems.append(("DATASET", msg))
+    req = NewRequest(what="train", name="", no_check=args.no_check)
+    _problems(req, problems)
+    return extra
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,391 @@
+"""kohakumoss-config: preset layers and their composition order, new / --from / wizard, check's bad cases.
+
+Weights are a tiny DiT written by save_backbone (ComfyUI and HF folder shapes) plus one-tensor stand-ins
+for the text encoder and VAE (check reads headers only); the dataset is two small kohya-style images.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from kohakuengine.config import load_config_file
+from PIL import Image
+from safetensors.torch import save_file
+
+from kohakumoss.cli import config_gpu
+from kohakumoss.cli.config_data_schema import DATA_SCHEMA
+from kohakumoss.cli.config_gpu import resolve_gpu
+from kohakumoss.cli.config_layers import (
+    GPU_SIZES,
+    RESOLUTIONS,
+    SOURCES,
+    compose,
+    layer_path,
+    layers_dir,
+    list_layers,
+    load_file,
+)
+from kohakumoss.cli.config_tool import main
+from kohakumoss.config.sample import SAMPLE_SCHEMA
+from kohakumoss.config.train import TRAIN_SCHEMA
+from kohakumoss.memory import estimate_peak
+from kohakumoss.model.backbone import MossBackbone
+from kohakumoss.model.io import save_backbone
+from kohakumoss.model.presets import get_preset
+from kohakumoss_common.errors import ConfigError
+
+ALGOS = ("lora", "locon", "loha", "lokr", "dora", "oft", "boft", "glora", "ia3", "dylora", "tlora", "full")
+RECIPES = ("lora_24g_bf16", "lokr_16g", "lora_8g", "lora_6g", "full_24g_host_masters")
+
+
+def _encoders(text_dir: Path, vae_dir: Path, text_name: str, vae_name: str) -> None:
+    text_dir.mkdir(parents=True, exist_ok=True)
+    vae_dir.mkdir(parents=True, exist_ok=True)
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 4)}, str(text_dir / text_name))
+    save_file({"encoder.conv_in.weight": torch.zeros(4, 4)}, str(vae_dir / vae_name))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("config_tool")
+    model = MossBackbone(get_preset("tiny"))
+    comfy = root / "ComfyUI" / "models"
+    save_backbone(model, comfy / "diffusion_models", layout="comfy")
+    _encoders(comfy / "text_encoders", comfy / "vae", "qwen_tiny.safetensors", "flux2-vae.safetensors")
+    hf = root / "MOSS-Image-Base"
+    save_backbone(model, hf / "transformer", layout="hf")
+    _encoders(hf / "text_encoder", hf / "vae", "model.safetensors", "diffusion_pytorch_model.safetensors")
+    (hf / "tokenizer").mkdir()
+    junk = root / "junk" / "models"
+    (junk / "diffusion_models").mkdir(parents=True)
+    save_file({"foo.bar": torch.zeros(2)}, str(junk / "diffusion_models" / "mystery.safetensors"))
+    _encoders(junk / "text_encoders", junk / "vae", "t.safetensors", "v.safetensors")
+    data = root / "dataset" / "10_cat"
+    data.mkdir(parents=True)
+    for i in range(2):
+        Image.new("RGB", (64, 48), (40 * i, 90, 160)).save(data / f"{i}.png")
+        (data / f"{i}.txt").write_text("a blue cat")
+    return {"root": root, "comfy": comfy, "hf": hf, "junk": junk, "data": data.parent}
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch):
+    monkeypatch.setattr(config_gpu, "detect_gpu", lambda: None)
+
+
+def _knobs(path: Path) -> dict:
+    cfg = load_config_file(path)  # exactly what `kogine run --config` does
+    return dict(cfg.globals_dict)
+
+
+# --- layers --------------------------------------------------------------------------------------
+
+
+def test_every_layer_exists_and_validates():
+    assert list_layers("gpu") == sorted(f"vram_{g}g" for g in GPU_SIZES)
+    assert set(list_layers("algo")) == set(ALGOS)
+    assert set(list_layers("data")) == {f"{s}_{r}" for s in SOURCES for r in RESOLUTIONS}
+    assert set(RECIPES) <= set(list_layers("recipes"))
+    for kind in ("gpu", "algo", "data", "recipes"):
+        for name in list_layers(kind):
+            knobs, meta = load_file(layer_path(kind, name))
+            assert knobs, name
+            assert TRAIN_SCHEMA.problems(knobs) == [], (kind, name)
+            if kind == "gpu":
+                assert meta["card_gb"] == int(name[5:-1]) and meta["memory_profile"]
+                assert {"PRECISION", "TOKENS_PER_STEP", "RANK", "GRAD_ACCUM"} <= set(knobs)
+
+
+def test_composition_order_gpu_algo_data_user(tmp_path):
+    layers = layers_dir()
+
+    def config(order: list[str], own: str = "") -> Path:
+        p = tmp_path / f"c{len(list(tmp_path.iterdir()))}.py"
+        uses = "\n".join(f'use_config("{layers / o}.py")' for o in order)
+        p.write_text(f"from kohakuengine import use_config\n{uses}\n{own}\n")
+        return p
+
+    gpu, algo, data = "gpu/vram_8g", "algo/oft", "data/kohya_512"
+    k = _knobs(config([gpu, algo, data]))
+    assert k["RANK"] == 32 and k["GRAD_ACCUM"] == 4 and k["ALGO"] == "oft"  # algo overrides gpu's RANK 16
+    assert k["AREA"] == 512 * 512 and k["DATASET"]["kind"] == "kohya"
+    assert _knobs(config([algo, gpu, data]))["RANK"] == 16  # later wins, whatever the kinds
+    own = _knobs(config([gpu, algo, data], "RANK = 8\nAREA = 4096\n"))
+    assert own["RANK"] == 8 and own["AREA"] == 4096  # the user's own knobs win over every layer
+    # compose() applies the same rule as kogine
+    paths = [layers / f"{n}.py" for n in (gpu, algo, data)]
+    assert compose(paths, {"RANK": 8}) == {**k, "RANK": 8}
+    # recipes are compositions too
+    r = _knobs(layer_path("recipes", "lokr_16g"))
+    assert (
+        r["ALGO"] == "lokr" and r["ALGO_ARGS"] == {"factor": 16} and r["RANK"] == 32 and r["AREA"] == 1 << 20
+    )
+
+
+def test_gpu_choice():
+    assert resolve_gpu("auto").layer == "vram_6g" and "no GPU found" in resolve_gpu("auto").message
+    assert resolve_gpu("10").layer == "vram_8g"
+    assert resolve_gpu("23.6").layer == "vram_24g"  # a 24 GB card reports a little less
+    assert resolve_gpu("200").layer == "vram_80g"
+    assert resolve_gpu("3").layer == "vram_6g"
+    assert resolve_gpu("NVIDIA GeForce RTX 4090").layer == "vram_24g"
+    assert resolve_gpu("vram_48g").card_gb == 48
+    with pytest.raises(ConfigError, match="did you mean rtx4090"):
+        resolve_gpu("rtx4909")
+
+
+def test_gpu_auto_reads_the_card(monkeypatch):
+    monkeypatch.setattr(config_gpu, "detect_gpu", lambda: ("NVIDIA GeForce RTX 4080", 15.6))
+    choice = resolve_gpu("auto")
+    assert choice.layer == "vram_16g" and "RTX 4080" in choice.description and not choice.message
+
+
+# --- new -----------------------------------------------------------------------------------------
+
+
+def test_new_train_comfy_folder(world, tmp_path, capsys):
+    out = tmp_path / "user"
+    argv = [
+        "new",
+        "train",
+        "--weights",
+        str(world["comfy"]),
+        "--data",
+        str(world["data"]),
+        "--name",
+        "my-lora",
+    ]
+    assert main([*argv, "--gpu", "rtx4090", "--algo", "lokr", "--out-dir", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "layer gpu/vram_24g" in said and "comfy layout" in said and "kohya source" in said
+    k = _knobs(out / "my-lora.py")
+    valid = TRAIN_SCHEMA.validate(k)
+    assert valid["WEIGHTS"].endswith("diffusion_models/moss_image.safetensors")
+    assert valid["TEXT_ENCODER"].endswith("qwen_tiny.safetensors") and valid["VAE"].endswith(
+        "flux2-vae.safetensors"
+    )
+    assert valid["DATASET"] == {"kind": "kohya", "path": str(world["data"].resolve())}
+    assert valid["ALGO"] == "lokr" and valid["RANK"] == 32 and valid["TOKENS_PER_STEP"] == 8704
+    assert valid["RUN_NAME"] == "my-lora"
+    d = DATA_SCHEMA.validate(_knobs(out / "my-lora_data.py"))
+    for name in ("DATASET", "AREA", "TOKENS_PER_STEP", "SEED", "CACHE_DIR", "MAX_TEXT_TOKENS"):
+        assert d[name] == valid[name], name  # the caches the data scripts fill are the ones training reads
+    assert d["VAE_KWARGS"]["path"] == valid["VAE"] and d["TEXT_KWARGS"]["path"] == valid["TEXT_ENCODER"]
+    assert main(["check", str(out / "my-lora.py")]) == 0
+    assert main(["check", str(out / "my-lora_data.py")]) == 0
+    # a second run does not overwrite without --force
+    assert main([*argv, "--out-dir", str(out)]) == 1
+    assert "exists" in capsys.readouterr().err
+
+
+def test_new_train_hf_folder_and_no_gpu(world, tmp_path, capsys):
+    out = tmp_path / "user"
+    argv = ["new", "train", "--weights", str(world["hf"]), "--data", str(world["data"]), "--name", "hf"]
+    assert main([*argv, "--resolution", "512", "--out-dir", str(out)]) == 0
+    assert "no GPU found: using the smallest layer (vram_6g)" in capsys.readouterr().out
+    k = TRAIN_SCHEMA.validate(_knobs(out / "hf.py"))
+    assert k["WEIGHTS"].endswith("transformer") and k["TOKENIZER"].endswith("tokenizer")
+    assert k["AREA"] == 512 * 512 and k["GRAD_ACCUM"] == 4 and k["TEXT_ENCODE"] == "cache"
+
+
+def test_new_refuses_unrecognised_weights_and_missing_data(world, tmp_path, capsys):
+    out = tmp_path / "user"
+    argv = ["new", "train", "--weights", str(world["junk"]), "--data", str(tmp_path / "nope"), "--name", "x"]
+    assert main([*argv, "--out-dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "WEIGHTS: no DiT checkpoint in a recognised layout" in err and "match no known layout" in err
+    assert "DATASET:" in err and "does not exist" in err
+    assert not out.exists()
+    (world["root"] / "novae" / "diffusion_models").mkdir(parents=True)
+    save_backbone(
+        MossBackbone(get_preset("tiny")), world["root"] / "novae" / "diffusion_models", layout="comfy"
+    )
+    argv = [
+        "new",
+        "train",
+        "--weights",
+        str(world["root"] / "novae"),
+        "--data",
+        str(world["data"]),
+        "--name",
+        "y",
+    ]
+    assert main([*argv, "--out-dir", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "TEXT_ENCODER: no text encoder" in err and "VAE: no VAE" in err
+
+
+def test_new_sample_and_data(world, tmp_path):
+    out = tmp_path / "user"
+    argv = ["new", "sample", "--weights", str(world["comfy"]), "--adapter", "a.safetensors", "--name", "s"]
+    assert main([*argv, "--gpu", "12", "--out-dir", str(out)]) == 0
+    s = SAMPLE_SCHEMA.validate(_knobs(out / "s.py"))
+    assert (
+        s["ADAPTERS"] == ["a.safetensors"]
+        and s["PRECISION"] == "bf16"
+        and s["WEIGHTS"].endswith(".safetensors")
+    )
+    argv = [
+        "new",
+        "data",
+        "--data",
+        str(world["data"]),
+        "--source",
+        "folder",
+        "--name",
+        "d",
+        "--out-dir",
+        str(out),
+    ]
+    assert main(argv) == 0
+    d = DATA_SCHEMA.validate(_knobs(out / "d_data.py"))
+    assert d["DATASET"]["kind"] == "folder" and d["AREA"] == 1 << 20
+
+
+def test_new_from_recipe_lists_every_knob(world, tmp_path):
+    target = tmp_path / "my_run.py"
+    assert main(["new", "--from", "lokr_16g", str(target), "--weights", str(world["comfy"])]) == 0
+    text = target.read_text()
+    for name, knob in TRAIN_SCHEMA.knobs.items():
+        line = next(ln for ln in text.splitlines() if ln.startswith(f"{name} = "))
+        assert line.endswith(knob.help), line
+    assert "use_config(" in text and "lokr_16g.py" in text
+    k = TRAIN_SCHEMA.validate(_knobs(target))
+    recipe = _knobs(layer_path("recipes", "lokr_16g"))
+    assert all(k[n] == v for n, v in recipe.items())
+    assert k["WEIGHTS"].endswith("moss_image.safetensors") and set(k) == set(TRAIN_SCHEMA.knobs)
+    assert main(["new", "--from", "no_such_recipe", str(tmp_path / "z.py")]) == 2
+
+
+def test_wizard_with_piped_answers(world, tmp_path, monkeypatch, capsys):
+    answers = ["", "16", "lokr", str(world["data"]), "", "512", str(world["comfy"]), "wiz"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(answers) + "\n"))
+    assert main(["wizard", "--out-dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    assert (
+        "what to write (train/sample/data) [train]" in said and "dataset kind" in said and "[kohya]" in said
+    )
+    k = TRAIN_SCHEMA.validate(_knobs(tmp_path / "wiz.py"))
+    assert k["ALGO"] == "lokr" and k["RANK"] == 32 and k["AREA"] == 512 * 512 and k["GRAD_ACCUM"] == 2
+    assert (tmp_path / "wiz_data.py").is_file()
+
+
+def test_wizard_rejects_bad_answer_then_accepts(world, tmp_path, monkeypatch, capsys):
+    answers = ["sample", "8", str(world["comfy"]), "", "samp"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(["trian", *answers]) + "\n"))
+    assert main(["wizard", "--out-dir", str(tmp_path)]) == 0
+    assert "please answer one of ['train', 'sample', 'data']" in capsys.readouterr().out
+    assert SAMPLE_SCHEMA.validate(_knobs(tmp_path / "samp.py"))["ADAPTERS"] == []
+
+
+# --- check ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def good(world, tmp_path) -> Path:
+    out = tmp_path / "user"
+    argv = ["new", "train", "--weights", str(world["comfy"]), "--data", str(world["data"]), "--name", "ok"]
+    assert main([*argv, "--gpu", "24", "--out-dir", str(out)]) == 0
+    return out / "ok.py"
+
+
+def _check(path: Path, body: str, capsys, *extra: str) -> tuple[int, str]:
+    bad = path.with_name("bad.py")
+    bad.write_text(path.read_text() + body)
+    capsys.readouterr()
+    code = main(["check", str(bad), *extra])
+    return code, capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ("RANKK = 4\n", "RANKK: unknown knob (did you mean RANK?)"),
+        ("RANK = 'sixteen'\n", "RANK: expected int, got str 'sixteen'"),
+        ("CAPTION_DROPOUT = 1.5\n", "CAPTION_DROPOUT: 1.5 is above the maximum 1.0"),
+        ("LR_SCHEDULE = 'cosin'\n", "LR_SCHEDULE: 'cosin' is not one of"),
+        ("VAE = '/no/such/vae.safetensors'\n", "VAE: path '/no/such/vae.safetensors' does not exist"),
+        (
+            "DATASET = {'kind': 'kohya', 'path': '/no/such/data'}\n",
+            "DATASET: path '/no/such/data' does not exist",
+        ),
+        ("import x_no_such_module\n", "<file>: cannot load"),
+    ],
+)
+def test_check_names_each_problem(good, capsys, body, expected):
+    code, out = _check(good, body, capsys)
+    assert code == 1 and expected in out, out
+
+
+def test_check_unrecognised_weights(good, world, capsys):
+    junk = world["junk"] / "diffusion_models" / "mystery.safetensors"
+    code, out = _check(good, f"WEIGHTS = {str(junk)!r}\n", capsys)
+    assert code == 1 and "WEIGHTS: unrecognised DiT checkpoint" in out and "match no known layout" in out
+
+
+def test_check_memory_above_the_card(good, capsys):
+    body = "WEIGHTS = ''\nMODEL_PRESET = 'moss-image-5b'\nTEXT_ENCODE = 'cache'\nVAE_ENCODE = 'cache'\n"
+    code, out = _check(good, body, capsys)
+    assert code == 1 and "memory: estimated peak" in out and "above the card's 24 GiB" in out
+    assert "'balanced' memory profile" in out and "not built yet" in out
+    code, out = _check(good, body, capsys, "--gpu", "h200")
+    assert code == 0 and "activations" in out and out.strip().endswith("ok")
+
+
+def test_check_all_problems_at_once_and_data_schema(good, capsys):
+    code, out = _check(good, "RANKK = 4\nSTEPS = 0\n", capsys)
+    assert code == 1 and "RANKK" in out and "STEPS: 0 is below the minimum 1" in out and "2 problem(s)" in out
+    code, out = _check(good, "", capsys, "--script", "data")
+    assert code == 1 and "RANK: unknown knob" in out  # train knobs are not data-script knobs
+
+
+def test_estimate_matches_the_measured_run():
+    """docs/performance/training.md: moss-image-5b, LoRA r32 attn-mlp, 8704 tokens, bf16: 59.0 GiB, 74.3M trainable."""
+    knobs = {"RANK": 32, "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "TARGET_PRESET": "attn-mlp"}
+    est = estimate_peak(knobs, get_preset("moss-image-5b"), params=4_970_396_800)
+    assert abs(est.parts["trainable state"] / 16 - 74.3e6) < 0.5e6
+    assert 57 < est.total / (1 << 30) < 64
+    full = estimate_peak({**knobs, "ALGO": "full"}, get_preset("moss-image-5b"), params=4_970_396_800)
+    assert full.total > 16 * 4_970_396_800 + est.parts["activations"]  # fp32 weights, grads, AdamW
+
+
+def test_generated_config_runs_under_kogine(good, tmp_path):
+    script = tmp_path / "show.py"
+    script.write_text(
+        "RANK = 0\nALGO = ''\nWEIGHTS = ''\n\n\ndef main():\n    print(RANK, ALGO, WEIGHTS)\n\n\n"
+        "if __name__ == '__main__':\n    main()\n"
+    )
+    kogine = Path(sys.executable).with_name("kogine")
+    res = subprocess.run(
+        [str(kogine), "run", str(script), "--config", str(good)], capture_output=True, text=True
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split()[:2] == ["32", "lora"] and "moss_image.safetensors" in res.stdout.splitlines()[0]
+
+
+def test_new_with_a_lone_dit_file(world, tmp_path, capsys):
+    dit = world["comfy"] / "diffusion_models" / "moss_image.safetensors"
+    argv = ["new", "train", "--weights", str(dit), "--data", str(world["data"]), "--name", "lone"]
+    assert main([*argv, "--gpu", "80", "--out-dir", str(tmp_path)]) == 0
+    assert "set TEXT_ENCODER, TOKENIZER and VAE" in capsys.readouterr().out
+    k = TRAIN_SCHEMA.validate(_knobs(tmp_path / "lone.py"))
+    assert k["WEIGHTS"] == str(dit) and k["TEXT_ENCODER"] == "" and k["RANK"] == 64
+
+
+def test_source_guess(tmp_path):
+    from kohakumoss.cli.config_dataset import guess_source
+
+    (tmp_path / "m.jsonl").write_text("")
+    (tmp_path / "tars").mkdir()
+    (tmp_path / "tars" / "000.tar").write_bytes(b"")
+    (tmp_path / "shards").mkdir()
+    (tmp_path / "shards" / "shard-00000.safetensors").write_bytes(b"")
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "a.png").write_bytes(b"")
+    got = [guess_source(tmp_path / n) for n in ("m.jsonl", "tars", "shards", "plain")]
+    assert got == ["jsonl", "webdataset", "shards", "folder"]
