@@ -8,10 +8,10 @@ import torch
 
 from kohakumoss.adapters import adapter_state_dict, build_adapter, merged_state_dict
 from kohakumoss.export import to_comfy_adapter
+from kohakumoss.export.comfy_apply import apply_comfy_adapter
 from kohakumoss.model.layouts import LAYOUTS
 
 from ..adapters.helpers import CFG, tiny_model
-from .comfy_math import apply_comfy_adapter
 
 COMFY = LAYOUTS["comfy"]
 # algo, lycoris args, expected format of the fused qkv, expected format of the other modules

@@ -127,3 +127,8 @@ def test_sample_script_writes_pngs_with_settings_and_a_grid(trained, train_world
         torch.tensor(list(Image.open(d / pngs[0].name).tobytes())) for d in (tmp_path / "a", tmp_path / "b")
     )
     assert not torch.equal(a, b)  # the adapter changes the picture
+    comfy = trained / "export" / "scripts-comfy.safetensors"  # the default export, merged into the weights
+    with_comfy = {**with_adapter, "ADAPTERS": [str(comfy)], "OUT_DIR": str(tmp_path / "c")}
+    assert run_checked(SAMPLE_SCHEMA, with_comfy, ns["run"], "sample.py") == 0
+    c = torch.tensor(list(Image.open(tmp_path / "c" / pngs[0].name).tobytes()))
+    assert (c.int() - a.int()).abs().max() <= 3  # same picture as the LyCORIS file, up to rounding

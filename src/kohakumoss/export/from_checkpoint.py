@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import nn
 
 from kohakumoss.adapters import build_adapter, load_adapter
@@ -19,6 +20,7 @@ from kohakumoss.train.state import load_trainable_state
 from kohakumoss_common.errors import CheckpointError
 
 from .bundle import export_all
+from .comfy_apply import is_comfy_adapter, merge_comfy_adapter
 
 
 def checkpoint_folder(path: str | Path) -> Path | None:
@@ -40,6 +42,10 @@ def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multi
     if folder is None:
         if use_ema:
             raise CheckpointError(source, "USE_EMA needs a checkpoint folder, not a bare adapter file")
+        tensors = load_file(str(source))
+        if is_comfy_adapter(tensors):  # the ComfyUI-format export: merged into the weights
+            merge_comfy_adapter(model, tensors, multiplier)
+            return None, Path(source).stem
         return load_adapter(model, source, multiplier=multiplier), Path(source).stem
     ckpt = load_checkpoint(folder)
     k = ckpt.config

@@ -1,6 +1,8 @@
-"""A small re-implementation of ComfyUI's LoRA / LoHa / LoKr / diff weight patching (comfy/weight_adapter).
+"""ComfyUI's LoRA / LoHa / LoKr / diff weight patching (comfy/weight_adapter), re-implemented.
 
-It reads only the ComfyUI-format file and the ComfyUI-layout base weights, like ComfyUI does.
+It reads only the ComfyUI-format file and ComfyUI-layout base weights, like ComfyUI does. The export
+tests check the ComfyUI-format files against it, and `merge_comfy_adapter` uses it to put such a
+file onto a native model (sampling with the default export).
 """
 
 from __future__ import annotations
@@ -8,6 +10,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+
+from kohakumoss.model.layouts import LAYOUTS
+from kohakumoss_common.errors import CheckpointError
 
 PREFIX = "diffusion_model."
 
@@ -44,7 +49,10 @@ def apply_comfy_adapter(
     """Patched copy of ComfyUI-layout base weights (keys without the diffusion_model. prefix)."""
     entries: dict[str, dict] = defaultdict(dict)
     for key, t in adapter.items():
-        assert key.startswith(PREFIX), key
+        if not key.startswith(PREFIX):
+            raise CheckpointError(
+                "<comfy adapter>", f"key '{key}' lacks the '{PREFIX}' prefix of ComfyUI adapters"
+            )
         rest = key[len(PREFIX) :]
         for suffix in ("lora_up.weight", "lora_down.weight", "diff_b"):
             if rest.endswith("." + suffix):
@@ -60,3 +68,38 @@ def apply_comfy_adapter(
         if "diff_b" in entry:
             out[f"{module}.bias"] = out[f"{module}.bias"] + strength * entry["diff_b"].float()
     return out
+
+
+def is_comfy_adapter(keys) -> bool:
+    return any(k.startswith(PREFIX) for k in keys)
+
+
+@torch.no_grad()
+def merge_comfy_adapter(
+    model: torch.nn.Module, adapter: dict[str, torch.Tensor], strength: float = 1.0
+) -> list[str]:
+    """Patch a native MossBackbone in place with a ComfyUI-format adapter; returns the native keys changed.
+
+    The touched weights go to the ComfyUI layout (q, k, v fused), are patched as ComfyUI would, and are
+    split back.
+    """
+    layout = LAYOUTS["comfy"]
+    touched = {
+        k[len(PREFIX) :].rsplit(".", 1)[0].rsplit(".lora_up", 1)[0].rsplit(".lora_down", 1)[0]
+        for k in adapter
+    }
+    comfy_base = {
+        k: v
+        for k, v in layout.from_native(dict(model.state_dict())).items()
+        if k.rsplit(".", 1)[0] in touched
+    }
+    missing = sorted(m for m in touched if f"{m}.weight" not in comfy_base)
+    if missing:
+        raise CheckpointError("<comfy adapter>", f"modules not in this model: {missing[:5]}")
+    patched = apply_comfy_adapter(comfy_base, adapter, strength)
+    changed = []
+    for key, tensor in layout.to_native(patched.items()):
+        param = model.get_parameter(key)
+        param.copy_(tensor.to(param.dtype))
+        changed.append(key)
+    return changed
