@@ -145,3 +145,17 @@ def test_info_cli_last_line_is_params(tmp_path, capsys):
     save_backbone(random_model(CFG), tmp_path, layout="comfy")
     assert describe(str(tmp_path)).splitlines()[-1] == out[-1]
     assert main(["no-such-preset"]) == 2
+
+
+def test_weights_folder_finds_the_dit(tmp_path):
+    model = random_model(CFG)
+    comfy_models = tmp_path / "ComfyUI" / "models"
+    save_backbone(model, comfy_models / "diffusion_models", layout="comfy", prefix="moss_image_base")
+    (comfy_models / "vae").mkdir()
+    assert_same_weights(model, load_backbone(comfy_models, dtype=torch.float32))
+    hf = tmp_path / "MOSS-Image-Base"
+    save_backbone(model, hf / "transformer", layout="hf")
+    assert_same_weights(model, load_backbone(hf, dtype=torch.float32))
+    save_backbone(model, comfy_models / "diffusion_models", layout="comfy", prefix="moss_image_sft")
+    with pytest.raises(CheckpointError, match="expected one MOSS-Image DiT file"):
+        load_backbone(comfy_models)

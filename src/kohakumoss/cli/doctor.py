@@ -14,7 +14,11 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-INSTALL = "bash scripts/install/install.sh"
+INSTALL = (
+    r"powershell -ExecutionPolicy Bypass -File scripts\install\install.ps1"
+    if os.name == "nt"
+    else "bash scripts/install/install.sh"
+)
 
 
 @dataclass

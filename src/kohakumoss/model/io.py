@@ -120,8 +120,30 @@ def infer_config(shapes: dict[str, list[int]], hints: dict | None = None) -> Mos
     return MossConfig(**fields)
 
 
+def find_dit(path: str | Path) -> Path:
+    """The DiT inside a weights folder: ComfyUI's models/diffusion_models/*.safetensors, an HF model's
+    transformer/ folder, or `path` itself when it already is a checkpoint."""
+    path = Path(path)
+    if not path.is_dir():
+        return path
+    comfy = path / "diffusion_models"
+    if comfy.is_dir():
+        files = sorted(comfy.glob("*.safetensors"))
+        moss = [f for f in files if "moss" in f.name.lower()] or files
+        if len(moss) != 1:
+            raise CheckpointError(
+                comfy,
+                f"expected one MOSS-Image DiT file, found {[f.name for f in moss]}; name the file in WEIGHTS",
+            )
+        return moss[0]
+    if (path / "transformer").is_dir():
+        return path / "transformer"
+    return path
+
+
 def inspect_checkpoint(path: str | Path) -> tuple[KeyLayout, MossConfig, dict[str, tuple[str, list[int]]]]:
     """(layout, config, {file key: (dtype, shape)}) from headers only; raises on quantized files."""
+    path = find_dit(path)
     entries, metadata = read_header(path)
     scheme = _quantization_scheme(entries, metadata)
     if scheme is not None:
@@ -155,7 +177,8 @@ def load_backbone(
     strict: bool = True,
     ops=None,
 ) -> MossBackbone:
-    """Load a backbone from a file, index json or folder in any known layout."""
+    """Load a backbone from a file, index json or folder in any known layout (or a models folder)."""
+    path = find_dit(path)
     layout, inferred, _ = inspect_checkpoint(path)
     config = config or inferred
     with torch.device("meta"):
