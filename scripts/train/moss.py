@@ -24,6 +24,8 @@ TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks only)
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
+CHECKPOINTING = "none"  # activation checkpointing: none, full block, attn half or mlp half
+CHECKPOINT_EVERY = 1  # checkpoint every k-th block (with CHECKPOINTING)
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)
 
 # --- data --------------------------------------------------------------------------------------

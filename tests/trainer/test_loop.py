@@ -99,3 +99,9 @@ def test_non_finite_losses_stop_the_run_with_a_message(train_world, monkeypatch)
     monkeypatch.setattr(loop, "flow_loss", lambda *a, **kw: torch.tensor(float("nan"), requires_grad=True))
     with pytest.raises(loop.NonFiniteLoss, match="MAX_BAD_STEPS"):
         train(tiny_knobs(train_world, "nan", MAX_BAD_STEPS=2))
+
+
+def test_checkpointing_knob_gives_the_same_losses(train_world):
+    plain = train(tiny_knobs(train_world, "plain", STEPS=3))
+    ckpt = train(tiny_knobs(train_world, "ckpt", STEPS=3, CHECKPOINTING="full"))
+    assert losses(plain) == losses(ckpt)

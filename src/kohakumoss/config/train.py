@@ -73,6 +73,13 @@ TRAIN_KNOBS = [
         choices=PRECISIONS,
     ),
     Knob(
+        "CHECKPOINTING",
+        "none",
+        "activation checkpointing: none, full block, attn half or mlp half",
+        choices=("none", "full", "attn", "mlp"),
+    ),
+    Knob("CHECKPOINT_EVERY", 1, "checkpoint every k-th block (with CHECKPOINTING)", min=1),
+    Knob(
         "OPS_BACKEND",
         "auto",
         "kernel registry backend: auto (per-arch priority) or eager (the reference)",

@@ -71,6 +71,26 @@ class MossBlock(nn.Module):
         self.attn = Attention(cfg)
         self.mlp = MLP(cfg)
 
+    def attention_half(
+        self, x: torch.Tensor, mods: tuple[torch.Tensor, ...], seq: PackedSeq, rope, ops
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x -> (x + gate1 * attn(...), the MLP's AdaLN input): the residual add and the next modulate fused."""
+        shift1, scale1, gate1, shift2, scale2, _ = mods
+        ts = seq.token_sample
+        h = ops.norm_modulate(x, shift1, scale1, ts, self.eps)
+        return ops.residual_norm_modulate(
+            x, self.attn(h, seq, rope, ops), gate1, shift2, scale2, ts, self.eps
+        )
+
+    def mlp_half(
+        self, x: torch.Tensor, h: torch.Tensor, mods: tuple[torch.Tensor, ...], seq: PackedSeq, ops
+    ) -> torch.Tensor:
+        return ops.gated_residual(x, self.mlp(h, ops), mods[5], seq.token_sample)
+
+    def modulations(self, mod_in: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """shift1, scale1, gate1, shift2, scale2, gate2, each [B, d]."""
+        return tuple(self.modulation(mod_in).chunk(6, dim=-1))
+
     def forward(
         self,
         x: torch.Tensor,
@@ -79,11 +99,6 @@ class MossBlock(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],
         ops,
     ) -> torch.Tensor:
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(mod_in).chunk(6, dim=-1)
-        ts = seq.token_sample
-        h = ops.norm_modulate(x, shift1, scale1, ts, self.eps)
-        # the attention's residual add and the MLP's AdaLN input in one pass
-        x, h = ops.residual_norm_modulate(
-            x, self.attn(h, seq, rope, ops), gate1, shift2, scale2, ts, self.eps
-        )
-        return ops.gated_residual(x, self.mlp(h, ops), gate2, ts)
+        mods = self.modulations(mod_in)
+        x, h = self.attention_half(x, mods, seq, rope, ops)
+        return self.mlp_half(x, h, mods, seq, ops)

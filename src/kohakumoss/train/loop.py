@@ -26,6 +26,7 @@ from tqdm import tqdm
 from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask, set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
+from kohakumoss.memory.engines.checkpointing import CheckpointPolicy, install_checkpointing
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import add_file_log, get_logger
@@ -209,6 +210,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     atomic_write_json(run_dir / "config.json", k)
     comps = build_components(k)
     model, device, dtype = comps.backbone, comps.device, comps.dtype
+    install_checkpointing(model, CheckpointPolicy(k["CHECKPOINTING"], int(k["CHECKPOINT_EVERY"])))
     log.info(f"device {device}, precision {k['PRECISION']}, run folder {run_dir}")
     image_encoder = (
         comps.vae

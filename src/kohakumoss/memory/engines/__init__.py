@@ -1,0 +1,1 @@
+"""Memory engines: each installs itself on a backbone and is checked against the plain path."""
