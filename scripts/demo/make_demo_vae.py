@@ -1,6 +1,6 @@
 """Train the demo's tiny FLUX.2-shaped VAE on the demo pictures, so its decoder really reconstructs.
 
-    kogine run scripts/demo/make_demo_vae.py        (about a minute on 2 CPU cores)
+    kogine run scripts/demo/make_demo_vae.py        (about 10 to 15 minutes on 2 CPU cores)
 
 A random VAE decodes to noise, which would hide what the demo LoRA learned; this short training on
 random crops of assets/demo/images gives a small autoencoder for these colours and textures only. The
@@ -19,7 +19,7 @@ from PIL import Image
 
 IMAGES = "assets/demo/images"
 OUT = "assets/demo/vae"
-STEPS = 350
+STEPS = 1500
 BATCH = 6
 CROP = 48
 LR = 2e-3
