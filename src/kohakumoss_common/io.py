@@ -190,3 +190,22 @@ def load_tensors(path: str | Path, dtype: torch.dtype | None = None) -> dict[str
         return t.to(dtype) if dtype is not None and t.is_floating_point() else t
 
     return dict(iter_tensors(path, transform=cast))
+
+
+def set_module_tensor(
+    module: torch.nn.Module, name: str, tensor: torch.Tensor, requires_grad: bool | None = None
+) -> None:
+    """Replace parameter or buffer `name` (dotted) of `module` by `tensor`, without a copy.
+
+    A parameter keeps its current requires_grad unless `requires_grad` is given.
+    """
+    owner_name, _, leaf = name.rpartition(".")
+    owner = module.get_submodule(owner_name) if owner_name else module
+    if leaf in owner._parameters:
+        old = owner._parameters[leaf]
+        grad = old.requires_grad if requires_grad is None and old is not None else bool(requires_grad)
+        owner._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=grad)
+    elif leaf in owner._buffers:
+        owner._buffers[leaf] = tensor
+    else:
+        raise KeyError(name)

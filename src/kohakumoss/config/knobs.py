@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_data.pipeline import upper_knobs as script_knobs  # the one definition of a script's knobs
 
 _MISSING = object()
 
@@ -110,11 +111,6 @@ class Schema:
         merged = self.defaults()
         merged.update({k: v for k, v in values.items() if k in self.knobs})
         return merged
-
-
-def script_knobs(module_globals: Mapping[str, Any]) -> dict[str, Any]:
-    """The UPPER_CASE settings of a script's globals (what kogine configs and --set change)."""
-    return {k: v for k, v in module_globals.items() if k.isupper() and not k.startswith("_")}
 
 
 def run_checked(

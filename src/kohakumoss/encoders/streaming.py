@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from kohakumoss_common.errors import CheckpointError
+from kohakumoss_common.io import set_module_tensor
 
 Shapes = dict[str, tuple[int, ...]]
 _LIST = 20
@@ -49,15 +50,8 @@ def check_keys(path: str | Path, expected: Shapes, found: Shapes, optional: Iter
 
 
 def set_tensor(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    """Replace parameter or buffer `name` (dotted) of `module` by `tensor`, without a copy."""
-    owner_name, _, leaf = name.rpartition(".")
-    owner = module.get_submodule(owner_name) if owner_name else module
-    if leaf in owner._parameters:
-        owner._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
-    elif leaf in owner._buffers:
-        owner._buffers[leaf] = tensor
-    else:
-        raise KeyError(name)
+    """Replace parameter or buffer `name` (dotted) of `module` by `tensor`, frozen, without a copy."""
+    set_module_tensor(module, name, tensor, requires_grad=False)
 
 
 def cast(tensor: torch.Tensor, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

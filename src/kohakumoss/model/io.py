@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from kohakumoss_common.errors import CheckpointError
-from kohakumoss_common.io import iter_tensors, read_header, resolve_files, save_sharded
+from kohakumoss_common.io import iter_tensors, read_header, resolve_files, save_sharded, set_module_tensor
 
 from .backbone import MossBackbone
 from .config import MossConfig
@@ -159,12 +158,6 @@ def inspect_checkpoint(path: str | Path) -> tuple[KeyLayout, MossConfig, dict[st
     return layout, config, entries
 
 
-def _set_tensor(model: nn.Module, key: str, value: torch.Tensor) -> None:
-    module_name, _, name = key.rpartition(".")
-    module = model.get_submodule(module_name) if module_name else model
-    module._parameters[name] = nn.Parameter(value, requires_grad=module._parameters[name].requires_grad)
-
-
 def _native_stream(path: str | Path, layout: KeyLayout) -> Iterator[tuple[str, torch.Tensor]]:
     return layout.to_native(iter_tensors(path))
 
@@ -195,7 +188,7 @@ def load_backbone(
             raise CheckpointError(
                 path, f"shape mismatch for '{key}': checkpoint {tuple(tensor.shape)} vs model {expected[key]}"
             )
-        _set_tensor(model, key, tensor.to(device=device, dtype=dtype))
+        set_module_tensor(model, key, tensor.to(device=device, dtype=dtype))
         seen.add(key)
     missing = sorted(set(expected) - seen)
     if strict and (missing or unexpected):
@@ -209,7 +202,9 @@ def load_backbone(
         )
     if missing:  # non-strict: leave the rest randomly initialised on the target device
         for key in missing:
-            _set_tensor(model, key, torch.empty(expected[key], device=device, dtype=dtype).normal_(0, 0.02))
+            set_module_tensor(
+                model, key, torch.empty(expected[key], device=device, dtype=dtype).normal_(0, 0.02)
+            )
     return model
 
 
