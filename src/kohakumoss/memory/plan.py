@@ -1,0 +1,128 @@
+"""The memory plan: one frozen value that says where every byte of a training step lives.
+
+Resolved once at build time from the knobs (MEMORY_PROFILE names a profile or a catalog entry; the
+per-engine knobs override single fields), then `kohakumoss.memory.install.install_memory_plan`
+installs the engines it names. Every field is a knob:
+
+    CHECKPOINTING        none | full | attn | mlp     activation checkpointing per block
+    CHECKPOINT_EVERY     k >= 1                       ... on blocks 0, k, 2k, ...
+    STREAM_BLOCKS        n >= 0 or -1 (all)           blocks whose weights live in pinned host memory
+    STREAM_SLOTS         k >= 2                       GPU slots in the streaming ring
+    ACTIVATION_OFFLOAD   none | on                    saved activations to host, prefetched in backward
+    GRAD_OFFLOAD         False | True                 grads to host fp32 sums through a staging ring
+    OPTIMIZER_PLACEMENT  gpu | stream | host          optimizer states (and fp32 masters) location
+    TEXT_ENCODER_PLACEMENT  resident | streamed | off the text encoder (off: the text cache must hit)
+    VAE_PLACEMENT        resident | streamed | off    the VAE likewise (off: the latent cache must hit)
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from kohakumoss_common.errors import ConfigError
+
+CHECKPOINT_MODES = ("none", "full", "attn", "mlp")
+ACTIVATION_OFFLOAD_MODES = ("none", "on")
+OPTIMIZER_PLACEMENTS = ("gpu", "stream", "host")
+ENCODER_PLACEMENTS = ("resident", "streamed", "off")
+
+# knob name -> MemoryPlan field
+PLAN_KNOBS = {
+    "CHECKPOINTING": "checkpointing",
+    "CHECKPOINT_EVERY": "checkpoint_every",
+    "STREAM_BLOCKS": "stream_blocks",
+    "STREAM_SLOTS": "stream_slots",
+    "ACTIVATION_OFFLOAD": "activation_offload",
+    "GRAD_OFFLOAD": "grad_offload",
+    "OPTIMIZER_PLACEMENT": "optimizer",
+    "TEXT_ENCODER_PLACEMENT": "text_encoder",
+    "VAE_PLACEMENT": "vae",
+}
+FIELD_KNOBS = {v: k for k, v in PLAN_KNOBS.items()}
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    checkpointing: str = "none"
+    checkpoint_every: int = 1
+    stream_blocks: int = 0  # -1: every block
+    stream_slots: int = 2
+    activation_offload: str = "none"
+    grad_offload: bool = False
+    optimizer: str = "gpu"
+    text_encoder: str = "resident"
+    vae: str = "resident"
+
+    def __post_init__(self) -> None:
+        def bad(field: str, msg: str) -> ConfigError:
+            return ConfigError(FIELD_KNOBS[field], msg)
+
+        if self.checkpointing not in CHECKPOINT_MODES:
+            raise bad("checkpointing", f"'{self.checkpointing}' is not one of {CHECKPOINT_MODES}")
+        if int(self.checkpoint_every) < 1:
+            raise bad("checkpoint_every", f"must be >= 1, got {self.checkpoint_every}")
+        if int(self.stream_blocks) < -1:
+            raise bad("stream_blocks", f"must be >= 0 or -1 (all blocks), got {self.stream_blocks}")
+        if int(self.stream_slots) < 2:
+            raise bad(
+                "stream_slots",
+                f"the ring needs >= 2 slots (one computing, one loading), got {self.stream_slots}",
+            )
+        if self.activation_offload not in ACTIVATION_OFFLOAD_MODES:
+            raise bad(
+                "activation_offload", f"'{self.activation_offload}' is not one of {ACTIVATION_OFFLOAD_MODES}"
+            )
+        if self.optimizer not in OPTIMIZER_PLACEMENTS:
+            raise bad("optimizer", f"'{self.optimizer}' is not one of {OPTIMIZER_PLACEMENTS}")
+        if self.grad_offload and self.optimizer == "gpu":
+            raise bad(
+                "grad_offload",
+                "offloaded grads are summed on the host: use OPTIMIZER_PLACEMENT 'stream' or 'host'",
+            )
+        for name in ("text_encoder", "vae"):
+            if getattr(self, name) not in ENCODER_PLACEMENTS:
+                raise bad(name, f"'{getattr(self, name)}' is not one of {ENCODER_PLACEMENTS}")
+
+    def streamed_count(self, depth: int) -> int:
+        """How many blocks stream (the first ones); the ring never holds more slots than that."""
+        return depth if self.stream_blocks < 0 else min(int(self.stream_blocks), depth)
+
+    def slots(self, depth: int) -> int:
+        return min(int(self.stream_slots), max(self.streamed_count(depth), 0))
+
+    def masters_on_host(self) -> bool:
+        """Full fine-tune keeps fp32 masters where its optimizer states live."""
+        return self.optimizer != "gpu"
+
+    def knobs(self) -> dict[str, Any]:
+        """The plan as knob assignments (what a config file or the catalog prints)."""
+        values = asdict(self)
+        return {knob: values[f] for knob, f in PLAN_KNOBS.items()}
+
+    def label(self) -> str:
+        """A short human label: 'ckpt full/1, stream 42x2, act-offload, grad-offload, opt host'."""
+        parts = [
+            "no ckpt"
+            if self.checkpointing == "none"
+            else f"ckpt {self.checkpointing}/{self.checkpoint_every}"
+        ]
+        if self.stream_blocks:
+            n = "all" if self.stream_blocks < 0 else str(self.stream_blocks)
+            parts.append(f"stream {n}x{self.stream_slots}")
+        if self.activation_offload != "none":
+            parts.append("act-offload")
+        if self.grad_offload:
+            parts.append("grad-offload")
+        parts.append(f"opt {self.optimizer}")
+        return ", ".join(parts)
+
+
+def plan_with_overrides(base: MemoryPlan, knobs: dict[str, Any]) -> MemoryPlan:
+    """`base` with every per-engine knob that is set (not None) taking its place."""
+    changes = {f: knobs[k] for k, f in PLAN_KNOBS.items() if knobs.get(k) is not None}
+    return replace(base, **changes)
+
+
+def plan_fields() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(MemoryPlan))
