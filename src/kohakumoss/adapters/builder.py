@@ -11,6 +11,7 @@ from torch import nn
 from kohakumoss_common.errors import ConfigError
 
 from .algos import resolve_algo
+from .fast import route_through_ops
 from .spec import AdapterSpec
 from .targets import lycoris_preset, matched_modules, target_patterns
 
@@ -56,6 +57,9 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
         )
     network.apply_to()
     network.to(next(model.parameters()).device)
+    ops = getattr(model, "ops", None)
+    if ops is not None and spec.algo in ("lora", "locon"):  # t-LoRA and the rest keep lycoris's forward
+        route_through_ops(network, ops)
     network.requires_grad_(True)
     network.kohakumoss_spec = spec
     return network
