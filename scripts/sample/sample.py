@@ -46,7 +46,7 @@ def run(k: dict) -> None:
     )
 
     device, dtype = resolve_device(k["DEVICE"]), PRECISION_DTYPES[k["PRECISION"]]
-    model = build_backbone({**k, "OPS_BACKEND": "auto"}, device, dtype, full_ft=False)
+    model = build_backbone({**k, "OPS_BACKEND": "auto"}, device, dtype, fp32_masters=False)
     text_encoder = build_text_encoder(k, device, model.config.text_dim)
     vae = build_vae(k, device)
     for path in sample_images(k, model, text_encoder, vae, device, dtype):

@@ -24,8 +24,18 @@ TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks only)
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
-CHECKPOINTING = "none"  # activation checkpointing: none, full block, attn half or mlp half
-CHECKPOINT_EVERY = 1  # checkpoint every k-th block (with CHECKPOINTING)
+# memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
+MEMORY_PROFILE = "auto"  # auto (fastest catalog entry that fits the card), speed, balanced, low_vram, minimal, or c0042
+CARD_GB = 0.0  # card memory in GiB that 'auto' plans for (0: read the GPU)
+CHECKPOINTING = None  # none, full block, attn half or mlp half
+CHECKPOINT_EVERY = None  # checkpoint every k-th block
+STREAM_BLOCKS = None  # blocks whose weights stream from pinned host memory, -1: all
+STREAM_SLOTS = None  # GPU slots of the streaming ring, >= 2
+ACTIVATION_OFFLOAD = None  # saved activations to host memory: none or on
+GRAD_OFFLOAD = None  # grads to host fp32 sums (needs OPTIMIZER_PLACEMENT stream or host)
+OPTIMIZER_PLACEMENT = None  # optimizer states and fp32 masters: gpu, stream or host
+TEXT_ENCODER_PLACEMENT = None  # resident, streamed or off (off: the text cache must hit)
+VAE_PLACEMENT = None  # resident, streamed or off (off: the latent cache must hit)
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)
 
 # --- data --------------------------------------------------------------------------------------

@@ -101,6 +101,28 @@ def test_every_layer_exists_and_validates():
                 assert {"PRECISION", "TOKENS_PER_STEP", "RANK", "GRAD_ACCUM"} <= set(knobs)
 
 
+def test_gpu_layers_name_a_profile_that_fits():
+    """Each GPU layer's _metadata names the profile that fits an adapter (moss-image-5b) on its card;
+    the next larger named profile does not (so the name is the fastest named one that fits)."""
+    from kohakumoss.memory import PROFILES, estimate_plan
+
+    order = list(PROFILES)
+    for gb in GPU_SIZES:
+        layers = [
+            layer_path("gpu", f"vram_{gb}g"),
+            layer_path("algo", "lora"),
+            layer_path("data", "kohya_1mp"),
+        ]
+        knobs = {**TRAIN_SCHEMA.defaults(), **compose(layers)}
+        assert knobs["MEMORY_PROFILE"] == "auto"
+        name = load_file(layers[0])[1]["memory_profile"]
+        peak = estimate_plan(PROFILES[name], knobs, get_preset("moss-image-5b")).total
+        assert peak < gb * 0.95 * (1 << 30), (gb, name, peak / (1 << 30))
+        if name != "speed":
+            faster = PROFILES[order[order.index(name) - 1]]
+            assert estimate_plan(faster, knobs, get_preset("moss-image-5b")).total > gb * 0.95 * (1 << 30)
+
+
 def test_composition_order_gpu_algo_data_user(tmp_path):
     layers = layers_dir()
 
@@ -329,12 +351,35 @@ def test_check_unrecognised_weights(good, world, capsys):
 
 
 def test_check_memory_above_the_card(good, capsys):
+    """`new` chose a profile for the tiny DiT; priced for moss-image-5b, 'speed' is far above 24 GiB."""
+    assert _knobs(good)["MEMORY_PROFILE"] == "speed"
     body = "WEIGHTS = ''\nMODEL_PRESET = 'moss-image-5b'\nTEXT_ENCODE = 'cache'\nVAE_ENCODE = 'cache'\n"
     code, out = _check(good, body, capsys)
-    assert code == 1 and "memory: estimated peak" in out and "above the card's 24 GiB" in out
-    assert "'balanced' memory profile" in out and "not built yet" in out
+    assert code == 1 and "memory: estimated peak" in out and "above the card's 24 GiB" in out, out
+    assert "MEMORY_PROFILE 'speed'" in out and "MEMORY_PROFILE='auto' picks c" in out
+    assert "plan: profile 'speed'" in out and "saved activations" in out
     code, out = _check(good, body, capsys, "--gpu", "h200")
-    assert code == 0 and "activations" in out and out.strip().endswith("ok")
+    assert code == 0 and "saved activations" in out and out.strip().endswith("ok")
+    # 'auto' chooses an entry that fits; so does a named profile that fits
+    code, out = _check(good, body + "MEMORY_PROFILE = 'auto'\n", capsys)
+    assert code == 0 and "plan: auto: catalog entry c" in out and "the fastest that fits 24 GiB" in out, out
+    code, out = _check(good, body + "MEMORY_PROFILE = 'speed'\n", capsys, "--gpu", "8")
+    assert code == 1 and "above the card's 8 GiB" in out
+    code, out = _check(good, body + "MEMORY_PROFILE = 'auto'\n", capsys, "--gpu", "8")
+    assert code == 0 and "fits 8 GiB" in out, out
+    code, out = _check(good, body + "MEMORY_PROFILE = 'low_vram'\n", capsys, "--gpu", "8")
+    assert code == 0, out
+
+
+def test_check_names_bad_memory_knobs(good, capsys):
+    code, out = _check(good, "MEMORY_PROFILE = 'fast'\n", capsys)
+    assert code == 1 and "MEMORY_PROFILE: 'fast' is not one of ['auto', 'speed'" in out
+    code, out = _check(good, "CHECKPOINTING = 'ful'\nSTREAM_SLOTS = 1\n", capsys)
+    assert code == 1 and "CHECKPOINTING: 'ful' is not one of" in out and "(did you mean 'full'?)" in out
+    assert "STREAM_SLOTS: 1 is below the minimum 2" in out
+    # a combination the plan refuses is named by its knob too
+    code, out = _check(good, "MEMORY_PROFILE = 'speed'\nGRAD_OFFLOAD = True\n", capsys)
+    assert code == 1 and "GRAD_OFFLOAD: offloaded grads are summed on the host" in out, out
 
 
 def test_check_all_problems_at_once_and_data_schema(good, capsys):
@@ -348,10 +393,73 @@ def test_estimate_matches_the_measured_run():
     """docs/performance/training.md: moss-image-5b, LoRA r32 attn-mlp, 8704 tokens, bf16: 59.0 GiB, 74.3M trainable."""
     knobs = {"RANK": 32, "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "TARGET_PRESET": "attn-mlp"}
     est = estimate_peak(knobs, get_preset("moss-image-5b"), params=4_970_396_800)
-    assert abs(est.parts["trainable state"] / 16 - 74.3e6) < 0.5e6
+    assert abs(est.parts["trainable weights"] / 4 - 74.3e6) < 0.5e6
     assert 57 < est.total / (1 << 30) < 64
     full = estimate_peak({**knobs, "ALGO": "full"}, get_preset("moss-image-5b"), params=4_970_396_800)
-    assert full.total > 16 * 4_970_396_800 + est.parts["activations"]  # fp32 weights, grads, AdamW
+    # fp32 weights and grads and Muon's one moment on the card (the 'speed' plan)
+    assert full.total > 12 * 4_970_396_800 + est.parts["saved activations"]
+
+
+# --- profiles ------------------------------------------------------------------------------------
+
+
+def test_profiles_marks_the_fastest_fit(capsys):
+    assert main(["profiles", "--gpu-mem", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "moss-image-5b (42 blocks, dim 3072)" in out and "card 8 GiB" in out
+    rows = {ln.split()[1]: ln for ln in out.splitlines() if ln.split()[:1] and ln.split()[0][:1] in "c-"}
+    assert " no " in rows["speed"] and " yes " in rows["minimal"]
+    fastest = [ln for ln in out.splitlines() if ln.endswith("<- fastest fit")]
+    assert len(fastest) == 1 and " yes " in fastest[0]
+    best = fastest[0].split()[0]
+    assert f"MEMORY_PROFILE = '{best}'" in out
+    from kohakumoss.memory import catalog, fastest_fit
+
+    knobs = {**TRAIN_SCHEMA.defaults(), "MEMORY_PROFILE": "auto"}
+    assert fastest_fit(catalog(get_preset("moss-image-5b"), knobs), 8 << 30).id == best
+    assert main(["profiles", "--gpu-mem", "8", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert sum(ln.startswith("c0") for ln in out.splitlines()) == 300
+
+
+def test_profiles_for_a_config_and_without_a_card(good, capsys):
+    assert main(["profiles", "--config", str(good), "--tokens", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "4096 tokens/step" in out and "card 24 GiB" in out  # the card from the config's _metadata
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "card memory unknown" in out and "<- fastest fit" not in out
+    assert main(["profiles", "--tokens", "1"]) == 1
+    assert "TOKENS_PER_STEP: 1 is below the minimum 2" in capsys.readouterr().err
+
+
+def test_new_train_writes_the_fastest_fit(world, tmp_path, capsys):
+    argv = ["new", "train", "--weights", str(world["comfy"]), "--data", str(world["data"]), "--name", "p"]
+    assert main([*argv, "--gpu", "rtx3060", "--out-dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    text = (tmp_path / "p.py").read_text()
+    line = next(ln for ln in text.splitlines() if ln.startswith("MEMORY_PROFILE = "))
+    assert "fastest catalog entry that fits 12 GiB" in line and "memory profile: speed" in said
+    assert TRAIN_SCHEMA.validate(_knobs(tmp_path / "p.py"))["MEMORY_PROFILE"] == "speed"  # the tiny DiT fits
+    assert main(["check", str(tmp_path / "p.py")]) == 0
+
+
+def test_new_train_chooses_by_the_dit_size(world, tmp_path, monkeypatch, capsys):
+    """With the DiT's size that of moss-image-5b, a 12 GB card gets a catalog entry, not 'speed'."""
+    from kohakumoss.cli import config_tool
+
+    def big(found, layers, own, card_gb):
+        from kohakumoss.cli.config_layers import compose
+        from kohakumoss.cli.config_profiles import CatalogView, chosen_profile
+
+        knobs = {**TRAIN_SCHEMA.defaults(), **compose(layers, own)}
+        return chosen_profile(CatalogView(knobs, get_preset("moss-image-5b"), "5b", None, 0, 0, card_gb, []))
+
+    monkeypatch.setattr(config_tool, "_memory_profile", big)
+    argv = ["new", "train", "--weights", str(world["comfy"]), "--data", str(world["data"]), "--name", "q"]
+    assert main([*argv, "--gpu", "12", "--out-dir", str(tmp_path), "--no-check"]) == 0
+    value = TRAIN_SCHEMA.validate(_knobs(tmp_path / "q.py"))["MEMORY_PROFILE"]
+    assert value != "speed" and (value in ("balanced", "low_vram", "minimal") or value.startswith("c"))
 
 
 def test_generated_config_runs_under_kogine(good, tmp_path):

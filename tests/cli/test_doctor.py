@@ -27,6 +27,16 @@ def healthy(**overrides) -> Environment:
 def test_healthy_machine_is_ready():
     text, code = report(run_checks(healthy()))
     assert code == 0 and "ready to train" in text and "sm89" in text and "fp8 compute available" in text
+    assert "layer vram_24g, LoRA on moss-image-5b: MEMORY_PROFILE 'auto' picks c" in text
+
+
+def test_memory_plan_follows_the_card():
+    small = report(run_checks(healthy(gpus=[{"name": "RTX 3050", "capability": (8, 6), "memory": 8 << 30}])))[
+        0
+    ]
+    big = report(run_checks(healthy(gpus=[{"name": "H200", "capability": (9, 0), "memory": 141 << 30}])))[0]
+    assert "layer vram_8g" in small and "stream" in small.split("memory plan")[1].splitlines()[0]
+    assert "layer vram_80g" in big and "picks c0000 (no ckpt, opt gpu)" in big
 
 
 def test_missing_lycoris_blocks_with_fix():

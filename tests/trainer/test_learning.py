@@ -45,7 +45,7 @@ def test_lora_samples_move_toward_the_training_images(train_world):
     )
     run = train(k)
     cpu = torch.device("cpu")
-    base = build_backbone(k, cpu, torch.float32, full_ft=False)
+    base = build_backbone(k, cpu, torch.float32, fp32_masters=False)
     text_encoder, vae = build_text_encoder(k, cpu, base.config.text_dim), build_vae(k, cpu)
     folder = Path(k["DATASET"]["path"]) / "2_style"
     targets = []
@@ -53,7 +53,7 @@ def test_lora_samples_move_toward_the_training_images(train_world):
         pixels = np.asarray(Image.open(folder / f"{name.split('.')[0]}.png").convert("RGB"))
         targets.append(vae.encode(torch.from_numpy(pixels).permute(2, 0, 1).float()[None] / 127.5 - 1)[0])
     before = latent_distance(base, text_encoder, targets)
-    trained = build_backbone(k, cpu, torch.float32, full_ft=False)
+    trained = build_backbone(k, cpu, torch.float32, fp32_masters=False)
     attach(trained, run / "checkpoints" / "step_00150")
     after = latent_distance(trained, text_encoder, targets)
     print(f"latent MSE to the training images: base {before:.3f}, trained {after:.3f}")

@@ -1,10 +1,11 @@
 """GPU layer: cards with 48 GB of memory.
 
-Planned memory profile: 'balanced' (the DiT resident in bf16, activation checkpointing).
-The memory profiles are NOT built yet (a later issue): today's trainer keeps the DiT resident with
-no activation checkpointing, so `kohakumoss-config check` reports the estimated peak of today's
-code, which exceeds this card for the 5B model. Values are starting points, not
-measured on this card size.
+MEMORY_PROFILE 'auto' picks, when the run starts, the fastest entry of the memory catalog whose
+predicted peak fits the card present (`kohakumoss-config profiles --gpu-mem 48` lists them).
+For an adapter with these knobs the named profile that fits is 'balanced':
+(the DiT resident, every block checkpointed);
+set MEMORY_PROFILE = 'balanced' to pin it. docs/concepts/profiles.md says what each does.
+Values are starting points, not measured on this card size.
 """
 
 _metadata = {"gpu_layer": "vram_48g", "card_gb": 48, "memory_profile": "balanced"}
@@ -14,3 +15,4 @@ TOKENS_PER_STEP = 8704  # 2 x (1 MP image: 4096 image tokens + 256 caption token
 RANK = 64  # adapter rank (an algo layer may override it)
 ALPHA = 64.0  # scale = ALPHA / RANK = 1
 GRAD_ACCUM = 1  # micro-steps per optimizer step
+MEMORY_PROFILE = "auto"  # fastest catalog entry that fits the card (CARD_GB 0: the GPU present)

@@ -1,8 +1,10 @@
 """Recipe full_24g_host_masters: Full fine-tune on a 24 GB card, fp32 master weights kept in host memory.
 
-Host masters (fp32 master weights and optimizer states in host RAM, bf16 weights on the card) are part
-of the memory engines, which are NOT built yet: today this recipe keeps everything on the card and
-needs far more than 24 GB (`kohakumoss-config check` shows the estimate).
+Host masters: OPTIMIZER_PLACEMENT 'host' keeps the fp32 master weights and the optimizer states in
+host RAM (updated by the CPU); the card holds bf16 weights, 32 of the 42 blocks streamed from pinned
+host memory (profile 'low_vram'), and GRAD_OFFLOAD sends the grads to host fp32 sums through a small
+staging ring. Predicted peak for moss-image-5b at 8704 tokens: ~7 GiB (`kohakumoss-config check`);
+plan on 50-70 GiB of host RAM (fp32 masters, optimizer states, the bf16 copy). Not measured yet.
 
     kohakumoss-config new --from full_24g_host_masters configs/user/my_run.py
 """
@@ -16,3 +18,6 @@ use_config("../data/kohya_1mp.py")
 RUN_NAME = "full_24g_host_masters"
 STEPS = 2000
 EMA = False
+MEMORY_PROFILE = "low_vram"  # every block checkpointed, 32 blocks streamed, optimizer on the host
+OPTIMIZER_PLACEMENT = "host"  # fp32 masters and optimizer states in host RAM
+GRAD_OFFLOAD = True  # grads to host fp32 sums through a GPU staging ring

@@ -2,7 +2,8 @@
 
 Unknown knobs (with a did-you-mean), wrong types, out-of-range values and missing paths come from the
 script's schema; then the DiT's layout, the text encoder and VAE files, the dataset, and (for
-training) the memory estimate against the card's memory.
+training) the memory plan the trainer will resolve (MEMORY_PROFILE and the per-engine knobs) with its
+predicted peak against the card's memory.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss.config.knobs import Schema
+from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
 
 from .config_dataset import check_dataset
@@ -20,6 +22,20 @@ from .config_layers import load_file
 from .config_weights import check_text_encoder, check_vae, inspect_dit
 
 GIB = 1 << 30
+# knobs the memory estimate reads: with a bad one, no estimate is attempted
+MEMORY_INPUTS = (
+    "PRECISION",
+    "RANK",
+    "TOKENS_PER_STEP",
+    "ALGO",
+    "TARGET_PRESET",
+    "GRAD_ACCUM",
+    "AREA",
+    "MAX_TEXT_TOKENS",
+    "MEMORY_PROFILE",
+    "CARD_GB",
+    *PLAN_KNOBS,
+)
 
 
 def schemas() -> dict[str, Schema]:
@@ -86,13 +102,18 @@ def _model_files(knobs: dict[str, Any], out: CheckResult) -> tuple[Any, int | No
     return config, params
 
 
-def _card_gb(gpu: str | None, metadata: dict[str, Any], out: CheckResult) -> float | None:
+def _card_gb(
+    gpu: str | None, metadata: dict[str, Any], out: CheckResult, knobs: dict[str, Any]
+) -> float | None:
+    """--gpu, else the config's CARD_GB knob, else its _metadata card_gb; None when none says."""
     if gpu:
         choice = resolve_gpu(gpu)
         if choice.message:
             out.notes.append(choice.message)
             return None
         return choice.card_gb
+    if float(knobs.get("CARD_GB") or 0) > 0:
+        return float(knobs["CARD_GB"])
     if "card_gb" in metadata:
         return float(metadata["card_gb"])
     return None
@@ -115,28 +136,52 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
         config, params = _model_files(merged, res)
     if kind in ("train", "data") and "DATASET" in knobs and (msg := check_dataset(knobs["DATASET"])):
         res.problems.append(("DATASET", msg))
-    if kind == "train" and not any(k in ("PRECISION", "RANK", "TOKENS_PER_STEP") for k, _ in res.problems):
-        _memory(merged, config, params, _card_gb(gpu, metadata, res), metadata, res)
+    if kind == "train" and not any(k in MEMORY_INPUTS for k, _ in res.problems):
+        _memory(merged, config, params, _card_gb(gpu, metadata, res, merged), metadata, res)
     return res
 
 
-def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
-    from kohakumoss.memory import estimate_peak, file_bytes
+def encoder_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
+    """(text encoder, VAE) file sizes for the estimate; 0 when not set or synthetic."""
+    from kohakumoss.memory.estimate import encoder_file_bytes
 
-    te = file_bytes(knobs["TEXT_ENCODER"]) if knobs.get("TEXT_ENCODER") not in ("", "synthetic") else 0
-    vae = file_bytes(knobs["VAE"]) if knobs.get("VAE") not in ("", "synthetic") else 0
-    est = estimate_peak(knobs, config, params, te, vae)
-    res.memory_lines = est.lines()
+    return encoder_file_bytes(knobs)
+
+
+def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
+    """Resolve the memory plan as the trainer will, estimate its peak, and compare it with the card."""
+    from kohakumoss.memory import catalog, estimate_plan, fastest_fit, resolve_plan
+
+    te, vae = encoder_bytes(knobs)
+    full = knobs.get("ALGO") == "full"
+    try:
+        plan, reason = resolve_plan(knobs, config, card_gb, full, params, te, vae)
+    except KohakuMossError as e:  # an inconsistent plan: named by its knob
+        knob = getattr(e, "knob", "memory")
+        res.problems.append((knob, str(e).removeprefix(f"{knob}: ")))
+        return
+    est = estimate_plan(plan, knobs, config, params, te, vae)
+    res.memory_lines = [f"  plan: {reason}", *est.lines()]
     if card_gb is None:
         res.notes.append("card memory unknown (no card_gb in the config's _metadata): pass --gpu to compare")
         return
-    if est.total > card_gb * GIB:
-        profile = metadata.get("memory_profile")
-        why = (
-            f"; the layer's '{profile}' memory profile, which would lower it, is not built yet"
-            if profile
-            else ""
+    if est.total <= card_gb * GIB:
+        return
+    chosen = knobs.get("MEMORY_PROFILE") or "auto"
+    hint = "lower TOKENS_PER_STEP, or set per-engine knobs (docs/concepts/profiles.md)"
+    if chosen != "auto":
+        best = fastest_fit(catalog(config, knobs, params, te, vae), card_gb * GIB)
+        if best is not None:
+            hint = (
+                f"MEMORY_PROFILE='auto' picks {best.id} ({best.label}: {best.peak / GIB:.1f} GiB, "
+                f"cost {best.cost:.2f}x)"
+            )
+    else:
+        hint = f"no catalog entry fits; {hint}"
+    res.problems.append(
+        (
+            "memory",
+            f"estimated peak {est.total / GIB:.1f} GiB with MEMORY_PROFILE {chosen!r} is above the "
+            f"card's {card_gb:g} GiB: {hint}",
         )
-        res.problems.append(
-            ("memory", f"estimated peak {est.total / GIB:.1f} GiB is above the card's {card_gb:g} GiB{why}")
-        )
+    )

@@ -6,6 +6,7 @@
     kohakumoss-config new --from lora_24g_bf16 configs/user/my_run.py
     kohakumoss-config wizard
     kohakumoss-config check configs/user/my-lora.py
+    kohakumoss-config profiles --gpu-mem 8 [--config configs/user/my-lora.py] [--all]
 
 Configs compose preset layers from configs/moss/ (gpu -> algo -> data -> your knobs); see
 docs/guides/configs.md.
@@ -154,6 +155,10 @@ def new_config(req: NewRequest) -> list[Path]:
     path = _target(req)
     layers = [gpu_file, layer_path("algo", req.algo), data_layer]
     knobs = {**found.knobs(), "DATASET": spec, "CACHE_DIR": f"cache/{req.name}", "RUN_NAME": req.name}
+    comments = {}
+    if choice := _memory_profile(found, layers, knobs, gpu.card_gb):
+        knobs["MEMORY_PROFILE"], comments["MEMORY_PROFILE"] = choice
+        _say(req, f"memory profile: {choice[0]} ({choice[1]})")
     body = [
         f"Layers, later overriding earlier: gpu/{gpu.layer} ({gpu.description}) -> algo/{req.algo} -> "
         f"data/{data_layer.stem} -> the knobs below.",
@@ -164,7 +169,7 @@ def new_config(req: NewRequest) -> list[Path]:
     _write(
         path,
         render_layered(
-            path, f"{req.name}: training config", usage, body, layers, metadata, knobs, TRAIN_SCHEMA
+            path, f"{req.name}: training config", usage, body, layers, metadata, knobs, TRAIN_SCHEMA, comments
         ),
     )
     written.append(path)
@@ -179,15 +184,32 @@ def new_config(req: NewRequest) -> list[Path]:
     return written
 
 
+def _memory_profile(found, layers: list[Path], own: dict[str, Any], card_gb: float) -> tuple[str, str] | None:
+    """MEMORY_PROFILE for the card: the fastest catalog entry that fits (None: the DiT's size is unknown)."""
+    from kohakumoss.config.train import TRAIN_SCHEMA
+
+    from .config_check import encoder_bytes
+    from .config_layers import compose
+    from .config_profiles import CatalogView, chosen_profile
+
+    if found.dit_config is None:
+        return None
+    knobs = {**TRAIN_SCHEMA.defaults(), **compose(layers, own)}
+    knobs.pop("MEMORY_PROFILE", None)  # the choice below replaces the layer's
+    te, vae = encoder_bytes(knobs)
+    view = CatalogView(knobs, found.dit_config, found.dit, found.dit_params, te, vae, card_gb, [])
+    return chosen_profile(view)
+
+
 def _after_write(req: NewRequest, path: Path) -> None:
-    """Validate what was written; the memory estimate is said, not enforced (the profiles come later)."""
+    """Validate what was written; a memory estimate above the card is said (the config is written)."""
     from .config_check import check_config
 
     res = check_config(path)
     for knob, msg in res.problems:
         _say(req, f"{'note' if knob == 'memory' else 'problem'}: {knob}: {msg}")
     if res.memory_lines:
-        _say(req, "memory estimate of one training step with today's trainer:")
+        _say(req, "memory plan and estimate of one training step:")
         for line in res.memory_lines:
             _say(req, line)
     _say(
@@ -309,6 +331,22 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("wizard", help="ask for the GPU, algorithm, data and weights, then write the config")
     w.add_argument("--out-dir", default="configs/user")
     w.add_argument("--force", action="store_true")
+    pr = sub.add_parser(
+        "profiles", help="the memory catalog: predicted peak and cost of each plan, and the fastest that fits"
+    )
+    pr.add_argument(
+        "--gpu-mem",
+        default=None,
+        help="card memory in GB, a card name or vram_<N>g (default: the config's, else the GPU)",
+    )
+    pr.add_argument(
+        "--config", default=None, help="a training config (default: the script's defaults, moss-image-5b)"
+    )
+    pr.add_argument(
+        "--tokens", type=int, default=None, help="TOKENS_PER_STEP to price (default: the config's)"
+    )
+    pr.add_argument("--algo", default=None, help="ALGO to price (an adapter or full)")
+    pr.add_argument("--all", action="store_true", help="list every catalog entry")
     c = sub.add_parser("check", help="report every problem of a config by knob; non-zero exit status if any")
     c.add_argument("file")
     c.add_argument(
@@ -329,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             res = check_config(args.file, gpu=args.gpu, kind=args.script)
             print(res.text())
             return 1 if res.problems else 0
+        if args.command == "profiles":
+            return _profiles(args)
         if args.command == "wizard":
             wizard(args.out_dir, args.force)
             return 0
@@ -362,6 +402,23 @@ def main(argv: list[str] | None = None) -> int:
     except KohakuMossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _profiles(args: argparse.Namespace) -> int:
+    from kohakumoss.config.train import TRAIN_SCHEMA
+
+    from .config_profiles import catalog_view, profiles_lines
+
+    overrides: dict[str, Any] = {}
+    if args.tokens is not None:
+        overrides["TOKENS_PER_STEP"] = args.tokens
+    if args.algo is not None:
+        overrides["ALGO"] = args.algo
+    if problems := TRAIN_SCHEMA.problems(overrides):
+        raise Refused("; ".join(f"{k}: {m}" for k, m in problems))
+    view = catalog_view(args.config, args.gpu_mem, overrides)
+    print("\n".join(profiles_lines(view, show_all=args.all)))
+    return 0
 
 
 def _weights_and_data(args: argparse.Namespace) -> dict[str, Any]:

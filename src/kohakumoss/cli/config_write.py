@@ -12,9 +12,10 @@ from kohakumoss.config.knobs import Schema
 from .config_layers import use_line
 
 
-def knob_line(name: str, value: Any, schema: Schema | None) -> str:
-    """`NAME = value  # help` (the help from the schema, one line)."""
+def knob_line(name: str, value: Any, schema: Schema | None, comment: str = "") -> str:
+    """`NAME = value  # help` (`comment`, else the help from the schema, one line)."""
     help_ = schema.knobs[name].help if schema is not None and name in schema.knobs else ""
+    help_ = comment or help_
     return f"{name} = {value!r}" + (f"  # {help_}" if help_ else "")
 
 
@@ -37,13 +38,15 @@ def render_layered(
     metadata: dict[str, Any],
     knobs: dict[str, Any],
     schema: Schema | None,
+    comments: dict[str, str] | None = None,
 ) -> str:
-    """A config that composes `layers` with kogine's use_config, then sets its own knobs."""
+    """A config that composes `layers` with kogine's use_config, then sets its own knobs (`comments`
+    replace the schema's help on the knobs they name)."""
     lines = header(title, usage, body)
     lines += ["from kohakuengine import use_config", ""]
     lines += [use_line(layer, path.parent) for layer in layers]
     lines += ["", f"_metadata = {metadata!r}  # not a knob: read by kohakumoss-config check", ""]
-    lines += [knob_line(k, v, schema) for k, v in knobs.items()]
+    lines += [knob_line(k, v, schema, (comments or {}).get(k, "")) for k, v in knobs.items()]
     return "\n".join(lines) + "\n"
 
 

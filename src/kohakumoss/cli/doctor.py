@@ -147,6 +147,30 @@ def torch_index_for(driver_cuda: str | None) -> str:
     return "cu130" if v >= 130 else "cu128" if v >= 128 else "cu126"
 
 
+def memory_plan_for(gib: float) -> str:
+    """What MEMORY_PROFILE 'auto' picks on this card for a LoRA on moss-image-5b with its GPU layer's
+    knobs (a prediction of kohakumoss.memory, docs/concepts/profiles.md); '' when it cannot say."""
+    try:
+        from kohakumoss.config.train import TRAIN_SCHEMA
+        from kohakumoss.memory import catalog, fastest_fit
+        from kohakumoss.model.presets import get_preset
+
+        from .config_layers import compose, gpu_layer_name, layer_path
+
+        layer = gpu_layer_name(gib)
+        layers = [layer_path("gpu", layer), layer_path("algo", "lora"), layer_path("data", "kohya_1mp")]
+        knobs = {**TRAIN_SCHEMA.defaults(), **compose(layers)}
+        best = fastest_fit(catalog(get_preset("moss-image-5b"), knobs), gib * 2**30)
+    except Exception:  # the doctor reports the machine; a missing layer folder is not its failure
+        return ""
+    if best is None:
+        return f"layer {layer}: no memory plan fits a LoRA on moss-image-5b (kohakumoss-config profiles)"
+    return (
+        f"layer {layer}, LoRA on moss-image-5b: MEMORY_PROFILE 'auto' picks {best.id} ({best.label}), "
+        f"{best.peak / 2**30:.1f} GiB predicted (kohakumoss-config profiles --gpu-mem {gib:.0f})"
+    )
+
+
 def run_checks(env: Environment) -> list[Check]:
     checks: list[Check] = []
     py_ok = env.python >= (3, 10)
@@ -202,6 +226,8 @@ def run_checks(env: Environment) -> list[Check]:
             arch = f"sm{major}{minor}"
             gib = gpu["memory"] / 2**30
             checks.append(Check(f"gpu {i}", True, f"{gpu['name']}, {arch}, {gib:.1f} GiB"))
+            if plan := memory_plan_for(gib):
+                checks.append(Check(f"gpu {i} memory plan", True, plan))
             checks.append(
                 Check(
                     f"gpu {i} bf16",

@@ -10,6 +10,13 @@ from kohakumoss.adapters.algos import ALGOS
 from kohakumoss.adapters.targets import TARGET_PRESETS
 from kohakumoss.diffusion.objective import REDUCTIONS, WEIGHTINGS
 from kohakumoss.diffusion.timestep import SHIFT_MODES, SIGMA_MODES
+from kohakumoss.memory.plan import (
+    ACTIVATION_OFFLOAD_MODES,
+    CHECKPOINT_MODES,
+    ENCODER_PLACEMENTS,
+    OPTIMIZER_PLACEMENTS,
+)
+from kohakumoss.memory.profiles import profile_problem
 
 from .knobs import Knob, Schema
 
@@ -23,6 +30,7 @@ PRECISIONS = ("bf16", "fp16", "fp32")
 ALGO_CHOICES = (*sorted(ALGOS), "full")
 
 _ANY = (str, type(None))
+_INT_OR_NONE = (int, type(None))
 
 
 def _exists_or_synthetic(value: str, knob: str) -> str | None:
@@ -72,13 +80,78 @@ TRAIN_KNOBS = [
         "compute precision (autocast); weights of the frozen base follow it",
         choices=PRECISIONS,
     ),
+    # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
+    Knob(
+        "MEMORY_PROFILE",
+        "auto",
+        "auto (fastest catalog entry that fits the card), speed, balanced, low_vram, minimal, or an id like c0042",
+        check=profile_problem,
+    ),
+    Knob(
+        "CARD_GB", 0.0, "card memory in GiB that MEMORY_PROFILE 'auto' plans for (0: read the GPU)", min=0.0
+    ),
     Knob(
         "CHECKPOINTING",
-        "none",
-        "activation checkpointing: none, full block, attn half or mlp half",
-        choices=("none", "full", "attn", "mlp"),
+        None,
+        "activation checkpointing: none, full block, attn half or mlp half (None: from the profile)",
+        type=_ANY,
+        choices=(None, *CHECKPOINT_MODES),
     ),
-    Knob("CHECKPOINT_EVERY", 1, "checkpoint every k-th block (with CHECKPOINTING)", min=1),
+    Knob(
+        "CHECKPOINT_EVERY",
+        None,
+        "checkpoint every k-th block (None: from the profile)",
+        type=_INT_OR_NONE,
+        min=1,
+    ),
+    Knob(
+        "STREAM_BLOCKS",
+        None,
+        "blocks whose weights stream from pinned host memory, -1: all (None: from the profile)",
+        type=_INT_OR_NONE,
+        min=-1,
+    ),
+    Knob(
+        "STREAM_SLOTS",
+        None,
+        "GPU slots of the streaming ring, >= 2 (None: from the profile)",
+        type=_INT_OR_NONE,
+        min=2,
+    ),
+    Knob(
+        "ACTIVATION_OFFLOAD",
+        None,
+        "saved activations to host memory: none or on (None: from the profile)",
+        type=_ANY,
+        choices=(None, *ACTIVATION_OFFLOAD_MODES),
+    ),
+    Knob(
+        "GRAD_OFFLOAD",
+        None,
+        "grads to host fp32 sums (needs OPTIMIZER_PLACEMENT stream or host; None: from the profile)",
+        type=(bool, type(None)),
+    ),
+    Knob(
+        "OPTIMIZER_PLACEMENT",
+        None,
+        "optimizer states and fp32 masters: gpu, stream or host (None: from the profile)",
+        type=_ANY,
+        choices=(None, *OPTIMIZER_PLACEMENTS),
+    ),
+    Knob(
+        "TEXT_ENCODER_PLACEMENT",
+        None,
+        "text encoder: resident, streamed or off (off: the text cache must hit; None: from the profile)",
+        type=_ANY,
+        choices=(None, *ENCODER_PLACEMENTS),
+    ),
+    Knob(
+        "VAE_PLACEMENT",
+        None,
+        "VAE: resident, streamed or off (off: the latent cache must hit; None: from the profile)",
+        type=_ANY,
+        choices=(None, *ENCODER_PLACEMENTS),
+    ),
     Knob(
         "OPS_BACKEND",
         "auto",

@@ -1,35 +1,38 @@
-"""A simple, documented peak-memory estimate of one training step with today's trainer.
+"""The predicted peak GPU memory of one training step under a memory plan: a documented sum of parts.
 
-Today's trainer has no memory engines: the frozen DiT is resident in PRECISION, nothing is
-offloaded, no activation checkpointing. The estimate is the sum of
+Every constant is in `calibration.py`, tagged measured, derived or placeholder. The parts:
 
-- DiT weights: parameters x bytes of PRECISION (fp32 for a full fine-tune: the trained weights);
-- trainable state: adapters: trainable parameters x 16 bytes (fp32 weight, grad and AdamW's two
-  moments); a full fine-tune: 12 bytes per parameter (the fp32 weight is counted above). Adapter
-  parameters: RANK x (in + out) summed over the targeted linears, an upper bound for LoKr / IA3 /
-  OFT, which train fewer (Muon's one moment makes a full fine-tune's figure an upper bound too);
-- activations: TOKENS_PER_STEP x depth x dim x ACT_BYTES_PER_DIM saved values per block. The
-  constant comes from the one measured run (docs/performance/training.md: moss-image-5b, LoRA r32,
-  8704 tokens, bf16, no checkpointing: 59.0 GiB peak allocated; less 9.3 GiB of weights and 1.1 GiB
-  of LoRA state, ~48.6 GiB / (8704 x 42 x 3072) = ~46 bytes per token, block and model dim);
-- the text encoder and VAE weights when they run in the step (TEXT_ENCODE / VAE_ENCODE not "cache"),
-  from their files' sizes.
-
-It is an estimate of today's code, not of the planned memory profiles: the GPU layers' profiles
-(offload, streaming, checkpointing) will lower it once they exist.
+- DiT weights: the non-streamed blocks and every non-block parameter in PRECISION, plus the streaming
+  ring (slots x one block). A full fine-tune with OPTIMIZER_PLACEMENT 'gpu' trains fp32 weights on the
+  card (today's trainer), so its weights are fp32 and streaming saves nothing;
+- trainable weights, grads and optimizer states: adapters RANK x (in + out) over the targeted linears
+  (an upper bound for LoKr / IA3 / OFT, which train fewer), a full fine-tune every parameter; fp32
+  weights and grads with the optimizer on the GPU, PRECISION copies with host masters; AdamW keeps
+  two fp32 moments, Muon one; 'stream' keeps a couple of blocks' states on the card, 'host' none;
+  GRAD_OFFLOAD keeps a staging ring of a couple of blocks' grads instead of all of them;
+- saved activations: TOKENS_PER_STEP x dim x ACTIVATIONS[mode, precision]['kept'] per block
+  (checkpointed blocks keep less), all blocks' on the card, or with ACTIVATION_OFFLOAD only a window
+  of blocks;
+- the backward working set: the extra peak of one block's backward (a checkpointed block re-creates
+  what it did not keep), ACTIVATIONS[...]['working'], counted once;
+- the text encoder and the VAE when they run in the step (TEXT_ENCODE / VAE_ENCODE not 'cache') and
+  are resident (streamed: a fraction; off: nothing), from their files' sizes;
+- x ALLOCATOR_SLACK for fragmentation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-GIB = 1 << 30
-ACT_BYTES_PER_DIM = {"bf16": 46.0, "fp16": 46.0, "fp32": 92.0}  # per token, block and model dim
-WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
-STATE_BYTES = 16  # fp32 weight + fp32 grad + AdamW exp_avg + exp_avg_sq
-ALLOCATOR_SLACK = 1.05  # fragmentation and workspace on top of the sum
+from . import calibration as cal
+from .plan import MemoryPlan, plan_with_overrides
+
+GIB = cal.GIB
+ACTIVATIONS = cal.ACTIVATIONS
+ALLOCATOR_SLACK = cal.ALLOCATOR_SLACK
 
 
 @dataclass
@@ -41,20 +44,81 @@ class MemoryEstimate:
         return sum(self.parts.values()) * ALLOCATOR_SLACK
 
     def lines(self) -> list[str]:
-        rows = [f"  {name:<18} {b / GIB:7.1f} GiB" for name, b in self.parts.items()]
-        return [*rows, f"  {'total (+5%)':<18} {self.total / GIB:7.1f} GiB"]
+        rows = [f"  {name:<24} {b / GIB:7.2f} GiB" for name, b in self.parts.items() if b]
+        slack = f"total (+{round((ALLOCATOR_SLACK - 1) * 100)}%)"
+        return [*rows, f"  {slack:<24} {self.total / GIB:7.2f} GiB"]
 
 
 def _linear_sizes(config: Any, target_preset: str) -> list[tuple[int, int]]:
-    """(in, out) of the linears of one block an adapter wraps (attention; attention + MLP)."""
+    """(in, out) of the linears of one block an adapter wraps (attention; attention + MLP; all)."""
     d, h = config.dim, config.mlp_hidden
     attn = [(d, d)] * 4  # q, k, v, o
     mlp = [(d, 2 * h), (h, d)] if config.mlp_act == "swiglu" else [(d, h), (h, d)]
     if target_preset == "attn":
         return attn
     if target_preset == "full":
-        return [*attn, *mlp, (config.mod_dim, 6 * d)]
+        return [*attn, *mlp, (config.mod_dim, 6 * config.dim)]
     return attn + mlp
+
+
+def block_params(config: Any) -> int:
+    """Parameters of one block: its linears (the modulation included) and its norms."""
+    norms = 2 * config.head_dim if config.qk_norm else 0
+    return sum(i * o for i, o in _linear_sizes(config, "full")) + 6 * config.dim + norms
+
+
+def nonblock_params(config: Any, params: int | None = None) -> int:
+    """Parameters outside the blocks: the measured rest of `params`, else from the config."""
+    if params is not None:
+        return max(int(params) - config.depth * block_params(config), 0)
+    d, m = config.dim, config.mod_dim
+    embed = config.in_channels * d + config.text_dim * d + config.time_freq_dim * m + m * m
+    final = m * 2 * d + d * config.in_channels
+    return embed + final
+
+
+def trainable_params(knobs: dict[str, Any], config: Any, params: int | None = None) -> int:
+    """Trained parameters: every one for a full fine-tune, else RANK x (in + out) over the targets."""
+    if knobs.get("ALGO", "lora") == "full":
+        return (
+            int(params)
+            if params is not None
+            else config.depth * block_params(config) + nonblock_params(config)
+        )
+    rank = int(knobs.get("RANK", 16))
+    return (
+        rank
+        * sum(i + o for i, o in _linear_sizes(config, knobs.get("TARGET_PRESET", "attn-mlp")))
+        * config.depth
+    )
+
+
+def activation(mode: str, precision: str) -> dict[str, float]:
+    """{'kept': ..., 'working': ...} bytes per token and model dim of one block (calibration.ACTIVATIONS)."""
+    return ACTIVATIONS.get((mode, precision), ACTIVATIONS[(mode, "bf16")])
+
+
+def checkpointed_blocks(plan: MemoryPlan, depth: int) -> int:
+    """Blocks 0, k, 2k, ... are checkpointed."""
+    return 0 if plan.checkpointing == "none" else math.ceil(depth / int(plan.checkpoint_every))
+
+
+def saved_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tuple[float, float]:
+    """Bytes one (checkpointed, plain) block keeps for the backward."""
+    precision = knobs.get("PRECISION", "bf16")
+    per_dim = int(knobs.get("TOKENS_PER_STEP", 8192)) * config.dim
+    plain = per_dim * activation("none", precision)["kept"]
+    ckpt = per_dim * activation(plan.checkpointing, precision)["kept"]
+    return ckpt, plain
+
+
+def working_set(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
+    """The largest extra peak of one block's backward (one block is in its backward at a time)."""
+    precision = knobs.get("PRECISION", "bf16")
+    per_dim = int(knobs.get("TOKENS_PER_STEP", 8192)) * config.dim
+    c = checkpointed_blocks(plan, config.depth)
+    modes = ([plan.checkpointing] if c else []) + (["none"] if c < config.depth else [])
+    return per_dim * max(activation(m, precision)["working"] for m in modes)
 
 
 def file_bytes(path: str | Path) -> int:
@@ -66,32 +130,89 @@ def file_bytes(path: str | Path) -> int:
     return sum(f.stat().st_size for f in files)
 
 
-def estimate_peak(
+def encoder_file_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
+    """(text encoder, VAE) file sizes of TEXT_ENCODER / VAE for the estimate; 0 when unset or synthetic."""
+    sizes = [knobs.get(k) for k in ("TEXT_ENCODER", "VAE")]
+    te, vae = (file_bytes(v) if v not in ("", "synthetic", None) else 0 for v in sizes)
+    return te, vae
+
+
+def _encoder(placement: str, encode: str, size: int) -> float:
+    if encode == "cache" or not size or placement == "off":
+        return 0.0
+    return size * (cal.ENCODER_STREAM_FRACTION if placement == "streamed" else 1.0)
+
+
+def estimate_plan(
+    plan: MemoryPlan,
     knobs: dict[str, Any],
     config: Any,
     params: int | None = None,
     text_encoder_bytes: int = 0,
     vae_bytes: int = 0,
 ) -> MemoryEstimate:
-    """Peak bytes of one training step for these knobs on a DiT of `config` (a MossConfig)."""
+    """Peak bytes of one training step under `plan` for these knobs on a DiT of `config` (a MossConfig)."""
     precision = knobs.get("PRECISION", "bf16")
+    wb = cal.WEIGHT_BYTES.get(precision, 2)
     full = knobs.get("ALGO", "lora") == "full"
-    if params is None:
-        per_block = sum(i * o for i, o in _linear_sizes(config, "full"))
-        params = per_block * config.depth
+    depth = config.depth
+    bp, nb = block_params(config), nonblock_params(config, params)
+    streamed, slots = plan.streamed_count(depth), plan.slots(depth)
+    gpu_opt = plan.optimizer == "gpu"
     est = MemoryEstimate()
-    est.parts["DiT weights"] = params * (4 if full else WEIGHT_BYTES.get(precision, 2))
-    if full:  # the weights above are the trained fp32 ones: add their grad and AdamW's two moments
-        est.parts["trainable state"] = params * (STATE_BYTES - 4)
+
+    # weights
+    if full and gpu_opt:  # the trained fp32 weights compute on the card: nothing to stream
+        est.parts["DiT weights (fp32)"] = (depth * bp + nb) * cal.MASTER_BYTES
     else:
-        rank = int(knobs.get("RANK", 16))
-        sizes = _linear_sizes(config, knobs.get("TARGET_PRESET", "attn-mlp"))
-        est.parts["trainable state"] = rank * sum(i + o for i, o in sizes) * config.depth * STATE_BYTES
-    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
-    per = ACT_BYTES_PER_DIM.get(precision, 46.0)
-    est.parts["activations"] = tokens * config.depth * config.dim * per
-    if knobs.get("TEXT_ENCODE", "auto") != "cache" and text_encoder_bytes:
-        est.parts["text encoder"] = text_encoder_bytes
-    if knobs.get("VAE_ENCODE", "auto") != "cache" and vae_bytes:
-        est.parts["VAE"] = vae_bytes
+        est.parts["DiT weights"] = ((depth - streamed) * bp + nb) * wb
+        est.parts["streaming slots"] = slots * bp * wb
+
+    # trainable state
+    n = trainable_params(knobs, config, params)
+    per_block = n / depth
+    if not full:
+        est.parts["trainable weights"] = n * (cal.MASTER_BYTES if gpu_opt else wb)
+    grad_bytes = cal.GRAD_BYTES_FP32 if (gpu_opt or not full) else wb
+    if plan.grad_offload:
+        est.parts["grad staging ring"] = min(cal.GRAD_STAGING_BLOCKS, depth) * per_block * grad_bytes
+    else:
+        est.parts["grads"] = n * grad_bytes
+    state = cal.MUON_STATE_BYTES if (full and knobs.get("USE_MUON", True)) else cal.ADAMW_STATE_BYTES
+    if plan.optimizer == "gpu":
+        est.parts["optimizer states"] = n * state
+    elif plan.optimizer == "stream":
+        est.parts["optimizer stream chunks"] = (
+            min(cal.OPT_STREAM_CHUNKS, depth) * per_block * (state + cal.MASTER_BYTES)
+        )
+
+    # activations
+    ckpt, plain = saved_per_block(plan, knobs, config)
+    c = checkpointed_blocks(plan, depth)
+    if plan.activation_offload == "on":
+        window = min(cal.ACT_OFFLOAD_WINDOW, depth)
+        largest = plain if c < depth else ckpt
+        est.parts["activation window"] = window * largest
+    else:
+        est.parts["saved activations"] = c * ckpt + (depth - c) * plain
+    est.parts["backward working set"] = working_set(plan, knobs, config)
+
+    # encoders
+    est.parts["text encoder"] = _encoder(
+        plan.text_encoder, knobs.get("TEXT_ENCODE", "auto"), text_encoder_bytes
+    )
+    est.parts["VAE"] = _encoder(plan.vae, knobs.get("VAE_ENCODE", "auto"), vae_bytes)
     return est
+
+
+def estimate_peak(
+    knobs: dict[str, Any],
+    config: Any,
+    params: int | None = None,
+    text_encoder_bytes: int = 0,
+    vae_bytes: int = 0,
+    plan: MemoryPlan | None = None,
+) -> MemoryEstimate:
+    """`estimate_plan` with the plan the per-engine knobs alone give (unset fields: the 'speed' plan)."""
+    plan = plan if plan is not None else plan_with_overrides(MemoryPlan(), knobs)
+    return estimate_plan(plan, knobs, config, params, text_encoder_bytes, vae_bytes)

@@ -1,4 +1,5 @@
-"""What a run trains with, built from its knobs: device, precision, backbone, text encoder, VAE."""
+"""What a run trains with, built from its knobs: device, precision, memory plan, backbone (placed by
+the plan's engines), text encoder and VAE (placed as the plan says)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,13 @@ import torch
 
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
-from kohakumoss.model import MossBackbone, get_preset
-from kohakumoss.model.io import load_backbone
+from kohakumoss.memory.engines.encoders import place_encoder
+from kohakumoss.memory.estimate import file_bytes
+from kohakumoss.memory.install import MemoryEngines, install_memory_plan
+from kohakumoss.memory.plan import MemoryPlan
+from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
+from kohakumoss.model import MossBackbone, MossConfig, get_preset
+from kohakumoss.model.io import inspect_checkpoint, load_backbone
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
@@ -37,15 +43,34 @@ class Components:
     device: torch.device
     dtype: torch.dtype  # compute dtype (autocast) and the frozen base's storage dtype
     backbone: MossBackbone
-    text_encoder: TextEncoder | None
+    text_encoder: TextEncoder | None  # placed (kohakumoss.memory.engines.encoders.PlacedEncoder)
     vae: ImageVAE | None
+    plan: MemoryPlan | None = None
+    engines: MemoryEngines | None = None
+
+
+def model_config(k: dict[str, Any]) -> MossConfig:
+    """The DiT's config from the checkpoint's headers (nothing loaded) or the preset."""
+    if k["WEIGHTS"]:
+        return inspect_checkpoint(k["WEIGHTS"])[1]
+    if k["MODEL_PRESET"]:
+        return get_preset(k["MODEL_PRESET"])
+    raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
+
+
+def build_plan(k: dict[str, Any], device: torch.device) -> tuple[MemoryPlan, str]:
+    """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
+    card = card_memory_gb(k, device) if device.type != "cpu" else None
+    te = file_bytes(k["TEXT_ENCODER"]) if k["TEXT_ENCODER"] not in ("", "synthetic") else 0
+    vae = file_bytes(k["VAE"]) if k["VAE"] not in ("", "synthetic") else 0
+    return resolve_plan(k, model_config(k), card, k["ALGO"] == "full", text_encoder_bytes=te, vae_bytes=vae)
 
 
 def build_backbone(
-    k: dict[str, Any], device: torch.device, dtype: torch.dtype, full_ft: bool
+    k: dict[str, Any], device: torch.device, dtype: torch.dtype, fp32_masters: bool
 ) -> MossBackbone:
-    """Frozen-base runs keep the base in the compute dtype; a full fine-tune keeps fp32 masters."""
-    store = torch.float32 if full_ft else dtype
+    """The weights in the compute dtype, or fp32 when they are a full fine-tune's masters; frozen."""
+    store = torch.float32 if fp32_masters else dtype
     ops = OpSet(k["OPS_BACKEND"])
     if k["WEIGHTS"]:
         model = load_backbone(k["WEIGHTS"], dtype=store, device=device, ops=ops)
@@ -58,7 +83,7 @@ def build_backbone(
         log.info(f"random {k['MODEL_PRESET']} weights (MODEL_PRESET): for demos and benchmarks only")
     else:
         raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
-    model.requires_grad_(full_ft)
+    model.requires_grad_(False)
     return model
 
 
@@ -95,8 +120,25 @@ def build_vae(k: dict[str, Any], device: torch.device) -> ImageVAE | None:
 def build_components(k: dict[str, Any]) -> Components:
     device = resolve_device(k["DEVICE"])
     dtype = PRECISION_DTYPES[k["PRECISION"]]
+    full_ft = k["ALGO"] == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    backbone = build_backbone(k, device, dtype, k["ALGO"] == "full")
-    text_encoder = build_text_encoder(k, device, backbone.config.text_dim)
-    return Components(device, dtype, backbone, text_encoder, build_vae(k, device))
+    plan, why = build_plan(k, device)
+    log.info(f"memory plan: {why}")
+    if dtype == torch.float16 and plan.optimizer != "gpu":
+        raise ConfigError("PRECISION", "fp16 loss scaling needs OPTIMIZER_PLACEMENT='gpu'; use bf16")
+    # streamed blocks never sit whole on the device: such a model is loaded on the host first;
+    # a full fine-tune with host masters keeps only a compute-dtype copy on the device
+    host_first = plan.streamed_count(model_config(k).depth) > 0
+    masters_here = full_ft and plan.optimizer == "gpu"
+    backbone = build_backbone(k, torch.device("cpu") if host_first else device, dtype, masters_here)
+    if full_ft:
+        backbone.requires_grad_(True)
+    engines = install_memory_plan(plan, backbone, device, compute_dtype=dtype, full_ft=full_ft)
+    te_device = device if plan.text_encoder == "resident" else torch.device("cpu")
+    vae_device = device if plan.vae == "resident" else torch.device("cpu")
+    text_encoder = build_text_encoder(k, te_device, backbone.config.text_dim)
+    vae = build_vae(k, vae_device)
+    text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
+    vae = place_encoder(vae, plan.vae, device)
+    return Components(device, dtype, backbone, text_encoder, vae, plan, engines)

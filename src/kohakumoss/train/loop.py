@@ -26,7 +26,6 @@ from tqdm import tqdm
 from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask, set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
-from kohakumoss.memory.engines.checkpointing import CheckpointPolicy, install_checkpointing
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import add_file_log, get_logger
@@ -83,7 +82,8 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_trainable(k: dict[str, Any], model: torch.nn.Module, device: torch.device) -> Trainable:
+def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
+    model, device = comps.backbone, comps.device
     total = int(k["STEPS"])
     schedule = LRSchedule(k["LR_SCHEDULE"], int(k["LR_WARMUP_STEPS"]), total, float(k["LR_MIN_RATIO"]))
     if k["ALGO"] == "full":
@@ -115,6 +115,8 @@ def build_trainable(k: dict[str, Any], model: torch.nn.Module, device: torch.dev
         ratio = k["LORA_PLUS_RATIO"] or None
         optimizer = build_adamw(adapter_param_groups(network, k["LR"], ratio, k["WEIGHT_DECAY"]), lr=k["LR"])
         module = network
+    if comps.engines is not None:  # states on the GPU, streamed or on the host, as the plan says
+        optimizer = comps.engines.place_optimizer(optimizer)
     params = [p for p in module.parameters() if p.requires_grad]
     ema = EMA(module, k["EMA_DECAY"], int(k["EMA_WARMUP"]), int(k["EMA_EVERY"])) if k["EMA"] else None
     n = sum(p.numel() for p in params)
@@ -210,7 +212,6 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     atomic_write_json(run_dir / "config.json", k)
     comps = build_components(k)
     model, device, dtype = comps.backbone, comps.device, comps.dtype
-    install_checkpointing(model, CheckpointPolicy(k["CHECKPOINTING"], int(k["CHECKPOINT_EVERY"])))
     log.info(f"device {device}, precision {k['PRECISION']}, run folder {run_dir}")
     image_encoder = (
         comps.vae
@@ -234,10 +235,11 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     if can_sample:  # the base model's row, drawn before any training and kept for every later grid
         base_row = load_row(samples_dir / "base", "base", len(prompts))
         if base_row is None:
-            base_row = draw_row(model, comps.text_encoder, comps.vae, k, device, dtype)
+            with comps.text_encoder.on_device(), comps.vae.on_device():
+                base_row = draw_row(model, comps.text_encoder, comps.vae, k, device, dtype)
             save_row(base_row, samples_dir / "base", "base")
 
-    tr = build_trainable(k, model, device)
+    tr = build_trainable(k, comps)
     start = 0
     if resume_path is not None:
         ckpt = load_checkpoint(resume_path)
@@ -249,6 +251,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 "RESUME",
                 f"{resume_path} saw other batches than this plan's first ones (data, SEED or data knobs changed)",
             )
+        if comps.engines is not None and comps.engines.streamer is not None:
+            comps.engines.streamer.invalidate()  # streamed parameters point at their host copies
         load_trainable_state(tr.module, ckpt.trainable, resume_path)
         if ckpt.optimizer is not None:
             tr.optimizer.load_state_dict(ckpt.optimizer)
@@ -288,6 +292,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 except StopIteration as e:
                     raise DataError(f"the plan ran out of steps at micro-step {micro_step}") from e
                 batch = to_device_batch(host, device, dtype)
+                if comps.engines is not None:
+                    comps.engines.before_step()
                 sigma, noise = draw_step_noise(int(k["SEED"]), micro_step, batch.x0, batch.seq, tcfg)
                 if k["ALGO"] == "tlora":
                     set_tlora_sigma(sigma, int(k["RANK"]))
@@ -317,7 +323,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 for opt in tr.optimizer.optimizers.values():
                     scaler.unscale_(opt)
             clip = float(k["GRAD_CLIP"]) or math.inf
-            grad_norm = torch.nn.utils.clip_grad_norm_(tr.params, clip).item()
+            grad_norm = float(tr.optimizer.clip_grad_norm_(clip))
             if scaler:
                 for opt in tr.optimizer.optimizers.values():
                     scaler.step(opt)
@@ -379,7 +385,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
 
 def sample_grid(comps: Components, k: dict[str, Any], base_row, samples_dir: Path, step: int) -> Path:
     clear_tlora_mask()
-    row = draw_row(comps.backbone, comps.text_encoder, comps.vae, k, comps.device, comps.dtype)
+    with comps.text_encoder.on_device(), comps.vae.on_device():
+        row = draw_row(comps.backbone, comps.text_encoder, comps.vae, k, comps.device, comps.dtype)
     save_row(row, samples_dir / f"step_{step:05d}", "sample")
     image = grid([("base", base_row), (f"step {step}", row)], list(k["SAMPLE_PROMPTS"]))
     path = samples_dir / f"grid_step_{step:05d}.png"

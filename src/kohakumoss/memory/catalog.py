@@ -1,0 +1,236 @@
+"""The catalog: every combination of the memory engines, each with its predicted peak and step cost.
+
+300 entries, in a fixed order (ids c0000 ... c0299 never change meaning):
+    6 checkpoint variants  (none, mlp/1, attn/1, full/3, full/2, full/1)
+  x 5 streaming amounts    (0, 1/4, 1/2, 3/4 of the blocks, all; 2 slots)
+  x 2 activation offload   (none, on)
+  x 5 optimizer / grads    (gpu, stream, stream + grad offload, host, host + grad offload)
+The per-engine knobs that a config sets pin their fields in every entry. Entries made invalid by a pin,
+or that the engines refuse for this run (a full fine-tune streaming blocks with the optimizer on the
+GPU), are left out; the others keep their ids.
+
+The cost model (relative step cost: predicted step time / the 'speed' plan's step time, same knobs).
+Per block, forward and backward, the time is the largest of its compute and its transfers (the ring
+copies the next block while this one computes), summed over the blocks:
+- compute: 2 x tokens x multiply-adds of the block / EFFECTIVE_FLOPS; the backward is BACKWARD_FACTOR
+  x the forward (1x for a frozen base: input grads only; 2x for a full fine-tune), plus the recompute
+  of a checkpointed block (RECOMPUTE_SHARE: the whole forward, or its attention or MLP half by their
+  share of the multiply-adds);
+- transfers at H2D_BYTES_PER_S / D2H_BYTES_PER_S (the two ways are separate): a streamed block's
+  weights come in for the forward and again for the backward, offloaded activations go out in the
+  forward and come back (sharing the way in with the weights) in the backward, offloaded grads go out
+  in the backward;
+- plus ENGINE_OVERHEAD_S per streamed load and per offloaded block;
+- plus, per optimizer step (/ GRAD_ACCUM), the optimizer's own traffic: 'stream' moves masters and
+  states in and out, 'host' moves grads out (unless offloaded) and weights back, and runs the update
+  on the CPU (HOST_OPT_S_PER_PARAM).
+The constants are placeholders (calibration.py): only their ratio orders the entries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kohakumoss_common.errors import ConfigError
+
+from . import calibration as cal
+from .estimate import (
+    MemoryEstimate,
+    block_params,
+    estimate_plan,
+    saved_per_block,
+    trainable_params,
+)
+from .plan import PLAN_KNOBS, MemoryPlan, plan_with_overrides
+
+CHECKPOINT_VARIANTS = (("none", 1), ("mlp", 1), ("attn", 1), ("full", 3), ("full", 2), ("full", 1))
+STREAM_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+ACT_OFFLOADS = ("none", "on")
+OPTIMIZER_GRADS = (("gpu", False), ("stream", False), ("stream", True), ("host", False), ("host", True))
+CATALOG_SIZE = len(CHECKPOINT_VARIANTS) * len(STREAM_FRACTIONS) * len(ACT_OFFLOADS) * len(OPTIMIZER_GRADS)
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    id: str  # "c0042"
+    plan: MemoryPlan
+    peak: float  # predicted peak bytes (allocator slack included)
+    cost: float  # predicted step time relative to the 'speed' plan
+    estimate: MemoryEstimate
+    profile: str = ""  # the named profile with this plan, if any
+
+    @property
+    def label(self) -> str:
+        return self.plan.label()
+
+
+def entry_id(index: int) -> str:
+    return f"c{index:04d}"
+
+
+def stream_amount(fraction: float, depth: int) -> int:
+    """Blocks streamed for a fraction of the depth: 0, rounded half up, or -1 for all."""
+    if fraction >= 1.0:
+        return -1
+    return int(depth * fraction + 0.5)
+
+
+def catalog_plans(depth: int) -> list[tuple[str, MemoryPlan]]:
+    """The raw combinations, in id order, for a DiT of `depth` blocks."""
+    out = []
+    for mode, every in CHECKPOINT_VARIANTS:
+        for frac in STREAM_FRACTIONS:
+            for act in ACT_OFFLOADS:
+                for opt, grads in OPTIMIZER_GRADS:
+                    plan = MemoryPlan(
+                        checkpointing=mode,
+                        checkpoint_every=every,
+                        stream_blocks=stream_amount(frac, depth),
+                        stream_slots=2,
+                        activation_offload=act,
+                        grad_offload=grads,
+                        optimizer=opt,
+                    )
+                    out.append((entry_id(len(out)), plan))
+    return out
+
+
+def block_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
+    """Multiply-adds per token of one block's (attention half, MLP half)."""
+    d, h = config.dim, config.mlp_hidden
+    mlp = 3 * d * h if config.mlp_act == "swiglu" else 2 * d * h
+    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    per_sample = int(knobs.get("AREA", 1 << 20)) // 256 + int(knobs.get("MAX_TEXT_TOKENS", 256))
+    seq = min(tokens, per_sample)  # attention stays within each sample
+    return 4 * d * d + 2 * seq * d, float(mlp)
+
+
+def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: int | None = None) -> float:
+    """Predicted seconds of one micro-step (plus its share of the optimizer step) under `plan`."""
+    precision = knobs.get("PRECISION", "bf16")
+    wb = cal.WEIGHT_BYTES.get(precision, 2)
+    full = knobs.get("ALGO", "lora") == "full"
+    depth = config.depth
+    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    attn, mlp = block_macs(config, knobs)
+    fwd = 2 * tokens * (attn + mlp) / cal.EFFECTIVE_FLOPS
+    share = cal.RECOMPUTE_SHARE.get(plan.checkpointing)
+    if share is None:  # not calibrated: the half's share of the multiply-adds
+        share = attn / (attn + mlp) if plan.checkpointing == "attn" else mlp / (attn + mlp)
+    recompute = fwd * share
+    bwd = fwd * cal.BACKWARD_FACTOR["full" if full else "adapter"]
+    streamed = plan.streamed_count(depth)
+    gpu_masters = full and plan.optimizer == "gpu"
+    load = 0.0 if gpu_masters else block_params(config) * wb / cal.H2D_BYTES_PER_S
+    ckpt, plain = saved_per_block(plan, knobs, config)
+    n = trainable_params(knobs, config, params)
+    grad_bytes = cal.GRAD_BYTES_FP32 if (plan.optimizer == "gpu" or not full) else wb
+    grad_out = n / depth * grad_bytes / cal.D2H_BYTES_PER_S if plan.grad_offload else 0.0
+    total = 0.0
+    for i in range(depth):
+        is_ckpt = plan.checkpointing != "none" and i % int(plan.checkpoint_every) == 0
+        is_streamed = i < streamed
+        kept = (ckpt if is_ckpt else plain) if plan.activation_offload == "on" else 0.0
+        w = load if is_streamed else 0.0
+        # forward: compute | weights in | activations out; backward: compute | weights + activations in | grads out
+        total += max(fwd, w, kept / cal.D2H_BYTES_PER_S)
+        total += max(bwd + (recompute if is_ckpt else 0.0), w + kept / cal.H2D_BYTES_PER_S, grad_out)
+        engines = 2 * is_streamed + (2 if plan.activation_offload == "on" else 0)
+        total += engines * cal.ENGINE_OVERHEAD_S
+    accum = max(int(knobs.get("GRAD_ACCUM", 1)), 1)
+    state = cal.MUON_STATE_BYTES if (full and knobs.get("USE_MUON", True)) else cal.ADAMW_STATE_BYTES
+    if plan.optimizer == "stream":
+        moved = n * (state + cal.MASTER_BYTES)
+        total += (moved / cal.H2D_BYTES_PER_S + moved / cal.D2H_BYTES_PER_S) / accum
+    elif plan.optimizer == "host":
+        grads = 0.0 if plan.grad_offload else n * grad_bytes
+        total += (grads / cal.D2H_BYTES_PER_S + n * wb / cal.H2D_BYTES_PER_S) / accum
+        total += n * cal.HOST_OPT_S_PER_PARAM / accum
+    return total
+
+
+def plan_refusal(plan: MemoryPlan, knobs: dict[str, Any], depth: int) -> tuple[str, str] | None:
+    """(knob, why) when the engines refuse `plan` for this run (memory/install.py's rule), else None."""
+    if knobs.get("ALGO") == "full" and plan.streamed_count(depth) and plan.optimizer == "gpu":
+        return (
+            "OPTIMIZER_PLACEMENT",
+            "a full fine-tune with streamed blocks keeps its fp32 masters on the host: use 'stream' or 'host'",
+        )
+    return None
+
+
+def _pins(knobs: dict[str, Any]) -> dict[str, Any]:
+    return {k: knobs[k] for k in PLAN_KNOBS if knobs.get(k) is not None}
+
+
+def _profile_of(plan: MemoryPlan) -> str:
+    from .profiles import PROFILES
+
+    return next((name for name, p in PROFILES.items() if p == plan), "")
+
+
+def make_entry(
+    entry: str,
+    plan: MemoryPlan,
+    knobs: dict[str, Any],
+    config: Any,
+    params: int | None = None,
+    text_encoder_bytes: int = 0,
+    vae_bytes: int = 0,
+    base_seconds: float | None = None,
+) -> CatalogEntry:
+    """One priced entry: `plan`'s estimate and its cost relative to the 'speed' plan."""
+    est = estimate_plan(plan, knobs, config, params, text_encoder_bytes, vae_bytes)
+    if base_seconds is None:
+        base_seconds = step_seconds(MemoryPlan(), knobs, config, params)
+    cost = step_seconds(plan, knobs, config, params) / base_seconds
+    return CatalogEntry(entry, plan, est.total, cost, est, _profile_of(plan))
+
+
+def catalog(
+    model_config: Any,
+    knobs: dict[str, Any],
+    params: int | None = None,
+    text_encoder_bytes: int = 0,
+    vae_bytes: int = 0,
+) -> list[CatalogEntry]:
+    """Every entry for this DiT and these knobs (TOKENS_PER_STEP, PRECISION, ALGO, RANK, ...), in id
+    order; the per-engine knobs set in `knobs` pin their fields."""
+    pins = _pins(knobs)
+    base = step_seconds(MemoryPlan(), knobs, model_config, params)
+    out = []
+    for eid, raw in catalog_plans(model_config.depth):
+        try:
+            plan = plan_with_overrides(raw, pins)
+        except ConfigError:  # a pin this entry cannot take (GRAD_OFFLOAD with the optimizer on the GPU)
+            continue
+        if plan_refusal(plan, knobs, model_config.depth):
+            continue
+        out.append(make_entry(eid, plan, knobs, model_config, params, text_encoder_bytes, vae_bytes, base))
+    return out
+
+
+def fits(entry: CatalogEntry, card_bytes: float, margin: float = cal.CARD_MARGIN) -> bool:
+    return entry.peak <= card_bytes * (1.0 - margin)
+
+
+def fastest_fit(
+    entries: list[CatalogEntry], card_bytes: float, margin: float = cal.CARD_MARGIN
+) -> CatalogEntry | None:
+    """The cheapest entry whose predicted peak fits `card_bytes` less `margin` (a fraction); ties: lowest
+    peak, then lowest id. None when nothing fits."""
+    fitting = [e for e in entries if fits(e, card_bytes, margin)]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda e: (round(e.cost, 9), e.peak, e.id))
+
+
+def find_entry(entry: str, depth: int) -> MemoryPlan:
+    """The raw plan of catalog entry `entry` ('c0042'), or a ConfigError naming MEMORY_PROFILE."""
+    plans = dict(catalog_plans(depth))
+    if entry not in plans:
+        raise ConfigError(
+            "MEMORY_PROFILE", f"no catalog entry {entry!r}: ids run c0000 ... {entry_id(CATALOG_SIZE - 1)}"
+        )
+    return plans[entry]

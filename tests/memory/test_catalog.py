@@ -1,0 +1,74 @@
+"""The catalog: size, stable ids, pins, and the fastest-fit choice."""
+
+from __future__ import annotations
+
+from kohakumoss.memory import CATALOG_SIZE, MemoryPlan, catalog, fastest_fit
+from kohakumoss.memory.calibration import GIB
+from kohakumoss.memory.catalog import catalog_plans, find_entry, fits, step_seconds
+from kohakumoss.model.presets import get_preset
+
+MOSS = get_preset("moss-image-5b")
+KNOBS = {"RANK": 32, "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "TARGET_PRESET": "attn-mlp"}
+
+
+def test_size_and_unique_stable_ids():
+    entries = catalog(MOSS, KNOBS)
+    assert len(entries) == CATALOG_SIZE >= 240
+    ids = [e.id for e in entries]
+    assert len(set(ids)) == len(ids) and ids == sorted(ids) and ids[0] == "c0000"
+    assert len({e.plan for e in entries}) == len(entries)  # every entry a different plan
+    # the same id is the same plan whatever the knobs; find_entry agrees
+    other = catalog(MOSS, {**KNOBS, "TOKENS_PER_STEP": 2048, "ALGO": "lokr"})
+    assert [(e.id, e.plan) for e in other] == [(e.id, e.plan) for e in entries]
+    # a full fine-tune leaves out what the engines refuse (streaming with the optimizer on the GPU)
+    full = catalog(MOSS, {**KNOBS, "ALGO": "full"})
+    assert all(not (e.plan.stream_blocks and e.plan.optimizer == "gpu") for e in full)
+    assert len(full) == CATALOG_SIZE - 6 * 4 * 2 and {e.id for e in full} < set(ids)
+    assert find_entry("c0042", MOSS.depth) == dict(catalog_plans(MOSS.depth))["c0042"]
+    assert entries[0].plan == MemoryPlan() and entries[0].profile == "speed" and entries[0].cost == 1.0
+
+
+def test_costs_are_relative_and_recompute_costs_time():
+    plain = step_seconds(MemoryPlan(), KNOBS, MOSS)
+    assert step_seconds(MemoryPlan(checkpointing="full"), KNOBS, MOSS) > plain
+    assert step_seconds(MemoryPlan(checkpointing="full", checkpoint_every=2), KNOBS, MOSS) < step_seconds(
+        MemoryPlan(checkpointing="full"), KNOBS, MOSS
+    )
+    # at a small token budget a streamed block's copy no longer hides behind its compute
+    small = {**KNOBS, "TOKENS_PER_STEP": 512, "AREA": 256 * 256}
+    streamed = step_seconds(MemoryPlan(stream_blocks=-1), small, MOSS) / step_seconds(
+        MemoryPlan(), small, MOSS
+    )
+    assert streamed > 1.5
+    assert min(e.cost for e in catalog(MOSS, KNOBS)) == 1.0
+
+
+def test_fastest_fit_picks_the_cheapest_fitting_entry():
+    entries = catalog(MOSS, KNOBS)
+    for gb in (6, 8, 12, 16, 24, 48, 80):
+        best = fastest_fit(entries, gb * GIB)
+        assert best is not None and fits(best, gb * GIB)
+        cheaper = [e for e in entries if e.cost < best.cost]
+        assert all(not fits(e, gb * GIB) for e in cheaper), gb
+    assert fastest_fit(entries, 200 * GIB).id == "c0000"
+    assert fastest_fit(entries, 0.5 * GIB) is None
+    # a margin of 0 lets an entry use the whole card
+    smallest = min(entries, key=lambda e: e.peak)
+    assert fastest_fit(entries, smallest.peak, margin=0.0) is smallest
+    assert fastest_fit(entries, smallest.peak) is None  # the default margin keeps 5% free
+
+
+def test_pins_fix_fields_and_drop_entries_that_cannot_take_them():
+    pinned = catalog(
+        MOSS, {**KNOBS, "CHECKPOINTING": "full", "CHECKPOINT_EVERY": 1, "OPTIMIZER_PLACEMENT": "gpu"}
+    )
+    assert pinned and all(e.plan.checkpointing == "full" and e.plan.optimizer == "gpu" for e in pinned)
+    assert all(not e.plan.grad_offload for e in pinned)  # grad offload + GPU optimizer entries were left out
+    assert len(pinned) < CATALOG_SIZE and {e.id for e in pinned} <= {e.id for e in catalog(MOSS, KNOBS)}
+
+
+def test_tiny_model_catalog():
+    tiny = get_preset("tiny")
+    entries = catalog(tiny, {"TOKENS_PER_STEP": 64})
+    assert len(entries) == CATALOG_SIZE
+    assert {e.plan.stream_blocks for e in entries} == {0, 1, 2, 3, -1}
