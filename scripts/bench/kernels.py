@@ -27,7 +27,7 @@ from kohakumoss_common.timing import median_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from kohakumoss_kernels import OpSet, registry  # noqa: E402
+from kohakumoss_kernels import OpSet, registry, triton_utils  # noqa: E402
 
 D_MODEL = 3072
 HEADS = 24
@@ -40,10 +40,23 @@ LORA_RANK = 32
 DTYPE = "bfloat16"
 WARMUP = 3
 ITERS = 20
-OPS = "rms_norm,norm_modulate,gated_residual,residual_norm_modulate,apply_rope,qk_norm_rope,swiglu,varlen_attention"
+OPS = (
+    "rms_norm,norm_modulate,gated_residual,residual_norm_modulate,apply_rope,qk_norm_rope,swiglu,"
+    "varlen_attention,varlen_attention_rope"
+)
+BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
 ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
+ROPE_ATTN_BACKENDS = (
+    "eager,triton,rope+triton,rope+sdpa_groups"  # fused rope-attention vs rope then attention
+)
 BLOCK = True
-HOST_SYNC = ("eager", "compile", "sdpa_groups", "flex")  # attention backends that read cu_seqlens on the host
+HOST_SYNC = (
+    "eager",
+    "compile",
+    "sdpa_groups",
+    "flex",
+    "rope+sdpa_groups",
+)  # attention backends that read cu_seqlens on the host
 DEVICE = "cuda"
 
 
@@ -63,7 +76,8 @@ def time_graph_ms(fn, iters: int = ITERS) -> float | None:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-    except Exception:  # a host sync (eager attention's .tolist()) cannot be captured
+    except Exception as e:  # a host sync (eager attention's .tolist()) cannot be captured
+        print(f"graph capture failed, timing per call: {type(e).__name__}: {str(e)[:200]}", flush=True)
         torch.cuda.synchronize()
         return None
     return time_ms(graph.replay, 2, iters)
@@ -117,6 +131,11 @@ def inputs(op: str, dtype, g):
             None,
             None,
         ),
+        "varlen_attention_rope": (
+            (rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), cu, L, cos, sin),
+            None,
+            None,
+        ),
     }
     return table[op]
 
@@ -135,7 +154,8 @@ def fwd_bwd(fn, args):
 
     out = fn(*args)
     outs = out if isinstance(out, tuple) else (out,)
-    grads = [torch.randn_like(o) for o in outs]
+    cpu = torch.Generator().manual_seed(0)  # the CUDA generator may be left mid-capture by a failed graph
+    grads = [torch.randn(o.shape, generator=cpu).to(o.device, o.dtype) for o in outs]
     del out, outs
 
     def both():
@@ -150,24 +170,27 @@ def fwd_bwd(fn, args):
 def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
     g = torch.Generator(device=DEVICE).manual_seed(0)
     args, bytes_f, bytes_b = inputs(op, dtype, g)
-    backends = ["eager", "compile", "triton"]
+    backends = BACKENDS.split(",")
     if op == "varlen_attention":
-        backends = ["eager", "compile", *ATTN_BACKENDS.split(",")]
+        backends = [b for b in backends if b != "triton"] + ATTN_BACKENDS.split(",")
+    if op == "varlen_attention_rope":  # the fused kernel vs rope (Triton) then each attention kernel
+        backends = ROPE_ATTN_BACKENDS.split(",")
     for backend in backends:
         row = {"op": op, "backend": backend}
         try:
-            fn = (
-                registry.eager_op(op)
-                if backend == "eager"
-                else registry.load_backend(op, backend, "sm90", dtype)
-            )
+            if backend.startswith("rope+"):
+                fn = rope_then(registry.load_backend("varlen_attention", backend[5:], "sm90", dtype), dtype)
+            elif backend == "eager":
+                fn = registry.eager_op(op)
+            else:
+                fn = registry.load_backend(op, backend, "sm90", dtype)
             if fn is None:
                 raise RuntimeError("backend unavailable")
             fwd, both = fwd_bwd(fn, args)
             row["call_fwd_ms"] = time_ms(fwd)
             row["call_fwd_bwd_ms"] = time_ms(both)
             graph_fwd = graph_both = None
-            if not (op == "varlen_attention" and backend in HOST_SYNC):
+            if not (op.startswith("varlen_attention") and backend in HOST_SYNC):
                 graph_fwd, graph_both = time_graph_ms(fwd), time_graph_ms(both)
             row["timing"] = "cuda graph" if graph_fwd and graph_both else "per call"
             row["fwd_ms"] = graph_fwd or row["call_fwd_ms"]
@@ -183,10 +206,22 @@ def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
         print(json.dumps(rows[-1]), flush=True)
 
 
+def rope_then(attention, dtype):
+    """The unfused path the fused rope-attention kernel replaces: Triton rope on q and k, then attention."""
+    rope = registry.load_backend("apply_rope", "triton", "sm90", dtype)
+    if attention is None or rope is None:
+        return None
+
+    def fn(q, k, v, cu, max_len, cos, sin):
+        return attention(rope(q, cos, sin), rope(k, cos, sin), v, cu, max_len)
+
+    return fn
+
+
 def add_rates(row: dict, op: str, bytes_f, bytes_b, ceil: dict) -> None:
     if "fwd_ms" not in row:
         return
-    if op == "varlen_attention":
+    if op.startswith("varlen_attention"):
         flops = attention_flops()
         row["fwd_TFLOPs"] = flops / row["fwd_ms"] / 1e9
         row["fwd_bwd_TFLOPs"] = 3.5 * flops / row["fwd_bwd_ms"] / 1e9  # backward = 2.5 x forward matmuls
@@ -326,6 +361,25 @@ def bench_block(dtype, rows: list[dict]) -> None:
     print(json.dumps(rows[-1]), flush=True)
 
 
+def bandwidth_table(rows: list[dict], ceil: dict) -> str:
+    """The memory-bound ops: GB/s and % of the measured copy bandwidth, forward and forward + backward."""
+    target = 0.8 * ceil["copy_GBps"]
+    head = (
+        f"{'op':<24} {'backend':<8} {'fwd GB/s':>9} {'fwd %copy':>9} {'f+b GB/s':>9} {'f+b %copy':>9}  "
+        f"80% target (fwd / f+b)"
+    )
+    lines = [f"copy ceiling {ceil['copy_GBps']:.0f} GB/s; 80% = {target:.0f} GB/s", head, "-" * len(head)]
+    for r in rows:
+        if "fwd_GBps" not in r:
+            continue
+        met = " / ".join("met" if r[k] >= target else "not met" for k in ("fwd_GBps", "fwd_bwd_GBps"))
+        lines.append(
+            f"{r['op']:<24} {r['backend']:<8} {r['fwd_GBps']:9.0f} {r['fwd_pct_ceiling']:9.0f} "
+            f"{r['fwd_bwd_GBps']:9.0f} {r['fwd_bwd_pct_ceiling']:9.0f}  {met}"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     head = (
         f"{'op':<26} {'backend':<34} {'fwd ms':>8} {'f+b ms':>8} {'fwd rate':>14} {'f+b rate':>14} "
@@ -374,8 +428,19 @@ def main() -> None:
         f"ceilings: copy {ceil['copy_GBps']:.0f} GB/s, bf16 mm {ceil['bf16_mm_TFLOPs']:.0f} TFLOP/s"
     )
     print(table(rows))
+    print()
+    print(bandwidth_table(rows, ceil))
+    configs = triton_utils.picked()  # the launch configs the Triton row kernels chose, per width and size
+    print("\nTriton launch configs picked (rows per tile, num_warps):")
+    for key, cfg in configs.items():
+        print(f"  {key}: {cfg}")
     if out := os.environ.get("OUT"):
-        Path(out, "kernels_bench.json").write_text(json.dumps({"ceilings": ceil, "rows": rows}, indent=2))
+        Path(out, "kernels_bench.json").write_text(
+            json.dumps(
+                {"ceilings": ceil, "rows": rows, "launch_configs": triton_utils.picked(with_times=True)},
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

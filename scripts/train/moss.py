@@ -25,7 +25,9 @@ VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
 # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
-MEMORY_PROFILE = "auto"  # auto (fastest catalog entry that fits the card), speed, balanced, low_vram, minimal, or c0042
+MEMORY_PROFILE = (
+    "auto"  # auto (fastest catalog entry that fits the card), speed, balanced, low_vram, minimal, or c0042
+)
 CARD_GB = 0.0  # card memory in GiB that 'auto' plans for (0: read the GPU)
 CHECKPOINTING = None  # none, full block, attn half or mlp half
 CHECKPOINT_EVERY = None  # checkpoint every k-th block

@@ -37,6 +37,7 @@ _OPS: dict[str, str] = {
     "qk_norm_rope": "qk_norm_rope",
     "swiglu": "swiglu",
     "varlen_attention": "varlen_attention",
+    "varlen_attention_rope": "varlen_attention_rope",
     "lora_linear": "lora_linear",
 }
 

@@ -48,6 +48,7 @@ def _lora(x, weight, *args, **kwargs) -> dict[str, int]:
 
 _DIMS: dict[str, Callable[..., dict[str, int]]] = {
     "varlen_attention": _attention,
+    "varlen_attention_rope": _attention,
     "apply_rope": _rope,
     "qk_norm_rope": _rope,
     "lora_linear": _lora,

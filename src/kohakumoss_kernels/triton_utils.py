@@ -1,12 +1,21 @@
-"""What every Triton backend shares: which (arch, dtype) it supports, launch sizes, the SM count."""
+"""What every Triton backend shares: which (arch, dtype) it supports, launch sizes, the SM count, and a
+small launch-config picker that times a few candidates once per (kernel, width, dtype, size)."""
 
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Callable, Sequence
 
 import torch
 
+from kohakumoss_common.log import get_logger
+
+log = get_logger("kohakumoss.kernels.triton")
+
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_TILE = 16384  # elements of one [ROWS, BLOCK] tile: more spills registers on every card we know
+ENV_PICK = "KOHAKUMOSS_TRITON_PICK"  # "0": never time launch configs, use the first candidate
 
 
 def supports(arch: str, dtype: torch.dtype) -> bool:
@@ -23,12 +32,52 @@ def supports(arch: str, dtype: torch.dtype) -> bool:
     return sm >= 80 or (sm >= 75 and dtype != torch.bfloat16)
 
 
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def row_block(d: int) -> tuple[int, int]:
     """BLOCK (a power of two >= d) and num_warps for a one-row-per-program kernel."""
-    import triton
-
-    block = triton.next_power_of_2(d)
+    block = next_pow2(d)
     return block, max(1, min(16, block // 256))
+
+
+def tile_configs(block: int, min_rows: int = 1, max_per_thread: int = 32) -> list[tuple[int, int]]:
+    """(rows per tile, num_warps) candidates for a [rows, block] tile, the default first.
+
+    Each thread holds 8..max_per_thread elements of the tile (16-byte vector loads, no spills);
+    the default is about 2K elements per tile with 16 per thread.
+    """
+    if interpreting():  # several rows per tile so the CPU run covers the tile masks
+        return [(max(min_rows, min(4, MAX_TILE // block)), 1)]
+    out = []
+    rows = min_rows
+    while rows * block <= MAX_TILE:
+        for warps in (4, 8, 16):
+            per_thread = rows * block // (32 * warps)
+            if 8 <= per_thread <= max_per_thread:
+                out.append((rows, warps))
+        rows *= 2
+    if not out:
+        out = [(min_rows, max(1, min(16, min_rows * block // 128)))]
+    default_rows = max(min_rows, min(MAX_TILE // block, max(1, 2048 // block)))
+    default = min(out, key=lambda rw: (abs(rw[0] - default_rows), abs(rw[0] * block // (32 * rw[1]) - 16)))
+    return [default] + [c for c in out if c != default]
+
+
+def backward_configs(block: int, min_rows: int = 1) -> list[tuple[int, int, int]]:
+    """(rows per tile, num_warps, programs per SM) candidates for the persistent backwards, default first.
+    The programs per SM change only the launch grid (no recompile). Tiles above MAX_TILE / 2 elements
+    are left out: with the prefetched next tile they spilled and ran 2-30x slower on the H200."""
+    tiles = tile_configs(block, min_rows)
+    if interpreting():
+        return [(*tiles[0], 2)]
+    tiles = [t for t in tiles if t[0] * block <= MAX_TILE // 2] or tiles[:1]
+    return [(*t, pps) for pps in (2, 1, 4) for t in tiles]
 
 
 @functools.lru_cache(maxsize=8)
@@ -38,9 +87,78 @@ def _sm_count(device: str) -> int:
         return torch.cuda.get_device_properties(dev).multi_processor_count
     if dev.type == "xpu":
         return getattr(torch.xpu.get_device_properties(dev), "gpu_subslice_count", 64)
-    return 4
+    return 1  # the interpreter: two programs, so a chunk holds whole samples in its middle
 
 
 def reduce_programs(x: torch.Tensor, rows: int) -> int:
     """How many programs a kernel that also reduces over rows should launch (a few per SM)."""
     return max(1, min(rows, 4 * _sm_count(str(x.device))))
+
+
+def persistent_programs(x: torch.Tensor, tiles: int, per_sm: int = 2) -> int:
+    """Programs for a backward that walks a chunk of tiles each and writes one partial sum per program:
+    `per_sm` per SM (few partials to reduce, each program with loads in flight), at least one."""
+    return max(1, min(tiles, per_sm * _sm_count(str(x.device))))
+
+
+def size_bucket(n: int) -> int:
+    """Round a row count up to a power of four (at least 1024): the picker's size key."""
+    b = 1024
+    while b < n:
+        b *= 4
+    return b
+
+
+_PICKED: dict[tuple, tuple] = {}
+_TIMES: dict[tuple, dict[tuple, float]] = {}
+
+
+def picked(with_times: bool = False) -> dict[str, object]:
+    """Launch configs chosen so far in this process (for logs and benchmarks), optionally with every
+    candidate's time in microseconds."""
+    if not with_times:
+        return {"|".join(map(str, k)): str(v) for k, v in _PICKED.items()}
+    return {
+        "|".join(map(str, k)): {
+            "chosen": str(v),
+            "us": {str(c): round(t * 1e3, 2) for c, t in _TIMES[k].items()},
+        }
+        for k, v in _PICKED.items()
+        if k in _TIMES
+    }
+
+
+def _may_time() -> bool:
+    if interpreting() or os.environ.get(ENV_PICK, "1") == "0":
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[tuple], None]) -> tuple:
+    """The fastest of `candidates` for (name, *key), timed once per process with `launch(config)`.
+
+    `launch` must be safe to repeat (it writes only its outputs; callers reset accumulated buffers
+    afterwards). Where timing is not allowed (interpreter, graph capture, tracing) the first
+    candidate is used and nothing is stored.
+    """
+    full = (name, *key)
+    if full in _PICKED:
+        return _PICKED[full]
+    if len(candidates) == 1 or not _may_time():
+        return candidates[0]
+    from triton.testing import do_bench
+
+    ms = {}
+    for c in candidates:
+        try:
+            launch(c)  # compile outside the timed calls
+            ms[c] = do_bench(lambda c=c: launch(c), warmup=2, rep=6)
+        except Exception as e:  # a config that does not compile (resources) is just not a candidate
+            log.debug(f"{name} {key}: config {c} failed ({type(e).__name__}: {e})")
+    best = min(ms, key=ms.get) if ms else candidates[0]
+    _PICKED[full] = best
+    _TIMES[full] = ms
+    log.debug(f"{name} {key}: {best} ({', '.join(f'{c} {t * 1e3:.1f} us' for c, t in ms.items())})")
+    return best

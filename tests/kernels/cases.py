@@ -48,6 +48,9 @@ def make_inputs(
         return (rnd(T, 2 * d),), {}
     if op == "varlen_attention":
         return (rnd(T, heads, head_dim), rnd(T, heads, head_dim), rnd(T, heads, head_dim), cu, max_len), {}
+    if op == "varlen_attention_rope":
+        qkv = (rnd(T, heads, head_dim), rnd(T, heads, head_dim), rnd(T, heads, head_dim))
+        return (*qkv, cu, max_len, cos, sin), {}
     if op == "lora_linear":
         w = rnd(d + 8, d, grad=False, scale=d**-0.5)  # unit-scale outputs, as in a real layer
         return (rnd(T, d), w, rnd(d + 8, grad=False), rnd(4, d, scale=d**-0.5), rnd(d + 8, 4), 0.5), {}
@@ -79,9 +82,27 @@ def run(fn, args, kwargs, seed: int = 1):
     return [o.detach() for o in outs], [leaf.grad for leaf in leaves]
 
 
-def compare(op: str, backend: str, lengths: list[int], dtype, device, **dims) -> None:
+def shuffle_samples(args: tuple, seed: int = 3) -> tuple:
+    """The same inputs with token_sample (the long tensor) permuted: rows not grouped by sample."""
+    g = torch.Generator().manual_seed(seed)
+
+    def one(a):
+        if isinstance(a, torch.Tensor) and a.dtype == torch.long:
+            return a[torch.randperm(a.numel(), generator=g).to(a.device)]
+        return a
+
+    return tuple(one(a) for a in args)
+
+
+def compare_shuffled(op: str, backend: str, lengths: list[int], dtype, device, **dims) -> None:
+    compare(op, backend, lengths, dtype, device, shuffle=True, **dims)
+
+
+def compare(op: str, backend: str, lengths: list[int], dtype, device, shuffle: bool = False, **dims) -> None:
     """Assert backend == eager (computed in float32 from the same inputs) on outputs and gradients."""
     args, kwargs = make_inputs(op, lengths, dtype, device, **dims)
+    if shuffle:
+        args = shuffle_samples(args)
     ref_args = tuple(
         a.detach().float().requires_grad_(a.requires_grad)
         if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float32

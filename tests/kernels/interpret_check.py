@@ -19,11 +19,21 @@ OPS = sys.argv[1:] or [
     "qk_norm_rope",
     "swiglu",
     "varlen_attention",
+    "varlen_attention_rope",
 ]
-SMALL = {"varlen_attention": {"heads": 2, "head_dim": 16}}
+SMALL = {
+    "varlen_attention": {"heads": 2, "head_dim": 16},
+    "varlen_attention_rope": {"heads": 2, "head_dim": 32},
+}
+PER_SAMPLE = ("norm_modulate", "gated_residual", "residual_norm_modulate")
 
 if __name__ == "__main__":
     torch.manual_seed(0)
     for op in OPS:
         compare(op, "triton", [1, 5, 19], torch.float32, "cpu", **SMALL.get(op, {}))
+        if op in PER_SAMPLE:  # a sample with no rows, a whole sample inside one chunk, unsorted rows
+            compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40)
+            compare(op, "triton", [4, 9, 3], torch.float32, "cpu", shuffle=True, d=40)
+        if op in ("rms_norm", "qk_norm_rope"):
+            compare(op, "triton", [2], torch.float32, "cpu", d=40, heads=3, head_dim=16)
         print(f"ok {op}", flush=True)

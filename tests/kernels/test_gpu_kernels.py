@@ -3,14 +3,23 @@ bf16 and fp16, outputs and all input gradients; fresh outputs land on NaN-poison
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
-from kohakumoss_kernels import OpSet, registry, tuning
+from kohakumoss_kernels import OpSet, registry, triton_utils, tuning
 
 from .cases import compare
 
 pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def default_launch_configs(monkeypatch):
+    """The launch-config picker off (its first candidate), except where a test forces a config."""
+    monkeypatch.setenv(triton_utils.ENV_PICK, "0")
+
 
 LENGTHS = [[1], [1, 77, 300, 129], [513, 1, 64, 1000]]
 DTYPES = [torch.bfloat16, torch.float16]
@@ -33,6 +42,41 @@ def test_triton_head_ops(op, lengths, dtype):
     compare(op, "triton", lengths, dtype, "cuda", heads=24, head_dim=128)
 
 
+TUNED_OPS = {  # op: (module, the dims compare() gets)
+    "rms_norm": ("rms_norm", {"d": 3072}),
+    "norm_modulate": ("norm_modulate", {"d": 3072}),
+    "gated_residual": ("gated_residual", {"d": 3072}),
+    "residual_norm_modulate": ("residual_norm_modulate", {"d": 3072}),
+    "qk_norm_rope": ("qk_norm_rope", {"heads": 24, "head_dim": 128}),
+}
+
+
+@pytest.mark.parametrize("op", list(TUNED_OPS))
+def test_every_launch_config(op, monkeypatch):
+    """Each launch-config candidate the picker may choose (forward and backward), at the real width."""
+    folder, dims = TUNED_OPS[op]
+    module = importlib.import_module(f"kohakumoss_kernels.ops.{folder}.triton")
+    heads = "head_dim" in dims
+    block = 2 * triton_utils.next_pow2(dims["head_dim"] // 2) if heads else 4096
+    n = max(
+        len(triton_utils.tile_configs(block, min_rows=2 if heads else 1, max_per_thread=64)) + 2 * heads,
+        len(triton_utils.backward_configs(block, min_rows=2 if heads else 1)),
+    )
+    for i in range(n):
+        monkeypatch.setattr(
+            module, "pick", lambda name, key, cands, launch, i=i: cands[min(i, len(cands) - 1)]
+        )
+        compare(op, "triton", [513, 1, 64, 1000, 7], torch.bfloat16, "cuda", **dims)
+
+
+def test_rows_not_grouped_by_sample():
+    """Per-sample gradients stay right when token_sample is not sorted (atomics path)."""
+    from .cases import compare_shuffled
+
+    for op in ("norm_modulate", "gated_residual", "residual_norm_modulate"):
+        compare_shuffled(op, "triton", [300, 1, 77, 500], torch.bfloat16, "cuda", d=3072)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lengths", LENGTHS + [[4096 + 256, 4096 + 256]], ids=str)
 @pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "torch_varlen", "flex"])
@@ -46,6 +90,13 @@ def test_attention_backends(backend, lengths, dtype):
         pytest.skip("flex recompiles per token count; one mixed-length case is enough")
     heads = 2 if sum(lengths) > 4000 else 4
     compare("varlen_attention", backend, lengths, dtype, "cuda", heads=heads, head_dim=128)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lengths", LENGTHS + [[4096 + 256, 4096 + 256]], ids=str)
+def test_attention_with_rope_in_the_prologue(lengths, dtype):
+    heads = 2 if sum(lengths) > 4000 else 4
+    compare("varlen_attention_rope", "triton", lengths, dtype, "cuda", heads=heads, head_dim=128)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

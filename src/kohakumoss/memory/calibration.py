@@ -17,34 +17,37 @@ GIB = 1 << 30
 #   working: the extra peak while that block runs its backward (recompute included), above what it
 #            keeps; only one block is in its backward at a time, so it counts once per step.
 #
-# ("none", "bf16") is MEASURED: docs/performance/training.md, moss-image-5b, LoRA r32 attn-mlp, 8704
-# tokens per step, bf16, no checkpointing, everything resident: 59.0 GiB peak allocated, less 9.3 GiB
-# of DiT weights and 1.1 GiB of LoRA state = 48.6 GiB / (8704 tokens x 42 blocks x 3072) = ~46 bytes.
-# That whole-model figure folds the working set in, so its "working" is 0 until measured apart.
-# The others are DERIVED, to be calibrated on the H200:
-#   full: keeps the block input only (one bf16 value per dim: 2); its backward recomputes the whole
-#         block (46) plus the gradient of its activations (two bf16 tensors: 4) = 50;
-#   attn: the attention half is recomputed. Of the ~19 values per dim a SwiGLU block keeps, the MLP
-#         half keeps ~2 + 3 x mlp_hidden/dim = 10 (46 x 10/19 = ~24) and the attention half ~9 (norm /
-#         modulate 2, qkv 3, q/k after norm + rope 2, attention out 1, gate 1: 46 x 9/19 = ~22).
-#         kept: block input 2 + the MLP half's 24 = 26; working: the attention half 22 + 4 = 26;
-#   mlp:  kept: the attention half's 22 + the MLP half's inputs (x, h: 4) = 26; working: 24 + 4 = 28.
-# fp16 keeps the same shapes as bf16; fp32 doubles every value.
+# MEASURED (all of them): `python3 scripts/bench/memory_calibrate.py` on the H200 (docs/performance/
+# memory.md): one moss-image-5b block at 8704 tokens (2 x 1 MP), bf16, LoRA r32 on every linear through
+# the registry's lora_linear; per-block figures are the difference between a 3-block and a 1-block stack.
+# With activation offload, "kept" is what stays on the GPU per block and "working" includes the
+# prefetched activations of the block below.
 _BF16 = {  # mode: (kept, working)
-    "none": (46.0, 0.0),  # MEASURED kept (working folded in, see above)
-    "full": (2.0, 50.0),  # DERIVED, to be calibrated on the H200
-    "attn": (26.0, 26.0),  # DERIVED, to be calibrated on the H200
-    "mlp": (26.0, 28.0),  # DERIVED, to be calibrated on the H200
+    "none": (40.69, 8.85),
+    "full": (2.02, 47.18),
+    "attn": (22.21, 8.77),
+    "mlp": (22.26, 26.88),
 }
+_BF16_OFFLOAD = {
+    "none": (10.86, 80.82),
+    "full": (0.0, 53.64),
+    "attn": (10.70, 31.91),
+    "mlp": (0.16, 86.38),
+}
+# Outside the blocks (embedders, final layer, loss, rotary tables): MEASURED ~110 MiB at 8704 tokens
+# x 3072 (same run) = ~4.3 bytes per token and model dim.
+FIXED_PER_TOKEN_DIM = 4.3
 ACTIVATIONS: dict[tuple[str, str], dict[str, float]] = {
     (mode, precision): {"kept": kept * scale, "working": working * scale}
     for mode, (kept, working) in _BF16.items()
     for precision, scale in (("bf16", 1.0), ("fp16", 1.0), ("fp32", 2.0))
 }
+ACTIVATIONS_OFFLOADED: dict[tuple[str, str], dict[str, float]] = {
+    (mode, precision): {"kept": kept * scale, "working": working * scale}
+    for mode, (kept, working) in _BF16_OFFLOAD.items()
+    for precision, scale in (("bf16", 1.0), ("fp16", 1.0), ("fp32", 2.0))
+}
 
-# Activation offload keeps this many blocks' kept activations on the GPU (one being copied out or
-# prefetched, one in use). PLACEHOLDER.
-ACT_OFFLOAD_WINDOW = 2
 
 # --- weights and trainable state -------------------------------------------------------------------
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # frozen/compute weights per parameter
@@ -68,17 +71,18 @@ ALLOCATOR_SLACK = 1.05
 CARD_MARGIN = 0.05
 
 # --- cost model (the catalog's relative step cost) -------------------------------------------------
-# Achieved dense bf16 throughput of the card and pinned-copy bandwidth each way. Only their ratio
-# matters for the ranking. PLACEHOLDERS (a consumer card: ~100 TFLOP/s achieved, PCIe 4.0 x16).
-EFFECTIVE_FLOPS = 100e12
-H2D_BYTES_PER_S = 25e9
-D2H_BYTES_PER_S = 25e9
-# Backward time / forward time of a block: a frozen base computes input grads only (~1x the forward),
-# a full fine-tune also weight grads (~2x). DERIVED (textbook FLOP counts), to be calibrated on the H200.
-BACKWARD_FACTOR = {"adapter": 1.0, "full": 2.0}
-# Recompute time / forward time of a checkpointed block, per mode. None: the mode's share of the
-# block's multiply-adds (catalog.block_macs). DERIVED, to be calibrated on the H200.
-RECOMPUTE_SHARE: dict[str, float | None] = {"none": 0.0, "full": 1.0, "attn": None, "mlp": None}
+# Achieved bf16 throughput of a block's forward + backward and pinned-copy bandwidth each way. Only
+# their ratio matters for the ranking. MEASURED (memory_calibrate.py, H200): 5.75e12 model FLOPs per
+# block step in 15.05 ms = ~382 TFLOP/s; pinned copies 55.3 GB/s host->device, 55.1 GB/s back.
+EFFECTIVE_FLOPS = 382e12
+H2D_BYTES_PER_S = 55.3e9
+D2H_BYTES_PER_S = 55.1e9
+# Backward time / forward time of a block. adapter: MEASURED (same run: (15.05 - 5.80) / 5.80 ms);
+# full: DERIVED (weight grads double the backward's matmuls), not measured yet.
+BACKWARD_FACTOR = {"adapter": 1.59, "full": 2.6}
+# Extra time of a checkpointed block / its forward, per mode. MEASURED (same run, fwd+bwd of the mode
+# less that of 'none', over the forward): full 24.13, attn 23.31, mlp 18.71 vs 15.05 ms, fwd 5.80 ms.
+RECOMPUTE_SHARE: dict[str, float | None] = {"none": 0.0, "full": 1.57, "attn": 1.42, "mlp": 0.63}
 # Fixed cost of each engine action that cannot overlap (a stream sync, a hook): per streamed block
 # load, per offloaded block of activations. PLACEHOLDER; also breaks ties towards fewer engines.
 ENGINE_OVERHEAD_S = 0.5e-3

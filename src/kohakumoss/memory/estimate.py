@@ -93,9 +93,10 @@ def trainable_params(knobs: dict[str, Any], config: Any, params: int | None = No
     )
 
 
-def activation(mode: str, precision: str) -> dict[str, float]:
-    """{'kept': ..., 'working': ...} bytes per token and model dim of one block (calibration.ACTIVATIONS)."""
-    return ACTIVATIONS.get((mode, precision), ACTIVATIONS[(mode, "bf16")])
+def activation(mode: str, precision: str, offload: bool = False) -> dict[str, float]:
+    """{'kept': ..., 'working': ...} bytes per token and model dim of one block (calibration tables)."""
+    table = cal.ACTIVATIONS_OFFLOADED if offload else ACTIVATIONS
+    return table.get((mode, precision), table[(mode, "bf16")])
 
 
 def checkpointed_blocks(plan: MemoryPlan, depth: int) -> int:
@@ -107,8 +108,9 @@ def saved_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tup
     """Bytes one (checkpointed, plain) block keeps for the backward."""
     precision = knobs.get("PRECISION", "bf16")
     per_dim = int(knobs.get("TOKENS_PER_STEP", 8192)) * config.dim
-    plain = per_dim * activation("none", precision)["kept"]
-    ckpt = per_dim * activation(plan.checkpointing, precision)["kept"]
+    off = plan.activation_offload == "on"
+    plain = per_dim * activation("none", precision, off)["kept"]
+    ckpt = per_dim * activation(plan.checkpointing, precision, off)["kept"]
     return ckpt, plain
 
 
@@ -118,7 +120,8 @@ def working_set(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
     per_dim = int(knobs.get("TOKENS_PER_STEP", 8192)) * config.dim
     c = checkpointed_blocks(plan, config.depth)
     modes = ([plan.checkpointing] if c else []) + (["none"] if c < config.depth else [])
-    return per_dim * max(activation(m, precision)["working"] for m in modes)
+    off = plan.activation_offload == "on"
+    return per_dim * max(activation(m, precision, off)["working"] for m in modes)
 
 
 def file_bytes(path: str | Path) -> int:
@@ -171,8 +174,8 @@ def estimate_plan(
     # trainable state
     n = trainable_params(knobs, config, params)
     per_block = n / depth
-    if not full:
-        est.parts["trainable weights"] = n * (cal.MASTER_BYTES if gpu_opt else wb)
+    if not full:  # adapter weights train in fp32 on the card whatever the optimizer placement
+        est.parts["trainable weights"] = n * cal.MASTER_BYTES
     grad_bytes = cal.GRAD_BYTES_FP32 if (gpu_opt or not full) else wb
     if plan.grad_offload:
         est.parts["grad staging ring"] = min(cal.GRAD_STAGING_BLOCKS, depth) * per_block * grad_bytes
@@ -189,12 +192,9 @@ def estimate_plan(
     # activations
     ckpt, plain = saved_per_block(plan, knobs, config)
     c = checkpointed_blocks(plan, depth)
-    if plan.activation_offload == "on":
-        window = min(cal.ACT_OFFLOAD_WINDOW, depth)
-        largest = plain if c < depth else ckpt
-        est.parts["activation window"] = window * largest
-    else:
-        est.parts["saved activations"] = c * ckpt + (depth - c) * plain
+    est.parts["saved activations"] = c * ckpt + (depth - c) * plain
+    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    est.parts["outside the blocks"] = tokens * config.dim * cal.FIXED_PER_TOKEN_DIM * (wb / 2)
     est.parts["backward working set"] = working_set(plan, knobs, config)
 
     # encoders

@@ -1,7 +1,9 @@
 """QK-norm + RoPE in Triton: per-head RMSNorm (with weight) and the half-split rotation in one pass.
 
-One token (all heads) per program forward; the backward walks a chunk of tokens per program and
-writes a partial weight gradient per program, summed afterwards (deterministic).
+x [T, H, D] is viewed as T*H rows of D; a program takes a tile of ROWS head-rows (the rotation's
+cos/sin row is the token, row // H), or, as a launch candidate of its own, one token with all its heads. The backward walks a chunk of tiles per program (next tile's
+loads issued first) and writes one partial weight gradient per program, summed afterwards
+(deterministic, no atomics).
 """
 
 from __future__ import annotations
@@ -10,12 +12,48 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_utils import reduce_programs
+from ... import sample_sums as ss
+from ...triton_utils import backward_configs, next_pow2, persistent_programs, pick, size_bucket, tile_configs
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(X, W, COS, SIN, OUT, RSTD, H, half, eps, HAS_W: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
+def _fwd(
+    X, W, COS, SIN, OUT, RSTD, R, H, half, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr
+):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rid = tl.arange(0, ROWS)
+    cols = tl.arange(0, BD)
+    rmask = rid < R - row0
+    cmask = cols < half
+    mask = rmask[:, None] & cmask[None, :]
+    loc = rid[:, None] * (2 * half) + cols[None, :]
+    base = X + row0 * (2 * half)
+    x1 = tl.load(base + loc, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(base + loc + half, mask=mask, other=0.0).to(tl.float32)
+    tok = (row0 + rid) // H
+    coff = tok[:, None] * half + cols[None, :]
+    c = tl.load(COS + coff, mask=mask, other=0.0)
+    s = tl.load(SIN + coff, mask=mask, other=0.0)
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
+    n1 = x1 * rstd[:, None]
+    n2 = x2 * rstd[:, None]
+    if HAS_W:
+        n1 = n1 * tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        n2 = n2 * tl.load(W + half + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    n1 = n1.to(OUT.dtype.element_ty).to(tl.float32)  # the reference rounds between norm and rope
+    n2 = n2.to(OUT.dtype.element_ty).to(tl.float32)
+    out = OUT + row0 * (2 * half)
+    tl.store(out + loc, (n1 * c - n2 * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(out + loc + half, (n2 * c + n1 * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
+
+
+@triton.jit
+def _fwd_token(
+    X, W, COS, SIN, OUT, RSTD, H, half, eps, HAS_W: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr
+):
+    """The forward with one token (all its heads) per program: one cos/sin row shared by the heads."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BH)[:, None]
     cols = tl.arange(0, BD)[None, :]
@@ -29,7 +67,7 @@ def _fwd(X, W, COS, SIN, OUT, RSTD, H, half, eps, HAS_W: tl.constexpr, BH: tl.co
     if HAS_W:
         n1 = n1 * tl.load(W + cols, mask=cols < half, other=0.0).to(tl.float32)
         n2 = n2 * tl.load(W + half + cols, mask=cols < half, other=0.0).to(tl.float32)
-    n1 = n1.to(OUT.dtype.element_ty).to(tl.float32)  # the reference rounds between norm and rope
+    n1 = n1.to(OUT.dtype.element_ty).to(tl.float32)
     n2 = n2.to(OUT.dtype.element_ty).to(tl.float32)
     c = tl.load(COS + t * half + cols, mask=cols < half, other=0.0)
     s = tl.load(SIN + t * half + cols, mask=cols < half, other=0.0)
@@ -48,37 +86,56 @@ def _bwd(
     RSTD,
     DX,
     DW,
-    T,
+    R,
     H,
     half,
-    rows_per_prog,
+    tiles_per_prog,
     HAS_W: tl.constexpr,
-    BH: tl.constexpr,
+    ROWS: tl.constexpr,
     BD: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    heads = tl.arange(0, BH)[:, None]
-    cols = tl.arange(0, BD)[None, :]
-    mask = (heads < H) & (cols < half)
+    rid = tl.arange(0, ROWS)
+    cols = tl.arange(0, BD)
+    cmask = cols < half
+    loc = rid[:, None] * (2 * half) + cols[None, :]
     w1 = tl.full([1, BD], 1.0, tl.float32)
     w2 = tl.full([1, BD], 1.0, tl.float32)
     if HAS_W:
-        w1 = tl.load(W + cols, mask=cols < half, other=0.0).to(tl.float32)
-        w2 = tl.load(W + half + cols, mask=cols < half, other=0.0).to(tl.float32)
-    dw1 = tl.zeros([BH, BD], dtype=tl.float32)
-    dw2 = tl.zeros([BH, BD], dtype=tl.float32)
-    start = pid.to(tl.int64) * rows_per_prog
-    n = tl.minimum(start + rows_per_prog, T) - start
-    for i in range(0, n):
-        t = start + i
-        base = t * H * 2 * half + heads * 2 * half + cols
-        dy1 = tl.load(DY + base, mask=mask, other=0.0).to(tl.float32)
-        dy2 = tl.load(DY + base + half, mask=mask, other=0.0).to(tl.float32)
-        x1 = tl.load(X + base, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(X + base + half, mask=mask, other=0.0).to(tl.float32)
-        c = tl.load(COS + t * half + cols, mask=cols < half, other=0.0)
-        s = tl.load(SIN + t * half + cols, mask=cols < half, other=0.0)
-        rstd = tl.load(RSTD + t * H + tl.arange(0, BH), mask=tl.arange(0, BH) < H, other=0.0)[:, None]
+        w1 = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(W + half + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    dw1 = tl.zeros([ROWS, BD], dtype=tl.float32)
+    dw2 = tl.zeros([ROWS, BD], dtype=tl.float32)
+    start = pid.to(tl.int64) * tiles_per_prog * ROWS
+    end = tl.minimum(start + tiles_per_prog * ROWS, R)
+    n = tl.cdiv(end - start, ROWS)
+    row = start
+    rmask = rid < end - row
+    mask = rmask[:, None] & cmask[None, :]
+    x1n = tl.load(X + row * (2 * half) + loc, mask=mask, other=0.0)
+    x2n = tl.load(X + row * (2 * half) + loc + half, mask=mask, other=0.0)
+    d1n = tl.load(DY + row * (2 * half) + loc, mask=mask, other=0.0)
+    d2n = tl.load(DY + row * (2 * half) + loc + half, mask=mask, other=0.0)
+    rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
+    for _ in range(0, n):
+        x1 = x1n.to(tl.float32)
+        x2 = x2n.to(tl.float32)
+        dy1 = d1n.to(tl.float32)
+        dy2 = d2n.to(tl.float32)
+        rstd = rstd_next[:, None]
+        cur_row, cur_mask = row, mask
+        row += ROWS  # issue the next tile's loads first
+        rmask = rid < end - row
+        mask = rmask[:, None] & cmask[None, :]
+        x1n = tl.load(X + row * (2 * half) + loc, mask=mask, other=0.0)
+        x2n = tl.load(X + row * (2 * half) + loc + half, mask=mask, other=0.0)
+        d1n = tl.load(DY + row * (2 * half) + loc, mask=mask, other=0.0)
+        d2n = tl.load(DY + row * (2 * half) + loc + half, mask=mask, other=0.0)
+        rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
+        tok = (cur_row + rid) // H
+        coff = tok[:, None] * half + cols[None, :]
+        c = tl.load(COS + coff, mask=cur_mask, other=0.0)
+        s = tl.load(SIN + coff, mask=cur_mask, other=0.0)
         dn1 = dy1 * c + dy2 * s
         dn2 = dy2 * c - dy1 * s
         xh1 = x1 * rstd
@@ -86,15 +143,15 @@ def _bwd(
         g1 = dn1 * w1
         g2 = dn2 * w2
         dot = (tl.sum(g1 * xh1, axis=1) + tl.sum(g2 * xh2, axis=1))[:, None] / (2 * half)
-        tl.store(DX + base, (rstd * (g1 - xh1 * dot)).to(DX.dtype.element_ty), mask=mask)
-        tl.store(DX + base + half, (rstd * (g2 - xh2 * dot)).to(DX.dtype.element_ty), mask=mask)
-        dw1 += dn1 * xh1
-        dw2 += dn2 * xh2
+        dx = DX + cur_row * (2 * half)
+        tl.store(dx + loc, (rstd * (g1 - xh1 * dot)).to(DX.dtype.element_ty), mask=cur_mask)
+        tl.store(dx + loc + half, (rstd * (g2 - xh2 * dot)).to(DX.dtype.element_ty), mask=cur_mask)
+        if HAS_W:
+            dw1 += dn1 * xh1
+            dw2 += dn2 * xh2
     if HAS_W:
-        tl.store(DW + pid * 2 * half + tl.arange(0, BD), tl.sum(dw1, axis=0), mask=tl.arange(0, BD) < half)
-        tl.store(
-            DW + pid * 2 * half + half + tl.arange(0, BD), tl.sum(dw2, axis=0), mask=tl.arange(0, BD) < half
-        )
+        tl.store(DW + pid.to(tl.int64) * 2 * half + cols, tl.sum(dw1, axis=0), mask=cmask)
+        tl.store(DW + pid.to(tl.int64) * 2 * half + half + cols, tl.sum(dw2, axis=0), mask=cmask)
 
 
 class _QKNormRope(torch.autograd.Function):
@@ -103,25 +160,29 @@ class _QKNormRope(torch.autograd.Function):
         x = x.contiguous()
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
         T, H, D = x.shape
+        R = T * H
         out = torch.empty_like(x)
         rstd = torch.empty(T, H, device=x.device, dtype=torch.float32)
-        bh, bd = triton.next_power_of_2(H), triton.next_power_of_2(D // 2)
-        if T:
-            _fwd[(T,)](
-                x,
-                weight if weight is not None else x,
-                cos,
-                sin,
-                out,
-                rstd,
-                H,
-                D // 2,
-                eps,
-                HAS_W=weight is not None,
-                BH=bh,
-                BD=bd,
-                num_warps=4,
-            )
+        bd = next_pow2(D // 2)
+        w = weight.contiguous() if weight is not None else x
+
+        def launch(cfg):
+            rows, warps = cfg
+            if rows == 0:  # one token per program
+                _fwd_token[(T,)](
+                    x, w, cos, sin, out, rstd, H, D // 2, eps,
+                    HAS_W=weight is not None, BH=next_pow2(H), BD=bd, num_warps=warps,
+                )  # fmt: skip
+                return
+            _fwd[(triton.cdiv(R, rows),)](
+                x, w, cos, sin, out, rstd, R, H, D // 2, eps,
+                HAS_W=weight is not None, ROWS=rows, BD=bd, num_warps=warps,
+            )  # fmt: skip
+
+        if R:
+            key = (H, D, x.dtype, size_bucket(R), x.device)
+            tiles = tile_configs(2 * bd, min_rows=2, max_per_thread=64)
+            launch(pick("qk_norm_rope.fwd", key, tiles + [(0, 4), (0, 8)], launch))
         ctx.save_for_backward(x, weight, cos, sin, rstd)
         return out
 
@@ -129,30 +190,28 @@ class _QKNormRope(torch.autograd.Function):
     def backward(ctx, dy):
         x, weight, cos, sin, rstd = ctx.saved_tensors
         T, H, D = x.shape
+        R = T * H
+        dy = dy.contiguous()
         dx = torch.empty_like(x)
-        grid = reduce_programs(x, T)
-        dw = torch.zeros(grid, D, device=x.device, dtype=torch.float32)
-        bh, bd = triton.next_power_of_2(H), triton.next_power_of_2(D // 2)
-        if T:
+        bd = next_pow2(D // 2)
+        has_w = weight is not None
+        parts = {}
+
+        def launch(cfg):
+            rows, warps, per_sm = cfg
+            tiles = triton.cdiv(R, rows)
+            grid = persistent_programs(x, tiles, per_sm)
+            dw = torch.empty(grid, D, device=x.device, dtype=torch.float32) if has_w else rstd
             _bwd[(grid,)](
-                dy.contiguous(),
-                x,
-                weight if weight is not None else x,
-                cos,
-                sin,
-                rstd,
-                dx,
-                dw,
-                T,
-                H,
-                D // 2,
-                triton.cdiv(T, grid),
-                HAS_W=weight is not None,
-                BH=bh,
-                BD=bd,
-                num_warps=4,
-            )
-        return dx, (dw.sum(0).to(weight.dtype) if weight is not None else None), None, None, None
+                dy, x, weight if has_w else x, cos, sin, rstd, dx, dw, R, H, D // 2,
+                triton.cdiv(tiles, grid), HAS_W=has_w, ROWS=rows, BD=bd, num_warps=warps,
+            )  # fmt: skip
+            parts["dw"] = dw
+
+        key = (H, D, x.dtype, size_bucket(R), x.device)
+        launch(pick("qk_norm_rope.bwd", key, backward_configs(2 * bd, min_rows=2), launch))
+        dw = ss.sum_rows(parts["dw"], weight.dtype) if has_w else None
+        return dx, dw, None, None, None
 
 
 def qk_norm_rope(

@@ -1,5 +1,6 @@
 """residual_norm_modulate in Triton: r = x + gate[s] * y and h = rms_norm(r) * (1 + scale[s]) + shift[s]
-in one read of x and y; the backward sums d(gate), d(shift), d(scale) per sample (see norm_modulate)."""
+in one read of x and y, a tile of ROWS rows per program; the backward sums d(gate), d(shift),
+d(scale) per sample with per-program partials (see sample_sums and norm_modulate)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,33 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_utils import reduce_programs, row_block
+from ... import sample_sums as ss
+from ...triton_utils import backward_configs, next_pow2, persistent_programs, pick, size_bucket, tile_configs
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, d, eps, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _fwd(X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < d
-    s = tl.load(TS + row).to(tl.int64)
-    x = tl.load(X + row * d + cols, mask=mask, other=0.0).to(tl.float32)
-    y = tl.load(Y + row * d + cols, mask=mask, other=0.0).to(tl.float32)
-    g = tl.load(GATE + s * d + cols, mask=mask, other=0.0).to(tl.float32)
+    rmask = rid < T - row0
+    mask = rmask[:, None] & (cols < d)[None, :]
+    loc = rid[:, None] * d + cols[None, :]
+    s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int64)
+    poff = s[:, None] * d + cols[None, :]
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(GATE + poff, mask=mask, other=0.0).to(tl.float32)
     r = (x + g * y).to(R.dtype.element_ty)  # the residual stream is kept in the model dtype
-    tl.store(R + row * d + cols, r, mask=mask)
+    tl.store(R + row0 * d + loc, r, mask=mask)
     r = r.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / d + eps)
-    sc = tl.load(SCALE + s * d + cols, mask=mask, other=0.0).to(tl.float32)
-    sh = tl.load(SHIFT + s * d + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(H + row * d + cols, (r * rstd * (1.0 + sc) + sh).to(H.dtype.element_ty), mask=mask)
-    tl.store(RSTD + row, rstd)
+    rstd = 1.0 / tl.sqrt(tl.sum(r * r, axis=1) / d + eps)
+    sc = tl.load(SCALE + poff, mask=mask, other=0.0).to(tl.float32)
+    sh = tl.load(SHIFT + poff, mask=mask, other=0.0).to(tl.float32)
+    h = r * rstd[:, None] * (1.0 + sc) + sh
+    tl.store(H + row0 * d + loc, h.to(H.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
 @triton.jit
@@ -42,54 +49,90 @@ def _bwd(
     RSTD,
     DX,
     DY,
-    DGATE,
-    DSHIFT,
-    DSCALE,
+    P,
+    D,
+    FIRST,
+    LAST,
     T,
     d,
-    rows_per_prog,
+    tiles_per_prog,
+    ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < d
-    start = pid.to(tl.int64) * rows_per_prog
-    n = tl.minimum(start + rows_per_prog, T) - start
-    cur = tl.load(TS + start, mask=n > 0, other=0).to(tl.int64)
-    acc_g = tl.zeros([BLOCK], dtype=tl.float32)
-    acc_sc = tl.zeros([BLOCK], dtype=tl.float32)
-    acc_sh = tl.zeros([BLOCK], dtype=tl.float32)
-    for i in range(0, n):
-        row = start + i
-        s = tl.load(TS + row).to(tl.int64)
-        if s != cur:
-            tl.atomic_add(DGATE + cur * d + cols, acc_g, mask=mask)
-            tl.atomic_add(DSCALE + cur * d + cols, acc_sc, mask=mask)
-            tl.atomic_add(DSHIFT + cur * d + cols, acc_sh, mask=mask)
-            acc_g = tl.zeros([BLOCK], dtype=tl.float32)
-            acc_sc = tl.zeros([BLOCK], dtype=tl.float32)
-            acc_sh = tl.zeros([BLOCK], dtype=tl.float32)
-            cur = s
-        off = row * d + cols
-        r = tl.load(R + off, mask=mask, other=0.0).to(tl.float32)
-        y = tl.load(Y + off, mask=mask, other=0.0).to(tl.float32)
-        dh = tl.load(DH + off, mask=mask, other=0.0).to(tl.float32)
-        dr = tl.load(DR + off, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
-        sc = tl.load(SCALE + s * d + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(GATE + s * d + cols, mask=mask, other=0.0).to(tl.float32)
+    cmask = cols < d
+    loc = rid[:, None] * d + cols[None, :]
+    start = pid.to(tl.int64) * tiles_per_prog * ROWS
+    end = tl.minimum(start + tiles_per_prog * ROWS, T)
+    n = tl.cdiv(end - start, ROWS)
+    first = tl.load(TS + start, mask=n > 0, other=0).to(tl.int64)
+    cur = first
+    seg = pid * 0
+    acc_g = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    row = start
+    rmask = rid < end - row
+    mask = rmask[:, None] & cmask[None, :]
+    r_next = tl.load(R + row * d + loc, mask=mask, other=0.0)
+    y_next = tl.load(Y + row * d + loc, mask=mask, other=0.0)
+    dh_next = tl.load(DH + row * d + loc, mask=mask, other=0.0)
+    dr_next = tl.load(DR + row * d + loc, mask=mask, other=0.0)
+    rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
+    s_next = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+    for _ in range(0, n):
+        r = r_next.to(tl.float32)
+        y = y_next.to(tl.float32)
+        dh = dh_next.to(tl.float32)
+        dr = dr_next.to(tl.float32)
+        rstd = rstd_next[:, None]
+        s = s_next  # -1: a row past the chunk (its contributions are zero)
+        cur_row, cur_mask = row, mask
+        row += ROWS  # issue the next tile's loads first
+        rmask = rid < end - row
+        mask = rmask[:, None] & cmask[None, :]
+        r_next = tl.load(R + row * d + loc, mask=mask, other=0.0)
+        y_next = tl.load(Y + row * d + loc, mask=mask, other=0.0)
+        dh_next = tl.load(DH + row * d + loc, mask=mask, other=0.0)
+        dr_next = tl.load(DR + row * d + loc, mask=mask, other=0.0)
+        rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
+        s_next = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+        poff = tl.maximum(s, 0)[:, None] * d + cols[None, :]
+        sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         rhat = r * rstd
         gn = dh * (1.0 + sc)
-        dr += rstd * (gn - rhat * (tl.sum(gn * rhat, axis=0) / d))
-        tl.store(DX + off, dr.to(DX.dtype.element_ty), mask=mask)
-        tl.store(DY + off, (g * dr).to(DY.dtype.element_ty), mask=mask)
-        acc_g += dr * y
-        acc_sc += dh * rhat
-        acc_sh += dh
-    if n > 0:
-        tl.atomic_add(DGATE + cur * d + cols, acc_g, mask=mask)
-        tl.atomic_add(DSCALE + cur * d + cols, acc_sc, mask=mask)
-        tl.atomic_add(DSHIFT + cur * d + cols, acc_sh, mask=mask)
+        dr += rstd * (gn - rhat * (tl.sum(gn * rhat, axis=1) / d)[:, None])
+        tl.store(DX + cur_row * d + loc, dr.to(DX.dtype.element_ty), mask=cur_mask)
+        tl.store(DY + cur_row * d + loc, (g * dr).to(DY.dtype.element_ty), mask=cur_mask)
+        c_g = dr * y
+        c_sc = dh * rhat
+        if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
+            acc_g += c_g
+            acc_sc += c_sc
+            acc_sh += dh
+        else:  # a sample boundary inside this tile: row by row
+            for i in tl.static_range(ROWS):
+                sel = rid == i
+                si = tl.sum(tl.where(sel, s, 0), axis=0)
+                if (si != cur) & (si >= 0):
+                    ss.flush(acc_g, P, D, pid, 0, 3, cur, seg, d, cols, cmask)
+                    ss.flush(acc_sc, P, D, pid, 1, 3, cur, seg, d, cols, cmask)
+                    ss.flush(acc_sh, P, D, pid, 2, 3, cur, seg, d, cols, cmask)
+                    acc_g = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                    acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                    acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                    seg += 1
+                    cur = si
+                acc_g += tl.where(sel[:, None], c_g, 0.0)
+                acc_sc += tl.where(sel[:, None], c_sc, 0.0)
+                acc_sh += tl.where(sel[:, None], dh, 0.0)
+    ss.close(acc_g, P, pid, 0, 3, seg, d, cols, cmask)
+    ss.close(acc_sc, P, pid, 1, 3, seg, d, cols, cmask)
+    ss.close(acc_sh, P, pid, 2, 3, seg, d, cols, cmask)
+    ss.mark(FIRST, LAST, pid, n, first, cur, seg)
 
 
 class _ResidualNormModulate(torch.autograd.Function):
@@ -100,9 +143,17 @@ class _ResidualNormModulate(torch.autograd.Function):
         T, d = x.shape
         r, h = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        block, warps = row_block(d)
+        block = next_pow2(d)
+
+        def launch(cfg):
+            rows, warps = cfg
+            _fwd[(triton.cdiv(T, rows),)](
+                x, y, gate, shift, scale, ts, r, h, rstd, T, d, eps, ROWS=rows, BLOCK=block, num_warps=warps
+            )
+
         if T:
-            _fwd[(T,)](x, y, gate, shift, scale, ts, r, h, rstd, d, eps, BLOCK=block, num_warps=warps)
+            key = (d, x.dtype, size_bucket(T), x.device)
+            launch(pick("residual_norm_modulate.fwd", key, tile_configs(block, max_per_thread=64), launch))
         ctx.save_for_backward(r, y, gate, scale, ts, rstd)
         ctx.dtypes = (x.dtype, shift.dtype)
         return r, h
@@ -111,16 +162,23 @@ class _ResidualNormModulate(torch.autograd.Function):
     def backward(ctx, dr, dh):
         r, y, gate, scale, ts, rstd = ctx.saved_tensors
         T, d = r.shape
+        x_dtype, shift_dtype = ctx.dtypes
         dx, dy = torch.empty_like(r), torch.empty_like(y)
-        dgate, dshift, dscale = (
-            torch.zeros(gate.shape, device=r.device, dtype=torch.float32) for _ in range(3)
-        )
-        grid = reduce_programs(r, T)
-        block, warps = row_block(d)
-        if T:
+        if not T:
+            z = torch.zeros_like(gate)
+            return dx.to(x_dtype), dy, z, z.to(shift_dtype), z.to(scale.dtype), None, None
+        dr, dh = dr.contiguous(), dh.contiguous()
+        block = next_pow2(d)
+        bufs = {}
+
+        def launch(cfg):
+            rows, warps, per_sm = cfg
+            tiles = triton.cdiv(T, rows)
+            grid = persistent_programs(r, tiles, per_sm)
+            p, first, last, acc = ss.buffers(grid, gate.shape[0], 3, d, r.device)
             _bwd[(grid,)](
-                dr.contiguous(),
-                dh.contiguous(),
+                dr,
+                dh,
                 r,
                 y,
                 gate,
@@ -129,22 +187,28 @@ class _ResidualNormModulate(torch.autograd.Function):
                 rstd,
                 dx,
                 dy,
-                dgate,
-                dshift,
-                dscale,
+                p,
+                acc,
+                first,
+                last,
                 T,
                 d,
-                triton.cdiv(T, grid),
+                triton.cdiv(tiles, grid),
+                ROWS=rows,
                 BLOCK=block,
                 num_warps=warps,
             )
-        x_dtype, shift_dtype = ctx.dtypes
+            bufs["b"] = (p, first, last, acc)
+
+        key = (d, r.dtype, size_bucket(T), r.device)
+        launch(pick("residual_norm_modulate.bwd", key, backward_configs(block), launch))
+        out = ss.finish(*bufs["b"], scale.dtype)  # [B, (gate, scale, shift), d]
         return (
             dx.to(x_dtype),
             dy,
-            dgate.to(gate.dtype),
-            dshift.to(shift_dtype),
-            dscale.to(scale.dtype),
+            out[:, 0].to(gate.dtype),
+            out[:, 2].to(shift_dtype),
+            out[:, 1],
             None,
             None,
         )

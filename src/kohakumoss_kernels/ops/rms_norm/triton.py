@@ -1,4 +1,10 @@
-"""RMSNorm in Triton: one row per program forward; backward also sums the weight gradient over rows."""
+"""RMSNorm in Triton.
+
+Forward: a tile of ROWS rows per program (the whole row in registers). Backward: a few programs per
+SM, each walking its chunk of row tiles with the next tile's loads issued before the current tile is
+reduced; the weight gradient is one partial sum per program, summed afterwards (deterministic, no
+atomics). (ROWS, num_warps) is picked per width by timing a few candidates once (triton_utils.pick).
+"""
 
 from __future__ import annotations
 
@@ -6,49 +12,69 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_utils import reduce_programs, row_block
+from ... import sample_sums as ss
+from ...triton_utils import backward_configs, next_pow2, persistent_programs, pick, size_bucket, tile_configs
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(X, W, Y, RSTD, d, eps, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < d
-    x = tl.load(X + row * d + cols, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / d + eps)
-    y = x * rstd
+    rmask = rid < T - row0
+    mask = rmask[:, None] & (cols < d)[None, :]
+    loc = rid[:, None] * d + cols[None, :]  # int32 offsets inside the tile; the row base is one scalar
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
+    y = x * rstd[:, None]
     if HAS_W:
-        y = y * tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(Y + row * d + cols, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + row, rstd)
+        y = y * tl.load(W + cols, mask=cols < d, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
 @triton.jit
-def _bwd(DY, X, W, RSTD, DX, DW, T, d, rows_per_prog, HAS_W: tl.constexpr, BLOCK: tl.constexpr):
+def _bwd(
+    DY, X, W, RSTD, DX, DW, T, d, tiles_per_prog, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr
+):
     pid = tl.program_id(0)
+    rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    mask = cols < d
-    w = tl.full([BLOCK], 1.0, tl.float32)
+    cmask = cols < d
+    loc = rid[:, None] * d + cols[None, :]
+    w = tl.full([1, BLOCK], 1.0, tl.float32)
     if HAS_W:
-        w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    dw = tl.zeros([BLOCK], dtype=tl.float32)
-    start = pid.to(tl.int64) * rows_per_prog
-    n = tl.minimum(start + rows_per_prog, T) - start
-    for i in range(0, n):
-        row = start + i
-        off = row * d + cols
-        x = tl.load(X + off, mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + off, mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + row)
+        w = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    dw = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    start = pid.to(tl.int64) * tiles_per_prog * ROWS
+    end = tl.minimum(start + tiles_per_prog * ROWS, T)
+    n = tl.cdiv(end - start, ROWS)
+    row = start
+    rmask = rid < end - row
+    mask = rmask[:, None] & cmask[None, :]
+    x_next = tl.load(X + row * d + loc, mask=mask, other=0.0)
+    dy_next = tl.load(DY + row * d + loc, mask=mask, other=0.0)
+    rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
+    for _ in range(0, n):
+        x = x_next.to(tl.float32)
+        dy = dy_next.to(tl.float32)
+        rstd = rstd_next[:, None]
+        cur_row, cur_mask = row, mask
+        row += ROWS  # issue the next tile's loads before this tile's reductions
+        rmask = rid < end - row
+        mask = rmask[:, None] & cmask[None, :]
+        x_next = tl.load(X + row * d + loc, mask=mask, other=0.0)
+        dy_next = tl.load(DY + row * d + loc, mask=mask, other=0.0)
+        rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
         xhat = x * rstd
         g = dy * w
-        dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=0) / d))
-        tl.store(DX + off, dx.to(DX.dtype.element_ty), mask=mask)
+        dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
+        tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
         if HAS_W:
             dw += dy * xhat
     if HAS_W:
-        tl.store(DW + pid * d + cols, dw, mask=mask)
+        tl.store(DW + pid.to(tl.int64) * d + cols, tl.sum(dw, axis=0), mask=cmask)
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -59,10 +85,18 @@ class _RMSNorm(torch.autograd.Function):
         T, d = x2.shape
         y = torch.empty_like(x2)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        block, warps = row_block(d)
+        block = next_pow2(d)
         w = weight.contiguous() if weight is not None else x2
+
+        def launch(cfg):
+            rows, warps = cfg
+            _fwd[(triton.cdiv(T, rows),)](
+                x2, w, y, rstd, T, d, eps, HAS_W=weight is not None, ROWS=rows, BLOCK=block, num_warps=warps
+            )
+
         if T:
-            _fwd[(T,)](x2, w, y, rstd, d, eps, HAS_W=weight is not None, BLOCK=block, num_warps=warps)
+            key = (d, x.dtype, size_bucket(T), x.device)
+            launch(pick("rms_norm.fwd", key, tile_configs(block, max_per_thread=64), launch))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = shape
         return y.reshape(shape)
@@ -73,26 +107,35 @@ class _RMSNorm(torch.autograd.Function):
         T, d = x2.shape
         dy2 = dy.reshape(T, d).contiguous()
         dx = torch.empty_like(x2)
-        grid = reduce_programs(x2, T)
-        rows = triton.cdiv(T, grid)
-        dw_part = torch.empty(grid, d, device=x2.device, dtype=torch.float32) if weight is not None else rstd
-        block, warps = row_block(d)
-        if True:  # launched even for T == 0, so the weight gradient is written (zeros)
+        block = next_pow2(d)
+        has_w = weight is not None
+        dw_part = {}
+
+        def launch(cfg):  # launched even for T == 0, so the weight gradient is written (zeros)
+            rows, warps, per_sm = cfg
+            tiles = triton.cdiv(T, rows)
+            grid = persistent_programs(x2, tiles, per_sm)
+            part = torch.empty(grid, d, device=x2.device, dtype=torch.float32) if has_w else rstd
             _bwd[(grid,)](
                 dy2,
                 x2,
-                weight if weight is not None else x2,
+                weight if has_w else x2,
                 rstd,
                 dx,
-                dw_part,
+                part,
                 T,
                 d,
-                rows,
-                HAS_W=weight is not None,
+                triton.cdiv(tiles, grid),
+                HAS_W=has_w,
+                ROWS=rows,
                 BLOCK=block,
                 num_warps=warps,
             )
-        dw = dw_part.sum(0).to(weight.dtype) if weight is not None else None
+            dw_part["p"] = part
+
+        key = (d, x2.dtype, size_bucket(T), x2.device)
+        launch(pick("rms_norm.bwd", key, backward_configs(block), launch))
+        dw = ss.sum_rows(dw_part["p"], weight.dtype) if has_w else None
         return dx.reshape(ctx.shape), dw, None
 
 

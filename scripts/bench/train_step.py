@@ -1,0 +1,832 @@
+"""One training step of the moss-image-5b architecture (random bf16 weights) per memory profile and mode.
+
+    python scripts/bench/train_step.py                       # every row, each in its own subprocess
+    python scripts/bench/train_step.py --rows main,baseline  # row groups or row specs, comma-separated
+    python scripts/bench/train_step.py --row lora/speed/latent_text   # one row, in this process
+    python scripts/bench/train_step.py --preset tiny --device cpu --steps 2   # CPU smoke (CI)
+
+A row is `MODE/PROFILE/CACHE[/capN][/field=value...]` or `baseline/eager|compiled`:
+- MODE `lora` (LoRA rank RANK on every DiT linear, TARGET_PRESET 'full', bypass, AdamW) or `full`
+  (full fine-tune, Muon + AdamW as train/optim.build_full_ft_optimizer);
+- PROFILE a memory profile (kohakumoss.memory.profiles.PROFILES), installed with
+  kohakumoss.memory.install.install_memory_plan; `field=value` parts (and --plan-knobs) override plan fields;
+- CACHE `latent_text` (latents and text embeddings cached: random tensors), `latent` (the text encoder,
+  a random Qwen3.5, runs every step) or `none` (the FLUX.2 VAE architecture, random weights, also
+  encodes SAMPLES images every step);
+- `capN`: torch.cuda.set_per_process_memory_fraction(N GiB / total) before anything is allocated.
+The baseline is plain torch (scripts/bench/baseline_model.py): padded [SAMPLES, L, d], SDPA, a tiny
+LoRA module on every linear, no engines, eager or with each block torch.compile'd.
+
+Per row: samples/s and tokens/s (medians of the measured steps), MFU, the step peak
+(torch.cuda.max_memory_allocated over all steps), the predicted peak (kohakumoss.memory.estimate),
+the nvidia-smi peak of the process, steps completed. Random weights and random inputs: a benchmark of
+speed and memory, not of training. Writes every row as JSON to --out (default $OUT/train_step.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_model.py sits beside this script
+
+from kohakumoss.memory.estimate import estimate_peak  # noqa: E402
+from kohakumoss.memory.install import install_memory_plan  # noqa: E402
+from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
+from kohakumoss.memory.profiles import PROFILES  # noqa: E402
+
+PRESET = "moss-image-5b"  # MossConfig preset, random weights
+DEVICE = "cuda"  # cuda | cpu (cpu: rows in this process, no caps, no nvidia-smi)
+SAMPLES = 2  # samples packed per step
+IMAGE_TOKENS = 0  # image tokens per sample (a square grid); 0: 4096 (1024 x 1024 px), 64 for the tiny preset
+TEXT_TOKENS = 0  # text tokens per sample; 0: 256, 8 for the tiny preset
+RANK = 32  # LoRA rank (alpha = rank)
+LR = 1e-4  # learning rate (AdamW; Muon for full fine-tune)
+GRAD_CLIP = 1.0  # gradient norm clip
+FULL_OPTIMIZER = (
+    "muon"  # full fine-tune: muon (Muon on hidden matrices + AdamW, the trainer's) | adamw (AdamW only)
+)
+WARMUP = 3  # untimed steps per row
+STEPS = 10  # measured steps per row
+CAP_STEPS = 40  # measured steps of a capped row
+PEAK_TFLOPS = 790.0  # the bf16 matrix rate MFU divides by (measured on the H200)
+ROWS = "default"  # row groups (see GROUPS) and row specs, comma-separated
+TEXT_ENCODER = "auto"  # random Qwen3.5 for caches 'latent'/'none': qwen3.5-9b | tiny | auto (by preset)
+BUILD_DEVICE = (
+    "auto"  # where the DiT is built before install: auto (cpu when capped or streaming) | cpu | device
+)
+BASELINE_LORA_DTYPE = "float32"  # the baseline LoRA's weights: float32 (as the trainer) | bfloat16
+PLAN_KNOBS = ""  # JSON of MemoryPlan fields applied to every row's plan
+ROW_TIMEOUT = 1200  # seconds per row subprocess
+SMI_INTERVAL = 0.2  # seconds between nvidia-smi polls
+SEED = 0
+
+PROFILE_NAMES = ("speed", "balanced", "low_vram", "minimal")
+CACHES = ("latent_text", "latent", "none")
+# A full fine-tune whose profile puts the optimizer on the host ('host': Muon + AdamW step 5B parameters on
+# the CPU, minutes a step) runs here with optimizer=stream: the same host masters, stepped on the GPU per
+# chunk. The profile as it is runs in the group 'full_host' (not in 'default').
+GROUPS = {
+    "main": [
+        *(f"lora/{p}/latent_text" for p in PROFILE_NAMES),
+        "full/speed/latent_text",
+        "full/balanced/latent_text",
+        "full/low_vram/latent_text/optimizer=stream",
+        "full/minimal/latent_text/optimizer=stream",
+    ],
+    "cache": [f"lora/{p}/{c}" for p in ("speed", "minimal") for c in ("latent", "none")],
+    "baseline": ["baseline/eager", "baseline/compiled"],
+    "capped": [
+        "lora/low_vram/latent_text/cap8",
+        "lora/minimal/latent_text/cap8",
+        "lora/minimal/latent_text/cap6",
+        "lora/minimal/latent_text/cap4",
+        "full/minimal/latent_text/cap24/optimizer=stream",
+    ],
+    "full_host": ["full/low_vram/latent_text", "full/minimal/latent_text"],
+}
+GROUPS["default"] = GROUPS["main"] + GROUPS["baseline"] + GROUPS["cache"] + GROUPS["capped"]
+GROUPS["cpu"] = [*(f"{m}/{p}/latent_text" for m in ("lora", "full") for p in PROFILE_NAMES), *GROUPS["cache"]]
+GROUPS["cpu"].append("baseline/eager")
+FLOP_FORMULA = (
+    "MFU = FLOPs / step time / PEAK_TFLOPS; FLOPs = 4 x P x T (frozen base: forward + input grads) or "
+    "6 x P x T (full fine-tune), + 14 x sum_s(T_s^2) x d x L (attention); P = weights of the linears applied "
+    "per token (blocks' q/k/v/o/gate_up/down, img_in, txt_in, final.proj; AdaLN modulations run once per "
+    "sample and adapters are not counted), T = image + text tokens, T_s per sample, d = dim, L = depth; "
+    "encoder FLOPs (cache 'latent'/'none') are not counted"
+)
+GIB = 1 << 30
+GPU_BASE_MIB: list[float | None] = [None]  # nvidia-smi's used memory at the row's start
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    name: str
+    mode: str  # lora | full | baseline
+    profile: str = "speed"  # memory profile; for the baseline: eager | compiled
+    cache: str = "latent_text"
+    cap_gb: float | None = None
+    overrides: tuple[tuple[str, object], ...] = field(default=())  # plan field overrides
+
+    @property
+    def baseline(self) -> bool:
+        return self.mode == "baseline"
+
+
+def parse_row(name: str) -> RowSpec:
+    parts = name.strip().split("/")
+    if parts[0] == "baseline":
+        if len(parts) != 2 or parts[1] not in ("eager", "compiled"):
+            raise SystemExit(f"row '{name}': a baseline row is baseline/eager or baseline/compiled")
+        return RowSpec(name, "baseline", parts[1])
+    if len(parts) < 3 or parts[0] not in ("lora", "full") or parts[2] not in CACHES:
+        raise SystemExit(
+            f"row '{name}': expected MODE/PROFILE/CACHE[/capN][/field=value], MODE lora|full, CACHE {CACHES}"
+        )
+    cap, overrides = None, []
+    for extra in parts[3:]:
+        if extra.startswith("cap"):
+            cap = float(extra[3:])
+        elif "=" in extra:
+            key, value = extra.split("=", 1)
+            with contextlib.suppress(json.JSONDecodeError):
+                value = json.loads(value)
+            overrides.append((key, value))
+        else:
+            raise SystemExit(f"row '{name}': unknown part '{extra}'")
+    return RowSpec(name, parts[0], parts[1], parts[2], cap, tuple(overrides))
+
+
+def expand_rows(text: str) -> list[str]:
+    out: list[str] = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        for name in GROUPS.get(item, [item]):
+            if name not in out:
+                parse_row(name)
+                out.append(name)
+    return out
+
+
+# ---------------------------------------------------------------- FLOPs, memory, nvidia-smi
+
+
+def per_token_params(cfg) -> int:
+    """Weights of the linears applied per token (see FLOP_FORMULA)."""
+    d, h = cfg.dim, cfg.mlp_hidden
+    mlp = 3 * d * h if cfg.mlp_act == "swiglu" else 2 * d * h
+    block = 4 * d * d + mlp
+    return cfg.depth * block + cfg.in_channels * d + cfg.text_dim * d + d * cfg.in_channels
+
+
+def step_flops(cfg, seq_lens: list[int], full: bool) -> float:
+    tokens = sum(seq_lens)
+    attention = 14 * sum(s * s for s in seq_lens) * cfg.dim * cfg.depth
+    return (6 if full else 4) * per_token_params(cfg) * tokens + attention
+
+
+class SmiPoller:
+    """Polls nvidia-smi in a thread: the max used memory of this pid (MiB), else of the whole GPU."""
+
+    def __init__(self, interval: float, gpu_base_mib: float | None):
+        self.interval, self.pid = interval, os.getpid()
+        self.process_mib: float | None = None
+        self.gpu_mib: float | None = None
+        self.gpu_base_mib = gpu_base_mib  # the GPU's used memory before this process touched it
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def query(args: list[str]) -> list[str]:
+        try:
+            out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return []
+        return [line for line in out.stdout.splitlines() if line.strip()]
+
+    @classmethod
+    def gpu_used(cls) -> float | None:
+        index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+        lines = cls.query(["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", index])
+        return float(lines[0]) if lines else None
+
+    def _poll(self) -> None:
+        for line in self.query(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]):
+            pid, _, mib = line.partition(",")
+            if pid.strip() == str(self.pid) and mib.strip().isdigit():
+                self.process_mib = max(self.process_mib or 0.0, float(mib))
+        used = self.gpu_used()
+        if used is not None:
+            self.gpu_mib = max(self.gpu_mib or 0.0, used)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._poll()
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> SmiPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+
+    def result(self) -> tuple[float | None, str]:
+        """(GiB, what it is): the process's peak, else the GPU's peak less what was used before."""
+        if self.process_mib is not None:
+            return self.process_mib / 1024, "process"
+        if self.gpu_mib is not None:
+            return (self.gpu_mib - (self.gpu_base_mib or 0.0)) / 1024, "gpu-delta (pid not listed)"
+        return None, "nvidia-smi n/a"
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on the GPU; float32 on the CPU (the smoke path: CPU bf16 matmuls are very slow)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------- plan, install, estimate
+
+
+def resolve_plan(spec: RowSpec, plan_knobs: dict) -> MemoryPlan:
+    """The profile's plan with --plan-knobs and the row's field=value parts on top."""
+    if spec.profile not in PROFILES:
+        raise SystemExit(f"row '{spec.name}': unknown profile '{spec.profile}'; known: {sorted(PROFILES)}")
+    known = {f.name for f in fields(MemoryPlan)}
+    changes = {**plan_knobs, **dict(spec.overrides)}
+    if unknown := sorted(set(changes) - known):
+        raise SystemExit(f"row '{spec.name}': unknown MemoryPlan fields {unknown}; known: {sorted(known)}")
+    return replace(PROFILES[spec.profile], **changes)
+
+
+def predicted_peak(
+    plan: MemoryPlan, spec: RowSpec, cfg, a, tokens: int, n_params: int, te_bytes: int, vae_bytes: int
+) -> tuple[float | None, str]:
+    """kohakumoss.memory.estimate's peak for this row in GiB, or (None, why it is missing)."""
+    knobs = {
+        "PRECISION": "bf16",
+        "ALGO": spec.mode,
+        "RANK": a.rank,
+        "TARGET_PRESET": "full",
+        "USE_MUON": a.full_optimizer == "muon",
+        "TOKENS_PER_STEP": tokens,
+        "TEXT_ENCODE": "auto" if spec.cache in ("latent", "none") else "cache",
+        "VAE_ENCODE": "auto" if spec.cache == "none" else "cache",
+        **plan.knobs(),
+    }
+    try:
+        est = estimate_peak(knobs, cfg, n_params, te_bytes, vae_bytes, plan=plan)
+    except Exception as e:  # a row's numbers stand without the estimate
+        return None, f"n/a ({type(e).__name__}: {e})"
+    return est.total / GIB, ""
+
+
+# ---------------------------------------------------------------- encoders
+
+
+class RandomTextEncoder:
+    """A random Qwen3.5 text model behind the encoder interface the placement engine wraps (no tokenizer)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+
+    @torch.no_grad()
+    def encode(self, ids: torch.Tensor) -> torch.Tensor:
+        """Token ids [B, N] -> packed hidden states [B * N, hidden]."""
+        device = self.model.embed_tokens.weight.device
+        hidden = self.model(input_ids=ids.to(device, non_blocking=True), use_cache=False).last_hidden_state
+        return hidden.reshape(-1, hidden.shape[-1])
+
+
+def text_encoder_config(name: str, preset: str):
+    from transformers.models.qwen3_5 import Qwen3_5TextConfig
+
+    from kohakumoss.encoders.text_config import QWEN35_9B, tiny_text_encoder_config
+
+    if name == "auto":
+        name = "tiny" if preset == "tiny" else "qwen3.5-9b"
+    if name == "tiny":
+        return tiny_text_encoder_config(vocab_size=64), name
+    if name == "qwen3.5-9b":
+        return Qwen3_5TextConfig(**QWEN35_9B), name
+    raise SystemExit(f"--text-encoder: '{name}' is not qwen3.5-9b, tiny or auto")
+
+
+def encoder_plan(plan, cache: str, notes: list[str]):
+    """The plan with an 'off' encoder that this cache mode runs every step turned 'streamed' (noted)."""
+    needed = {"text_encoder": cache in ("latent", "none"), "vae": cache == "none"}
+    for name, runs in needed.items():
+        if runs and getattr(plan, name) == "off":
+            notes.append(f"{name} placement 'off' but cache '{cache}' runs it every step: streamed")
+            plan = replace(plan, **{name: "streamed"})
+    return plan
+
+
+def build_text_encoder(
+    a, where: str, device: torch.device, dtype: torch.dtype, capped: bool, notes: list[str]
+):
+    """A random Qwen3.5 text model placed by the encoder engine; returns (encoder, vocab, bytes)."""
+    from transformers.models.qwen3_5 import Qwen3_5TextModel
+
+    from kohakumoss.memory.engines.encoders import place_encoder
+
+    cfg, name = text_encoder_config(a.text_encoder, a.preset)
+    build = device if (where == "resident" or not capped) else torch.device("cpu")
+    t0 = time.perf_counter()
+    with default_dtype(dtype), torch.device(build):
+        model = Qwen3_5TextModel(cfg).eval().requires_grad_(False)
+    n = sum(p.numel() for p in model.parameters())
+    placed = place_encoder(RandomTextEncoder(model), where, device)
+    notes.append(
+        f"text encoder random {name} ({n / 1e9:.2f}B, {where}, built in {time.perf_counter() - t0:.0f}s)"
+    )
+    return placed, cfg.vocab_size, cfg.hidden_size, placed.weight_bytes
+
+
+def build_vae(a, where: str, device: torch.device, dtype: torch.dtype, capped: bool, notes: list[str]):
+    """The FLUX.2 VAE architecture (AutoencoderKLFlux2, random weights) placed by the encoder engine."""
+    from kohakumoss.encoders.vae import ImageVAE
+    from kohakumoss.encoders.vae_config import FLUX2_VAE_CONFIG, tiny_vae_config
+    from kohakumoss.memory.engines.encoders import place_encoder
+
+    tiny = a.preset == "tiny"
+    build = device if (where == "resident" or not capped) else torch.device("cpu")
+    vae = ImageVAE.from_config(tiny_vae_config() if tiny else FLUX2_VAE_CONFIG, dtype=dtype, device=build)
+    placed = place_encoder(vae, where, device)
+    n = sum(p.numel() for p in vae.model.parameters())
+    notes.append(f"VAE {'tiny' if tiny else 'FLUX.2'} AutoencoderKLFlux2 random ({n / 1e6:.0f}M, {where})")
+    return placed, placed.weight_bytes
+
+
+# ---------------------------------------------------------------- rows
+
+
+def token_layout(a) -> tuple[int, int, int]:
+    """(grid side, image tokens, text tokens) per sample."""
+    image = a.image_tokens or (64 if a.preset == "tiny" else 4096)
+    text = a.text_tokens or (8 if a.preset == "tiny" else 256)
+    side = math.isqrt(image)
+    if side * side != image:
+        raise SystemExit(f"--image-tokens {image} is not a square grid")
+    return side, image, text
+
+
+def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str]:
+    """Run `step(i)` n times: (seconds per step, steps completed, error or '')."""
+    times = []
+    for i in range(n):
+        try:
+            sync(device)
+            t0 = time.perf_counter()
+            step(i)
+            sync(device)
+            times.append(time.perf_counter() - t0)
+        except Exception as e:
+            traceback.print_exc()
+            return times, i, f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return times, n, ""
+
+
+def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup, device, flops) -> dict:
+    measured = times[warmup:]
+    med = statistics.median(measured) if measured else None
+    tokens = sum(seq_lens)
+    row = {
+        "row": spec.name,
+        "mode": spec.mode,
+        "profile": spec.profile,
+        "cache": spec.cache,
+        "cap_gib": spec.cap_gb,
+        "steps_done": done,
+        "steps_asked": asked,
+        "warmup": warmup,
+        "step_s": med,
+        "samples_per_s": a.samples / med if med else None,
+        "tokens_per_s": tokens / med if med else None,
+        "image_tokens_per_s": (tokens - a.samples * token_layout(a)[2]) / med if med else None,
+        "flops_per_step": flops,
+        "mfu": flops / med / (a.peak_tflops * 1e12) if med else None,
+        "error": error,
+    }
+    if device.type == "cuda":
+        row["step_peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
+        row["step_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+        if spec.cap_gb is not None:
+            row["under_cap"] = row["step_peak_gib"] <= spec.cap_gb and not error
+    return row
+
+
+def run_moss_row(a, spec: RowSpec) -> dict:
+    from kohakumoss.adapters import adapter_param_groups, build_adapter
+    from kohakumoss.diffusion import TimestepConfig
+    from kohakumoss.encoders.latents import patchify
+    from kohakumoss.model import MossBackbone, PackedSeq, get_preset
+    from kohakumoss.train.optim import build_adamw, build_full_ft_optimizer
+    from kohakumoss.train.step import DeviceBatch, draw_step_noise, flow_loss
+    from kohakumoss_kernels import OpSet
+
+    device, full = torch.device(a.device), spec.mode == "full"
+    dtype = compute_dtype(device)
+    cfg = get_preset(a.preset)
+    plan, notes = resolve_plan(spec, json.loads(a.plan_knobs) if a.plan_knobs else {}), []
+    side, n_img, n_text = token_layout(a)
+    # as the trainer (train/components.py): streamed blocks never sit whole on the device, so such a
+    # model is built on the host; a full fine-tune keeps fp32 weights only when its optimizer is on the GPU
+    host_first = plan.streamed_count(cfg.depth) > 0 or spec.cap_gb is not None
+    if a.build_device != "auto":
+        host_first = a.build_device == "cpu"
+    build = torch.device("cpu") if host_first else device
+    fp32_masters = full and plan.optimizer == "gpu"
+
+    t0 = time.perf_counter()
+    with default_dtype(torch.float32 if fp32_masters else dtype), torch.device(build):
+        model = MossBackbone(cfg, ops=OpSet("auto"))
+    model.init_weights(std=0.02, generator=torch.Generator(device=build).manual_seed(a.seed))
+    model.requires_grad_(full)
+    n_params = sum(p.numel() for p in model.parameters())
+    engines = install_memory_plan(plan, model, device, compute_dtype=dtype, full_ft=full)
+    network = None
+    if not full:  # after the plan, as the trainer builds it (train/loop.build_trainable)
+        network = build_adapter(
+            model, algo="lora", rank=a.rank, alpha=float(a.rank), preset="full", bypass=True
+        )
+        network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
+    if full:
+        opt = build_full_ft_optimizer(model, lr=a.lr, use_muon=a.full_optimizer == "muon")
+    else:
+        opt = build_adamw(adapter_param_groups(network, a.lr, None, 0.0), lr=a.lr)
+    opt = engines.place_optimizer(opt)
+    params = [p for g in opt.param_groups for p in g["params"]]
+    n_train = sum(p.numel() for p in params)
+    notes.append(f"built in {time.perf_counter() - t0:.0f}s on {build.type}; plan: {plan.label()}")
+
+    plan = encoder_plan(plan, spec.cache, notes)
+    text_enc = vae = None
+    te_bytes = vae_bytes = 0
+    if spec.cache in ("latent", "none"):
+        text_enc, vocab, width, te_bytes = build_text_encoder(
+            a, plan.text_encoder, device, dtype, spec.cap_gb is not None, notes
+        )
+        if width != cfg.text_dim:
+            raise SystemExit(f"text encoder width {width} != the DiT's text_dim {cfg.text_dim}")
+    if spec.cache == "none":
+        vae, vae_bytes = build_vae(a, plan.vae, device, dtype, spec.cap_gb is not None, notes)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # what the build left cached is not the step's
+
+    g = torch.Generator().manual_seed(a.seed)
+    seq = PackedSeq.build([n_text] * a.samples, [(side, side)] * a.samples, device)
+    x0_cached = text_cached = pixels = ids = None
+    if vae is None:
+        x0_cached = torch.randn(a.samples * n_img, cfg.in_channels, generator=g).to(device, dtype)
+    else:
+        pixels = torch.rand(a.samples, 3, 16 * side, 16 * side, generator=g).mul_(2).sub_(1)
+        pixels = pixels.pin_memory() if device.type == "cuda" else pixels
+    if text_enc is None:
+        text_cached = torch.randn(a.samples * n_text, cfg.text_dim, generator=g).to(device, dtype)
+    else:
+        ids = torch.randint(0, vocab, (a.samples, n_text), generator=g)
+
+    def make_batch() -> DeviceBatch:
+        """What the loader hands the step: cached tensors, or the encoders' outputs for this step."""
+        x0, text = x0_cached, text_cached
+        if vae is not None:
+            with vae.on_device():  # one load per step when streamed
+                lats = [vae.encode(pixels[i : i + 1].to(device, non_blocking=True)) for i in range(a.samples)]
+            x0 = torch.cat([patchify(lat.float()) for lat in lats]).to(dtype)
+        if text_enc is not None:
+            text = text_enc.encode(ids).to(dtype)
+        return DeviceBatch(x0, text, seq)
+
+    tcfg = TimestepConfig()
+    after = getattr(engines, "after_backward", None)  # engines that need a hook between backward and step
+    model.train()
+
+    nonfinite: list[int] = []
+
+    def step(i: int) -> None:
+        batch = make_batch()
+        engines.before_step()
+        sigma, noise = draw_step_noise(a.seed, i, batch.x0, batch.seq, tcfg)
+        loss = flow_loss(model, batch, sigma, noise, dtype)
+        loss.backward()
+        if after is not None:
+            after()
+        opt.clip_grad_norm_(a.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)
+            nonfinite.append(i)
+
+    measured = a.cap_steps if spec.cap_gb is not None else a.steps
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        resident = torch.cuda.memory_allocated(device) / GIB
+    poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if device.type == "cuda" else contextlib.nullcontext()
+    with poller:
+        times, done, error = timed_steps(step, a.warmup + measured, device)
+    seq_lens = list(seq.seq_lens)
+    row = summarize(
+        a,
+        spec,
+        cfg,
+        seq_lens,
+        times,
+        done,
+        a.warmup + measured,
+        error,
+        a.warmup,
+        device,
+        step_flops(cfg, seq_lens, full),
+    )
+    peak, why = predicted_peak(plan, spec, cfg, a, sum(seq_lens), n_params, te_bytes, vae_bytes)
+    row.update(predicted_gib=peak, predicted_note=why, trainable_params=n_train, params=n_params)
+    row["plan"] = plan.knobs()
+    if device.type == "cuda":
+        row["resident_before_step_gib"] = resident
+        row["smi_peak_gib"], row["smi_kind"] = poller.result()
+    row["nonfinite_steps"] = len(nonfinite)
+    row["notes"] = notes
+    return row
+
+
+def run_baseline_row(a, spec: RowSpec) -> dict:
+    from baseline_model import PlainDiT, rope_angles
+
+    from kohakumoss.model import get_preset
+
+    device = torch.device(a.device)
+    dtype = compute_dtype(device)
+    lora_dtype = getattr(torch, a.baseline_lora_dtype)
+    cfg = get_preset(a.preset)
+    side, n_img, n_text = token_layout(a)
+    t0 = time.perf_counter()
+    with torch.device(device):
+        model = PlainDiT(cfg, a.rank, dtype, lora_dtype).init_frozen()
+    if spec.profile == "compiled":
+        model.compile_blocks()
+    g = torch.Generator().manual_seed(a.seed)
+    B = a.samples
+    img = torch.randn(B, n_img, cfg.in_channels, generator=g).to(device, dtype)
+    text = torch.randn(B, n_text, cfg.text_dim, generator=g).to(device, dtype)
+    target = torch.randn(B, n_img, cfg.in_channels, generator=g).to(device, dtype)
+    cos, sin = rope_angles(cfg, n_text, side, side, device)
+    cos, sin = cos.expand(B, -1, -1), sin.expand(B, -1, -1)
+    params = model.trainable()
+    opt = torch.optim.AdamW(params, lr=a.lr)
+    notes = [
+        f"plain torch, padded [{B}, {n_img + n_text}, {cfg.dim}], SDPA, LoRA r{a.rank} {a.baseline_lora_dtype}"
+    ]
+    notes.append(f"built in {time.perf_counter() - t0:.0f}s")
+
+    nonfinite: list[int] = []
+
+    def step(i: int) -> None:
+        sigma = torch.rand(B, generator=g).to(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            pred = model(img, text, sigma, cos, sin)
+        loss = torch.nn.functional.mse_loss(pred.float(), target.float())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, a.grad_clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)
+            nonfinite.append(i)
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if device.type == "cuda" else contextlib.nullcontext()
+    with poller:
+        times, done, error = timed_steps(step, a.warmup + a.steps, device)
+    seq_lens = [n_img + n_text] * B
+    row = summarize(
+        a,
+        spec,
+        cfg,
+        seq_lens,
+        times,
+        done,
+        a.warmup + a.steps,
+        error,
+        a.warmup,
+        device,
+        step_flops(cfg, seq_lens, False),
+    )
+    row.update(predicted_gib=None, predicted_note="", trainable_params=sum(p.numel() for p in params))
+    if device.type == "cuda":
+        row["smi_peak_gib"], row["smi_kind"] = poller.result()
+    row["nonfinite_steps"] = len(nonfinite)
+    row["notes"] = notes
+    return row
+
+
+def run_row(a, name: str) -> dict:
+    spec = parse_row(name)
+    device = torch.device(a.device)
+    if device.type == "cuda":
+        GPU_BASE_MIB[0] = SmiPoller.gpu_used()  # before this process holds any GPU memory
+    if spec.cap_gb is not None:
+        if device.type != "cuda":
+            return {"row": name, "error": "capped rows need CUDA", "steps_done": 0, "notes": []}
+        total = torch.cuda.get_device_properties(device).total_memory  # no allocation yet
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.set_per_process_memory_fraction(min(spec.cap_gb * GIB / total, 1.0), index)
+    torch.manual_seed(a.seed)
+    try:
+        return run_baseline_row(a, spec) if spec.baseline else run_moss_row(a, spec)
+    except Exception as e:  # setup failed (OOM under a cap, a missing engine): the row says so
+        traceback.print_exc()
+        return {
+            "row": name,
+            "error": f"setup: {type(e).__name__}: {str(e).splitlines()[0][:200]}",
+            "steps_done": 0,
+            "notes": [],
+        }
+
+
+# ---------------------------------------------------------------- driver and table
+
+
+COMMON = (
+    "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "lr", "grad_clip", "full_optimizer", "warmup",
+    "steps", "cap_steps", "peak_tflops", "text_encoder", "build_device", "baseline_lora_dtype",
+    "plan_knobs", "smi_interval", "seed",
+)  # fmt: skip
+
+
+def child_argv(a, name: str, out: str) -> list[str]:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--row", name, "--row-out", out]
+    for dest in COMMON:
+        argv += [f"--{dest.replace('_', '-')}", str(getattr(a, dest))]
+    return argv
+
+
+def run_subprocess(a, name: str) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(child_argv(a, name, out), timeout=a.row_timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        wall = time.perf_counter() - t0
+        if os.path.exists(out):
+            row = json.loads(Path(out).read_text())
+        else:
+            row = {
+                "row": name,
+                "error": f"subprocess exited {rc} without a result (killed? OOM?)",
+                "steps_done": 0,
+                "notes": [],
+            }
+        row["wall_s"] = wall
+        return row
+
+
+def fmt(v, spec: str, missing: str = "-") -> str:
+    return missing if v is None else format(v, spec)
+
+
+def table(rows: list[dict]) -> list[str]:
+    head = f"{'row':<46} {'steps':>5} {'samples/s':>9} {'tokens/s':>9} {'MFU %':>6} {'peak GiB':>9} {'pred GiB':>9} {'smi GiB':>8} {'cap':>4} {'<cap':>5}  error"
+    lines = [head]
+    for r in rows:
+        under = r.get("under_cap")
+        nan = f" ({r['nonfinite_steps']} non-finite losses)" if r.get("nonfinite_steps") else ""
+        lines.append(
+            f"{r['row']:<46} {r.get('steps_done', 0):>5} {fmt(r.get('samples_per_s'), '.2f'):>9} "
+            f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('mfu') and 100 * r['mfu'], '.1f'):>6} "
+            f"{fmt(r.get('step_peak_gib'), '.1f'):>9} {fmt(r.get('predicted_gib'), '.1f', 'n/a'):>9} "
+            f"{fmt(r.get('smi_peak_gib'), '.1f'):>8} {fmt(r.get('cap_gib'), 'g'):>4} "
+            f"{'-' if under is None else ('yes' if under else 'NO'):>5}  {r.get('error') or ''}{nan}"
+        )
+    return lines
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    by = {r["row"]: r.get("tokens_per_s") for r in rows}
+    speed = by.get("lora/speed/latent_text")
+    out = {}
+    for base in ("eager", "compiled"):
+        other = by.get(f"baseline/{base}")
+        if speed and other:
+            out[f"speed/{base}"] = speed / other
+    return out
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", default=ROWS, help=f"groups {sorted(GROUPS)} and/or row specs, comma-separated")
+    p.add_argument("--row", default=None, help="run this one row in this process")
+    p.add_argument("--row-out", default=None, help="(with --row) write the row's JSON here")
+    p.add_argument(
+        "--in-process", action="store_true", help="run all rows in this process (default on the CPU)"
+    )
+    p.add_argument("--preset", default=PRESET)
+    p.add_argument("--device", default=DEVICE)
+    p.add_argument("--samples", type=int, default=SAMPLES)
+    p.add_argument("--image-tokens", type=int, default=IMAGE_TOKENS)
+    p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS)
+    p.add_argument("--rank", type=int, default=RANK)
+    p.add_argument("--lr", type=float, default=LR)
+    p.add_argument("--grad-clip", type=float, default=GRAD_CLIP)
+    p.add_argument("--full-optimizer", default=FULL_OPTIMIZER, choices=("muon", "adamw"))
+    p.add_argument("--warmup", type=int, default=WARMUP)
+    p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--cap-steps", type=int, default=CAP_STEPS)
+    p.add_argument(
+        "--cap-gb",
+        default=None,
+        help="add a capped copy of each selected LoRA row per cap (GiB, comma-separated)",
+    )
+    p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS)
+    p.add_argument("--text-encoder", default=TEXT_ENCODER)
+    p.add_argument("--build-device", default=BUILD_DEVICE, choices=("auto", "cpu", "device"))
+    p.add_argument("--baseline-lora-dtype", default=BASELINE_LORA_DTYPE, choices=("float32", "bfloat16"))
+    p.add_argument("--plan-knobs", default=PLAN_KNOBS, help="JSON of MemoryPlan fields for every row")
+    p.add_argument("--row-timeout", type=float, default=ROW_TIMEOUT)
+    p.add_argument("--smi-interval", type=float, default=SMI_INTERVAL)
+    p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument(
+        "--out", default=None, help="JSON of all rows (default $OUT/train_step.json when OUT is set)"
+    )
+    return p.parse_args(argv)
+
+
+def selected_rows(a) -> list[str]:
+    cpu = a.device == "cpu"
+    names = expand_rows("cpu" if cpu and a.rows == "default" else a.rows)
+    if a.cap_gb:  # --cap-gb 8,6: a capped copy of each uncapped non-baseline row
+        base = [n for n in names if not parse_row(n).baseline and parse_row(n).cap_gb is None]
+        names += [f"{n}/cap{c.strip()}" for c in str(a.cap_gb).split(",") for n in base]
+    if cpu:
+        names = [n for n in names if parse_row(n).cap_gb is None]  # no caps without CUDA
+    return names
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    if a.row is not None:  # one row (a subprocess of the driver, or by hand)
+        name = a.row + (f"/cap{a.cap_gb}" if a.cap_gb and "/cap" not in a.row else "")
+        row = run_row(a, name)
+        if a.row_out:
+            Path(a.row_out).write_text(json.dumps(row, indent=2, default=str))
+        print("\n".join(table([row])))
+        return
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(
+            "--device cuda but torch sees no GPU (use --preset tiny --device cpu for the smoke path)"
+        )
+    names = selected_rows(a)
+    in_process = a.in_process or a.device == "cpu"
+    rows = []
+    for name in names:
+        print(f"=== {name}", flush=True)
+        t0 = time.perf_counter()
+        row = run_row(a, name) if in_process else run_subprocess(a, name)
+        row.setdefault("wall_s", time.perf_counter() - t0)
+        rows.append(row)
+    side, n_img, n_text = token_layout(a)
+    gpu = torch.cuda.get_device_name() if a.device == "cuda" else "cpu"
+    print(
+        f"\n{a.preset} (random weights, synthetic inputs), {a.samples} x ({n_img} image + {n_text} text) tokens packed, "
+        f"bf16, {gpu}, torch {torch.__version__}; warm-up {a.warmup}, measured {a.steps} (capped: {a.cap_steps})"
+    )
+    print(f"{FLOP_FORMULA}; PEAK_TFLOPS = {a.peak_tflops:g}")
+    print("peak GiB: torch.cuda.max_memory_allocated over the row's steps; smi GiB: nvidia-smi, the process")
+    ratio = ratios(rows)
+    for key, value in ratio.items():
+        print(f"tokens/s ratio {key}: {value:.2f}")
+    print("\n".join(table(rows)))
+    out = a.out or (os.path.join(os.environ["OUT"], "train_step.json") if os.environ.get("OUT") else None)
+    if out:
+        from kohakumoss_common.io import atomic_write_json
+
+        config = {k: getattr(a, k) for k in COMMON}
+        atomic_write_json(
+            out,
+            {
+                "config": config,
+                "device": gpu,
+                "torch": torch.__version__,
+                "formula": FLOP_FORMULA,
+                "ratios": ratio,
+                "rows": rows,
+            },
+        )
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Varlen attention with the rotary embedding applied to q and k inside the kernel."""

@@ -1,0 +1,88 @@
+"""scripts/bench/train_step.py end to end on the CPU (tiny preset), and its FLOP count and row parsing."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "scripts" / "bench" / "train_step.py"
+ROWS = ["lora/speed/latent_text", "full/speed/latent_text", "lora/minimal/none", "baseline/eager"]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("train_step_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flops_of_the_5b_preset():
+    from kohakumoss.model import get_preset
+
+    ts = load_script()
+    cfg = get_preset("moss-image-5b")
+    d, h, L = 3072, 8192, 42
+    p = L * (4 * d * d + 3 * d * h) + 128 * d + 4096 * d + d * 128
+    assert ts.per_token_params(cfg) == p
+    lens = [4352, 4352]
+    attention = 14 * (2 * 4352**2) * d * L
+    assert ts.step_flops(cfg, lens, full=False) == 4 * p * 8704 + attention
+    assert ts.step_flops(cfg, lens, full=True) == 6 * p * 8704 + attention
+
+
+def test_row_specs():
+    ts = load_script()
+    spec = ts.parse_row("full/minimal/latent_text/cap24/optimizer=host/stream_slots=3")
+    assert (spec.mode, spec.profile, spec.cache, spec.cap_gb) == ("full", "minimal", "latent_text", 24.0)
+    assert dict(spec.overrides) == {"optimizer": "host", "stream_slots": 3}
+    assert ts.parse_row("baseline/compiled").baseline
+    for bad in ("lora/speed", "lora/speed/latents", "sgd/speed/none", "baseline/fast", "lora/speed/none/x"):
+        with pytest.raises(SystemExit):
+            ts.parse_row(bad)
+    rows = ts.expand_rows("main,lora/speed/latent_text,baseline")
+    assert rows[:8] == ts.GROUPS["main"] and rows[8:] == ts.GROUPS["baseline"]  # no duplicates
+
+
+def test_cpu_run_end_to_end(tmp_path):
+    out = tmp_path / "train_step.json"
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+    ]
+    cmd += ["--full-optimizer", "adamw"]  # Muon's bf16 Newton-Schulz is slow on a CPU
+    cmd += ["--rows", ",".join(ROWS), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny ops: one thread beats a busy pool on a shared CPU
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("row ") and "MFU %" in line)
+    body = [line.split()[0] for line in lines[head + 1 : head + 1 + len(ROWS)]]
+    assert body == ROWS  # the table is printed last, one line per row
+    assert any("MFU = FLOPs / step time" in line for line in lines)
+    data = json.loads(out.read_text())
+    assert [r["row"] for r in data["rows"]] == ROWS
+    for r in data["rows"]:
+        assert r["error"] == "", r
+        assert r["steps_done"] == 3 and r["nonfinite_steps"] == 0  # 1 warm-up + 2 measured
+        assert r["tokens_per_s"] > 0 and r["mfu"] > 0
+        assert r["samples_per_s"] == pytest.approx(r["tokens_per_s"] * 2 / (2 * (64 + 8)))
+    minimal = data["rows"][2]
+    assert minimal["plan"]["STREAM_BLOCKS"] == -1  # the profile's plan was installed, not a default
+    assert minimal["plan"]["TEXT_ENCODER_PLACEMENT"] == "streamed"  # 'off' upgraded: cache 'none' encodes
+    assert "speed/eager" in data["ratios"]
