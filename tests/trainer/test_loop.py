@@ -105,3 +105,44 @@ def test_checkpointing_knob_gives_the_same_losses(train_world):
     plain = train(tiny_knobs(train_world, "plain", STEPS=3))
     ckpt = train(tiny_knobs(train_world, "ckpt", STEPS=3, CHECKPOINTING="full"))
     assert losses(plain) == losses(ckpt)
+
+
+@pytest.mark.parametrize(
+    "algo, profile, extra",
+    [
+        ("lora", "minimal", {"VAE_PLACEMENT": "streamed", "TEXT_ENCODER_PLACEMENT": "streamed"}),
+        ("lora", "low_vram", {"STREAM_BLOCKS": 3, "OPTIMIZER_PLACEMENT": "stream"}),
+        ("full", "low_vram", {"STREAM_BLOCKS": -1, "GRAD_OFFLOAD": True, "USE_MUON": False}),
+    ],
+    ids=["lora-minimal", "lora-stream-opt", "full-host-masters"],
+)
+def test_memory_profiles_train_the_same_model(train_world, algo, profile, extra):
+    """The plan moves bytes, not math: a run under a small profile logs the losses of the plain one
+    (fp32 on the CPU, where the engines run their host paths synchronously) and resumes exactly."""
+    base = dict(
+        STEPS=4,
+        ALGO=algo,
+        LR=1e-4 if algo == "full" else 1e-3,
+        **({"USE_MUON": False} if algo == "full" else {}),
+    )
+    plain = train(tiny_knobs(train_world, f"{algo}-plain", MEMORY_PROFILE="speed", **base))
+    small = train(tiny_knobs(train_world, f"{algo}-{profile}", MEMORY_PROFILE=profile, **{**base, **extra}))
+    log = (small / "log.txt").read_text()
+    assert f"memory plan: profile '{profile}'" in log and "weight streaming:" in log  # the engines ran
+    for a, b in zip(losses(plain), losses(small), strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+    train(
+        tiny_knobs(
+            train_world, f"{algo}-{profile}-halves", MEMORY_PROFILE=profile, STOP_AT=2, **{**base, **extra}
+        )
+    )
+    resumed = train(
+        tiny_knobs(
+            train_world,
+            f"{algo}-{profile}-halves",
+            MEMORY_PROFILE=profile,
+            RESUME="latest",
+            **{**base, **extra},
+        )
+    )
+    assert losses(resumed) == pytest.approx(losses(small), rel=1e-6)

@@ -151,13 +151,8 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
 
 
 def plan_refusal(plan: MemoryPlan, knobs: dict[str, Any], depth: int) -> tuple[str, str] | None:
-    """(knob, why) when the engines refuse `plan` for this run (memory/install.py's rule), else None."""
-    if knobs.get("ALGO") == "full" and plan.streamed_count(depth) and plan.optimizer == "gpu":
-        return (
-            "OPTIMIZER_PLACEMENT",
-            "a full fine-tune with streamed blocks keeps its fp32 masters on the host: use 'stream' or 'host'",
-        )
-    return None
+    """(knob, why) when the engines refuse `plan` for this run (MemoryPlan.refusal), else None."""
+    return plan.refusal(knobs.get("ALGO") == "full", depth)
 
 
 def _pins(knobs: dict[str, Any]) -> dict[str, Any]:

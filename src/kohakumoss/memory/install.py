@@ -97,11 +97,8 @@ def install_memory_plan(
     device = torch.device(device)
     depth = len(model.blocks)
     n_stream = plan.streamed_count(depth)
-    if full_ft and n_stream and plan.optimizer == "gpu":
-        raise ConfigError(
-            "OPTIMIZER_PLACEMENT",
-            "a full fine-tune with streamed blocks keeps its fp32 masters on the host: use 'stream' or 'host'",
-        )
+    if refusal := plan.refusal(full_ft, depth):
+        raise ConfigError(*refusal)
     # full fine-tune with host masters: the device copy is in the compute dtype
     store = compute_dtype if (full_ft and plan.masters_on_host()) else None
     streamer = None

@@ -91,6 +91,15 @@ class MemoryPlan:
     def slots(self, depth: int) -> int:
         return min(int(self.stream_slots), max(self.streamed_count(depth), 0))
 
+    def refusal(self, full_ft: bool, depth: int) -> tuple[str, str] | None:
+        """(knob, why) when the engines cannot run this plan for this run, else None."""
+        if full_ft and self.streamed_count(depth) and self.optimizer == "gpu":
+            return (
+                "OPTIMIZER_PLACEMENT",
+                "a full fine-tune with streamed blocks keeps its fp32 masters on the host: use 'stream' or 'host'",
+            )
+        return None
+
     def masters_on_host(self) -> bool:
         """Full fine-tune keeps fp32 masters where its optimizer states live."""
         return self.optimizer != "gpu"
@@ -115,6 +124,9 @@ class MemoryPlan:
         if self.grad_offload:
             parts.append("grad-offload")
         parts.append(f"opt {self.optimizer}")
+        for name, placement in (("te", self.text_encoder), ("vae", self.vae)):
+            if placement != "resident":
+                parts.append(f"{name} {placement}")
         return ", ".join(parts)
 
 
