@@ -56,10 +56,12 @@ def resemblance(run_dir, pictures: dict, step: int) -> dict[str, dict[str, float
 
     from PIL import Image
 
+    from kohakumoss.train.checkpoint import step_dirname
+
     samples = Path(run_dir) / "samples"
     rows = {
         "base": samples / "base" / "base_{:02d}.png",
-        "lora": samples / f"step_{step:05d}" / "sample_{:02d}.png",
+        "lora": samples / step_dirname(step) / "sample_{:02d}.png",
     }
     out = {}
     for row, pattern in rows.items():

@@ -4,7 +4,7 @@ Sample the checkpoints of a training run into one grid: a row for the base model
 .EXAMPLE
 .\scripts\examples\grid.ps1 -Weights ComfyUI\models -Run my_set -Checkpoints -Prompt "a lighthouse at dusk"
 .EXAMPLE
-.\scripts\examples\grid.ps1 -Weights ComfyUI\models -Run my_set -Only step_00010, step_00030 -Seeds 0, 1
+.\scripts\examples\grid.ps1 -Weights ComfyUI\models -Run my_set -Only step_00000010, step_00000030 -Seeds 0, 1
 .NOTES
 Without -Checkpoints or -Only: the base row and the run's last checkpoint. Writes OUT\grid.png
 (default OUT: runs\examples\grid\RUN). $env:DRY_RUN = '1' prints the commands instead of running them.

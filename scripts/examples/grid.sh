@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sample the checkpoints of a training run into one grid: a row for the base model and one per
 # checkpoint (the checkpoint as ADAPTERS), the same prompt and seeds in every row.
-#   bash scripts/examples/grid.sh --weights DIR --run NAME [--checkpoints] [--only step_00010,step_00020]
+#   bash scripts/examples/grid.sh --weights DIR --run NAME [--checkpoints] [--only step_00000010,step_00000020]
 #       [--prompt TEXT] [--seeds 0,1,2,3] [--steps N] [--cfg X] [--size WxH] [--runs-dir DIR]
 #       [--out DIR] [--no-base] [--set KNOB=VALUE]... [--no-check]
 # Without --checkpoints or --only: the base row and the run's last checkpoint. Writes OUT/grid.png

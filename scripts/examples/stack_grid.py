@@ -3,7 +3,7 @@
     python scripts/examples/stack_grid.py OUT.png ROW_DIR [ROW_DIR ...]
 
 Each ROW_DIR is an OUT_DIR of scripts/sample/sample.py (NNNN_seedS.png files); the row is labelled
-with the folder's name (base, step_00010, ...), the columns with the seeds of the first row.
+with the folder's name (base, step_00000010, ...), the columns with the seeds of the first row.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def test_the_default_demo_runs_and_its_lora_row_resembles_the_training_pictures(
     assert (run / "log.txt").read_text().strip()
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))
-    grid = run / "samples" / f"grid_step_{steps:05d}.png"
+    grid = run / "samples" / f"grid_step_{steps:08d}.png"
     assert Image.open(grid).size[1] > 2 * 128  # two rows
     assert sorted(p.name for p in (run / "export").iterdir()) == [
         "demo-comfy.safetensors",
@@ -56,12 +56,12 @@ def test_the_resemblance_measure_pairs_each_sample_with_its_prompts_picture(demo
     assert apart["hist"] > 0.3 and apart["mse16"] > 0.01
     # a fake run: the 'LoRA' row is the training pictures themselves, the base row is grey
     (tmp_path / "samples" / "base").mkdir(parents=True)
-    (tmp_path / "samples" / "step_00007").mkdir()
+    (tmp_path / "samples" / "step_00000007").mkdir()
     for i, path in enumerate(pictures):
         Image.new("RGB", (128, 128), (128, 128, 128)).save(
             tmp_path / "samples" / "base" / f"base_{i:02d}.png"
         )
-        Image.open(path).save(tmp_path / "samples" / "step_00007" / f"sample_{i:02d}.png")
+        Image.open(path).save(tmp_path / "samples" / "step_00000007" / f"sample_{i:02d}.png")
     near = demo["resemblance"](tmp_path, {str(i): p for i, p in enumerate(pictures)}, 7)
     assert near["lora"]["hist"] < 0.01 and near["lora"]["mse16"] < 1e-3 < near["base"]["mse16"], near
     shuffled = demo["resemblance"](tmp_path, {str(i): p for i, p in enumerate(pictures[::-1])}, 7)

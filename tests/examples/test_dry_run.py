@@ -34,9 +34,9 @@ def knob_args(cmd: list[str]) -> dict[str, list[str]]:
 def run_dir(tmp_path) -> Path:
     run = tmp_path / "runs" / "my_set"
     for step in (10, 20, 30):
-        (run / "checkpoints" / f"step_{step:05d}").mkdir(parents=True)
-        (run / "checkpoints" / f"step_{step:05d}" / "meta.json").write_text("{}")
-    (run / "checkpoints" / "step_00040").mkdir()  # incomplete: no meta.json, so not a checkpoint
+        (run / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+        (run / "checkpoints" / f"step_{step:08d}" / "meta.json").write_text("{}")
+    (run / "checkpoints" / "step_00000040").mkdir()  # incomplete: no meta.json, so not a checkpoint
     return run
 
 
@@ -179,22 +179,22 @@ def test_grid_rows(weights, run_dir, tmp_path):
         assert len(runs) == len(stack) - 3  # one sampler run per row
         return [Path(p).name for p in stack[3:]]
 
-    assert rows() == ["base", "step_00030"]
-    assert rows("--checkpoints") == ["base", "step_00010", "step_00020", "step_00030"]
-    assert rows("--only", "step_00020,step_00010", "--no-base") == ["step_00020", "step_00010"]
+    assert rows() == ["base", "step_00000030"]
+    assert rows("--checkpoints") == ["base", "step_00000010", "step_00000020", "step_00000030"]
+    assert rows("--only", "step_00000020,step_00000010", "--no-base") == ["step_00000020", "step_00000010"]
 
 
 def test_grid_row_configs(weights, run_dir, tmp_path):
     r = dry_run(
         "grid.sh",
         *("--weights", str(weights), "--run", "my_set", "--runs-dir", str(run_dir.parent)),
-        *("--only", "step_00020", "--seeds", "3,4", "--prompt", "a boat"),
+        *("--only", "step_00000020", "--seeds", "3,4", "--prompt", "a boat"),
         cwd=tmp_path,
         tool="kohakumoss-config",
     )
     assert r.returncode == 0, r.stderr
     cmds = commands(r.stdout)
-    ckpt = str(run_dir / "checkpoints" / "step_00020")
+    ckpt = str(run_dir / "checkpoints" / "step_00000020")
     assert cmds[0] == [
         *("kohakumoss-config", "new", "sample", "--weights", str(weights)),
         *("--name", "my_set-grid", "--out-dir", "configs/user/examples", "--force"),
@@ -212,13 +212,13 @@ def test_grid_row_configs(weights, run_dir, tmp_path):
     ]
     assert base_run[-1] == f"{out}/configs/base.py"
     assert ckpt_row[-2:] == ["--adapter", ckpt]
-    assert ckpt_run[-1] == f"{out}/configs/step_00020.py"
+    assert ckpt_run[-1] == f"{out}/configs/step_00000020.py"
 
 
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (("--only", "step_00040"), "no checkpoint 'step_00040'"),
+        (("--only", "step_00000040"), "no checkpoint 'step_00000040'"),
         (("--seeds", "1;2"), "--seeds wants whole numbers"),
     ],
 )

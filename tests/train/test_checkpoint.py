@@ -35,7 +35,7 @@ def _save(root, step, value=0.0, **kw):
 def test_save_load_all_parts(tmp_path):
     g = torch.Generator().manual_seed(5)
     path = _save(tmp_path, 10, 2.0, generators={"noise": g}, metadata={"run": "x"})
-    assert path.name == "step_00010"
+    assert path.name == "step_00000010"
     ck = load_checkpoint(resolve_checkpoint(tmp_path))
     assert ck.step == 10 and torch.equal(ck.trainable["w"], torch.full((4, 4), 2.0))
     assert ck.optimizer == {"adamw": {"state": {}, "param_groups": []}}
@@ -50,7 +50,7 @@ def test_rng_capture_restore_every_source(tmp_path):
     _save(tmp_path, 1, generators={"noise": g})
     expect = (random.random(), np.random.rand(), torch.rand(1).item(), torch.rand(1, generator=g).item())
     random.seed(9), np.random.seed(9), torch.manual_seed(9), g.manual_seed(9)
-    restore_rng(load_checkpoint(tmp_path / "step_00001").rng, {"noise": g})
+    restore_rng(load_checkpoint(tmp_path / "step_00000001").rng, {"noise": g})
     assert (
         random.random(),
         np.random.rand(),
@@ -65,8 +65,8 @@ def test_keep_last_and_latest(tmp_path):
     for step in (5, 10, 15, 20):
         _save(tmp_path, step, float(step), keep_last=2)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [15, 20]
-    assert resolve_checkpoint(tmp_path, "latest").name == "step_00020"
-    assert resolve_checkpoint(tmp_path, tmp_path / "step_00015").name == "step_00015"
+    assert resolve_checkpoint(tmp_path, "latest").name == "step_00000020"
+    assert resolve_checkpoint(tmp_path, tmp_path / "step_00000015").name == "step_00000015"
     assert resolve_checkpoint(tmp_path / "empty") is None
     with pytest.raises(CheckpointError, match="no complete"):
         resolve_checkpoint(tmp_path, tmp_path / "nothing")
@@ -82,16 +82,26 @@ def test_crash_during_save_keeps_previous(tmp_path):
         _save(tmp_path, 20, 2.0, write_extra=die)
     with pytest.raises(KeyboardInterrupt):  # re-saving an existing step must not destroy it either
         _save(tmp_path, 10, 3.0, write_extra=die)
-    assert [p.name for p in tmp_path.iterdir()] == ["step_00010"]  # no partial folder left behind
+    assert [p.name for p in tmp_path.iterdir()] == ["step_00000010"]  # no partial folder left behind
     ck = load_checkpoint(resolve_checkpoint(tmp_path))
     assert ck.step == 10 and torch.equal(ck.trainable["w"], torch.full((4, 4), 1.0))
 
 
 def test_partial_folders_from_a_hard_kill_are_ignored(tmp_path):
     _save(tmp_path, 10, 1.0)
-    (tmp_path / ".step_00020.abc123.tmp").mkdir()  # what a SIGKILL inside atomic_dir leaves
-    (tmp_path / ".step_00020.abc123.tmp" / "trainable.safetensors").write_bytes(b"partial")
-    (tmp_path / "step_00030").mkdir()  # a hand-copied folder without meta.json
-    assert resolve_checkpoint(tmp_path).name == "step_00010"
+    (tmp_path / ".step_00000020.abc123.tmp").mkdir()  # what a SIGKILL inside atomic_dir leaves
+    (tmp_path / ".step_00000020.abc123.tmp" / "trainable.safetensors").write_bytes(b"partial")
+    (tmp_path / "step_00000030").mkdir()  # a hand-copied folder without meta.json
+    assert resolve_checkpoint(tmp_path).name == "step_00000010"
     with pytest.raises(CheckpointError, match="incomplete"):
-        load_checkpoint(tmp_path / "step_00030")
+        load_checkpoint(tmp_path / "step_00000030")
+
+
+def test_older_five_digit_folders_still_count_by_step(tmp_path):
+    """Runs from before the 8-digit names: 'latest' compares steps, not names."""
+    _save(tmp_path, 12, 1.0)
+    old = tmp_path / "step_00100"
+    (tmp_path / "step_00000012").rename(old)  # an old-style folder holding step 100's files
+    _save(tmp_path, 20, 2.0)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [20, 100]
+    assert resolve_checkpoint(tmp_path, "latest") == old

@@ -36,7 +36,7 @@ def test_lora_run_writes_its_folder(train_world):
     for key in ("loss", "lr", "grad_norm", "tokens", "samples_per_s", "tokens_per_s", "peak_mem_gib"):
         assert all(key in r for r in records), key
     assert "val_loss" in records[2] and "val_loss" in records[5]
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00003", "step_00006"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003", "step_00000006"]
     for ckpt in (run / "checkpoints").iterdir():
         assert (ckpt / "trainable.safetensors").exists() and (
             ckpt / "export" / "files-comfy.safetensors"
@@ -44,8 +44,8 @@ def test_lora_run_writes_its_folder(train_world):
     assert (run / "export" / "files-comfy.safetensors").exists() and (
         run / "export" / "files-lycoris.safetensors"
     ).exists()
-    assert (run / "samples" / "grid_step_00003.png").exists() and (
-        run / "samples" / "grid_step_00006.png"
+    assert (run / "samples" / "grid_step_00000003.png").exists() and (
+        run / "samples" / "grid_step_00000006.png"
     ).exists()
     assert (run / "loss.png").exists()
 
@@ -76,7 +76,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(train_world, monkeypatch):
         train(tiny_knobs(train_world, "ctrlc"))
     monkeypatch.setattr(loop, "flow_loss", real)
     run = Path(tiny_knobs(train_world, "ctrlc")["RUNS_DIR"]) / "ctrlc"
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00002"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002"]
     train(tiny_knobs(train_world, "ctrlc", RESUME="latest"))
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [
         1,

@@ -60,7 +60,7 @@ def trained(train_world) -> Path:
 
 def test_export_script_reexports_a_checkpoint(trained, tmp_path):
     ns = load_script("scripts/export/export.py")
-    ckpt = trained / "checkpoints" / "step_00004"
+    ckpt = trained / "checkpoints" / "step_00000004"
     knobs = {
         **ns,
         "MODEL_PRESET": "tiny",

@@ -36,7 +36,8 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def step_dirname(step: int) -> str:
-    return f"step_{step:05d}"
+    """`step_00001000`: eight digits, so folders sort by step (older 5-digit names still resolve)."""
+    return f"step_{step:08d}"
 
 
 @dataclass
@@ -65,7 +66,7 @@ def save_checkpoint(
     keep_last: int | None = None,
     write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write `root/step_XXXXX/` atomically and return its path; `write_extra(tmp_dir)` adds files (exports)."""
+    """Write `root/step_XXXXXXXX/` atomically and return its path; `write_extra(tmp_dir)` adds files (exports)."""
     root = Path(root)
     path = root / step_dirname(step)
     with atomic_dir(path) as tmp:

@@ -31,7 +31,7 @@ from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, Ko
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import add_file_log, get_logger
 
-from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint
+from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, step_dirname
 from .components import Components, build_components
 from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
 from .ema import EMA
@@ -394,9 +394,9 @@ def sample_grid(comps: Components, k: dict[str, Any], base_row, samples_dir: Pat
     clear_tlora_mask()
     with comps.text_encoder.on_device(), comps.vae.on_device():
         row = draw_row(comps.backbone, comps.text_encoder, comps.vae, k, comps.device, comps.dtype)
-    save_row(row, samples_dir / f"step_{step:05d}", "sample")
+    save_row(row, samples_dir / step_dirname(step), "sample")
     image = grid([("base", base_row), (f"step {step}", row)], list(k["SAMPLE_PROMPTS"]))
-    path = samples_dir / f"grid_step_{step:05d}.png"
+    path = samples_dir / f"grid_{step_dirname(step)}.png"
     image.save(path)
     log.info(f"samples {path}")
     return path
