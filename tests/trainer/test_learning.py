@@ -54,7 +54,7 @@ def test_lora_samples_move_toward_the_training_images(train_world):
         targets.append(vae.encode(torch.from_numpy(pixels).permute(2, 0, 1).float()[None] / 127.5 - 1)[0])
     before = latent_distance(base, text_encoder, targets)
     trained = build_backbone(k, cpu, torch.float32, fp32_masters=False)
-    attach(trained, run / "checkpoints" / "step_00150")
+    attach(trained, run / "checkpoints" / "step_00000150")
     after = latent_distance(trained, text_encoder, targets)
     print(f"latent MSE to the training images: base {before:.3f}, trained {after:.3f}")
     assert after < 0.95 * before, (before, after)

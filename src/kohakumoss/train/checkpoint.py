@@ -4,7 +4,7 @@ A folder is built under a hidden temporary name and renamed into place only when
 written (`kohakumoss_common.io.atomic_dir`), so a crash or kill during a save leaves the previous
 checkpoint as the latest one. Only `step_<digits>` folders holding `meta.json` count as checkpoints.
 
-    step_00010/
+    step_00000010/
       trainable.safetensors  trainable weights (adapter network or full model)
       optimizer.pt           optimizer state_dict (torch.save; loaded with weights_only=True)
       ema.safetensors        EMA shadows (+ counters in meta.json)
