@@ -8,6 +8,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# Triton launch-config timing is a per-shape prewarm: the many small test shapes would each pay it
+os.environ.setdefault("KOHAKUMOSS_TRITON_PICK", "0")
 
 
 def pytest_collection_modifyitems(config, items):

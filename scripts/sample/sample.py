@@ -33,22 +33,50 @@ OUT_DIR = "samples"  # where PNGs and the grid are written
 GRID = True  # also write grid.png of every image
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision
+STREAM_BLOCKS = (
+    None  # DiT blocks streamed from pinned host memory, -1: all (None: all when the card is too small)
+)
+STREAM_SLOTS = 2  # GPU slots of the streaming ring
+CARD_GB = 0.0  # card memory in GiB STREAM_BLOCKS=None plans for (0: read the GPU)
+TEXT_ENCODER_PLACEMENT = "streamed"  # resident, or streamed (on the GPU only while it encodes the prompts)
+VAE_PLACEMENT = "resident"  # resident or streamed
 
 
 def run(k: dict) -> None:
-    from kohakumoss.diffusion.sample_run import sample_images
+    import torch
+
+    from kohakumoss.diffusion.sample_run import attach_adapters, sample_images
+    from kohakumoss.memory.engines.encoders import place_encoder
+    from kohakumoss.memory.inference import inference_plan
+    from kohakumoss.memory.install import install_memory_plan
     from kohakumoss.train.components import (
         PRECISION_DTYPES,
         build_backbone,
         build_text_encoder,
         build_vae,
+        model_config,
         resolve_device,
     )
 
     device, dtype = resolve_device(k["DEVICE"]), PRECISION_DTYPES[k["PRECISION"]]
-    model = build_backbone({**k, "OPS_BACKEND": "auto"}, device, dtype, fp32_masters=False)
-    text_encoder = build_text_encoder(k, device, model.config.text_dim)
-    vae = build_vae(k, device)
+    plan, why = inference_plan(k, model_config(k), device)
+    print(f"memory: {why}")
+    host = torch.device("cpu")
+    streamed = plan.stream_blocks != 0
+    # a streamed model is loaded on the host, adapters attached there, then placed by the plan
+    model = build_backbone(
+        {**k, "OPS_BACKEND": "auto"}, host if streamed else device, dtype, fp32_masters=False
+    )
+    networks = attach_adapters(k, model)
+    install_memory_plan(plan, model, device)
+    for network in networks:
+        network.to(device)
+    text_encoder = build_text_encoder(
+        k, device if plan.text_encoder == "resident" else host, model.config.text_dim
+    )
+    vae = build_vae(k, device if plan.vae == "resident" else host)
+    text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
+    vae = place_encoder(vae, plan.vae, device)
     for path in sample_images(k, model, text_encoder, vae, device, dtype):
         print(path)
 

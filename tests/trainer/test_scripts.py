@@ -132,3 +132,14 @@ def test_sample_script_writes_pngs_with_settings_and_a_grid(trained, train_world
     assert run_checked(SAMPLE_SCHEMA, with_comfy, ns["run"], "sample.py") == 0
     c = torch.tensor(list(Image.open(tmp_path / "c" / pngs[0].name).tobytes()))
     assert (c.int() - a.int()).abs().max() <= 3  # same picture as the LyCORIS file, up to rounding
+    for adapters, name in (([[str(lora), 1.0]], "lycoris"), ([str(comfy)], "comfy")):
+        streamed = {
+            **with_adapter,
+            "ADAPTERS": adapters,
+            "STREAM_BLOCKS": -1,
+            "OUT_DIR": str(tmp_path / name),
+        }
+        assert run_checked(SAMPLE_SCHEMA, streamed, ns["run"], "sample.py") == 0
+        s = torch.tensor(list(Image.open(tmp_path / name / pngs[0].name).tobytes()))
+        ref = a if name == "lycoris" else c
+        assert torch.equal(s, ref), name  # streaming every block moves the weights, not the picture

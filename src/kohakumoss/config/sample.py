@@ -29,6 +29,22 @@ SAMPLE_KNOBS = [
     Knob("GRID", True, "also write grid.png of every image"),
     Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),
     Knob("PRECISION", "bf16", "compute precision", choices=PRECISIONS),
+    Knob(
+        "STREAM_BLOCKS",
+        None,
+        "DiT blocks streamed from pinned host memory, -1: all (None: all when the card is too small)",
+        type=(int, type(None)),
+        min=-1,
+    ),
+    Knob("STREAM_SLOTS", 2, "GPU slots of the streaming ring", min=2),
+    Knob("CARD_GB", 0.0, "card memory in GiB STREAM_BLOCKS=None plans for (0: read the GPU)", min=0.0),
+    Knob(
+        "TEXT_ENCODER_PLACEMENT",
+        "streamed",
+        "resident, or streamed (on the GPU only while it encodes the prompts)",
+        choices=("resident", "streamed"),
+    ),
+    Knob("VAE_PLACEMENT", "resident", "resident or streamed", choices=("resident", "streamed")),
 ]
 
 SAMPLE_SCHEMA = Schema(SAMPLE_KNOBS)

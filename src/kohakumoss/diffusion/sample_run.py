@@ -72,16 +72,26 @@ def png_info(
     return info
 
 
+def attach_adapters(k: dict[str, Any], model) -> list:
+    """Every ADAPTERS entry on `model` (LyCORIS networks returned; ComfyUI files merge into the weights)."""
+    from kohakumoss.export.from_checkpoint import attach
+
+    networks = []
+    for path, mult in adapter_entries(k):
+        network, _ = attach(model, path, multiplier=mult)
+        if network is not None:
+            networks.append(network)
+        log.info(f"adapter {path} x {mult}")
+    return networks
+
+
 def sample_images(
     k: dict[str, Any], model, text_encoder, vae, device: torch.device, dtype: torch.dtype
 ) -> list[Path]:
-    from kohakumoss.export.from_checkpoint import attach
+    """Sample every request of the knobs with `model` as it is (adapters attached by the caller)."""
     from kohakumoss.train.samples import grid
 
     adapters = adapter_entries(k)
-    for path, mult in adapters:
-        attach(model, path, multiplier=mult)
-        log.info(f"adapter {path} x {mult}")
     requests = requests_for(k, read_prompts(k))
     config = SamplerConfig(
         int(k["STEPS"]), float(k["CFG"]), TimestepConfig(shift=k["SHIFT"], static_shift=k["STATIC_SHIFT"])

@@ -1,0 +1,69 @@
+"""The memory plan of sampling: no backward, so only weight streaming and the encoders' placement.
+
+STREAM_BLOCKS None streams every block when the resident DiT, the resident encoders and the sampler's
+working set would not fit in the card (less CARD_MARGIN); the text encoder streams by default (it
+runs once per prompt batch, then leaves the card to the DiT).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import calibration as cal
+from .estimate import block_params, encoder_file_bytes, nonblock_params
+from .plan import MemoryPlan
+from .profiles import card_memory_gb
+
+# bytes per token and model dim the sampler's forward holds at once (no saved activations); a
+# DERIVED bound: the widest block intermediate (SwiGLU's 2 x mlp_hidden in bf16 ~ 11 per dim) twice
+INFERENCE_WORKING_PER_TOKEN_DIM = 24.0
+
+
+def sampler_tokens(k: dict[str, Any]) -> int:
+    """Tokens of one packed sampler call: BATCH images, conditional and unconditional."""
+    image = int(k["WIDTH"]) * int(k["HEIGHT"]) // 256
+    return int(k["BATCH"]) * 2 * (image + int(k.get("MAX_TEXT_TOKENS", 256)))
+
+
+def inference_peak(k: dict[str, Any], config: Any, stream_blocks: int) -> float:
+    """Predicted peak bytes of sampling with `stream_blocks` streamed (-1: all)."""
+    wb = cal.WEIGHT_BYTES.get(k["PRECISION"], 2)
+    plan = MemoryPlan(stream_blocks=stream_blocks, stream_slots=int(k["STREAM_SLOTS"]))
+    streamed, slots = plan.streamed_count(config.depth), plan.slots(config.depth)
+    dit = ((config.depth - streamed + slots) * block_params(config) + nonblock_params(config)) * wb
+    te, vae = encoder_file_bytes(k)
+    encoders = (te if k["TEXT_ENCODER_PLACEMENT"] == "resident" else 0) + (
+        vae if k["VAE_PLACEMENT"] == "resident" else 0
+    )
+    work = sampler_tokens(k) * config.dim * INFERENCE_WORKING_PER_TOKEN_DIM
+    return (dit + encoders + work) * cal.ALLOCATOR_SLACK
+
+
+def inference_plan(k: dict[str, Any], config: Any, device: torch.device) -> tuple[MemoryPlan, str]:
+    """The sampling plan for these knobs on `device`, and one line saying why."""
+    stream = k["STREAM_BLOCKS"]
+    why = f"STREAM_BLOCKS={stream}"
+    if stream is None:
+        card = card_memory_gb(k, device) if device.type != "cpu" else None
+        resident = inference_peak(k, config, 0)
+        if card is None or resident <= card * cal.GIB * (1 - cal.CARD_MARGIN):
+            stream = 0
+            why = "the DiT stays on the card" + (
+                f" (predicted {resident / cal.GIB:.1f} GiB of {card:g})" if card else ""
+            )
+        else:
+            stream = -1
+            peak = inference_peak(k, config, -1)
+            why = (
+                f"every block streamed: resident would need {resident / cal.GIB:.1f} GiB of the card's {card:g}; "
+                f"streamed {peak / cal.GIB:.1f} GiB"
+            )
+    plan = MemoryPlan(
+        stream_blocks=int(stream),
+        stream_slots=int(k["STREAM_SLOTS"]),
+        text_encoder=k["TEXT_ENCODER_PLACEMENT"],
+        vae=k["VAE_PLACEMENT"],
+    )
+    return plan, why
