@@ -71,10 +71,9 @@ def run(k: dict) -> None:
     install_memory_plan(plan, model, device)
     for network in networks:
         network.to(device)
-    text_encoder = build_text_encoder(
-        k, device if plan.text_encoder == "resident" else host, model.config.text_dim
-    )
-    vae = build_vae(k, device if plan.vae == "resident" else host)
+    te_where = device if plan.text_encoder == "resident" else host
+    text_encoder = build_text_encoder(k, te_where, model.config.text_dim, compute=device)
+    vae = build_vae(k, device if plan.vae == "resident" else host, compute=device)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
     for path in sample_images(k, model, text_encoder, vae, device, dtype):

@@ -87,7 +87,11 @@ def build_backbone(
     return model
 
 
-def build_text_encoder(k: dict[str, Any], device: torch.device, text_dim: int) -> TextEncoder | None:
+def build_text_encoder(
+    k: dict[str, Any], device: torch.device, text_dim: int, compute: torch.device | None = None
+) -> TextEncoder | None:
+    """Loaded on `device`; its dtype follows `compute` (where it will run: bf16 on a GPU, fp32 on a CPU)."""
+    compute = compute or device
     if not k["TEXT_ENCODER"]:
         return None
     if k["TEXT_ENCODER"] == "synthetic":
@@ -97,7 +101,7 @@ def build_text_encoder(k: dict[str, Any], device: torch.device, text_dim: int) -
         path=k["TEXT_ENCODER"],
         layers=tuple(k["TEXT_LAYERS"]),
         device=str(device),
-        dtype="float32" if device.type == "cpu" else "bfloat16",
+        dtype="float32" if compute.type == "cpu" else "bfloat16",
     )
     if k["TOKENIZER"]:
         kwargs["tokenizer_path"] = k["TOKENIZER"]
@@ -106,14 +110,17 @@ def build_text_encoder(k: dict[str, Any], device: torch.device, text_dim: int) -
     return TextEncoder.load(TextEncoderConfig(**kwargs))
 
 
-def build_vae(k: dict[str, Any], device: torch.device) -> ImageVAE | None:
+def build_vae(
+    k: dict[str, Any], device: torch.device, compute: torch.device | None = None
+) -> ImageVAE | None:
+    compute = compute or device
     if not k["VAE"]:
         return None
     if k["VAE"] == "synthetic":
         log.warning("VAE='synthetic': a fixed random patch projection, for benchmarks and smoke runs only")
         return SyntheticVAE(int(k["SEED"]), device)
     return ImageVAE.load(
-        k["VAE"], dtype=torch.float32 if device.type == "cpu" else torch.bfloat16, device=device
+        k["VAE"], dtype=torch.float32 if compute.type == "cpu" else torch.bfloat16, device=device
     )
 
 
@@ -137,8 +144,8 @@ def build_components(k: dict[str, Any]) -> Components:
     engines = install_memory_plan(plan, backbone, device, compute_dtype=dtype, full_ft=full_ft)
     te_device = device if plan.text_encoder == "resident" else torch.device("cpu")
     vae_device = device if plan.vae == "resident" else torch.device("cpu")
-    text_encoder = build_text_encoder(k, te_device, backbone.config.text_dim)
-    vae = build_vae(k, vae_device)
+    text_encoder = build_text_encoder(k, te_device, backbone.config.text_dim, compute=device)
+    vae = build_vae(k, vae_device, compute=device)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
     return Components(device, dtype, backbone, text_encoder, vae, plan, engines)
