@@ -22,6 +22,11 @@ done
 
 say() { printf '[install] %s\n' "$*"; }
 
+case "$INDEX_CHOICE" in
+  auto|cu126|cu128|cu130|xpu|cpu) ;;
+  *) echo "install.sh: --index / KOHAKUMOSS_TORCH_INDEX '$INDEX_CHOICE' is not one of auto, cu126, cu128, cu130, xpu, cpu" >&2; exit 2 ;;
+esac
+
 # --- Python: 3.12 where it exists, else the newest 3.10+ -------------------------------------
 pick_python() {
   local c
@@ -52,6 +57,14 @@ detect_index() {
   if ls /dev/dri/renderD* >/dev/null 2>&1 && command -v sycl-ls >/dev/null 2>&1 && sycl-ls 2>/dev/null | grep -qi 'level_zero:gpu'; then
     echo xpu; return
   fi
+  # an Intel Arc card without oneAPI's sycl-ls: Intel's PCI vendor id and an Arc device id
+  # (Alchemist 0x56xx, Battlemage 0xe20x); the torch xpu wheels bring their own runtime
+  local dev vendor id
+  for dev in "${KOHAKUMOSS_SYSFS:-/sys}"/class/drm/card*/device; do
+    [[ -r "$dev/vendor" && -r "$dev/device" ]] || continue
+    vendor=$(<"$dev/vendor"); id=$(<"$dev/device")
+    if [[ "$vendor" == 0x8086 && ( "$id" == 0x56* || "$id" == 0xe20* ) ]]; then echo xpu; return; fi
+  done
   echo cpu
 }
 if [[ "$INDEX_CHOICE" == auto ]]; then INDEX_CHOICE=$(detect_index); fi

@@ -98,3 +98,36 @@ def test_powershell_brackets_balance(path):
                 stack.pop()
     assert not stack, f"{path}: '{stack[-1][0]}' of line {stack[-1][1]} is never closed"
     assert "\t" not in (REPO / path).read_text(), f"{path}: tabs"
+
+
+def test_install_sh_refuses_an_unknown_index_before_any_work(tmp_path):
+    import subprocess
+
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "install" / "install.sh"), "--index", "cu999"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2 and "'cu999' is not one of auto, cu126" in out.stderr
+    assert not (tmp_path / ".venv").exists() and "[install]" not in out.stdout
+
+
+@pytest.mark.parametrize(
+    "vendor, device, expect",
+    [("0x8086", "0x56a0", "xpu"), ("0x8086", "0x9a49", "cpu"), ("0x10de", "0x56a0", "cpu")],
+)
+def test_intel_arc_is_found_in_sysfs(tmp_path, vendor, device, expect):
+    """detect_index on a fake /sys (no nvidia-smi, no sycl-ls on PATH): Arc ids pick xpu, others cpu."""
+    import subprocess
+
+    dev = tmp_path / "class" / "drm" / "card0" / "device"
+    dev.mkdir(parents=True)
+    (dev / "vendor").write_text(vendor)
+    (dev / "device").write_text(device)
+    body = re.search(r"^detect_index\(\) \{.*?^\}", SH, re.S | re.M).group(0)
+    script = f"{body}\ndetect_index\n"
+    env = {"PATH": "/nonexistent", "KOHAKUMOSS_SYSFS": str(tmp_path)}
+    out = subprocess.run(["/bin/bash", "-c", script], capture_output=True, text=True, env=env, timeout=30)
+    assert out.stdout.strip() == expect, out.stderr
