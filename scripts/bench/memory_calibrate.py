@@ -1,6 +1,7 @@
 """Measure the memory estimator's constants on the GPU: one moss-image-5b block, LoRA on its linears.
 
     python scripts/bench/memory_calibrate.py            (writes calibration.json under $OUT when set)
+    PROFILE=1 python scripts/bench/memory_calibrate.py  (also the profiler's top kernels of one step)
 
 Per checkpoint mode (none, attn, mlp, full) and with activation offload: the bytes a block keeps for
 its backward (saved-tensor hooks, deduplicated by storage, weights excluded) and the extra peak of
@@ -31,6 +32,9 @@ TEXT_TOKENS = 256
 BLOCKS = 3  # per-block figures are the difference between 3 blocks and 1
 RANK = 32
 MODES = ("none", "attn", "mlp", "full")
+PROFILE = (
+    False  # also print torch.profiler's top CUDA kernels and the host time of one block step (mode none)
+)
 
 
 def build(cfg, device):
@@ -64,6 +68,32 @@ def measure(model, net, inputs) -> tuple[int, int]:
     del loss
     net.zero_grad(set_to_none=True)
     return kept, peak
+
+
+def profile_block(model, net, inputs, results: dict) -> None:
+    """Where one step of the short stack spends its time: top CUDA kernels, and host vs device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def step():
+        with torch.autocast("cuda", torch.bfloat16):
+            loss = model(*inputs).float().pow(2).mean()
+        loss.backward()
+        net.zero_grad(set_to_none=True)
+
+    step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()  # host time: how long Python takes to enqueue the step (the GPU may still be running)
+    host_ms = (time.perf_counter() - t0) * 1e3
+    torch.cuda.synchronize()
+    device_ms = median_ms(step, 0, 3)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    print(f"host enqueue {host_ms / BLOCKS:.2f} ms per block vs device {device_ms / BLOCKS:.2f} ms per block")
+    print(table)
+    results["profile"] = {"host_ms_per_block": host_ms / BLOCKS, "device_ms_per_block": device_ms / BLOCKS}
 
 
 def main() -> None:
@@ -118,6 +148,8 @@ def main() -> None:
                 "block_fwd_bwd_ms": ms / BLOCKS,
             }
             model.block_runner = None
+    if PROFILE or os.environ.get("PROFILE") == "1":
+        profile_block(model, net, inputs, results)
     host = torch.empty(block_bytes, dtype=torch.uint8, pin_memory=True)
     gpu = torch.empty(block_bytes, dtype=torch.uint8, device=dev)
     h2d = median_ms(lambda: gpu.copy_(host, non_blocking=True), 2, 5)
