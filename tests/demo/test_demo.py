@@ -73,3 +73,18 @@ def test_demo_assets_have_captions_and_a_vae():
     assert len(pictures) == 4 and all(p.with_suffix(".txt").read_text().strip() for p in pictures)
     assert len({p.with_suffix(".txt").read_text().strip() for p in pictures}) == 4  # one picture per prompt
     assert (ROOT / "assets" / "demo" / "vae" / "config.json").exists()
+
+
+@pytest.mark.gpu
+def test_the_demo_runs_on_the_gpu_with_its_default_device(demo, tmp_path):
+    """DEVICE='auto' (the README's command) picks CUDA when there is one; the picture check holds there too."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    knobs = {name: demo[name] for name in KNOBS} | {"RUNS_DIR": str(tmp_path)}
+    assert knobs["DEVICE"] == "auto"
+    near = demo["run"](knobs)
+    log = (tmp_path / knobs["RUN_NAME"] / "log.txt").read_text()
+    assert "device cuda" in log, log[:2000]
+    assert near["lora"]["hist"] < 0.8 * near["base"]["hist"], near
