@@ -128,7 +128,7 @@ def profiles_lines(view: CatalogView, show_all: bool = False, top: int = TOP) ->
             lines.append(f"no entry fits {view.card_gb:g} GiB: lower TOKENS_PER_STEP or cache the encoders")
     lines.append(
         "peak: kohakumoss.memory.estimate; cost: step time relative to 'speed' (docs/concepts/profiles.md; "
-        "most constants are placeholders until calibrated)"
+        "constants measured on an H200: memory/calibration.py)"
     )
     return [*lines, *(f"note: {n}" for n in view.notes)]
 

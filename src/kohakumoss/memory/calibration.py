@@ -77,6 +77,10 @@ CARD_MARGIN = 0.05
 EFFECTIVE_FLOPS = 382e12
 H2D_BYTES_PER_S = 55.3e9
 D2H_BYTES_PER_S = 55.1e9
+# Activation offload moves many tensors of a few MiB to tens of MiB, not one block: MEASURED effective
+# rate each way (same run): 'none' + offload moves 29.8 bytes per token and dim (0.80 GB) per block and
+# took 39.19 ms forward + backward, i.e. ~19.6 ms per direction = ~41 GB/s.
+ACT_OFFLOAD_BYTES_PER_S = 41e9
 # Backward time / forward time of a block. adapter: MEASURED (same run: (15.05 - 5.80) / 5.80 ms);
 # full: DERIVED (weight grads double the backward's matmuls), not measured yet.
 BACKWARD_FACTOR = {"adapter": 1.59, "full": 2.6}

@@ -29,7 +29,7 @@ The constants are placeholders (calibration.py): only their ratio orders the ent
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
@@ -106,6 +106,16 @@ def block_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
     return 4 * d * d + 2 * seq * d, float(mlp)
 
 
+def offloaded_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tuple[float, float]:
+    """Bytes activation offload moves per (checkpointed, plain) block each way: what the block would
+    keep on the card less what stays there with offload on."""
+    if plan.activation_offload != "on":
+        return 0.0, 0.0
+    kept_off = saved_per_block(plan, knobs, config)
+    kept_on = saved_per_block(replace(plan, activation_offload="none"), knobs, config)
+    return tuple(max(on - off, 0.0) for on, off in zip(kept_on, kept_off, strict=True))
+
+
 def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: int | None = None) -> float:
     """Predicted seconds of one micro-step (plus its share of the optimizer step) under `plan`."""
     precision = knobs.get("PRECISION", "bf16")
@@ -123,7 +133,7 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     streamed = plan.streamed_count(depth)
     gpu_masters = full and plan.optimizer == "gpu"
     load = 0.0 if gpu_masters else block_params(config) * wb / cal.H2D_BYTES_PER_S
-    ckpt, plain = saved_per_block(plan, knobs, config)
+    moved_ckpt, moved_plain = offloaded_per_block(plan, knobs, config)
     n = trainable_params(knobs, config, params)
     grad_bytes = cal.GRAD_BYTES_FP32 if (plan.optimizer == "gpu" or not full) else wb
     grad_out = n / depth * grad_bytes / cal.D2H_BYTES_PER_S if plan.grad_offload else 0.0
@@ -131,11 +141,11 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     for i in range(depth):
         is_ckpt = plan.checkpointing != "none" and i % int(plan.checkpoint_every) == 0
         is_streamed = i < streamed
-        kept = (ckpt if is_ckpt else plain) if plan.activation_offload == "on" else 0.0
+        kept = moved_ckpt if is_ckpt else moved_plain  # bytes sent to the host and back
         w = load if is_streamed else 0.0
         # forward: compute | weights in | activations out; backward: compute | weights + activations in | grads out
-        total += max(fwd, w, kept / cal.D2H_BYTES_PER_S)
-        total += max(bwd + (recompute if is_ckpt else 0.0), w + kept / cal.H2D_BYTES_PER_S, grad_out)
+        total += max(fwd, w, kept / cal.ACT_OFFLOAD_BYTES_PER_S)
+        total += max(bwd + (recompute if is_ckpt else 0.0), w + kept / cal.ACT_OFFLOAD_BYTES_PER_S, grad_out)
         engines = 2 * is_streamed + (2 if plan.activation_offload == "on" else 0)
         total += engines * cal.ENGINE_OVERHEAD_S
     accum = max(int(knobs.get("GRAD_ACCUM", 1)), 1)
