@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kohakumoss.memory import CATALOG_SIZE, MemoryPlan, catalog, fastest_fit
-from kohakumoss.memory.calibration import GIB
+from kohakumoss.memory.calibration import CUDA_CONTEXT_BYTES, GIB
 from kohakumoss.memory.catalog import catalog_plans, find_entry, fits, step_seconds
 from kohakumoss.model.presets import get_preset
 
@@ -52,10 +52,12 @@ def test_fastest_fit_picks_the_cheapest_fitting_entry():
         assert all(not fits(e, gb * GIB) for e in cheaper), gb
     assert fastest_fit(entries, 200 * GIB).id == "c0000"
     assert fastest_fit(entries, 0.5 * GIB) is None
-    # a margin of 0 lets an entry use the whole card
+    # a margin of 0 lets an entry use the whole card less the CUDA context
     smallest = min(entries, key=lambda e: e.peak)
-    assert fastest_fit(entries, smallest.peak, margin=0.0) is smallest
-    assert fastest_fit(entries, smallest.peak) is None  # the default margin keeps 5% free
+    exact = smallest.peak + CUDA_CONTEXT_BYTES
+    assert fastest_fit(entries, exact, margin=0.0) is smallest
+    assert fastest_fit(entries, exact - 1, margin=0.0) is None  # the context is never the step's
+    assert fastest_fit(entries, exact) is None  # the default margin keeps 5% free
 
 
 def test_pins_fix_fields_and_drop_entries_that_cannot_take_them():

@@ -67,8 +67,8 @@ def _row(entry, marks: str, fit: str) -> str:
 def profiles_lines(view: CatalogView, show_all: bool = False, top: int = TOP) -> list[str]:
     """The table `profiles` prints: the named profiles and the fastest fitting entries (or all)."""
     from kohakumoss.memory import PROFILES, catalog, fastest_fit
-    from kohakumoss.memory.calibration import CARD_MARGIN
-    from kohakumoss.memory.catalog import catalog_plans, fits, make_entry, step_seconds
+    from kohakumoss.memory.calibration import CARD_MARGIN, CUDA_CONTEXT_BYTES
+    from kohakumoss.memory.catalog import card_budget, catalog_plans, fits, make_entry, step_seconds
     from kohakumoss.memory.plan import MemoryPlan, plan_with_overrides
 
     k, m = view.knobs, view.model
@@ -87,7 +87,8 @@ def profiles_lines(view: CatalogView, show_all: bool = False, top: int = TOP) ->
     else:
         lines.append(
             f"card {view.card_gb:g} GiB: an entry fits when its predicted peak is at most "
-            f"{card * (1 - CARD_MARGIN) / GIB:.2f} GiB ({CARD_MARGIN:.0%} kept free)"
+            f"{card_budget(card) / GIB:.2f} GiB ({CARD_MARGIN:.0%} kept free, "
+            f"{CUDA_CONTEXT_BYTES / GIB:.1f} GiB for the CUDA context)"
         )
     lines.append(f"{'id':<6} {'profile':<9} {'peak GiB':>8} {'cost':>6} {'fits':^4}  plan")
 

@@ -69,6 +69,11 @@ ALLOCATOR_SLACK = 1.05
 # Memory the card cannot give to the step (CUDA context, other processes): `fastest_fit`'s default
 # margin, a fraction of the card. PLACEHOLDER.
 CARD_MARGIN = 0.05
+# What the process holds on the card beyond torch's allocated peak: the CUDA context, cuBLAS / Triton
+# workspaces and the caching allocator's reserve. MEASURED (docs/performance/memory.md): nvidia-smi
+# minus the step's max_memory_allocated was 1.6 GiB for `minimal` under a 6 GiB cap and 2.5 GiB for
+# `speed`; the smaller, capped figure is what a small card pays (its allocator has no room to cache).
+CUDA_CONTEXT_BYTES = 1.6 * GIB
 
 # --- cost model (the catalog's relative step cost) -------------------------------------------------
 # Achieved bf16 throughput of a block's forward + backward and pinned-copy bandwidth each way. Only

@@ -216,8 +216,13 @@ def catalog(
     return out
 
 
+def card_budget(card_bytes: float, margin: float = cal.CARD_MARGIN) -> float:
+    """Bytes a step may allocate on a card: less the margin and what the CUDA context itself holds."""
+    return card_bytes * (1.0 - margin) - cal.CUDA_CONTEXT_BYTES
+
+
 def fits(entry: CatalogEntry, card_bytes: float, margin: float = cal.CARD_MARGIN) -> bool:
-    return entry.peak <= card_bytes * (1.0 - margin)
+    return entry.peak <= card_budget(card_bytes, margin)
 
 
 def fastest_fit(

@@ -1,7 +1,7 @@
 """The memory plan of sampling: no backward, so only weight streaming and the encoders' placement.
 
 STREAM_BLOCKS None streams every block when the resident DiT, the resident encoders and the sampler's
-working set would not fit in the card (less CARD_MARGIN); the text encoder streams by default (it
+working set would not fit in the card (less CARD_MARGIN and the CUDA context); the text encoder streams by default (it
 runs once per prompt batch, then leaves the card to the DiT).
 """
 
@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from . import calibration as cal
+from .catalog import card_budget
 from .estimate import block_params, encoder_file_bytes, nonblock_params
 from .plan import MemoryPlan
 from .profiles import card_memory_gb
@@ -48,7 +49,7 @@ def inference_plan(k: dict[str, Any], config: Any, device: torch.device) -> tupl
     if stream is None:
         card = card_memory_gb(k, device) if device.type != "cpu" else None
         resident = inference_peak(k, config, 0)
-        if card is None or resident <= card * cal.GIB * (1 - cal.CARD_MARGIN):
+        if card is None or resident <= card_budget(card * cal.GIB):
             stream = 0
             why = "the DiT stays on the card" + (
                 f" (predicted {resident / cal.GIB:.1f} GiB of {card:g})" if card else ""
