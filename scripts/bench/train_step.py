@@ -397,6 +397,22 @@ def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, s
     return times, n, ""
 
 
+def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device, full: bool) -> dict:
+    """Run `step` n times from a fresh peak, polling nvidia-smi; the summarized row."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if cuda else contextlib.nullcontext()
+    with poller:
+        times, done, error = timed_steps(step, n, device)
+    row = summarize(
+        a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
+    )
+    if cuda:
+        row["smi_peak_gib"], row["smi_kind"] = poller.result()
+    return row
+
+
 def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup, device, flops) -> dict:
     measured = times[warmup:]
     med = statistics.median(measured) if measured else None
@@ -532,32 +548,14 @@ def run_moss_row(a, spec: RowSpec) -> dict:
             nonfinite.append(i)
 
     measured = a.cap_steps if spec.cap_gb is not None else a.steps
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        resident = torch.cuda.memory_allocated(device) / GIB
-    poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if device.type == "cuda" else contextlib.nullcontext()
-    with poller:
-        times, done, error = timed_steps(step, a.warmup + measured, device)
+    resident = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     seq_lens = list(seq.seq_lens)
-    row = summarize(
-        a,
-        spec,
-        cfg,
-        seq_lens,
-        times,
-        done,
-        a.warmup + measured,
-        error,
-        a.warmup,
-        device,
-        step_flops(cfg, seq_lens, full),
-    )
+    row = measure_row(a, spec, cfg, step, a.warmup + measured, seq_lens, device, full)
     peak, why = predicted_peak(plan, spec, cfg, a, sum(seq_lens), n_params, te_bytes, vae_bytes)
     row.update(predicted_gib=peak, predicted_note=why, trainable_params=n_train, params=n_params)
     row["plan"] = plan.knobs()
-    if device.type == "cuda":
+    if resident is not None:
         row["resident_before_step_gib"] = resident
-        row["smi_peak_gib"], row["smi_kind"] = poller.result()
     row["nonfinite_steps"] = len(nonfinite)
     row["notes"] = notes
     return row
@@ -606,28 +604,9 @@ def run_baseline_row(a, spec: RowSpec) -> dict:
         if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)
             nonfinite.append(i)
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if device.type == "cuda" else contextlib.nullcontext()
-    with poller:
-        times, done, error = timed_steps(step, a.warmup + a.steps, device)
     seq_lens = [n_img + n_text] * B
-    row = summarize(
-        a,
-        spec,
-        cfg,
-        seq_lens,
-        times,
-        done,
-        a.warmup + a.steps,
-        error,
-        a.warmup,
-        device,
-        step_flops(cfg, seq_lens, False),
-    )
+    row = measure_row(a, spec, cfg, step, a.warmup + a.steps, seq_lens, device, False)
     row.update(predicted_gib=None, predicted_note="", trainable_params=sum(p.numel() for p in params))
-    if device.type == "cuda":
-        row["smi_peak_gib"], row["smi_kind"] = poller.result()
     row["nonfinite_steps"] = len(nonfinite)
     row["notes"] = notes
     return row

@@ -1,6 +1,6 @@
 """Activation checkpointing per block: the whole block, only its attention half or only its MLP half,
-on every k-th block. Installed through MossBackbone.block_runner; recomputes in the backward what the
-forward did not keep (torch.utils.checkpoint, non-reentrant)."""
+on every k-th block: what the forward did not keep is recomputed in the backward (torch.utils.checkpoint,
+non-reentrant). The block runner (runner.py) applies it per block."""
 
 from __future__ import annotations
 
@@ -29,29 +29,15 @@ class CheckpointPolicy:
         return self.mode != "none" and index % self.every == 0
 
 
-class CheckpointRunner:
-    """A block runner (see MossBackbone.block_runner) that checkpoints per the policy."""
-
-    def __init__(self, model, policy: CheckpointPolicy):
-        self.policy = policy
-        self.ops = model.ops
-        self.index = {id(b): i for i, b in enumerate(model.blocks)}
-
-    def __call__(self, block, x: torch.Tensor, mod_in: torch.Tensor, seq, rope) -> torch.Tensor:
-        ops, mode = self.ops, self.policy.mode
-        if not (torch.is_grad_enabled() and self.policy.applies_to(self.index[id(block)])):
-            return block(x, mod_in, seq, rope, ops)
-        if mode == "full":
-            return checkpoint(block, x, mod_in, seq, rope, ops, use_reentrant=False)
-        mods = block.modulations(mod_in)
-        if mode == "attn":
-            x, h = checkpoint(block.attention_half, x, mods, seq, rope, ops, use_reentrant=False)
-            return block.mlp_half(x, h, mods, seq, ops)
-        x, h = block.attention_half(x, mods, seq, rope, ops)
-        return checkpoint(block.mlp_half, x, h, mods, seq, ops, use_reentrant=False)
-
-
-def install_checkpointing(model, policy: CheckpointPolicy):
-    """Set the backbone's block runner (None for mode 'none'); returns the runner."""
-    model.block_runner = CheckpointRunner(model, policy) if policy.mode != "none" else None
-    return model.block_runner
+def run_block(block, mode: str, x: torch.Tensor, mod_in: torch.Tensor, seq, rope, ops) -> torch.Tensor:
+    """Block `block` with activation checkpointing `mode` ('none' runs it plainly)."""
+    if mode == "none":
+        return block(x, mod_in, seq, rope, ops)
+    if mode == "full":
+        return checkpoint(block, x, mod_in, seq, rope, ops, use_reentrant=False)
+    mods = block.modulations(mod_in)
+    if mode == "attn":
+        x, h = checkpoint(block.attention_half, x, mods, seq, rope, ops, use_reentrant=False)
+        return block.mlp_half(x, h, mods, seq, ops)
+    x, h = block.attention_half(x, mods, seq, rope, ops)
+    return checkpoint(block.mlp_half, x, h, mods, seq, ops, use_reentrant=False)

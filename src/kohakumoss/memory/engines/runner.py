@@ -15,10 +15,9 @@ from collections.abc import Callable
 from contextlib import nullcontext
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from .activation_offload import ActivationOffload
-from .checkpointing import CheckpointPolicy
+from .checkpointing import CheckpointPolicy, run_block
 from .streaming import WeightStreamer
 
 
@@ -103,21 +102,13 @@ class BlockRunner:
             self.offload.prefetch(i - 1)
 
     def _run(self, block, i: int, x, mod_in, seq, rope):
-        ops, mode = self.ops, self.policy.mode
-        if not self.policy.applies_to(i):
-            return block(x, mod_in, seq, rope, ops)
-        if mode == "full":
-            if self.offload is not None:
-                return _OffloadedCheckpoint.apply(
-                    lambda a, m: block(a, m, seq, rope, ops), self.offload, i, x, mod_in, self._anchor
-                )
-            return checkpoint(block, x, mod_in, seq, rope, ops, use_reentrant=False)
-        mods = block.modulations(mod_in)
-        if mode == "attn":
-            x, h = checkpoint(block.attention_half, x, mods, seq, rope, ops, use_reentrant=False)
-            return block.mlp_half(x, h, mods, seq, ops)
-        x, h = block.attention_half(x, mods, seq, rope, ops)
-        return checkpoint(block.mlp_half, x, h, mods, seq, ops, use_reentrant=False)
+        mode = self.policy.mode if self.policy.applies_to(i) else "none"
+        if mode == "full" and self.offload is not None:
+            ops = self.ops
+            return _OffloadedCheckpoint.apply(
+                lambda a, m: block(a, m, seq, rope, ops), self.offload, i, x, mod_in, self._anchor
+            )
+        return run_block(block, mode, x, mod_in, seq, rope, self.ops)
 
     def __call__(self, block, x: torch.Tensor, mod_in: torch.Tensor, seq, rope) -> torch.Tensor:
         i = self.index[id(block)]
@@ -139,3 +130,9 @@ class BlockRunner:
         if framed:
             out = _BackwardStart.apply(lambda: self._backward_start(i), out)
         return out
+
+
+def install_checkpointing(model, policy: CheckpointPolicy) -> BlockRunner | None:
+    """Checkpointing alone (no streaming or offload): set the backbone's block runner; None for 'none'."""
+    model.block_runner = BlockRunner(model, policy) if policy.mode != "none" else None
+    return model.block_runner
