@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_utils import backward_configs, next_pow2, persistent_programs
+
 
 @triton.jit
 def flush(acc, P, D, pid, k, K: tl.constexpr, cur, seg, d, cols, cmask):
@@ -43,6 +45,66 @@ def mark(FIRST, LAST, pid, n, first, cur, seg):
     """Which samples the program's partial slots hold (-1: none)."""
     tl.store(FIRST + pid, tl.where(n > 0, first, -1))
     tl.store(LAST + pid, tl.where((n > 0) & (seg > 0), cur, -1))
+
+
+@triton.jit
+def chunk(TS, pid, tiles_per_prog, T, ROWS: tl.constexpr):
+    """A persistent backward program's rows [start, end), its tile count, and the sample of its first row."""
+    start = pid.to(tl.int64) * tiles_per_prog * ROWS
+    end = tl.minimum(start + tiles_per_prog * ROWS, T)
+    n = tl.cdiv(end - start, ROWS)
+    first = tl.load(TS + start, mask=n > 0, other=0).to(tl.int64)
+    return start, end, n, first
+
+
+@triton.jit
+def add_tile(
+    a0, a1, a2, c0, c1, c2, s, cur, seg, rid, P, D, pid, d, cols, cmask,
+    K: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """Add a tile's per-row contributions c0..c{K-1} (K of 1..3; the rest are ignored) to the running
+    sums a0..a{K-1} of sample `cur`, flushing the sums where a row of another sample starts; rows with
+    s == -1 are past the chunk. Returns the sums, the current sample and segment."""
+    if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
+        a0 += c0
+        if K > 1:
+            a1 += c1
+        if K > 2:
+            a2 += c2
+    else:  # a sample boundary inside this tile: row by row
+        for i in tl.static_range(ROWS):
+            sel = rid == i
+            si = tl.sum(tl.where(sel, s, 0), axis=0)
+            if (si != cur) & (si >= 0):
+                flush(a0, P, D, pid, 0, K, cur, seg, d, cols, cmask)
+                if K > 1:
+                    flush(a1, P, D, pid, 1, K, cur, seg, d, cols, cmask)
+                if K > 2:
+                    flush(a2, P, D, pid, 2, K, cur, seg, d, cols, cmask)
+                a0 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                if K > 1:
+                    a1 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                if K > 2:
+                    a2 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                seg += 1
+                cur = si
+            a0 += tl.where(sel[:, None], c0, 0.0)
+            if K > 1:
+                a1 += tl.where(sel[:, None], c1, 0.0)
+            if K > 2:
+                a2 += tl.where(sel[:, None], c2, 0.0)
+    return a0, a1, a2, cur, seg
+
+
+@triton.jit
+def close_chunk(a0, a1, a2, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, K: tl.constexpr):
+    """End of the chunk: the open sums a0..a{K-1} to their slots, and which samples the slots hold."""
+    close(a0, P, pid, 0, K, seg, d, cols, cmask)
+    if K > 1:
+        close(a1, P, pid, 1, K, seg, d, cols, cmask)
+    if K > 2:
+        close(a2, P, pid, 2, K, seg, d, cols, cmask)
+    mark(FIRST, LAST, pid, n, first, cur, seg)
 
 
 @triton.jit
@@ -107,3 +169,40 @@ def finish(
             p, first, last, acc, out, p.shape[0], d, K=k, BLOCK_G=16, BLOCK_C=block_c, num_warps=4
         )
     return out
+
+
+class PerSampleBackward:
+    """launch(cfg) for `triton_utils.pick` running a persistent per-sample backward
+    `kernel(*args, P, D, FIRST, LAST, T, d, tiles_per_prog, ROWS, BLOCK)` over `like` [T, d] with
+    cfg = (ROWS, num_warps, programs per SM); `sums(dtype)` then gives the per-sample sums [samples, K, d]."""
+
+    def __init__(self, kernel, args: tuple, like: torch.Tensor, samples: int, k: int):
+        self.kernel, self.args, self.like, self.samples, self.k = kernel, args, like, samples, k
+        self.bufs: tuple[torch.Tensor, ...] = ()
+
+    def configs(self) -> list[tuple[int, int, int]]:
+        return backward_configs(next_pow2(self.like.shape[1]))
+
+    def __call__(self, cfg: tuple) -> None:
+        rows, warps, per_sm = cfg
+        T, d = self.like.shape
+        tiles = triton.cdiv(T, rows)
+        grid = persistent_programs(self.like, tiles, per_sm)
+        p, first, last, acc = buffers(grid, self.samples, self.k, d, self.like.device)
+        self.kernel[(grid,)](
+            *self.args,
+            p,
+            acc,
+            first,
+            last,
+            T,
+            d,
+            triton.cdiv(tiles, grid),
+            ROWS=rows,
+            BLOCK=next_pow2(d),
+            num_warps=warps,
+        )
+        self.bufs = (p, first, last, acc)
+
+    def sums(self, dtype: torch.dtype) -> torch.Tensor:
+        return finish(*self.bufs, dtype)

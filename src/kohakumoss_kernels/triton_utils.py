@@ -80,6 +80,28 @@ def backward_configs(block: int, min_rows: int = 1) -> list[tuple[int, int, int]
     return [(*t, pps) for pps in (2, 1, 4) for t in tiles]
 
 
+def row_key(x: torch.Tensor, rows: int, d: int) -> tuple:
+    """The picker's key of a row kernel: width, dtype, size bucket, device."""
+    return (d, x.dtype, size_bucket(rows), x.device)
+
+
+def row_configs(d: int) -> list[tuple[int, int]]:
+    """The (ROWS, num_warps) candidates of a one-tile-per-program row kernel of width d."""
+    return tile_configs(next_pow2(d), max_per_thread=64)
+
+
+def row_launch(kernel, rows: int, d: int, *args, **meta) -> Callable[[tuple], None]:
+    """launch(cfg) for `pick`: `kernel(*args, **meta, ROWS, BLOCK)` over `rows` rows of width d, one tile of
+    cfg = (ROWS, num_warps) rows per program; the candidates are `row_configs(d)`."""
+    block = next_pow2(d)
+
+    def launch(cfg: tuple) -> None:
+        tile, warps = cfg
+        kernel[((rows + tile - 1) // tile,)](*args, **meta, ROWS=tile, BLOCK=block, num_warps=warps)
+
+    return launch
+
+
 @functools.lru_cache(maxsize=8)
 def _sm_count(device: str) -> int:
     dev = torch.device(device)

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ...triton_utils import backward_configs, next_pow2, persistent_programs, pick, size_bucket, tile_configs
+from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
 
@@ -28,6 +28,17 @@ def _fwd(X, Y, GATE, TS, OUT, T, d, ROWS: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d):
+    """The tile of rows from `row` (masked to the chunk's end): its mask, dout, y, samples (-1 past it)."""
+    rmask = rid < end - row
+    mask = rmask[:, None] & cmask[None, :]
+    do = tl.load(DOUT + row * d + loc, mask=mask, other=0.0)
+    y = tl.load(Y + row * d + loc, mask=mask, other=0.0)
+    s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+    return mask, do, y, s
+
+
+@triton.jit
 def _bwd(
     DOUT, Y, GATE, TS, DY, P, D, FIRST, LAST, T, d, tiles_per_prog, ROWS: tl.constexpr, BLOCK: tl.constexpr
 ):
@@ -36,47 +47,26 @@ def _bwd(
     cols = tl.arange(0, BLOCK)
     cmask = cols < d
     loc = rid[:, None] * d + cols[None, :]
-    start = pid.to(tl.int64) * tiles_per_prog * ROWS
-    end = tl.minimum(start + tiles_per_prog * ROWS, T)
-    n = tl.cdiv(end - start, ROWS)
-    first = tl.load(TS + start, mask=n > 0, other=0).to(tl.int64)
+    start, end, n, first = ss.chunk(TS, pid, tiles_per_prog, T, ROWS)
     cur = first
     seg = pid * 0
     acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     row = start
-    rmask = rid < end - row
-    mask = rmask[:, None] & cmask[None, :]
-    do_next = tl.load(DOUT + row * d + loc, mask=mask, other=0.0)
-    y_next = tl.load(Y + row * d + loc, mask=mask, other=0.0)
-    s_next = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+    mask, do_next, y_next, s_next = _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d)
     for _ in range(0, n):
         do = do_next.to(tl.float32)
         y = y_next.to(tl.float32)
         s = s_next  # -1: a row past the chunk (its contributions are zero)
         cur_row, cur_mask = row, mask
         row += ROWS  # issue the next tile's loads first
-        rmask = rid < end - row
-        mask = rmask[:, None] & cmask[None, :]
-        do_next = tl.load(DOUT + row * d + loc, mask=mask, other=0.0)
-        y_next = tl.load(Y + row * d + loc, mask=mask, other=0.0)
-        s_next = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+        mask, do_next, y_next, s_next = _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d)
         g = tl.load(GATE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0)
         tl.store(DY + cur_row * d + loc, (g.to(tl.float32) * do).to(DY.dtype.element_ty), mask=cur_mask)
         c = do * y
-        if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
-            acc += c
-        else:  # a sample boundary inside this tile: row by row
-            for i in tl.static_range(ROWS):
-                sel = rid == i
-                si = tl.sum(tl.where(sel, s, 0), axis=0)
-                if (si != cur) & (si >= 0):
-                    ss.flush(acc, P, D, pid, 0, 1, cur, seg, d, cols, cmask)
-                    acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-                    seg += 1
-                    cur = si
-                acc += tl.where(sel[:, None], c, 0.0)
-    ss.close(acc, P, pid, 0, 1, seg, d, cols, cmask)
-    ss.mark(FIRST, LAST, pid, n, first, cur, seg)
+        acc, unused1, unused2, cur, seg = ss.add_tile(
+            acc, acc, acc, c, c, c, s, cur, seg, rid, P, D, pid, d, cols, cmask, 1, ROWS, BLOCK
+        )
+    ss.close_chunk(acc, acc, acc, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 1)
 
 
 class _GatedResidual(torch.autograd.Function):
@@ -85,15 +75,9 @@ class _GatedResidual(torch.autograd.Function):
         x, y, gate, ts = x.contiguous(), y.contiguous(), gate.contiguous(), token_sample.contiguous()
         T, d = x.shape
         out = torch.empty_like(x)
-        block = next_pow2(d)
-
-        def launch(cfg):
-            rows, warps = cfg
-            _fwd[(triton.cdiv(T, rows),)](x, y, gate, ts, out, T, d, ROWS=rows, BLOCK=block, num_warps=warps)
-
+        launch = row_launch(_fwd, T, d, x, y, gate, ts, out, T, d)
         if T:
-            key = (d, x.dtype, size_bucket(T), x.device)
-            launch(pick("gated_residual.fwd", key, tile_configs(block, max_per_thread=64), launch))
+            launch(pick("gated_residual.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(y, gate, ts)
         ctx.x_dtype = x.dtype
         return out
@@ -107,36 +91,9 @@ class _GatedResidual(torch.autograd.Function):
         dx = dout if dout.dtype == ctx.x_dtype else dout.to(ctx.x_dtype)
         if not T:
             return dx, dy, torch.zeros_like(gate), None
-        block = next_pow2(d)
-        bufs = {}
-
-        def launch(cfg):
-            rows, warps, per_sm = cfg
-            tiles = triton.cdiv(T, rows)
-            grid = persistent_programs(y, tiles, per_sm)
-            p, first, last, acc = ss.buffers(grid, gate.shape[0], 1, d, y.device)
-            _bwd[(grid,)](
-                dout,
-                y,
-                gate,
-                ts,
-                dy,
-                p,
-                acc,
-                first,
-                last,
-                T,
-                d,
-                triton.cdiv(tiles, grid),
-                ROWS=rows,
-                BLOCK=block,
-                num_warps=warps,
-            )
-            bufs["b"] = (p, first, last, acc)
-
-        key = (d, y.dtype, size_bucket(T), y.device)
-        launch(pick("gated_residual.bwd", key, backward_configs(block), launch))
-        return dx, dy, ss.finish(*bufs["b"], gate.dtype)[:, 0], None
+        launch = ss.PerSampleBackward(_bwd, (dout, y, gate, ts, dy), y, gate.shape[0], 1)
+        launch(pick("gated_residual.bwd", row_key(y, T, d), launch.configs(), launch))
+        return dx, dy, launch.sums(gate.dtype)[:, 0], None
 
 
 def gated_residual(

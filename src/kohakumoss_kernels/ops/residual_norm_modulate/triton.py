@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ...triton_utils import backward_configs, next_pow2, persistent_programs, pick, size_bucket, tile_configs
+from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
 
@@ -38,50 +38,40 @@ def _fwd(X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, T, d, eps, ROWS: tl.constexpr
 
 
 @triton.jit
+def _load_tile(R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d):
+    """The tile of rows from `row` (masked to the chunk's end): its mask, r, y, dh, dr, rstd and samples
+    (-1 past the end)."""
+    rmask = rid < end - row
+    mask = rmask[:, None] & cmask[None, :]
+    r = tl.load(R + row * d + loc, mask=mask, other=0.0)
+    y = tl.load(Y + row * d + loc, mask=mask, other=0.0)
+    dh = tl.load(DH + row * d + loc, mask=mask, other=0.0)
+    dr = tl.load(DR + row * d + loc, mask=mask, other=0.0)
+    rstd = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
+    s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+    return mask, r, y, dh, dr, rstd, s
+
+
+@triton.jit
 def _bwd(
-    DR,
-    DH,
-    R,
-    Y,
-    GATE,
-    SCALE,
-    TS,
-    RSTD,
-    DX,
-    DY,
-    P,
-    D,
-    FIRST,
-    LAST,
-    T,
-    d,
-    tiles_per_prog,
-    ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+    DR, DH, R, Y, GATE, SCALE, TS, RSTD, DX, DY, P, D, FIRST, LAST, T, d, tiles_per_prog,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     cmask = cols < d
     loc = rid[:, None] * d + cols[None, :]
-    start = pid.to(tl.int64) * tiles_per_prog * ROWS
-    end = tl.minimum(start + tiles_per_prog * ROWS, T)
-    n = tl.cdiv(end - start, ROWS)
-    first = tl.load(TS + start, mask=n > 0, other=0).to(tl.int64)
+    start, end, n, first = ss.chunk(TS, pid, tiles_per_prog, T, ROWS)
     cur = first
     seg = pid * 0
     acc_g = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     row = start
-    rmask = rid < end - row
-    mask = rmask[:, None] & cmask[None, :]
-    r_next = tl.load(R + row * d + loc, mask=mask, other=0.0)
-    y_next = tl.load(Y + row * d + loc, mask=mask, other=0.0)
-    dh_next = tl.load(DH + row * d + loc, mask=mask, other=0.0)
-    dr_next = tl.load(DR + row * d + loc, mask=mask, other=0.0)
-    rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
-    s_next = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+    mask, r_next, y_next, dh_next, dr_next, rstd_next, s_next = _load_tile(
+        R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d
+    )
     for _ in range(0, n):
         r = r_next.to(tl.float32)
         y = y_next.to(tl.float32)
@@ -91,14 +81,9 @@ def _bwd(
         s = s_next  # -1: a row past the chunk (its contributions are zero)
         cur_row, cur_mask = row, mask
         row += ROWS  # issue the next tile's loads first
-        rmask = rid < end - row
-        mask = rmask[:, None] & cmask[None, :]
-        r_next = tl.load(R + row * d + loc, mask=mask, other=0.0)
-        y_next = tl.load(Y + row * d + loc, mask=mask, other=0.0)
-        dh_next = tl.load(DH + row * d + loc, mask=mask, other=0.0)
-        dr_next = tl.load(DR + row * d + loc, mask=mask, other=0.0)
-        rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
-        s_next = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+        mask, r_next, y_next, dh_next, dr_next, rstd_next, s_next = _load_tile(
+            R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d
+        )
         poff = tl.maximum(s, 0)[:, None] * d + cols[None, :]
         sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + poff, mask=cur_mask, other=0.0).to(tl.float32)
@@ -109,30 +94,10 @@ def _bwd(
         tl.store(DY + cur_row * d + loc, (g * dr).to(DY.dtype.element_ty), mask=cur_mask)
         c_g = dr * y
         c_sc = dh * rhat
-        if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
-            acc_g += c_g
-            acc_sc += c_sc
-            acc_sh += dh
-        else:  # a sample boundary inside this tile: row by row
-            for i in tl.static_range(ROWS):
-                sel = rid == i
-                si = tl.sum(tl.where(sel, s, 0), axis=0)
-                if (si != cur) & (si >= 0):
-                    ss.flush(acc_g, P, D, pid, 0, 3, cur, seg, d, cols, cmask)
-                    ss.flush(acc_sc, P, D, pid, 1, 3, cur, seg, d, cols, cmask)
-                    ss.flush(acc_sh, P, D, pid, 2, 3, cur, seg, d, cols, cmask)
-                    acc_g = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-                    acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-                    acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-                    seg += 1
-                    cur = si
-                acc_g += tl.where(sel[:, None], c_g, 0.0)
-                acc_sc += tl.where(sel[:, None], c_sc, 0.0)
-                acc_sh += tl.where(sel[:, None], dh, 0.0)
-    ss.close(acc_g, P, pid, 0, 3, seg, d, cols, cmask)
-    ss.close(acc_sc, P, pid, 1, 3, seg, d, cols, cmask)
-    ss.close(acc_sh, P, pid, 2, 3, seg, d, cols, cmask)
-    ss.mark(FIRST, LAST, pid, n, first, cur, seg)
+        acc_g, acc_sc, acc_sh, cur, seg = ss.add_tile(
+            acc_g, acc_sc, acc_sh, c_g, c_sc, dh, s, cur, seg, rid, P, D, pid, d, cols, cmask, 3, ROWS, BLOCK
+        )
+    ss.close_chunk(acc_g, acc_sc, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 3)
 
 
 class _ResidualNormModulate(torch.autograd.Function):
@@ -143,17 +108,9 @@ class _ResidualNormModulate(torch.autograd.Function):
         T, d = x.shape
         r, h = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        block = next_pow2(d)
-
-        def launch(cfg):
-            rows, warps = cfg
-            _fwd[(triton.cdiv(T, rows),)](
-                x, y, gate, shift, scale, ts, r, h, rstd, T, d, eps, ROWS=rows, BLOCK=block, num_warps=warps
-            )
-
+        launch = row_launch(_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, T, d, eps)
         if T:
-            key = (d, x.dtype, size_bucket(T), x.device)
-            launch(pick("residual_norm_modulate.fwd", key, tile_configs(block, max_per_thread=64), launch))
+            launch(pick("residual_norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(r, y, gate, scale, ts, rstd)
         ctx.dtypes = (x.dtype, shift.dtype)
         return r, h
@@ -168,41 +125,11 @@ class _ResidualNormModulate(torch.autograd.Function):
             z = torch.zeros_like(gate)
             return dx.to(x_dtype), dy, z, z.to(shift_dtype), z.to(scale.dtype), None, None
         dr, dh = dr.contiguous(), dh.contiguous()
-        block = next_pow2(d)
-        bufs = {}
-
-        def launch(cfg):
-            rows, warps, per_sm = cfg
-            tiles = triton.cdiv(T, rows)
-            grid = persistent_programs(r, tiles, per_sm)
-            p, first, last, acc = ss.buffers(grid, gate.shape[0], 3, d, r.device)
-            _bwd[(grid,)](
-                dr,
-                dh,
-                r,
-                y,
-                gate,
-                scale,
-                ts,
-                rstd,
-                dx,
-                dy,
-                p,
-                acc,
-                first,
-                last,
-                T,
-                d,
-                triton.cdiv(tiles, grid),
-                ROWS=rows,
-                BLOCK=block,
-                num_warps=warps,
-            )
-            bufs["b"] = (p, first, last, acc)
-
-        key = (d, r.dtype, size_bucket(T), r.device)
-        launch(pick("residual_norm_modulate.bwd", key, backward_configs(block), launch))
-        out = ss.finish(*bufs["b"], scale.dtype)  # [B, (gate, scale, shift), d]
+        launch = ss.PerSampleBackward(
+            _bwd, (dr, dh, r, y, gate, scale, ts, rstd, dx, dy), r, gate.shape[0], 3
+        )
+        launch(pick("residual_norm_modulate.bwd", row_key(r, T, d), launch.configs(), launch))
+        out = launch.sums(scale.dtype)  # [B, (gate, scale, shift), d]
         return (
             dx.to(x_dtype),
             dy,

@@ -13,7 +13,15 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ...triton_utils import backward_configs, next_pow2, persistent_programs, pick, size_bucket, tile_configs
+from ...triton_utils import (
+    backward_configs,
+    next_pow2,
+    persistent_programs,
+    pick,
+    row_configs,
+    row_key,
+    row_launch,
+)
 from ...triton_utils import supports as supports
 
 
@@ -85,18 +93,10 @@ class _RMSNorm(torch.autograd.Function):
         T, d = x2.shape
         y = torch.empty_like(x2)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        block = next_pow2(d)
         w = weight.contiguous() if weight is not None else x2
-
-        def launch(cfg):
-            rows, warps = cfg
-            _fwd[(triton.cdiv(T, rows),)](
-                x2, w, y, rstd, T, d, eps, HAS_W=weight is not None, ROWS=rows, BLOCK=block, num_warps=warps
-            )
-
+        launch = row_launch(_fwd, T, d, x2, w, y, rstd, T, d, eps, HAS_W=weight is not None)
         if T:
-            key = (d, x.dtype, size_bucket(T), x.device)
-            launch(pick("rms_norm.fwd", key, tile_configs(block, max_per_thread=64), launch))
+            launch(pick("rms_norm.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = shape
         return y.reshape(shape)
@@ -133,8 +133,7 @@ class _RMSNorm(torch.autograd.Function):
             )
             dw_part["p"] = part
 
-        key = (d, x2.dtype, size_bucket(T), x2.device)
-        launch(pick("rms_norm.bwd", key, backward_configs(block), launch))
+        launch(pick("rms_norm.bwd", row_key(x2, T, d), backward_configs(block), launch))
         dw = ss.sum_rows(dw_part["p"], weight.dtype) if has_w else None
         return dx.reshape(ctx.shape), dw, None
 
