@@ -74,3 +74,27 @@ def test_tiny_model_catalog():
     entries = catalog(tiny, {"TOKENS_PER_STEP": 64})
     assert len(entries) == CATALOG_SIZE
     assert {e.plan.stream_blocks for e in entries} == {0, 1, 2, 3, -1}
+
+
+def test_cost_model_tracks_the_measured_block_times():
+    """memory_calibrate.py on the H200 (docs/performance/memory.md): fwd+bwd per block relative to 'none'
+    without offload. The cost model, fed the calibration's own shape, must land within 30% of each."""
+    measured = {
+        ("full", "none"): 24.13 / 15.05,
+        ("attn", "on"): 22.91 / 15.05,
+        ("full", "on"): 25.66 / 15.05,
+        ("none", "on"): 39.19 / 15.05,
+    }
+    knobs = {
+        "RANK": 32,
+        "TOKENS_PER_STEP": 8704,
+        "TARGET_PRESET": "full",
+        "AREA": 1 << 20,
+        "MAX_TEXT_TOKENS": 256,
+    }
+    base = step_seconds(MemoryPlan(), knobs, MOSS)
+    for (mode, offload), ratio in measured.items():
+        predicted = (
+            step_seconds(MemoryPlan(checkpointing=mode, activation_offload=offload), knobs, MOSS) / base
+        )
+        assert abs(predicted / ratio - 1) < 0.30, (mode, offload, predicted, ratio)
