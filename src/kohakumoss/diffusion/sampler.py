@@ -54,7 +54,6 @@ def euler_sample(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[torch.Tensor]:
     """cond / uncond: per-sample text hidden states; returns clean latent tokens [h*w, C] per sample."""
-    len(cond)
     guided = uncond is not None and config.cfg_scale != 1.0
     texts = list(cond) + (list(uncond) if guided else [])
     sizes = list(img_sizes) * (2 if guided else 1)

@@ -10,7 +10,7 @@ device, streamed blocks to pinned host memory, and nothing is ever whole on the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -36,9 +36,9 @@ class MemoryEngines:
     runner: BlockRunner | None
     streamer: WeightStreamer | None
     offload: ActivationOffload | None
+    model: Any = None
     grad_offload: Any = None
     optimizer: Any = None
-    extra: dict = field(default_factory=dict)
 
     def place_optimizer(self, combined):
         """Wrap the run's CombinedOptimizer per the plan (states on the GPU, streamed or on the host)."""
@@ -58,12 +58,9 @@ class MemoryEngines:
             self.plan.optimizer,
             grad_offload=self.grad_offload,
             write_back=write_back,
-            chunk_params=self._chunks(params),
+            chunk_params=_block_chunks(self.model, params) if self.model is not None else None,
         )
         return self.optimizer
-
-    def _chunks(self, params: list[nn.Parameter]) -> list[list[nn.Parameter]] | None:
-        return self.extra.get("chunks_of")(params) if "chunks_of" in self.extra else None
 
     def before_step(self) -> None:
         if self.offload is not None:
@@ -124,8 +121,7 @@ def install_memory_plan(
     if policy.mode != "none" or streamer is not None or offload is not None:
         runner = BlockRunner(model, policy, streamer, offload)
     model.block_runner = runner
-    engines = MemoryEngines(plan, device, full_ft, runner, streamer, offload)
-    engines.extra["chunks_of"] = lambda params: _block_chunks(model, params)
+    engines = MemoryEngines(plan, device, full_ft, runner, streamer, offload, model)
     log.info(f"memory plan: {plan.label()}")
     return engines
 

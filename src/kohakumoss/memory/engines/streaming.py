@@ -154,29 +154,27 @@ class WeightStreamer:
                 self._load(self.streamed[m])
 
     def invalidate(self) -> None:
-        """Forget what the slots hold (after the host copies changed: full fine-tune write-back)."""
+        """Forget what the slots hold; every streamed parameter points at its host copy (before a resume loads into them)."""
         for s in range(self.num_slots):
             self._evict(s)
 
-    def host_view(self, param: nn.Parameter) -> torch.Tensor | None:
-        for lay in self.layouts.values():
-            for p, v in zip(lay.params, lay.host_views, strict=True):
-                if p is param:
-                    return v
-        return None
-
     def write_back_fn(self) -> Callable[[nn.Parameter, torch.Tensor], None]:
         """A callback for the optimizer engine: updated master -> the streamed host copy (or the device)."""
-        index = {
-            id(p): v for lay in self.layouts.values() for p, v in zip(lay.params, lay.host_views, strict=True)
+        where = {
+            id(p): (block, v)
+            for block, lay in self.layouts.items()
+            for p, v in zip(lay.params, lay.host_views, strict=True)
         }
 
         def write_back(param: nn.Parameter, master: torch.Tensor) -> None:
-            host = index.get(id(param))
-            if host is None:
+            found = where.get(id(param))
+            if found is None:
                 param.data.copy_(master, non_blocking=True)
                 return
+            block, host = found
             host.copy_(master)
-            self.invalidate()
+            slot = self.slot_of(block)
+            if self.loaded[slot] == block:  # the slot's copy is stale now: reload it on next use
+                self._evict(slot)
 
         return write_back
