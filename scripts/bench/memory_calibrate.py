@@ -55,7 +55,8 @@ def measure(model, net, inputs) -> tuple[int, int]:
         with torch.autocast("cuda", torch.bfloat16):
             return model(*inputs).float().pow(2).mean()
 
-    forward().backward()  # warm-up: kernels built, workspaces allocated
+    with model.ops.tuning():  # warm-up, as the trainer's first step: backends timed per shape, kernels built
+        forward().backward()
     net.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -94,6 +95,29 @@ def profile_block(model, net, inputs, results: dict) -> None:
     print(f"host enqueue {host_ms / BLOCKS:.2f} ms per block vs device {device_ms / BLOCKS:.2f} ms per block")
     print(table)
     results["profile"] = {"host_ms_per_block": host_ms / BLOCKS, "device_ms_per_block": device_ms / BLOCKS}
+
+
+def graphed_block_ms(model, net, inputs) -> float:
+    """One block's forward + backward when the step replays from a CUDA graph (train/graphs.py)."""
+    from kohakumoss.train.graphs import StepGraphs
+    from kohakumoss.train.step import DeviceBatch
+
+    img, text, sigma, seq = inputs
+
+    def loss_fn(batch, s, _noise):
+        with torch.autocast("cuda", torch.bfloat16):
+            return model(batch.x0, batch.text, s, batch.seq).float().pow(2).mean()
+
+    graphs = StepGraphs(loss_fn, list(net.parameters()))
+    batch = DeviceBatch(img, text, seq)
+
+    def step():
+        graphs.run(batch, sigma, img)
+        net.zero_grad(set_to_none=False)
+
+    ms = median_ms(step, 3, 5)  # the second call captures, the rest replay
+    assert graphs.failed is None and graphs.replays > 0, graphs.failed
+    return ms / BLOCKS
 
 
 def main() -> None:
@@ -148,6 +172,8 @@ def main() -> None:
                 "block_fwd_bwd_ms": ms / BLOCKS,
             }
             model.block_runner = None
+    results["graphed"] = graphed_block_ms(model, net, inputs)
+    results["chosen"] = model.ops.chosen()
     if PROFILE or os.environ.get("PROFILE") == "1":
         profile_block(model, net, inputs, results)
     host = torch.empty(block_bytes, dtype=torch.uint8, pin_memory=True)
@@ -174,6 +200,8 @@ def main() -> None:
             f"{r['kept_fixed_bytes'] / 2**20:>10.1f} {r['working_per_token_dim']:>14.2f} "
             f"{r['block_fwd_ms']:>8.2f} {r['block_fwd_bwd_ms']:>8.2f}"
         )
+    print(f"none, CUDA-graphed step: f+b {results['graphed']:.2f} ms per block")
+    print("backends chosen: " + json.dumps(results["chosen"]))
     print(
         f"pinned copies: host->device {results['h2d_gbps']:.1f} GB/s, device->host {results['d2h_gbps']:.1f} GB/s"
     )

@@ -66,6 +66,7 @@ CAP_STEPS = 40  # measured steps of a capped row
 PEAK_TFLOPS = 790.0  # the bf16 matrix rate MFU divides by (measured on the H200)
 ROWS = "default"  # row groups (see GROUPS) and row specs, comma-separated
 TEXT_ENCODER = "auto"  # random Qwen3.5 for caches 'latent'/'none': qwen3.5-9b | tiny | auto (by preset)
+CUDA_GRAPHS = "auto"  # replay the micro-step from a CUDA graph where the plan allows (as the trainer) | off
 BUILD_DEVICE = (
     "auto"  # where the DiT is built before install: auto (cpu when capped or streaming) | cpu | device
 )
@@ -447,6 +448,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     from kohakumoss.diffusion import TimestepConfig
     from kohakumoss.encoders.latents import patchify
     from kohakumoss.model import MossBackbone, PackedSeq, get_preset
+    from kohakumoss.train.graphs import StepGraphs, graph_refusal, resolve_graphs
     from kohakumoss.train.optim import build_adamw, build_full_ft_optimizer
     from kohakumoss.train.step import DeviceBatch, draw_step_noise, flow_loss
     from kohakumoss_kernels import OpSet
@@ -467,7 +469,8 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     t0 = time.perf_counter()
     with default_dtype(torch.float32 if fp32_masters else dtype), torch.device(build):
         model = MossBackbone(cfg, ops=OpSet("auto"))
-    model.init_weights(std=0.02, generator=torch.Generator(device=build).manual_seed(a.seed))
+    fill = device if device.type == "cuda" else build  # drawn on the GPU, copied to a host-built model
+    model.init_weights(std=0.02, generator=torch.Generator(device=fill).manual_seed(a.seed), via=fill)
     model.requires_grad_(full)
     n_params = sum(p.numel() for p in model.parameters())
     engines = install_memory_plan(plan, model, device, compute_dtype=dtype, full_ft=full)
@@ -527,6 +530,11 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     tcfg = TimestepConfig()
     after = getattr(engines, "after_backward", None)  # engines that need a hook between backward and step
     model.train()
+    refusal = graph_refusal(plan, device, "full" if full else "lora", 0.0, dtype)
+    graphs = None
+    if resolve_graphs(a.cuda_graphs, refusal):
+        graphs = StepGraphs(lambda b, s, n: flow_loss(model, b, s, n, dtype), params)
+    notes.append("CUDA graphs: " + ("on" if graphs else f"off ({refusal or 'CUDA_GRAPHS off'})"))
 
     nonfinite: list[int] = []
 
@@ -537,13 +545,16 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         # the first warm-up step is the registry's prewarm: missing shape keys timed, the winner kept
         window = model.ops.tuning() if i == 0 else contextlib.nullcontext()
         with window:
-            loss = flow_loss(model, batch, sigma, noise, dtype)
-            loss.backward()
+            if graphs is not None:  # the trainer's path (train/graphs.py): captured on step 1, replayed after
+                loss = graphs.run(batch, sigma, noise)
+            else:
+                loss = flow_loss(model, batch, sigma, noise, dtype)
+                loss.backward()
         if after is not None:
             after()
         opt.clip_grad_norm_(a.grad_clip)
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=graphs is None)
         if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)
             nonfinite.append(i)
 
@@ -551,6 +562,9 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     resident = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     seq_lens = list(seq.seq_lens)
     row = measure_row(a, spec, cfg, step, a.warmup + measured, seq_lens, device, full)
+    if graphs is not None and "step_peak_gib" in row:  # replays allocate nothing: the capture step's peak
+        row["step_peak_gib"] = max(row["step_peak_gib"], graphs.capture_peak_bytes / GIB)
+        row["graph_replays"] = graphs.replays
     peak, why = predicted_peak(plan, spec, cfg, a, sum(seq_lens), n_params, te_bytes, vae_bytes)
     row.update(predicted_gib=peak, predicted_note=why, trainable_params=n_train, params=n_params)
     row["plan"] = plan.knobs()
@@ -641,7 +655,7 @@ def run_row(a, name: str) -> dict:
 
 COMMON = (
     "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "lr", "grad_clip", "full_optimizer", "warmup",
-    "steps", "cap_steps", "peak_tflops", "text_encoder", "build_device", "baseline_lora_dtype",
+    "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "smi_interval", "seed",
 )  # fmt: skip
 
@@ -734,6 +748,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS)
     p.add_argument("--text-encoder", default=TEXT_ENCODER)
+    p.add_argument("--cuda-graphs", default=CUDA_GRAPHS, choices=("auto", "off"))
     p.add_argument("--build-device", default=BUILD_DEVICE, choices=("auto", "cpu", "device"))
     p.add_argument("--baseline-lora-dtype", default=BASELINE_LORA_DTYPE, choices=("float32", "bfloat16"))
     p.add_argument("--plan-knobs", default=PLAN_KNOBS, help="JSON of MemoryPlan fields for every row")

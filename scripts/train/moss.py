@@ -39,6 +39,7 @@ OPTIMIZER_PLACEMENT = None  # optimizer states and fp32 masters: gpu, stream or 
 TEXT_ENCODER_PLACEMENT = None  # resident, streamed or off (off: the text cache must hit)
 VAE_PLACEMENT = None  # resident, streamed or off (off: the latent cache must hit)
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)
+CUDA_GRAPHS = "auto"  # replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off
 
 # --- data --------------------------------------------------------------------------------------
 DATASET = {

@@ -290,6 +290,9 @@ def test_cuda_bf16_placement_matches_fp32_plain(kind, placement, offload):
         3 if offload else 1
     )  # without offload bf16 grads would accumulate in bf16 (the plain path in fp32)
     ref = make_model(device="cuda")
+    with torch.no_grad():  # both start from the same bf16-representable weights (the masters start from bf16)
+        for p in ref.parameters():
+            p.copy_(p.bfloat16().float())
     train_injected(ref, place(build(kind, ref), ref, "gpu"), 3, accum)
     model = make_model(device="cuda", dtype=torch.bfloat16)
     po = place(build(kind, model), model, placement, offload)
@@ -298,7 +301,10 @@ def test_cuda_bf16_placement_matches_fp32_plain(kind, placement, offload):
     masters = dict(zip([id(p) for p in po.params()], po.master_params(), strict=True))
     for (n, p), q in zip(model.named_parameters(), ref.parameters(), strict=True):
         m = masters[id(p)]
-        torch.testing.assert_close(m, q.detach().cpu(), atol=GPU_ATOL[placement, kind], rtol=0, msg=n)
-        torch.testing.assert_close(p.detach().cpu(), m.bfloat16(), atol=0, rtol=0, msg=n)
+        atol = GPU_ATOL[placement, kind]
+        torch.testing.assert_close(m, q.detach().cpu(), atol=atol, rtol=0, msg=lambda e, n=n: f"{n}: {e}")
+        torch.testing.assert_close(
+            p.detach().cpu(), m.bfloat16(), atol=0, rtol=0, msg=lambda e, n=n: f"{n}: {e}"
+        )
     if offload:
         po.grad_offload.remove()

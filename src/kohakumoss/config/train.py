@@ -158,6 +158,12 @@ TRAIN_KNOBS = [
         "kernel registry backend: auto (per-arch priority) or eager (the reference)",
         choices=("auto", "eager"),
     ),
+    Knob(
+        "CUDA_GRAPHS",
+        "auto",
+        "replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off",
+        choices=("auto", "on", "off"),
+    ),
     # data
     Knob(
         "DATASET",

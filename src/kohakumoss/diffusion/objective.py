@@ -58,10 +58,7 @@ def flow_matching_loss(
     per_token = per_token * w
     if reduction == "token":
         return per_token.mean()
-    n = sigma.shape[0]
-    sums = torch.zeros(n, device=per_token.device).index_add_(0, img_token_sample, per_token)
-    counts = torch.bincount(img_token_sample, minlength=n).clamp_min(1)
-    return (sums / counts).mean()
+    return _per_sample_mean(per_token, img_token_sample, sigma.shape[0]).mean()
 
 
 def per_sample_loss(
@@ -69,5 +66,11 @@ def per_sample_loss(
 ) -> torch.Tensor:
     """Unweighted mean squared error per sample [n] (validation at fixed sigmas)."""
     per_token = (pred.float() - target.float()).pow(2).mean(dim=-1)
-    sums = torch.zeros(n, device=per_token.device).index_add_(0, img_token_sample, per_token)
-    return sums / torch.bincount(img_token_sample, minlength=n).clamp_min(1)
+    return _per_sample_mean(per_token, img_token_sample, n)
+
+
+def _per_sample_mean(per_token: torch.Tensor, token_sample: torch.Tensor, n: int) -> torch.Tensor:
+    """[n] means of per_token over each sample's tokens; counts by index_add (bincount waits on the GPU)."""
+    sums = per_token.new_zeros(n).index_add_(0, token_sample, per_token)
+    counts = per_token.new_zeros(n).index_add_(0, token_sample, torch.ones_like(per_token))
+    return sums / counts.clamp_min(1)

@@ -69,16 +69,25 @@ class MossBackbone(nn.Module):
             x = run(block, x, mod_in, seq, rope) if run is not None else block(x, mod_in, seq, rope, self.ops)
         return self.final(x[seq.img_index], mod_in, seq.img_token_sample, self.ops)
 
-    def init_weights(self, std: float = 0.02, generator: torch.Generator | None = None) -> MossBackbone:
-        """Random weights (normal linears, unit norms): for tests and the random-weight benchmarks."""
+    def init_weights(
+        self, std: float = 0.02, generator: torch.Generator | None = None, via: torch.device | None = None
+    ) -> MossBackbone:
+        """Random weights (normal linears, unit norms): for tests and the random-weight benchmarks.
+
+        via: draw the values on this device and copy them in (a GPU fills a host-built 5B model in
+        seconds instead of minutes); `generator` must then live on `via`.
+        """
         for name, p in self.named_parameters():
             if p.device.type == "meta":
                 continue
             with torch.no_grad():
-                if name.endswith("bias"):
-                    p.normal_(0.0, std, generator=generator)
-                elif p.ndim == 1:
+                if p.ndim == 1 and not name.endswith("bias"):
                     p.fill_(1.0)
-                else:
+                elif via is None:
                     p.normal_(0.0, std, generator=generator)
+                else:
+                    drawn = torch.empty(p.shape, dtype=p.dtype, device=via).normal_(
+                        0.0, std, generator=generator
+                    )
+                    p.copy_(drawn)
         return self

@@ -13,6 +13,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from kohakumoss_kernels.host_values import host_values, register_host_values
+
 
 @dataclass(frozen=True)
 class PackedSeq:
@@ -53,6 +55,7 @@ class PackedSeq:
             for f in fields(self)
             for v in [getattr(self, f.name)]
         }
+        register_host_values(moved["cu_seqlens"], host_values(self.cu_seqlens))
         return PackedSeq(**moved)
 
     @classmethod
@@ -91,7 +94,7 @@ class PackedSeq:
         return cls(
             text_lens=text_lens,
             img_sizes=img_sizes,
-            cu_seqlens=torch.tensor(cu, dtype=torch.int32),
+            cu_seqlens=register_host_values(torch.tensor(cu, dtype=torch.int32), cu),
             token_sample=token_sample,
             img_token_sample=token_sample[img_index_t],
             text_index=text_index_t,

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask, set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
+from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import add_file_log, get_logger
@@ -35,6 +36,7 @@ from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, st
 from .components import Components, build_components
 from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
 from .ema import EMA
+from .graphs import StepGraphs, graph_refusal, resolve_graphs
 from .logbook import MetricsWriter, loss_plot
 from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
 from .rng import restore_rng
@@ -123,6 +125,19 @@ def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
     n = sum(p.numel() for p in params)
     log.info(f"training {'the full model' if network is None else k['ALGO']}: {n:,} trainable parameters")
     return Trainable(module, network, params, optimizer, schedule, ema)
+
+
+def build_step_graphs(k: dict[str, Any], comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
+    """CUDA_GRAPHS: the micro-step's graphs where the run allows them (train/graphs.py says why not)."""
+    refusal = graph_refusal(
+        comps.plan or MemoryPlan(), comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype
+    )
+    if not resolve_graphs(k["CUDA_GRAPHS"], refusal):
+        if k["CUDA_GRAPHS"] == "auto" and comps.device.type == "cuda":
+            log.info(f"CUDA graphs off ({refusal})")
+        return None
+    log.info("CUDA graphs on: each batch shape is captured on its second micro-step, then replayed")
+    return StepGraphs(loss_fn, tr.params, backward_scale=1.0 / int(k["GRAD_ACCUM"]))
 
 
 def resume_point(k: dict[str, Any], ckpt_root: Path) -> Path | None:
@@ -275,6 +290,12 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     stop_at = min(int(k["STOP_AT"]) or steps, steps)
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     loader = make_loader(data, k, image_encoder, text_encoder, start * accum)
+
+    def step_loss(batch, sigma, noise):
+        return flow_loss(model, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"])
+
+    graphs = build_step_graphs(k, comps, tr, step_loss)
+    keep_grads = graphs is not None  # graphs accumulate into the same .grad tensors: zero them in place
     batches = iter(loader)
     model.train()
     bad_in_row, skipped, step = 0, 0, start
@@ -302,18 +323,20 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 # keys are timed once (TUNE=table) and the winners kept in the card's tuning table
                 window = model.ops.tuning() if micro_step == start * accum else nullcontext()
                 with window:
-                    loss = flow_loss(
-                        model, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"]
-                    )
+                    if graphs is not None:  # forward and backward, replayed from a CUDA graph
+                        loss = graphs.run(batch, sigma, noise)
+                    else:
+                        loss = step_loss(batch, sigma, noise)
                     if not torch.isfinite(loss):
                         finite = False
                         break
-                    scaled = loss / accum
-                    (scaler.scale(scaled) if scaler else scaled).backward()
+                    if graphs is None:
+                        scaled = loss / accum
+                        (scaler.scale(scaled) if scaler else scaled).backward()
                 losses.append(loss.item())
                 samples, tokens = samples + batch.num_samples, tokens + batch.tokens
             if not finite:
-                tr.optimizer.zero_grad(set_to_none=True)
+                tr.optimizer.zero_grad(set_to_none=not keep_grads)
                 bad_in_row, skipped = bad_in_row + 1, skipped + 1
                 log.warning(f"step {step}: non-finite loss, step skipped ({bad_in_row} in a row)")
                 if bad_in_row >= int(k["MAX_BAD_STEPS"]):
@@ -337,7 +360,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 scaler.update()
             else:
                 tr.optimizer.step()
-            tr.optimizer.zero_grad(set_to_none=True)
+            tr.optimizer.zero_grad(set_to_none=not keep_grads)
             if tr.ema is not None:
                 tr.ema.update(step)
             step += 1

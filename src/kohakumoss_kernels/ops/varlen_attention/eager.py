@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...host_values import host_values
+
 
 def varlen_attention(
     q: torch.Tensor,
@@ -16,7 +18,7 @@ def varlen_attention(
 ) -> torch.Tensor:
     """q, k, v [T, H, D]; cu_seqlens [B + 1] int32 sample boundaries. Returns [T, H, D]."""
     del max_seqlen  # the loop needs no bound; kernels use it to size their grid
-    bounds = cu_seqlens.tolist()
+    bounds = host_values(cu_seqlens)
     outs = []
     for start, end in zip(bounds[:-1], bounds[1:]):
         if end == start:

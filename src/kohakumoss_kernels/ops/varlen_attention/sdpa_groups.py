@@ -2,13 +2,16 @@
 
 Each run of n samples of length L is a view [n, L, H, D] of the packed tensors (no copy), so SDPA's
 flash / cuDNN kernels see a dense batch. When the planner packs equal lengths together (the
-common case: one resolution bucket) this is one SDPA call. Costs one device-to-host copy of cu_seqlens.
+common case: one resolution bucket) this is one SDPA call. The bounds come from the host copy registered with cu_seqlens
+(`host_values`); an unregistered cu_seqlens costs one device-to-host copy.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ...host_values import host_values
 
 
 def supports(arch: str, dtype: torch.dtype) -> bool:
@@ -17,7 +20,7 @@ def supports(arch: str, dtype: torch.dtype) -> bool:
 
 def runs(cu_seqlens: torch.Tensor) -> list[tuple[int, int, int]]:
     """(start token, sample count, length) per run of consecutive equal-length, non-empty samples."""
-    bounds = cu_seqlens.tolist()
+    bounds = host_values(cu_seqlens)
     out: list[tuple[int, int, int]] = []
     for start, end in zip(bounds[:-1], bounds[1:]):
         length = end - start

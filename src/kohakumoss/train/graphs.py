@@ -1,0 +1,191 @@
+"""CUDA graphs of the training micro-step: forward, loss and backward captured per batch shape, replayed.
+
+An eager step of a 5B DiT costs the host (Python, the autograd engine, hundreds of kernel launches per
+block) about as long as the GPU's own work, so the GPU waits. A graph replays the recorded kernels with
+one launch. A batch shape is captured the second time it is seen (the first run stays eager: it is
+the kernel registry's tuning window); that micro-step runs eagerly on a side stream first (the warm-up
+a capture needs), so no micro-step is lost or repeated. Every graph accumulates into one shared set of
+gradient buffers, which become the parameters' `.grad` before each replay.
+
+Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
+and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
+decide in Python per step). `graph_refusal` says which knob stops it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kohakumoss.memory.plan import MemoryPlan
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.log import get_logger
+
+from .step import DeviceBatch
+
+log = get_logger("kohakumoss.train.graphs")
+
+MODES = ("auto", "on", "off")
+PYTHON_SIDE_ALGOS = ("tlora", "dylora")  # their forward reads Python state set per step
+
+
+def graph_refusal(
+    plan: MemoryPlan,
+    device: torch.device,
+    algo: str = "lora",
+    module_dropout: float = 0.0,
+    dtype: torch.dtype = torch.bfloat16,
+) -> str | None:
+    """Why the step cannot be graphed (naming the knob), or None."""
+    if device.type != "cuda":
+        return f"DEVICE: CUDA graphs need a CUDA device, not {device.type}"
+    if plan.stream_blocks != 0:
+        return "STREAM_BLOCKS: streamed weights are copied from Python each step"
+    if plan.activation_offload != "none":
+        return "ACTIVATION_OFFLOAD: offloaded activations move through host memory"
+    if plan.grad_offload:
+        return "GRAD_OFFLOAD: gradients leave through host hooks"
+    if plan.optimizer != "gpu":
+        return f"OPTIMIZER_PLACEMENT: '{plan.optimizer}' moves optimizer states through the host"
+    if plan.checkpointing != "none":
+        return "CHECKPOINTING: recomputation restores RNG state from the host"
+    if algo in PYTHON_SIDE_ALGOS:
+        return f"ALGO: '{algo}' sets its rank from Python each step"
+    if module_dropout:
+        return "MODULE_DROPOUT: whole modules are dropped by a Python decision each step"
+    if dtype == torch.float16:
+        return "PRECISION: fp16 needs a loss scaler that skips steps from the host"
+    return None
+
+
+def resolve_graphs(mode: str, refusal: str | None) -> bool:
+    """CUDA_GRAPHS: auto graphs where allowed; on refuses a run it cannot graph; off never."""
+    if mode not in MODES:
+        raise ConfigError("CUDA_GRAPHS", f"'{mode}' is not one of {MODES}")
+    if mode == "on" and refusal is not None:
+        raise ConfigError("CUDA_GRAPHS", f"'on' is not possible with this run: {refusal}")
+    return mode != "off" and refusal is None
+
+
+def batch_signature(batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> tuple:
+    """Everything a captured graph depends on besides tensor values: shapes and the packed layout."""
+    seq = batch.seq
+    shapes = tuple((tuple(t.shape), t.dtype) for t in (batch.x0, batch.text, sigma, noise))
+    return shapes, seq.text_lens, seq.img_sizes, str(batch.x0.device)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, ...]  # static x0, text, sigma, noise: each replay copies into them
+    loss: torch.Tensor
+    batch: DeviceBatch  # holds the PackedSeq the graph read (its device tensors must stay alive)
+
+
+class StepGraphs:
+    """`run(batch, sigma, noise)` does one micro-step's forward and backward and returns its loss.
+
+    loss_fn(batch, sigma, noise) -> loss; the backward uses loss * backward_scale (1 / GRAD_ACCUM).
+    """
+
+    def __init__(
+        self,
+        loss_fn: Callable[[DeviceBatch, torch.Tensor, torch.Tensor], torch.Tensor],
+        params: Sequence[torch.Tensor],
+        backward_scale: float = 1.0,
+        max_graphs: int = 4,
+    ):
+        self.loss_fn = loss_fn
+        self.params = [p for p in params if p.requires_grad]
+        self.backward_scale = float(backward_scale)
+        self.max_graphs = max_graphs
+        self.graphs: OrderedDict[tuple, _Graph] = OrderedDict()
+        self.seen: Counter = Counter()
+        self.grads: list[torch.Tensor | None] | None = None  # the buffers every graph accumulates into
+        self.pool = None
+        self.failed: str | None = None
+        self.capture_peak_bytes = 0  # the allocator's peak up to the last capture (replays allocate nothing)
+        self.replays = 0
+
+    def run(self, batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        key = batch_signature(batch, sigma, noise)
+        entry = self.graphs.get(key)
+        if entry is not None:
+            self.graphs.move_to_end(key)
+            return self._replay(entry, batch, sigma, noise)
+        self.seen[key] += 1
+        if self.failed is not None or self.seen[key] < 2:
+            return self._eager(batch, sigma, noise)
+        return self._capture(key, batch, sigma, noise)
+
+    def _eager(self, batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        loss = self.loss_fn(batch, sigma, noise)
+        (loss * self.backward_scale).backward()
+        return loss.detach()
+
+    def _use_shared_grads(self) -> None:
+        """Point every parameter's .grad at the shared buffers, keeping what they hold now."""
+        if self.grads is None:
+            return
+        zero = []
+        for p, buf in zip(self.params, self.grads):
+            if buf is None or p.grad is buf:
+                continue
+            if p.grad is None:
+                zero.append(buf)
+            else:
+                buf.copy_(p.grad)
+            p.grad = buf
+        if zero:
+            torch._foreach_zero_(zero)
+
+    def _capture(self, key: tuple, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
+        device = batch.x0.device
+        self._use_shared_grads()
+        inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise))
+        static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # this micro-step, for real: also the warm-up the capture needs
+            loss = self._eager(static_batch, inputs[2], inputs[3])
+        torch.cuda.current_stream(device).wait_stream(side)
+        # parameters without a gradient after the same computation get none in the graph either
+        before = [p.grad for p in self.params]
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool):
+                static_loss = self.loss_fn(static_batch, inputs[2], inputs[3])
+                (static_loss * self.backward_scale).backward()
+        except Exception as e:  # an op that cannot be captured: this run stays eager
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            log.warning(f"CUDA graph capture failed, the run continues eagerly ({self.failed})")
+            for p, g in zip(self.params, before):
+                p.grad = g
+            return loss
+        if any(p.grad is not g for p, g in zip(self.params, before)):
+            self.failed = "the captured backward replaced a .grad tensor"
+            log.warning(f"CUDA graphs off: {self.failed}")
+            for p, g in zip(self.params, before):
+                p.grad = g
+            return loss
+        if self.grads is None:
+            self.grads = before
+        if len(self.graphs) >= self.max_graphs:
+            self.graphs.popitem(last=False)  # least recently used shape
+        self.graphs[key] = _Graph(graph, inputs, static_loss.detach(), static_batch)
+        self.capture_peak_bytes = max(self.capture_peak_bytes, torch.cuda.max_memory_allocated(device))
+        log.info(f"CUDA graph captured for batch shape {len(self.graphs)} ({batch.tokens} tokens)")
+        return loss
+
+    def _replay(self, entry: _Graph, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
+        for dst, src in zip(entry.inputs, (batch.x0, batch.text, sigma, noise)):
+            dst.copy_(src, non_blocking=True)
+        self._use_shared_grads()
+        entry.graph.replay()
+        self.replays += 1
+        return entry.loss

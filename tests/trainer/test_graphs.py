@@ -1,0 +1,131 @@
+"""CUDA graphs of the micro-step: refused by knob where the plan cannot be graphed; on the GPU the
+graphed step gives the eager step's losses and gradients, across batch shapes and grad accumulation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from kohakumoss.memory.plan import MemoryPlan
+from kohakumoss.train.graphs import StepGraphs, graph_refusal, resolve_graphs
+from kohakumoss_common.errors import ConfigError
+
+from .conftest import tiny_knobs
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+GPU = torch.device("cuda")
+
+
+@pytest.mark.parametrize(
+    "plan, kwargs, knob",
+    [
+        (MemoryPlan(stream_blocks=2), {}, "STREAM_BLOCKS"),
+        (MemoryPlan(activation_offload="on"), {}, "ACTIVATION_OFFLOAD"),
+        (MemoryPlan(optimizer="host"), {}, "OPTIMIZER_PLACEMENT"),
+        (MemoryPlan(checkpointing="full"), {}, "CHECKPOINTING"),
+        (MemoryPlan(), {"algo": "tlora"}, "ALGO"),
+        (MemoryPlan(), {"module_dropout": 0.1}, "MODULE_DROPOUT"),
+        (MemoryPlan(), {"dtype": torch.float16}, "PRECISION"),
+    ],
+)
+def test_refusals_name_the_knob(plan, kwargs, knob):
+    why = graph_refusal(plan, GPU, **kwargs)
+    assert why is not None and why.startswith(knob)
+    assert resolve_graphs("auto", why) is False
+    with pytest.raises(ConfigError, match=f"CUDA_GRAPHS.*{knob}"):
+        resolve_graphs("on", why)
+
+
+def test_the_plain_plan_on_cuda_is_graphed_and_the_cpu_is_not():
+    assert graph_refusal(MemoryPlan(), GPU) is None
+    assert resolve_graphs("auto", None) and resolve_graphs("on", None)
+    assert not resolve_graphs("off", None)
+    assert graph_refusal(MemoryPlan(), torch.device("cpu")).startswith("DEVICE")
+    with pytest.raises(ConfigError, match="CUDA_GRAPHS"):
+        resolve_graphs("sometimes", None)
+
+
+def _lora_model(seed: int = 0):
+    from kohakumoss.adapters import build_adapter
+    from kohakumoss.model import MossBackbone, get_preset
+
+    torch.manual_seed(seed)
+    model = MossBackbone(get_preset("tiny")).to(GPU)
+    model.init_weights(std=0.05, generator=torch.Generator(device=GPU).manual_seed(seed))
+    model.requires_grad_(False)
+    net = build_adapter(model, algo="lora", rank=4, alpha=4.0, preset="full", bypass=True).to(GPU)
+    for p in net.parameters():  # LoRA up starts at zero: make the down grads non-zero too
+        torch.nn.init.normal_(p, std=0.05)
+    return model, net
+
+
+def _batches(model, shapes, steps):
+    from kohakumoss.model import PackedSeq
+    from kohakumoss.train.step import DeviceBatch
+
+    cfg, out = model.config, []
+    for i in range(steps):
+        text_lens, grids = shapes[i % len(shapes)]
+        seq = PackedSeq.build(text_lens, grids, GPU)
+        g = torch.Generator(device=GPU).manual_seed(100 + i)
+        n_img = sum(h * w for h, w in grids)
+        x0 = torch.randn(n_img, cfg.in_channels, device=GPU, generator=g)
+        text = torch.randn(sum(text_lens), cfg.text_dim, device=GPU, generator=g)
+        sigma = torch.rand(len(text_lens), device=GPU, generator=g)
+        noise = torch.randn(n_img, cfg.in_channels, device=GPU, generator=g)
+        out.append((DeviceBatch(x0, text, seq), sigma, noise))
+    return out
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("accum, set_to_none", [(1, False), (2, True)])
+def test_graphed_micro_steps_match_eager(accum, set_to_none):
+    from kohakumoss.train.step import flow_loss
+
+    shapes = [([5, 3], [(4, 4), (2, 6)]), ([7], [(6, 6)])]  # two batch shapes, alternating
+    results = []
+    for graphed in (False, True):
+        model, net = _lora_model()
+        params = list(net.parameters())
+        opt = torch.optim.AdamW(params, lr=1e-2)
+        graphs = StepGraphs(
+            lambda b, s, n, m=model: flow_loss(m, b, s, n, torch.float32), params, backward_scale=1 / accum
+        )
+        batches = _batches(model, shapes, 8 * accum)
+        losses, grads = [], []
+        for chunk in range(0, 8 * accum, accum):
+            for batch, sigma, noise in batches[chunk : chunk + accum]:
+                losses.append(
+                    graphs.run(batch, sigma, noise).item()
+                    if graphed
+                    else graphs._eager(batch, sigma, noise).item()
+                )
+            grads.append(torch.cat([p.grad.flatten() for p in params]).clone())
+            opt.step()
+            opt.zero_grad(set_to_none=set_to_none)
+        results.append((losses, grads, graphs))
+    (eager_l, eager_g, _), (graph_l, graph_g, graphs) = results
+    assert graphs.failed is None and len(graphs.graphs) == 2 and graphs.replays > 0
+    torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-5, atol=1e-6)
+    for a, b in zip(graph_g, eager_g, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def _losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.gpu
+@cuda
+def test_trainer_with_cuda_graphs_logs_the_eager_losses(train_world):
+    from kohakumoss.train.loop import train
+
+    knobs = dict(STEPS=6, DEVICE="cuda", OPS_BACKEND="auto", MEMORY_PROFILE="speed")
+    eager = train(tiny_knobs(train_world, "graphs-off", CUDA_GRAPHS="off", **knobs))
+    graphed = train(tiny_knobs(train_world, "graphs-on", CUDA_GRAPHS="on", **knobs))
+    assert "CUDA graph captured" in (graphed / "log.txt").read_text()
+    assert _losses(graphed) == pytest.approx(_losses(eager), rel=1e-5)
