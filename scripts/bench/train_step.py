@@ -543,7 +543,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         engines.before_step()
         sigma, noise = draw_step_noise(a.seed, i, batch.x0, batch.seq, tcfg)
         # the first warm-up step is the registry's prewarm: missing shape keys timed, the winner kept
-        window = model.ops.tuning() if i == 0 else contextlib.nullcontext()
+        window = model.ops.tuning(device_time=graphs is not None) if i == 0 else contextlib.nullcontext()
         with window:
             if graphs is not None:  # the trainer's path (train/graphs.py): captured on step 1, replayed after
                 loss = graphs.run(batch, sigma, noise)

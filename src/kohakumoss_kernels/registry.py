@@ -146,6 +146,7 @@ class BoundOp:
     table: tuning.TuningTable | None = None
     choices: dict[str, str] = field(default_factory=dict)  # shape key -> backend, this process
     failed: set[str] = field(default_factory=set)
+    timing: str = "wall"  # wall: host overhead counts (eager steps); device: graph-replayed (graphed steps)
     _decided: dict[tuple, list] = field(default_factory=dict, repr=False)  # exact shapes -> order
 
     @property
@@ -161,7 +162,7 @@ class BoundOp:
         if self.tune == "off" or len(live) == 1:
             self._decided[exact] = live
             return live
-        key = shape_key(self.op, *args, **kwargs)
+        key = shape_key(self.op, *args, **kwargs) + ("|graphed" if self.timing == "device" else "")
         choice = self.choices.get(key)
         if choice is None:
             choice = self._choose(key, live, args, kwargs)
@@ -181,7 +182,7 @@ class BoundOp:
         ms: dict[str, float] = {}
         for name, fn in live:
             try:
-                ms[name] = tuning.time_call(fn, args, kwargs)
+                ms[name] = tuning.time_call(fn, args, kwargs, device_time=self.timing == "device")
             except RuntimeError as e:
                 log_once(log, f"{self.op}: backend '{name}' failed while timing {key} ({e}); skipped")
         if not ms:
@@ -267,6 +268,7 @@ class OpSet:
     def __init__(self, backend: str = "auto", tune: str | None = None):
         self.backend = backend
         self.tune = tuning.tune_mode(tune)
+        self.timing = "wall"
         self._bound: dict[tuple[str, str, torch.dtype], BoundOp] = {}
 
     def bind(self, op: str, device: torch.device, dtype: torch.dtype) -> BoundOp:
@@ -277,11 +279,28 @@ class OpSet:
             arch = device_info(device).arch if device.type != "cpu" else "cpu"
             table = tuning.table_for(tuning.card_name(device)) if self.tune != "off" else None
             self._bound[key] = resolve(op, arch, dtype, self.backend, self.tune, table)
+            self._bound[key].timing = self.timing
         return self._bound[key]
 
-    def tuning(self):
-        """Context manager: the prewarm window in which missing shape keys are timed (TUNE=table)."""
+    def tuning(self, device_time: bool = False):
+        """Context manager: the prewarm window in which missing shape keys are timed (TUNE=table).
+
+        device_time: from now on choose by device time alone, each candidate replayed from a CUDA
+        graph (the step will be graphed: host overhead no longer costs; uncapturable backends drop
+        out); those choices are kept under their own keys (`...|graphed`)."""
+        if device_time:
+            self.set_timing("device")
         return tuning.tuning_window()
+
+    def set_timing(self, timing: str) -> None:
+        if timing not in ("wall", "device"):
+            raise ConfigError("OpSet.set_timing", f"'{timing}' is not wall or device")
+        self.timing = timing
+        for bound in self._bound.values():
+            if bound.timing != timing:
+                bound.timing = timing
+                bound.choices.clear()
+                bound._decided.clear()
 
     def chosen(self) -> dict[str, dict[str, str]]:
         """What each bound op picked per shape key so far (for logs and benchmarks)."""

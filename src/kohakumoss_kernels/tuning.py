@@ -44,7 +44,8 @@ def tune_mode(explicit: str | None = None) -> str:
 
 @contextlib.contextmanager
 def tuning_window() -> Iterator[None]:
-    """Calls made inside time their missing shape keys (TUNE=table); the prewarm step runs in one."""
+    """Calls made inside time their missing shape keys (TUNE=table); the prewarm step runs in one.
+    (How they are timed, wall or device, is the OpSet's `timing`.)"""
     depth = getattr(_window, "depth", 0)
     _window.depth = depth + 1
     try:
@@ -133,25 +134,28 @@ def _synchronize(device: torch.device) -> None:
 
 
 def _fresh_args(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[torch.Tensor]]:
-    """Detached copies of the tensor arguments, keeping which ones need a gradient."""
+    """Detached leaves for the tensor arguments that need a gradient; the others as they are (so an
+    index tensor keeps its registered host values, `host_values.py`)."""
     leaves: list[torch.Tensor] = []
 
     def fresh(a):
-        if isinstance(a, torch.Tensor):
-            t = a.detach()
-            if a.requires_grad:
-                t = t.requires_grad_(True)
-                leaves.append(t)
+        if isinstance(a, torch.Tensor) and a.requires_grad:
+            t = a.detach().requires_grad_(True)
+            leaves.append(t)
             return t
         return a
 
     return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}, leaves
 
 
-def time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int = 3, calls: int = 5) -> float:
+def time_call(
+    fn: Callable, args: tuple, kwargs: dict, rounds: int = 3, calls: int = 5, device_time: bool = False
+) -> float:
     """Milliseconds per call of fn(*args) (plus its backward when an input needs a gradient): the best
     of `rounds` rounds of `calls` back-to-back calls, after a warm-up call (compiles, autotunes).
-    Host overhead stays in the time, as it does in the model."""
+    Host overhead stays in the time, as it does in an eager model. device_time (CUDA): the calls are
+    captured in a CUDA graph and replayed, as a graphed training step runs them; a backend that cannot
+    be captured raises RuntimeError (and is skipped)."""
     first = next(a for a in args if isinstance(a, torch.Tensor))
     a, k, leaves = _fresh_args(args, kwargs)
     backward = bool(leaves) and torch.is_grad_enabled()
@@ -166,6 +170,8 @@ def time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int = 3, calls: i
                 leaf.grad = None
 
     once()
+    if device_time and first.device.type == "cuda":
+        return _graph_ms(once, first.device, rounds, calls)
     best = float("inf")
     for _ in range(rounds):
         _synchronize(first.device)
@@ -174,4 +180,24 @@ def time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int = 3, calls: i
             once()
         _synchronize(first.device)
         best = min(best, (time.perf_counter() - start) * 1e3 / calls)
+    return best
+
+
+def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls: int) -> float:
+    """Milliseconds per call when `calls` calls replay from one CUDA graph (device time alone)."""
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(calls):
+                once()
+    except Exception as e:  # not capturable: a graphed step could not use this backend either
+        raise RuntimeError(f"not capturable in a CUDA graph ({type(e).__name__}: {e})") from e
+    best = float("inf")
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / calls)
     return best

@@ -314,3 +314,40 @@ def test_timing_under_no_grad_skips_the_backward():
     x = torch.ones(4, requires_grad=True)
     with torch.no_grad():
         assert tuning.time_call(lambda t: t * 3, (x,), {}, rounds=1, calls=1) >= 0
+
+
+def test_device_timing_keeps_its_own_keys_and_asks_for_device_time(cache, monkeypatch):
+    """A graphed run (OpSet.tuning(device_time=True)) chooses by device time, stored under '|graphed'."""
+    asked = []
+
+    def fake_time_call(fn, args, kwargs, device_time=False):
+        asked.append(device_time)
+        fn(*args, **kwargs)
+        return 1.0 if fn is a else 2.0
+
+    monkeypatch.setattr(tuning, "time_call", fake_time_call)
+    a, b = tagged("a"), tagged("b")
+    op = fake_op(triton=b, compile=a)
+    ops = OpSet(backend="triton,compile", tune="table")
+    x = torch.ones(10)
+    getattr(ops, op)(x)  # bound before the switch: its wall-time choices must not carry over
+    with ops.tuning(device_time=True):
+        getattr(ops, op)(x)
+    assert asked and all(asked)
+    entries = json.loads((cache / "tuning" / "cpu.json").read_text())["entries"]
+    assert (
+        list(entries) == [shape_key(op, x) + "|graphed"]
+        and entries[shape_key(op, x) + "|graphed"]["backend"] == "compile"
+    )
+    with pytest.raises(ConfigError, match="set_timing"):
+        ops.set_timing("fast")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_device_timing_replays_a_graph_and_refuses_what_cannot_be_captured():
+    x = torch.randn(1 << 20, device="cuda", requires_grad=True)
+    assert tuning.time_call(lambda t: (t * 3).sin(), (x,), {}, device_time=True) > 0
+    with pytest.raises(RuntimeError, match="not capturable"):
+        tuning.time_call(lambda t: t * t.sum().item(), (x,), {}, device_time=True)
+    assert tuning.time_call(lambda t: t * 2, (x,), {}, device_time=True) > 0  # the context still works

@@ -145,6 +145,7 @@ class StepGraphs:
     def _capture(self, key: tuple, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
         device = batch.x0.device
         self._use_shared_grads()
+        torch.cuda.empty_cache()  # the eager steps' cached blocks, or they sit beside the graph's pool
         inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise))
         static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq)
         side = torch.cuda.Stream(device)
@@ -158,7 +159,8 @@ class StepGraphs:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            # thread_local: loader threads may pin memory while this thread captures
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                 static_loss = self.loss_fn(static_batch, inputs[2], inputs[3])
                 (static_loss * self.backward_scale).backward()
         except Exception as e:  # an op that cannot be captured: this run stays eager

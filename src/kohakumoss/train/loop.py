@@ -321,7 +321,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                     set_tlora_sigma(sigma, int(k["RANK"]))
                 # the run's first micro-step is the kernel registry's prewarm: every op's missing shape
                 # keys are timed once (TUNE=table) and the winners kept in the card's tuning table
-                window = model.ops.tuning() if micro_step == start * accum else nullcontext()
+                first = micro_step == start * accum
+                window = model.ops.tuning(device_time=graphs is not None) if first else nullcontext()
                 with window:
                     if graphs is not None:  # forward and backward, replayed from a CUDA graph
                         loss = graphs.run(batch, sigma, noise)
