@@ -186,12 +186,21 @@ def time_call(
 def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls: int) -> float:
     """Milliseconds per call when `calls` calls replay from one CUDA graph (device time alone)."""
     graph = torch.cuda.CUDAGraph()
+    # capture_begin/end on a side stream, not torch.cuda.graph(): that one also runs gc.collect() and
+    # empty_cache() per capture, which made the first step of a 5B run tune for ~2 minutes
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
     try:
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            for _ in range(calls):
-                once()
+        with torch.cuda.stream(stream):
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                for _ in range(calls):
+                    once()
+            finally:
+                graph.capture_end()
     except Exception as e:  # not capturable: a graphed step could not use this backend either
         raise RuntimeError(f"not capturable in a CUDA graph ({type(e).__name__}: {e})") from e
+    torch.cuda.current_stream(device).wait_stream(stream)
     best = float("inf")
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
