@@ -129,3 +129,29 @@ def test_trainer_with_cuda_graphs_logs_the_eager_losses(train_world):
     graphed = train(tiny_knobs(train_world, "graphs-on", CUDA_GRAPHS="on", **knobs))
     assert "CUDA graph captured" in (graphed / "log.txt").read_text()
     assert _losses(graphed) == pytest.approx(_losses(eager), rel=1e-5)
+
+
+def test_shapes_that_keep_evicting_each_other_turn_graphs_off(monkeypatch):
+    """More batch shapes than max_graphs: after a few evictions the run stays eager instead of
+    capturing every step (the capture and replay themselves are faked; the policy is what runs)."""
+    from types import SimpleNamespace
+
+    graphs = StepGraphs(lambda *a: None, [], max_graphs=2)
+    calls = []
+
+    def fake_capture(key, batch, sigma, noise):
+        graphs.graphs[key] = key
+        if len(graphs.graphs) > graphs.max_graphs:
+            graphs.graphs.popitem(last=False)
+        graphs.captures += 1
+        calls.append("capture")
+
+    monkeypatch.setattr(graphs, "_eager", lambda *a: calls.append("eager"))
+    monkeypatch.setattr(graphs, "_capture", fake_capture)
+    monkeypatch.setattr(graphs, "_replay", lambda *a: calls.append("replay"))
+    monkeypatch.setattr("kohakumoss.train.graphs.batch_signature", lambda b, s, n: b.shape)
+    for step in range(60):  # three shapes in turn, two graph slots: every shape keeps being evicted
+        graphs.run(SimpleNamespace(shape=step % 3), None, None)
+    assert graphs.failed is not None and "max_graphs" in graphs.failed
+    assert calls.count("capture") == 2 * graphs.max_graphs
+    assert "capture" not in calls[-30:] and "eager" in calls[-30:]  # cached shapes may still replay

@@ -109,6 +109,7 @@ class StepGraphs:
         self.failed: str | None = None
         self.capture_peak_bytes = 0  # the allocator's peak up to the last capture (replays allocate nothing)
         self.replays = 0
+        self.captures = 0
 
     def run(self, batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         key = batch_signature(batch, sigma, noise)
@@ -117,9 +118,18 @@ class StepGraphs:
             self.graphs.move_to_end(key)
             return self._replay(entry, batch, sigma, noise)
         self.seen[key] += 1
+        if self.failed is None and self._thrashing():
+            self.failed = (
+                f"{self.captures} captures for {self.replays} replays: more batch shapes than max_graphs"
+            )
+            log.warning(f"CUDA graphs off for the rest of the run ({self.failed})")
         if self.failed is not None or self.seen[key] < 2:
             return self._eager(batch, sigma, noise)
         return self._capture(key, batch, sigma, noise)
+
+    def _thrashing(self) -> bool:
+        """Shapes keep evicting each other: every capture costs a step's memory and a second of setup."""
+        return self.captures >= 2 * self.max_graphs and self.replays < 4 * self.captures
 
     def _eager(self, batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         loss = self.loss_fn(batch, sigma, noise)
@@ -180,6 +190,7 @@ class StepGraphs:
         if len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)  # least recently used shape
         self.graphs[key] = _Graph(graph, inputs, static_loss.detach(), static_batch)
+        self.captures += 1
         self.capture_peak_bytes = max(self.capture_peak_bytes, torch.cuda.max_memory_allocated(device))
         log.info(f"CUDA graph captured for batch shape {len(self.graphs)} ({batch.tokens} tokens)")
         return loss
