@@ -187,6 +187,8 @@ class StepGraphs:
             return loss
         if self.grads is None:
             self.grads = before
+        else:  # a parameter this shape trains for the first time: its buffer joins the shared set
+            self.grads = [g if g is not None else b for g, b in zip(self.grads, before)]
         if len(self.graphs) >= self.max_graphs:
             self.graphs.popitem(last=False)  # least recently used shape
         self.graphs[key] = _Graph(graph, inputs, static_loss.detach(), static_batch)
