@@ -382,6 +382,15 @@ def test_check_names_bad_memory_knobs(good, capsys):
     assert code == 1 and "GRAD_OFFLOAD: offloaded grads are summed on the host" in out, out
 
 
+def test_check_says_whether_the_step_is_graphed(good, capsys):
+    code, out = _check(good, "MEMORY_PROFILE = 'speed'\n", capsys)
+    assert code == 0 and "CUDA graphs: on" in out, out
+    code, out = _check(good, "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\n", capsys)
+    assert code == 0 and "CUDA graphs: off (CHECKPOINTING:" in out, out
+    code, out = _check(good, "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\nCUDA_GRAPHS = 'on'\n", capsys)
+    assert code == 1 and "CUDA_GRAPHS: 'on' is not possible with this run: CHECKPOINTING" in out, out
+
+
 def test_check_all_problems_at_once_and_data_schema(good, capsys):
     code, out = _check(good, "RANKK = 4\nSTEPS = 0\n", capsys)
     assert code == 1 and "RANKK" in out and "STEPS: 0 is below the minimum 1" in out and "2 problem(s)" in out

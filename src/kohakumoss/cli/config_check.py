@@ -161,7 +161,7 @@ def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
         res.problems.append((knob, str(e).removeprefix(f"{knob}: ")))
         return
     est = estimate_plan(plan, knobs, config, params, te, vae)
-    res.memory_lines = [f"  plan: {reason}", *est.lines()]
+    res.memory_lines = [f"  plan: {reason}", _graphs_line(knobs, plan, res), *est.lines()]
     if card_gb is None:
         res.notes.append("card memory unknown (no card_gb in the config's _metadata): pass --gpu to compare")
         return
@@ -184,4 +184,26 @@ def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
             f"estimated peak {est.total / GIB:.1f} GiB with MEMORY_PROFILE {chosen!r} is above the "
             f"card's {card_gb:g} GiB: {hint}",
         )
+    )
+
+
+def _graphs_line(knobs, plan, res: CheckResult) -> str:
+    """Whether the step will replay from a CUDA graph on a CUDA card; CUDA_GRAPHS='on' that cannot is a problem."""
+    import torch
+
+    from kohakumoss.train.graphs import graph_refusal
+
+    dtype = {"fp16": torch.float16, "fp32": torch.float32}.get(knobs.get("PRECISION"), torch.bfloat16)
+    why = graph_refusal(
+        plan, torch.device("cuda"), knobs.get("ALGO", "lora"), float(knobs.get("MODULE_DROPOUT") or 0), dtype
+    )
+    mode = knobs.get("CUDA_GRAPHS", "auto")
+    if mode == "on" and why is not None:
+        res.problems.append(("CUDA_GRAPHS", f"'on' is not possible with this run: {why}"))
+    if mode == "off":
+        return "  CUDA graphs: off (CUDA_GRAPHS)"
+    return (
+        "  CUDA graphs: on (each micro-step replays from a graph)"
+        if why is None
+        else f"  CUDA graphs: off ({why})"
     )
