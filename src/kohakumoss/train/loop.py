@@ -27,7 +27,6 @@ from tqdm import tqdm
 from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask, set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
-from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import add_file_log, get_logger
@@ -129,9 +128,7 @@ def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
 
 def build_step_graphs(k: dict[str, Any], comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
     """CUDA_GRAPHS: the micro-step's graphs where the run allows them (train/graphs.py says why not)."""
-    refusal = graph_refusal(
-        comps.plan or MemoryPlan(), comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype
-    )
+    refusal = graph_refusal(comps.plan, comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype)
     if not resolve_graphs(k["CUDA_GRAPHS"], refusal):
         if k["CUDA_GRAPHS"] == "auto" and comps.device.type == "cuda":
             log.info(f"CUDA graphs off ({refusal})")
