@@ -112,6 +112,7 @@ FLOP_FORMULA = (
 )
 GIB = 1 << 30
 GPU_BASE_MIB: list[float | None] = [None]  # nvidia-smi's used memory at the row's start
+PROGRESS_PATH: list[str | None] = [None]  # a row subprocess appends a JSON line per step here
 
 
 @dataclass(frozen=True)
@@ -382,6 +383,15 @@ def token_layout(a) -> tuple[int, int, int]:
     return side, image, text
 
 
+def report_progress(i: int, n: int, seconds: float, device: torch.device) -> None:
+    """One line per step on stdout and, for a row subprocess, in PROGRESS_PATH (read back on a timeout)."""
+    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
+    print(f"  step {i + 1}/{n}: {seconds:.3f} s" + (f", peak {peak:.1f} GiB" if peak else ""), flush=True)
+    if PROGRESS_PATH[0]:
+        with open(PROGRESS_PATH[0], "a") as f:
+            f.write(json.dumps({"step": i, "s": seconds, "peak_gib": peak}) + "\n")
+
+
 def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str]:
     """Run `step(i)` n times: (seconds per step, steps completed, error or '')."""
     times = []
@@ -395,7 +405,26 @@ def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, s
         except Exception as e:
             traceback.print_exc()
             return times, i, f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        report_progress(i, n, times[-1], device)
     return times, n, ""
+
+
+def partial_row(name: str, progress: Path, warmup: int, samples: int, why: str) -> dict:
+    """A row whose subprocess died or timed out: what its per-step progress lines say."""
+    lines = progress.read_text().splitlines() if progress.exists() else []
+    steps = [json.loads(line) for line in lines if line.strip()]
+    measured = [s["s"] for s in steps[warmup:]]
+    med = statistics.median(measured) if measured else None
+    peaks = [s["peak_gib"] for s in steps if s.get("peak_gib") is not None]
+    return {
+        "row": name,
+        "error": f"{why} after {len(steps)} steps",
+        "steps_done": len(steps),
+        "step_s": med,
+        "samples_per_s": samples / med if med else None,
+        "step_peak_gib": max(peaks) if peaks else None,
+        "notes": ["partial: from the per-step progress lines"],
+    }
 
 
 def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device, full: bool) -> dict:
@@ -680,12 +709,8 @@ def run_subprocess(a, name: str) -> dict:
         if os.path.exists(out):
             row = json.loads(Path(out).read_text())
         else:
-            row = {
-                "row": name,
-                "error": f"subprocess exited {rc} without a result (killed? OOM?)",
-                "steps_done": 0,
-                "notes": [],
-            }
+            why = "timed out" if rc == "timeout" else f"subprocess exited {rc} (killed? OOM?)"
+            row = partial_row(name, Path(out + ".progress"), a.warmup, a.samples, why)
         row["wall_s"] = wall
         return row
 
@@ -776,6 +801,7 @@ def main(argv=None) -> None:
     a = parse_args(argv)
     if a.row is not None:  # one row (a subprocess of the driver, or by hand)
         name = a.row + (f"/cap{a.cap_gb}" if a.cap_gb and "/cap" not in a.row else "")
+        PROGRESS_PATH[0] = a.row_out + ".progress" if a.row_out else None
         row = run_row(a, name)
         if a.row_out:
             Path(a.row_out).write_text(json.dumps(row, indent=2, default=str))

@@ -86,3 +86,18 @@ def test_cpu_run_end_to_end(tmp_path):
     assert minimal["plan"]["STREAM_BLOCKS"] == -1  # the profile's plan was installed, not a default
     assert minimal["plan"]["TEXT_ENCODER_PLACEMENT"] == "streamed"  # 'off' upgraded: cache 'none' encodes
     assert "speed/eager" in data["ratios"]
+
+
+def test_a_row_that_times_out_reports_its_progress(tmp_path):
+    ts = load_script()
+    progress = tmp_path / "row.json.progress"
+    progress.write_text(
+        "".join(
+            json.dumps({"step": i, "s": s, "peak_gib": 5.0 + i}) + "\n" for i, s in enumerate([9, 9, 2, 4, 3])
+        )
+    )
+    row = ts.partial_row("lora/minimal/latent_text/cap8", progress, warmup=2, samples=2, why="timed out")
+    assert row["steps_done"] == 5 and row["step_s"] == 3 and row["samples_per_s"] == 2 / 3
+    assert row["step_peak_gib"] == 9.0 and row["error"] == "timed out after 5 steps"
+    empty = ts.partial_row("x/y/z", tmp_path / "missing", warmup=2, samples=2, why="subprocess exited -9")
+    assert empty["steps_done"] == 0 and empty["step_s"] is None
