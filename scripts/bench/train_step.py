@@ -8,7 +8,8 @@
 A row is `MODE/PROFILE/CACHE[/capN][/field=value...]` or `baseline/eager|compiled`:
 - MODE `lora` (LoRA rank RANK on every DiT linear, TARGET_PRESET 'full', bypass, AdamW) or `full`
   (full fine-tune, Muon + AdamW as train/optim.build_full_ft_optimizer);
-- PROFILE a memory profile (kohakumoss.memory.profiles.PROFILES), installed with
+- PROFILE a memory profile (kohakumoss.memory.profiles.PROFILES), a catalog id (c0292), or `auto` (with capN:
+  the catalog's fastest fit for the cap, as `new train` picks), installed with
   kohakumoss.memory.install.install_memory_plan; `field=value` parts (and --plan-knobs) override plan fields;
 - CACHE `latent_text` (latents and text embeddings cached: random tensors), `latent` (the text encoder,
   a random Qwen3.5, runs every step) or `none` (the FLUX.2 VAE architecture, random weights, also
@@ -260,22 +261,9 @@ def sync(device: torch.device) -> None:
 # ---------------------------------------------------------------- plan, install, estimate
 
 
-def resolve_plan(spec: RowSpec, plan_knobs: dict) -> MemoryPlan:
-    """The profile's plan with --plan-knobs and the row's field=value parts on top."""
-    if spec.profile not in PROFILES:
-        raise SystemExit(f"row '{spec.name}': unknown profile '{spec.profile}'; known: {sorted(PROFILES)}")
-    known = {f.name for f in fields(MemoryPlan)}
-    changes = {**plan_knobs, **dict(spec.overrides)}
-    if unknown := sorted(set(changes) - known):
-        raise SystemExit(f"row '{spec.name}': unknown MemoryPlan fields {unknown}; known: {sorted(known)}")
-    return replace(PROFILES[spec.profile], **changes)
-
-
-def predicted_peak(
-    plan: MemoryPlan, spec: RowSpec, cfg, a, tokens: int, n_params: int, te_bytes: int, vae_bytes: int
-) -> tuple[float | None, str]:
-    """kohakumoss.memory.estimate's peak for this row in GiB, or (None, why it is missing)."""
-    knobs = {
+def estimate_knobs(spec: RowSpec, a, tokens: int) -> dict:
+    """The training knobs the memory estimate and the catalog price this row with."""
+    return {
         "PRECISION": "bf16",
         "ALGO": spec.mode,
         "RANK": a.rank,
@@ -284,8 +272,44 @@ def predicted_peak(
         "TOKENS_PER_STEP": tokens,
         "TEXT_ENCODE": "auto" if spec.cache in ("latent", "none") else "cache",
         "VAE_ENCODE": "auto" if spec.cache == "none" else "cache",
-        **plan.knobs(),
     }
+
+
+def resolve_plan(spec: RowSpec, plan_knobs: dict, cfg, a, tokens: int) -> tuple[MemoryPlan, str]:
+    """The row's plan (a profile, a catalog entry, or `auto`: the catalog's fastest fit for the cap) with
+    --plan-knobs and the row's field=value parts on top, and where it came from."""
+    from kohakumoss.memory.catalog import CATALOG_SIZE, entry_id, find_entry
+    from kohakumoss.memory.profiles import resolve_plan as resolve_profile
+
+    if spec.profile == "auto":
+        if spec.cap_gb is None:
+            raise SystemExit(f"row '{spec.name}': profile 'auto' picks for a cap: add /capN")
+        knobs = {**estimate_knobs(spec, a, tokens), "MEMORY_PROFILE": "auto"}
+        base, why = resolve_profile(knobs, cfg, spec.cap_gb, spec.mode == "full")
+    elif spec.profile in PROFILES:
+        base, why = PROFILES[spec.profile], f"profile '{spec.profile}'"
+    elif spec.profile.startswith("c") and spec.profile[1:].isdigit():
+        try:
+            base, why = find_entry(spec.profile, cfg.depth), f"catalog entry {spec.profile}"
+        except Exception as e:
+            raise SystemExit(f"row '{spec.name}': {e}") from None
+    else:
+        raise SystemExit(
+            f"row '{spec.name}': unknown profile '{spec.profile}'; known: {sorted(PROFILES)}, auto "
+            f"(with capN), or a catalog id c0000 ... {entry_id(CATALOG_SIZE - 1)}"
+        )
+    known = {f.name for f in fields(MemoryPlan)}
+    changes = {**plan_knobs, **dict(spec.overrides)}
+    if unknown := sorted(set(changes) - known):
+        raise SystemExit(f"row '{spec.name}': unknown MemoryPlan fields {unknown}; known: {sorted(known)}")
+    return replace(base, **changes), why
+
+
+def predicted_peak(
+    plan: MemoryPlan, spec: RowSpec, cfg, a, tokens: int, n_params: int, te_bytes: int, vae_bytes: int
+) -> tuple[float | None, str]:
+    """kohakumoss.memory.estimate's peak for this row in GiB, or (None, why it is missing)."""
+    knobs = {**estimate_knobs(spec, a, tokens), **plan.knobs()}
     try:
         est = estimate_peak(knobs, cfg, n_params, te_bytes, vae_bytes, plan=plan)
     except Exception as e:  # a row's numbers stand without the estimate
@@ -485,8 +509,10 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     device, full = torch.device(a.device), spec.mode == "full"
     dtype = compute_dtype(device)
     cfg = get_preset(a.preset)
-    plan, notes = resolve_plan(spec, json.loads(a.plan_knobs) if a.plan_knobs else {}), []
     side, n_img, n_text = token_layout(a)
+    knobs = json.loads(a.plan_knobs) if a.plan_knobs else {}
+    plan, why = resolve_plan(spec, knobs, cfg, a, a.samples * (n_img + n_text))
+    notes = [f"plan: {why}"]
     # as the trainer (train/components.py): streamed blocks never sit whole on the device, so such a
     # model is built on the host; a full fine-tune keeps fp32 weights only when its optimizer is on the GPU
     host_first = plan.streamed_count(cfg.depth) > 0 or spec.cap_gb is not None

@@ -101,3 +101,27 @@ def test_a_row_that_times_out_reports_its_progress(tmp_path):
     assert row["step_peak_gib"] == 9.0 and row["error"] == "timed out after 5 steps"
     empty = ts.partial_row("x/y/z", tmp_path / "missing", warmup=2, samples=2, why="subprocess exited -9")
     assert empty["steps_done"] == 0 and empty["step_s"] is None
+
+
+def test_a_row_plan_comes_from_a_profile_a_catalog_entry_or_the_fastest_fit():
+    from kohakumoss.memory.catalog import find_entry
+    from kohakumoss.memory.profiles import PROFILES
+    from kohakumoss.model import get_preset
+
+    ts = load_script()
+    cfg, a = get_preset("moss-image-5b"), ts.parse_args([])
+    plan, why = ts.resolve_plan(ts.parse_row("lora/minimal/latent_text/stream_slots=3"), {}, cfg, a, 8704)
+    assert plan.stream_slots == 3 and plan.checkpointing == PROFILES["minimal"].checkpointing
+    plan, why = ts.resolve_plan(ts.parse_row("lora/c0292/latent_text"), {}, cfg, a, 8704)
+    assert plan == find_entry("c0292", cfg.depth) and why == "catalog entry c0292"
+    small, why = ts.resolve_plan(ts.parse_row("lora/auto/latent_text/cap6"), {}, cfg, a, 8704)
+    assert why.startswith("auto: catalog entry") and "fits 6 GiB" in why
+    roomy, _ = ts.resolve_plan(ts.parse_row("lora/auto/latent_text/cap80"), {}, cfg, a, 8704)
+    assert small.streamed_count(cfg.depth) > roomy.streamed_count(cfg.depth)
+    for bad, says in [
+        ("lora/auto/latent_text", "capN"),
+        ("lora/c9999/latent_text", "c0299"),
+        ("lora/x/latent_text", "'x'"),
+    ]:
+        with pytest.raises(SystemExit, match=says):
+            ts.resolve_plan(ts.parse_row(bad), {}, cfg, a, 8704)
