@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch.optim import Muon
 
 from kohakumoss.train.optim import CombinedOptimizer
 from kohakumoss_common.errors import CheckpointError, ConfigError
@@ -45,6 +44,12 @@ def _host_copy(
 def _keeps_step_on_host(group: dict) -> bool:
     """torch keeps a non-fused, non-capturable optimizer's 'step' counter on the CPU whatever the param's device."""
     return not (group.get("fused") or group.get("capturable"))
+
+
+def _fused_supported(params: list[torch.Tensor]) -> bool:
+    """torch's fused Adam(W) takes floating params on CPU or CUDA, all on one device type."""
+    kinds = {p.device.type for p in params}
+    return len(kinds) <= 1 and kinds <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)
 
 
 def default_chunks(sizes: list[int], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[list[int]]:
@@ -120,6 +125,8 @@ class PlacedOptimizer:
         if placement == "gpu":
             self._masters = self._params
             self._chunks: list[list[int]] = []
+            if not any(opt.state for opt in self.optimizers.values()):
+                self._prefer_fused()
             return
         if any(opt.state for opt in self.optimizers.values()):
             raise ConfigError(
@@ -131,7 +138,7 @@ class PlacedOptimizer:
         for opt in self.optimizers.values():
             for group in opt.param_groups:
                 group["params"] = [master_of[id(p)] for p in group["params"]]
-        self._host_groups()
+        self._prefer_fused()
         self._chunks = self._make_chunks(chunk_params, chunk_bytes) if placement == "stream" else []
 
     # -- the CombinedOptimizer interface -------------------------------------------------------------
@@ -241,7 +248,7 @@ class PlacedOptimizer:
                 opt.state[key] = {
                     k: _host_copy(v, self._pin) if isinstance(v, torch.Tensor) else v for k, v in st.items()
                 }
-        self._host_groups()
+        self._prefer_fused()
         if masters is None:
             self.sync_masters()
             return
@@ -261,16 +268,19 @@ class PlacedOptimizer:
             for m, p in zip(self._masters, self._params, strict=True):
                 m.copy_(self.read_param(p))
 
-    def _host_groups(self) -> None:
-        """On the host the members step with foreach kernels (not for Muon, which has none)."""
-        if self.placement != "host":
-            return
+    def _prefer_fused(self) -> None:
+        """Adam/AdamW members step with torch's fused kernel where their params live: on the host
+        it is ~9x faster than foreach (which loops per tensor on the CPU); on CUDA one launch per list.
+        Other members keep their own choice (Muon has no fused or foreach form)."""
+        if self.placement == "stream":
+            return  # chunks step on the device with states uploaded per chunk: the members' default
         for opt in self.optimizers.values():
-            if isinstance(opt, Muon):
+            if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
                 continue
             for group in opt.param_groups:
-                if "foreach" in group and not group.get("fused"):
-                    group["foreach"] = True
+                if group.get("differentiable") or not _fused_supported(group["params"]):
+                    continue
+                group["fused"], group["foreach"] = True, False
 
     def _make_chunks(
         self, chunk_params: list[list[nn.Parameter]] | None, chunk_bytes: int
