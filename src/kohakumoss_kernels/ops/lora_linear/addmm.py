@@ -1,10 +1,11 @@
-"""lora_linear as cuBLAS calls with the LoRA terms folded into the frozen GEMMs' epilogues.
+"""lora_linear as cuBLAS calls with the LoRA terms folded into the frozen GEMMs' outputs, in place.
 
-Forward:  y  = addmm(x W^T + b, h, up^T, alpha=scale),  h = x down^T        (h kept for the backward)
-Backward: q  = gy up;   gx = addmm(scale * q down, gy, W)                   (one pass, no separate add)
+Forward:  y  = x W^T + b;  y += scale * h up^T  (in place),  h = x down^T     (h kept for the backward)
+Backward: q  = gy up;   gx = scale * q down;  gx += gy W  (in place)        (one pass, no separate add)
           g_up = gy^T (scale * h);   g_down = (scale * q)^T x;   gW = gy^T x (only when W trains)
-Eager autograd would write the LoRA part of gx and the base part separately and add them: two more
-passes over a [T, I] tensor per linear, and twice the autograd nodes.
+In place because out-of-place `torch.addmm(C, a, b)` on CUDA first copies C into a new result (a read and
+a write of [T, out] before the GEMM reads it again); eager autograd would also write the LoRA part of gx
+and the base part separately and add them: two more passes over a [T, I] tensor per linear.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, down, up, scale: float):
         h = torch.mm(x2, down.t())
-        out = torch.addmm(F.linear(x2, weight, bias), h, up.t(), alpha=scale)
+        out = F.linear(x2, weight, bias).addmm_(h, up.t(), alpha=scale)
         ctx.save_for_backward(x2, weight, down, up, h)
         ctx.scale = scale
         return out
@@ -29,7 +30,7 @@ class _LoraLinear(torch.autograd.Function):
         gx = gw = gb = g_down = g_up = None
         sq = torch.mm(gy, up).mul_(ctx.scale) if (need_x or need_down) else None
         if need_x:
-            gx = torch.addmm(torch.mm(sq, down), gy, weight)
+            gx = torch.mm(sq, down).addmm_(gy, weight)
         if need_down:
             g_down = torch.mm(sq.t(), x2)
         if need_up:
