@@ -76,8 +76,12 @@ def test_zero_and_remove():
     offload.zero()
     assert all(not s.any() for s in offload.host_grads())
     assert not any(offload.received)
-    micro_loss(model, 1, 0).backward()  # sums start again from zero
+    micro_loss(model, 1, 0).backward()  # sums start again from zero: the first grad overwrites
     again = [s.clone() for s in offload.host_grads()]
+    ref = make_model()
+    micro_loss(ref, 1, 0).backward()
+    for s, p in zip(again, trainable(ref), strict=True):
+        torch.testing.assert_close(s, torch.zeros_like(s) if p.grad is None else p.grad, atol=0, rtol=0)
     assert any(s.abs().sum() > 0 for s in again)
     offload.remove()
     micro_loss(model, 1, 0).backward()  # unhooked: the grads stay on the params, the sums do not move
@@ -93,6 +97,17 @@ def test_bad_setups_are_refused():
     p = next(model.parameters())
     with pytest.raises(ConfigError, match="twice"):
         GradOffload([p, p])
+
+
+def test_bf16_grads_sum_in_fp32_on_the_cpu():
+    """The first grad of a step is copied, later ones widened to fp32 and added: the exact fp32 sums."""
+    want = expected_sums(plain_micro_grads("cpu", torch.bfloat16))
+    _, params, offload, sums = offloaded_sums("cpu", torch.bfloat16)
+    for s, w in zip(sums, want, strict=True):
+        assert s.dtype == torch.float32
+        torch.testing.assert_close(s, torch.zeros_like(s) if w is None else w, atol=0, rtol=0)
+    assert offload._scratch.numel() > 0  # the widened path ran
+    offload.remove()
 
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

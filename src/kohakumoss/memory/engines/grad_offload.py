@@ -5,6 +5,9 @@ of `ring` slots, so at most `ring` copies are in flight; a full ring waits for i
 grad (`param.grad = None`, with `record_stream` so the allocator keeps the memory until the copy is done)
 and hands the fp32 add to one worker thread, so the CPU add overlaps the rest of the backward. The sums
 persist across micro-steps (grad accumulation) until `zero()`. Without CUDA the same adds run inline.
+A param's first grad after `zero()` is copied into its sum, not added, so `zero()` writes nothing; later
+grads are widened to fp32 in a scratch buffer and then added. On a 2-core host, for 200M bf16 grads:
+memset + mixed-dtype add 0.50 s, copy 0.04 s, widen + add 0.10 s (mixed add alone 0.47 s).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class GradOffload:
         use_cuda = any(p.is_cuda for p in self.params)
         self._sums = [torch.zeros(p.shape, dtype=torch.float32, pin_memory=use_cuda) for p in self.params]
         self._received = [False] * len(self.params)
+        self._scratch = torch.empty(0, dtype=torch.float32)  # grads widened to fp32 before an add
         self._lock = threading.Lock()
         self._pending_bytes = 0
         self._slots = [_Slot() for _ in range(ring)] if use_cuda else []
@@ -82,9 +86,10 @@ class GradOffload:
         if grad is None:
             return
         i = self._index[id(param)]
+        first = not self._received[i]  # the worker adds in submission order, so this holds there too
         self._received[i] = True
         if not grad.is_cuda:
-            self._sums[i].add_(grad)
+            self._accumulate(i, grad, first)
             param.grad = None
             return
         slot = self._slots[self._next_slot]
@@ -102,11 +107,24 @@ class GradOffload:
         nbytes = staging.numel() * staging.element_size()
         with self._lock:
             self._pending_bytes += nbytes
-        slot.future = self._worker.submit(self._add, i, staging, done, nbytes)
+        slot.future = self._worker.submit(self._add, i, staging, done, nbytes, first)
 
-    def _add(self, i: int, staging: torch.Tensor, done: torch.cuda.Event, nbytes: int) -> None:
+    def _accumulate(self, i: int, grad: torch.Tensor, first: bool) -> None:
+        """Runs on one thread only (the worker, or inline without CUDA), so one scratch buffer serves."""
+        total = self._sums[i]
+        if first:
+            total.copy_(grad)
+        elif grad.dtype == total.dtype:
+            total.add_(grad)
+        else:  # a mixed-dtype CPU add is ~4.5x slower than widening into fp32 first and adding
+            if self._scratch.numel() < grad.numel():
+                self._scratch = torch.empty(grad.numel(), dtype=total.dtype)
+            wide = self._scratch[: grad.numel()].view(grad.shape)
+            total.add_(wide.copy_(grad))
+
+    def _add(self, i: int, staging: torch.Tensor, done: torch.cuda.Event, nbytes: int, first: bool) -> None:
         done.synchronize()
-        self._sums[i].add_(staging)
+        self._accumulate(i, staging, first)
         with self._lock:
             self._pending_bytes -= nbytes
 
@@ -118,12 +136,14 @@ class GradOffload:
     def host_grads(self) -> list[torch.Tensor]:
         """The fp32 CPU sums, aligned with `params` (zeros where no grad arrived: see `received`)."""
         self.wait()
+        for s, got in zip(self._sums, self._received, strict=True):
+            if not got:
+                s.zero_()  # it may hold an earlier step's sum
         return self._sums
 
     def zero(self) -> None:
+        """Start new sums: each param's next grad overwrites its sum (nothing is written here)."""
         self.wait()
-        for s in self._sums:
-            s.zero_()
         self._received = [False] * len(self.params)
 
     def remove(self) -> None:
