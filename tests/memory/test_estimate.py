@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kohakumoss.memory import MemoryPlan, estimate_plan
-from kohakumoss.memory.calibration import ACTIVATIONS, GIB
+from kohakumoss.memory.calibration import ACTIVATIONS, ALLOCATOR_SLACK, GIB
 from kohakumoss.memory.estimate import block_params
 from kohakumoss.model.presets import get_preset
 
@@ -68,7 +68,24 @@ def test_each_engine_removes_its_part():
     gpu = estimate_plan(MemoryPlan(checkpointing="full"), full, MOSS)
     assert "optimizer states" in gpu.parts and "optimizer states" not in host.parts
     assert gpu.parts["DiT weights (fp32)"] == 2 * host.parts["DiT weights"]  # fp32 masters vs the bf16 copy
-    assert host.total < g.total < gpu.total
+    # stream's chunks live only in the optimizer step, after the activations are freed
+    assert host.total == g.total < gpu.total and g.optimizer_peak > host.optimizer_peak
+
+
+def test_the_peak_is_the_larger_phase():
+    full = {**MEASURED, "ALGO": "full"}
+    stream = MemoryPlan(checkpointing="full", optimizer="stream", grad_offload=True)
+    est = estimate_plan(stream, full, MOSS)
+    assert "optimizer stream chunks" in est.step_parts and "optimizer stream chunks" not in est.parts
+    acts = sum(est.parts[k] for k in ("saved activations", "backward working set", "grad staging ring"))
+    assert est.backward_peak - est.optimizer_peak == pytest.approx(
+        acts + est.parts["outside the blocks"] - est.step_parts["optimizer stream chunks"]
+    )
+    assert est.total == pytest.approx(max(est.backward_peak, est.optimizer_peak) * ALLOCATOR_SLACK)
+    tiny = estimate_plan(stream, {**full, "TOKENS_PER_STEP": 16}, MOSS)  # next to no activations
+    assert tiny.optimizer_peak > tiny.backward_peak
+    assert tiny.total == pytest.approx(tiny.optimizer_peak * ALLOCATOR_SLACK)
+    assert any("optimizer step" in line for line in tiny.lines())
 
 
 def test_encoders_count_only_when_they_run_and_are_resident():

@@ -8,7 +8,8 @@ Every constant is in `calibration.py`, tagged measured, derived or placeholder. 
 - trainable weights, grads and optimizer states: adapters RANK x (in + out) over the targeted linears
   (an upper bound for LoKr / IA3 / OFT, which train fewer), a full fine-tune every parameter; fp32
   weights and grads with the optimizer on the GPU, PRECISION copies with host masters; AdamW keeps
-  two fp32 moments, Muon one; 'stream' keeps a couple of blocks' states on the card, 'host' none;
+  two fp32 moments, Muon one; 'stream' keeps a couple of blocks' states on the card during the
+  optimizer step only (the activations are gone by then: the peak is the larger phase), 'host' none;
   GRAD_OFFLOAD keeps a staging ring of a couple of blocks' grads instead of all of them;
 - saved activations: TOKENS_PER_STEP x dim x ACTIVATIONS[mode, precision]['kept'] per block
   (checkpointed blocks keep less), all blocks' on the card, or with ACTIVATION_OFFLOAD only a window
@@ -35,16 +36,35 @@ ACTIVATIONS = cal.ACTIVATIONS
 ALLOCATOR_SLACK = cal.ALLOCATOR_SLACK
 
 
+# What exists only while the step runs forward and backward: freed before the optimizer step.
+BACKWARD_ONLY = ("grad staging ring", "saved activations", "outside the blocks", "backward working set")
+
+
 @dataclass
 class MemoryEstimate:
-    parts: dict[str, float] = field(default_factory=dict)  # name -> bytes
+    parts: dict[str, float] = field(default_factory=dict)  # name -> bytes, alive during the backward
+    step_parts: dict[str, float] = field(default_factory=dict)  # alive only in the optimizer step
+
+    @property
+    def backward_peak(self) -> float:
+        return sum(self.parts.values())
+
+    @property
+    def optimizer_peak(self) -> float:
+        kept = sum(b for name, b in self.parts.items() if name not in BACKWARD_ONLY)
+        return kept + sum(self.step_parts.values())
 
     @property
     def total(self) -> float:
-        return sum(self.parts.values()) * ALLOCATOR_SLACK
+        """The larger of the two phases' sums, with the allocator's slack."""
+        return max(self.backward_peak, self.optimizer_peak) * ALLOCATOR_SLACK
 
     def lines(self) -> list[str]:
         rows = [f"  {name:<24} {b / GIB:7.2f} GiB" for name, b in self.parts.items() if b]
+        rows += [f"  {name + ' (step)':<24} {b / GIB:7.2f} GiB" for name, b in self.step_parts.items() if b]
+        if self.step_parts:
+            phase = "backward" if self.backward_peak >= self.optimizer_peak else "optimizer step"
+            rows.append(f"  {'peak phase':<24} {phase}")
         slack = f"total (+{round((ALLOCATOR_SLACK - 1) * 100)}%)"
         return [*rows, f"  {slack:<24} {self.total / GIB:7.2f} GiB"]
 
@@ -185,7 +205,7 @@ def estimate_plan(
     if plan.optimizer == "gpu":
         est.parts["optimizer states"] = n * state
     elif plan.optimizer == "stream":
-        est.parts["optimizer stream chunks"] = (
+        est.step_parts["optimizer stream chunks"] = (  # after the backward has freed its activations
             min(cal.OPT_STREAM_CHUNKS, depth) * per_block * (state + cal.MASTER_BYTES)
         )
 
