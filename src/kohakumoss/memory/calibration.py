@@ -95,5 +95,6 @@ RECOMPUTE_SHARE: dict[str, float | None] = {"none": 0.0, "full": 1.57, "attn": 1
 # Fixed cost of each engine action that cannot overlap (a stream sync, a hook): per streamed block
 # load, per offloaded block of activations. PLACEHOLDER; also breaks ties towards fewer engines.
 ENGINE_OVERHEAD_S = 0.5e-3
-# Host (CPU) optimizer update time per trained parameter (fused AdamW on a desktop CPU). PLACEHOLDER.
+# Host (CPU) optimizer update time per trained parameter (fused AdamW on a desktop CPU). PLACEHOLDER:
+# the CI box (2 cores) MEASURED 0.62 ns (fused, 111M params in 0.070 s; foreach 5.6 ns), a desktop has more cores.
 HOST_OPT_S_PER_PARAM = 1.0e-9
