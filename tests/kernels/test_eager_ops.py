@@ -53,21 +53,25 @@ def test_lora_linear_reference():
     torch.testing.assert_close(y, x @ w.T + b + scale * (x @ down.T) @ up.T)
 
 
-def test_lora_linear_addmm_matches_eager_on_cpu():
-    compare("lora_linear", "addmm", [3, 5], torch.float32, "cpu")
+@pytest.mark.parametrize("backend", ["addmm", "addmm_lora_first"])
+def test_lora_linear_addmm_matches_eager_on_cpu(backend):
+    compare("lora_linear", backend, [3, 5], torch.float32, "cpu")
 
 
+@pytest.mark.parametrize("lora_first", [False, True])
 @pytest.mark.parametrize("trainable_base", [False, True])
-def test_lora_linear_addmm_gradients_are_exact_in_float64(trainable_base):
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_lora_linear_addmm_gradients_are_exact_in_float64(trainable_base, lora_first, with_bias):
     """The fused backward (LoRA terms folded into the base GEMMs) against torch.autograd.gradcheck."""
     from kohakumoss_kernels.ops.lora_linear.addmm import lora_linear
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 5, 6, generator=g, dtype=torch.float64, requires_grad=True)
     w = torch.randn(7, 6, generator=g, dtype=torch.float64, requires_grad=trainable_base)
-    b = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=trainable_base)
+    b = torch.randn(7, generator=g, dtype=torch.float64, requires_grad=trainable_base) if with_bias else None
     down = torch.randn(3, 6, generator=g, dtype=torch.float64, requires_grad=True)
     up = torch.randn(7, 3, generator=g, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda *a: lora_linear(*a, 0.7), (x, w, b, down, up))
-    y = lora_linear(x, w, b, down, up, 0.7)
+    fn = lambda x, w, b, down, up: lora_linear(x, w, b, down, up, 0.7, lora_first)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w, b, down, up))
+    y = fn(x, w, b, down, up)
     torch.testing.assert_close(y, eager_op("lora_linear")(x, w, b, down, up, 0.7))
