@@ -42,16 +42,27 @@ def tune_mode(explicit: str | None = None) -> str:
     return mode
 
 
+_stored: list[tuple[str, Path]] = []  # (key, table file) timed and stored since the process started
+
+
 @contextlib.contextmanager
 def tuning_window() -> Iterator[None]:
     """Calls made inside time their missing shape keys (TUNE=table); the prewarm step runs in one.
-    (How they are timed, wall or device, is the OpSet's `timing`.)"""
+    (How they are timed, wall or device, is the OpSet's `timing`.) The outermost window logs what it
+    timed and where it was kept: a first run on a card spends a minute or two here, later runs none."""
     depth = getattr(_window, "depth", 0)
     _window.depth = depth + 1
+    before, t0 = len(_stored), time.perf_counter()
     try:
         yield
     finally:
         _window.depth = depth
+        if depth == 0 and len(_stored) > before:
+            files = sorted({str(path) for _, path in _stored[before:]})
+            log.info(
+                f"kernel prewarm: timed {len(_stored) - before} new shape keys in "
+                f"{time.perf_counter() - t0:.0f} s; kept in {', '.join(files)} (later runs reuse them)"
+            )
 
 
 def in_tuning_window() -> bool:
@@ -115,6 +126,7 @@ class TuningTable:
         with self._lock:
             self.entries[key] = {"backend": backend, "ms": {k: round(v, 4) for k, v in ms.items()}}
             atomic_write_json(self.path, {"versions": self.versions, "entries": self.entries})
+            _stored.append((key, self.path))
 
 
 _tables: dict[str, TuningTable] = {}

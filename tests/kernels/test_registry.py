@@ -194,7 +194,7 @@ def slow(tag, delay):
     return tagged(tag, fn)
 
 
-def test_tune_table_times_inside_window_and_stores(cache):
+def test_tune_table_times_inside_window_and_stores(cache, lines):
     fast, lazy = slow("fast", 0.0), slow("lazy", 0.003)
     op = fake_op(triton=lazy, compile=fast)
     ops = OpSet(backend="triton,compile", tune="table")
@@ -203,6 +203,11 @@ def test_tune_table_times_inside_window_and_stores(cache):
     assert lazy.calls == ["lazy"] and fast.calls == []
     with ops.tuning():
         getattr(ops, op)(x)
+    said = [m for m in lines if m.startswith("kernel prewarm")]
+    assert len(said) == 1 and "timed 1 new shape keys" in said[0] and "cpu.json" in said[0]
+    with ops.tuning():  # nothing left to time: nothing said
+        getattr(ops, op)(x)
+    assert len([m for m in lines if m.startswith("kernel prewarm")]) == 1
     key = shape_key(op, x)
     table = json.loads((cache / "tuning" / "cpu.json").read_text())
     assert table["entries"][key]["backend"] == "compile"
