@@ -39,6 +39,7 @@ _OPS: dict[str, str] = {
     "varlen_attention": "varlen_attention",
     "varlen_attention_rope": "varlen_attention_rope",
     "lora_linear": "lora_linear",
+    "lora_group": "lora_group",
 }
 
 # The `torch` slot of a priority list expands to these, where the op has them.
@@ -217,6 +218,8 @@ def _exact_key(args: tuple, kwargs: dict) -> tuple:
     def one(a):
         if isinstance(a, torch.Tensor):
             return (tuple(a.shape), a.dtype, a.device)
+        if isinstance(a, (tuple, list)):  # an op over a group of tensors (lora_group)
+            return tuple(one(b) for b in a)
         return a if isinstance(a, (int, float, str, bool, type(None))) else type(a)
 
     return tuple(one(a) for a in args) + tuple((k, one(v)) for k, v in sorted(kwargs.items()))

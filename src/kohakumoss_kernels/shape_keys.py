@@ -46,12 +46,18 @@ def _lora(x, weight, *args, **kwargs) -> dict[str, int]:
     return {"T": bucket(x.reshape(-1, x.shape[-1]).shape[0]), "I": weight.shape[1], "O": weight.shape[0]}
 
 
-_DIMS: dict[str, Callable[..., dict[str, int]]] = {
+def _lora_group(x, weights, *args, **kwargs) -> dict[str, int | str]:
+    outs = ",".join(str(w.shape[0]) for w in weights)
+    return {"T": bucket(x.reshape(-1, x.shape[-1]).shape[0]), "I": weights[0].shape[1], "O": outs}
+
+
+_DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "varlen_attention": _attention,
     "varlen_attention_rope": _attention,
     "apply_rope": _rope,
     "qk_norm_rope": _rope,
     "lora_linear": _lora,
+    "lora_group": _lora_group,
 }
 
 

@@ -155,6 +155,8 @@ def _fresh_args(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[torch.Tens
             t = a.detach().requires_grad_(True)
             leaves.append(t)
             return t
+        if isinstance(a, (tuple, list)):  # a group's tensors (lora_group): timing must not touch their grads
+            return type(a)(fresh(b) for b in a)
         return a
 
     return tuple(fresh(a) for a in args), {k: fresh(v) for k, v in kwargs.items()}, leaves

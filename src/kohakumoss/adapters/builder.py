@@ -59,7 +59,7 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
     network.to(next(model.parameters()).device)
     ops = getattr(model, "ops", None)
     if ops is not None and spec.algo in ("lora", "locon"):  # t-LoRA and the rest keep lycoris's forward
-        route_through_ops(network, ops)
+        route_through_ops(network, ops, model)
     network.requires_grad_(True)
     network.kohakumoss_spec = spec
     return network

@@ -27,33 +27,63 @@ def eligible(module: nn.Module) -> bool:
     )
 
 
-def _forward(module: LoConModule, ops, scalar: float, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    dropping = module.training and (
+def _dropping(module: LoConModule) -> bool:
+    return module.training and bool(
         module.rank_dropout or module.module_dropout or not isinstance(module.dropout, nn.Identity)
     )
-    if dropping or args or kwargs:
-        return module.forward(x, *args, **kwargs)
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def _terms(module: LoConModule, scalar: float, dtype: torch.dtype) -> tuple:
+    """(weight, bias, down, up, scale) of a routed LoRA linear, in the compute dtype."""
     org = module.org_module[0]
-    scale = float(module.scale) * float(module.multiplier) * scalar
-    with torch.autocast(device, enabled=False):  # the op gets one dtype, whatever the caller's autocast
-        return ops.lora_linear(
-            x.to(dtype),
-            org.weight.to(dtype),
-            org.bias.to(dtype) if org.bias is not None else None,
-            module.lora_down.weight.to(dtype),
-            module.lora_up.weight.to(dtype),
-            scale,
-        )
+    return (
+        org.weight.to(dtype),
+        org.bias.to(dtype) if org.bias is not None else None,
+        module.lora_down.weight.to(dtype),
+        module.lora_up.weight.to(dtype),
+        float(module.scale) * float(module.multiplier) * scalar,
+    )
 
 
-def route_through_ops(network: LycorisNetwork, ops) -> int:
-    """Point every eligible wrapped linear's forward at `ops.lora_linear`; returns how many."""
-    n = 0
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+def _forward(module: LoConModule, ops, scalar: float, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    if _dropping(module) or args or kwargs:
+        return module.forward(x, *args, **kwargs)
+    dtype = _compute_dtype(x)
+    with torch.autocast(
+        x.device.type, enabled=False
+    ):  # the op gets one dtype, whatever the caller's autocast
+        return ops.lora_linear(x.to(dtype), *_terms(module, scalar, dtype))
+
+
+def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: torch.Tensor) -> tuple:
+    """The members of a group that reads one input (q, k, v) through `ops.lora_group`; member by member
+    while one of them drops ranks or modules (lycoris's own forward does that)."""
+    if any(_dropping(m) for m in group):
+        return tuple(m.org_module[0](x) for m in group)
+    dtype = _compute_dtype(x)
+    with torch.autocast(x.device.type, enabled=False):
+        terms = [_terms(m, s, dtype) for m, s in zip(group, scalars, strict=True)]
+        return ops.lora_group(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
+
+
+def route_through_ops(network: LycorisNetwork, ops, model: nn.Module | None = None) -> int:
+    """Point every eligible wrapped linear's forward at `ops.lora_linear`, and every attention whose q, k
+    and v all qualify at one `ops.lora_group` (its `project_qkv`); returns how many linears."""
+    n, routed = 0, {}
     for module in network.loras:
         if eligible(module):
             org = module.org_module[0]
             org.forward = partial(_forward, module, ops, float(module.scalar))
+            routed[id(org)] = module
             n += 1
+    for attn in model.modules() if model is not None else ():
+        projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+        if hasattr(attn, "project_qkv") and all(id(p) in routed for p in projs):
+            group = [routed[id(p)] for p in projs]
+            attn.project_qkv = partial(_grouped_forward, group, ops, [float(m.scalar) for m in group])
     return n

@@ -32,11 +32,16 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
+    def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of h. adapters/fast.py may set a grouped version on the instance (one op for the
+        three LoRA linears that read h); it computes the same."""
+        return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+
     def forward(
         self, h: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
     ) -> torch.Tensor:
         shape = (h.shape[0], self.num_heads, self.head_dim)
-        q, k, v = self.q_proj(h).view(shape), self.k_proj(h).view(shape), self.v_proj(h).view(shape)
+        q, k, v = (t.view(shape) for t in self.project_qkv(h))
         cos, sin = rope
         if self.q_norm is not None:  # QK-norm and rotary in one pass
             q = ops.qk_norm_rope(q, self.q_norm.weight, cos, sin, self.eps)

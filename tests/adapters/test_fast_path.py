@@ -1,0 +1,67 @@
+"""adapters/fast.py: routed LoRA linears run through the op registry; an attention whose q, k and v are all
+routed runs them as one `lora_group` op; the grouped and per-linear paths give the same loss and grads."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from kohakumoss.adapters import build_adapter
+from kohakumoss.adapters.fast import _grouped_forward
+from kohakumoss_kernels import OpSet
+
+from .helpers import flow_batch, flow_loss, tiny_model
+
+
+def adapted(preset="attn-mlp", patterns=(), **kw):
+    model = tiny_model()
+    model.ops = OpSet("addmm", tune="off")  # the fused cuBLAS forms, on the CPU too
+    net = build_adapter(model, rank=4, alpha=4.0, preset=preset, patterns=patterns, bypass=True, **kw)
+    with torch.no_grad():  # LoRA up starts at zero: give it values so the LoRA terms count
+        g = torch.Generator().manual_seed(1)
+        for m in net.loras:
+            m.lora_up.weight.copy_(torch.randn(m.lora_up.weight.shape, generator=g) * 0.1)
+    return model, net
+
+
+def grouped(model) -> list:
+    return [b.attn for b in model.blocks if isinstance(b.attn.__dict__.get("project_qkv"), partial)]
+
+
+def loss_and_grads(model, net):
+    loss = flow_loss(model, flow_batch())
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in net.parameters()]
+
+
+def test_qkv_run_as_one_group_with_the_per_linear_results():
+    model, net = adapted()
+    attns = grouped(model)
+    assert len(attns) == len(model.blocks) and attns[0].project_qkv.func is _grouped_forward
+    loss, grads = loss_and_grads(model, net)
+    bound = {op for op, _, _ in model.ops._bound}
+    assert "lora_group" in bound and "lora_linear" in bound  # o, gate_up, down stay single
+    net.zero_grad(set_to_none=True)
+    for attn in attns:  # back to the class's project_qkv: q, k, v one by one
+        del attn.project_qkv
+    ref_loss, ref_grads = loss_and_grads(model, net)
+    torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-5)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_no_group_unless_q_k_and_v_are_all_routed():
+    model, _ = adapted(preset="custom", patterns=(r"blocks\.\d+\.attn\.(q_proj|k_proj)",))
+    assert grouped(model) == []
+    flow_loss(model, flow_batch()).backward()
+    assert "lora_group" not in {op for op, _, _ in model.ops._bound}
+
+
+def test_rank_dropout_while_training_takes_lycoris_forward():
+    model, _ = adapted(rank_dropout=0.5)
+    model.train()
+    assert grouped(model)
+    flow_loss(model, flow_batch()).backward()
+    assert not {"lora_group", "lora_linear"} & {op for op, _, _ in model.ops._bound}
