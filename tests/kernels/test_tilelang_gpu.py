@@ -39,3 +39,11 @@ def test_varlen_attention(lengths, dtype):
     if dtype not in dtypes():
         pytest.skip("bf16 needs sm80+")
     compare("varlen_attention", "tilelang", lengths, dtype, "cuda", heads=4, head_dim=128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("lengths", [[1], [1, 77, 300, 129]], ids=str)
+def test_qk_norm_rope(lengths, dtype):
+    if dtype not in dtypes():
+        pytest.skip("bf16 needs sm80+")
+    compare("qk_norm_rope", "tilelang", lengths, dtype, "cuda", heads=24, head_dim=128)
