@@ -9,7 +9,7 @@ import torch
 from kohakumoss_kernels.ops.varlen_attention import sdpa_groups
 from kohakumoss_kernels.registry import eager_op
 
-from .cases import compare, make_inputs
+from .cases import compare, compare_shuffled, make_inputs
 
 
 def test_residual_norm_modulate_equals_its_parts():
@@ -75,3 +75,11 @@ def test_lora_linear_addmm_gradients_are_exact_in_float64(trainable_base, lora_f
     assert torch.autograd.gradcheck(fn, (x, w, b, down, up))
     y = fn(x, w, b, down, up)
     torch.testing.assert_close(y, eager_op("lora_linear")(x, w, b, down, up, 0.7))
+
+
+@pytest.mark.parametrize("shuffled", [False, True])
+@pytest.mark.parametrize("op", ["norm_modulate", "gated_residual", "residual_norm_modulate"])
+def test_onehot_per_sample_ops_match_eager(op, shuffled):
+    """The one-hot matmul form of the per-sample gather (kohakumoss_kernels/per_token.py), values and
+    gradients, samples packed in order and tokens shuffled across samples."""
+    (compare_shuffled if shuffled else compare)(op, "onehot", [3, 1, 7], torch.float32, "cpu")
