@@ -272,7 +272,14 @@ def block_params(dtype, g):
         t = torch.randn(o, i, device=DEVICE, generator=g) * (scale or 1 / math.sqrt(i))
         return t.to(dtype).requires_grad_(grad)
 
-    shapes = {"qkv": (3 * d, d), "o": (d, d), "gate_up": (2 * MLP_HIDDEN, d), "down": (d, MLP_HIDDEN)}
+    shapes = {
+        "q": (d, d),
+        "k": (d, d),
+        "v": (d, d),
+        "o": (d, d),
+        "gate_up": (2 * MLP_HIDDEN, d),
+        "down": (d, MLP_HIDDEN),
+    }
     p = {}
     for name, (o, i) in shapes.items():
         p[name] = w(o, i)
@@ -284,8 +291,9 @@ def block_params(dtype, g):
 
 
 def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
-    """norm_modulate -> qkv -> qk-norm + rope -> attention -> o -> gated residual + norm_modulate
-    -> gate_up -> swiglu -> down -> gated residual; every linear frozen with a LoRA r32 bypass."""
+    """norm_modulate -> q, k, v (one lora_group, as the model's attention) -> qk-norm + rope -> attention
+    -> o -> gated residual + norm_modulate -> gate_up -> swiglu -> down -> gated residual; every linear
+    frozen with its own LoRA r32 bypass."""
     T, d = x.shape
     s = 1.0
 
@@ -294,7 +302,12 @@ def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
 
     shift1, scale1, gate1, shift2, scale2, gate2 = mod
     h = ops.norm_modulate(x, shift1, scale1, ts, 1e-6)
-    q, k, v = lin(h, "qkv").view(T, 3, HEADS, HEAD_DIM).unbind(1)
+    names = ("q", "k", "v")
+    qkv = ops.lora_group(
+        h, tuple(p[n] for n in names), (None,) * 3, tuple(p[n + ".down"] for n in names),
+        tuple(p[n + ".up"] for n in names), (s,) * 3,
+    )  # fmt: skip
+    q, k, v = (t.view(T, HEADS, HEAD_DIM) for t in qkv)
     q = ops.qk_norm_rope(q, p["q_norm"], cos, sin, 1e-6)
     k = ops.qk_norm_rope(k, p["k_norm"], cos, sin, 1e-6)
     a = ops.varlen_attention(q, k, v, cu, max_len)
