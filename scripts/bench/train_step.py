@@ -99,6 +99,11 @@ GROUPS = {
         "lora/minimal/latent_text/cap4",
         "full/minimal/latent_text/cap24/optimizer=stream",
     ],
+    "auto": [  # what `new train` would pick per card size (the catalog's fastest fit), run under that cap
+        "lora/auto/latent_text/cap8",
+        "lora/auto/latent_text/cap6",
+        "full/auto/latent_text/cap24",
+    ],
     "full_host": ["full/low_vram/latent_text", "full/minimal/latent_text"],
 }
 GROUPS["default"] = GROUPS["main"] + GROUPS["baseline"] + GROUPS["cache"] + GROUPS["capped"]
