@@ -37,3 +37,15 @@ if __name__ == "__main__":
         if op in ("rms_norm", "qk_norm_rope"):
             compare(op, "triton", [2], torch.float32, "cpu", d=40, heads=3, head_dim=16)
         print(f"ok {op}", flush=True)
+    if not sys.argv[1:]:  # the LoRA linear's rank-r Triton products, alone and inside the op
+        from kohakumoss_kernels.ops.lora_linear.lowrank import cols_mm, rows_mm
+
+        g = torch.Generator().manual_seed(0)
+        for M, K, r in [(1, 7, 3), (67, 130, 32), (200, 64, 20)]:
+            a, w = torch.randn(M, K, generator=g), torch.randn(r, K, generator=g)
+            torch.testing.assert_close(rows_mm(a, w.t()), a @ w.t(), atol=1e-4, rtol=1e-4)
+            b = torch.randn(M, r, generator=g)
+            torch.testing.assert_close(cols_mm(a, b), a.t() @ b, atol=1e-4, rtol=1e-4)
+        compare("lora_linear", "addmm_lowrank", [1, 5, 19], torch.float32, "cpu")
+        compare("lora_linear", "addmm_lowrank", [70, 3], torch.float32, "cpu", d=40)
+        print("ok lowrank", flush=True)

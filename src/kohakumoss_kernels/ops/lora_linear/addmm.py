@@ -17,10 +17,22 @@ import torch
 import torch.nn.functional as F
 
 
+def _torch_products():
+    """(rows, cols): a @ b and a^T @ b for the rank-r products, as cuBLAS calls."""
+    return torch.mm, lambda a, b: torch.mm(a.t(), b)
+
+
+def _triton_products():
+    from .lowrank import cols_mm, rows_mm  # Triton: imported only by the backend that uses it
+
+    return rows_mm, cols_mm
+
+
 class _LoraLinear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, weight, bias, down, up, scale: float, lora_first: bool):
-        h = torch.mm(x2, down.t())
+    def forward(ctx, x2, weight, bias, down, up, scale: float, lora_first: bool, lowrank: bool = False):
+        rows, _ = _triton_products() if lowrank else _torch_products()
+        h = rows(x2, down.t())
         if lora_first:  # scale the [T, r] h, not the [T, out] product; a 1-D bias rides cuBLASLt's epilogue
             hs = h * scale
             out = torch.mm(hs, up.t()) if bias is None else torch.addmm(bias, hs, up.t())
@@ -28,26 +40,27 @@ class _LoraLinear(torch.autograd.Function):
         else:
             out = F.linear(x2, weight, bias).addmm_(h, up.t(), alpha=scale)
         ctx.save_for_backward(x2, weight, down, up, h)
-        ctx.scale = scale
+        ctx.scale, ctx.lowrank = scale, lowrank
         return out
 
     @staticmethod
     def backward(ctx, gy):
         x2, weight, down, up, h = ctx.saved_tensors
         need_x, need_w, need_b, need_down, need_up = ctx.needs_input_grad[:5]
+        rows, cols = _triton_products() if ctx.lowrank else _torch_products()
         gx = gw = gb = g_down = g_up = None
-        sq = torch.mm(gy, up).mul_(ctx.scale) if (need_x or need_down) else None
+        sq = rows(gy, up).mul_(ctx.scale) if (need_x or need_down) else None
         if need_x:
             gx = torch.mm(sq, down).addmm_(gy, weight)
         if need_down:
-            g_down = torch.mm(sq.t(), x2)
+            g_down = cols(x2, sq).t()
         if need_up:
-            g_up = torch.mm(gy.t(), h * ctx.scale)
+            g_up = cols(gy, h * ctx.scale)
         if need_w:
             gw = torch.mm(gy.t(), x2)
         if need_b:
             gb = gy.sum(0)
-        return gx, gw, gb, g_down, g_up, None, None
+        return gx, gw, gb, g_down, g_up, None, None, None
 
 
 def lora_linear(
@@ -58,7 +71,9 @@ def lora_linear(
     up: torch.Tensor,
     scale: float,
     lora_first: bool = False,
+    lowrank: bool = False,
 ) -> torch.Tensor:
     lead = x.shape[:-1]
-    out = _LoraLinear.apply(x.reshape(-1, x.shape[-1]), weight, bias, down, up, float(scale), lora_first)
+    x2 = x.reshape(-1, x.shape[-1])
+    out = _LoraLinear.apply(x2, weight, bias, down, up, float(scale), lora_first, lowrank)
     return out.reshape(*lead, out.shape[-1])
