@@ -108,7 +108,7 @@ def test_attention_with_rope_in_the_prologue(lengths, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
-    "backend", ["triton", "addmm", "addmm_lora_first"]
+    "backend", ["triton", "addmm", "addmm_lora_first", "addmm_lowrank"]
 )  # triton: lycoris-lora's fused bypass
 def test_lora_linear(backend, dtype):
     compare("lora_linear", backend, [1, 77, 300], dtype, "cuda", d=256)
