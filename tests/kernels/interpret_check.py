@@ -48,4 +48,20 @@ if __name__ == "__main__":
             torch.testing.assert_close(cols_mm(a, b), a.t() @ b, atol=1e-4, rtol=1e-4)
         compare("lora_linear", "addmm_lowrank", [1, 5, 19], torch.float32, "cpu")
         compare("lora_linear", "addmm_lowrank", [70, 3], torch.float32, "cpu", d=40)
+        from kohakumoss_kernels.ops.lora_group.addmm_lowrank import lora_group
+        from kohakumoss_kernels.registry import eager_op
+
+        x0 = torch.randn(37, 24, generator=g)
+        members = [(torch.randn(o, 24, generator=g) * 0.2, torch.randn(r, 24, generator=g) * 0.2,
+                    torch.randn(o, r, generator=g)) for o, r in [(24, 4), (24, 4), (16, 8)]]  # fmt: skip
+        results = []
+        for fn in (eager_op("lora_group"), lora_group):
+            x = x0.clone().requires_grad_(True)
+            downs = [d.clone().requires_grad_(True) for _, d, _ in members]
+            ups = [u.clone().requires_grad_(True) for _, _, u in members]
+            outs = fn(x, [w for w, _, _ in members], [None] * 3, downs, ups, [0.5, 1.0, 2.0])
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            results.append([*outs, x.grad, *(d.grad for d in downs), *(u.grad for u in ups)])
+        for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         print("ok lowrank", flush=True)

@@ -82,11 +82,12 @@ def test_keys_tell_groups_apart_and_timing_leaves_the_members_grads_alone():
     not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cuda_matches_the_float32_reference(dtype):
+@pytest.mark.parametrize("lowrank", [False, True])
+def test_cuda_matches_the_float32_reference(dtype, lowrank):
     ref_x, ref_w, ref_b, ref_d, ref_u, s = members(dtype=torch.float32, device="cuda", d=256)
     ref = eager_op("lora_group")(ref_x, ref_w, ref_b, ref_d, ref_u, s)
     x, w, b, d, u, _ = members(dtype=dtype, device="cuda", d=256)
-    out = lora_group(x, w, b, d, u, s)
+    out = lora_group(x, w, b, d, u, s, lowrank=lowrank)
     g = [torch.randn_like(o, dtype=torch.float32) for o in ref]
     torch.autograd.backward(ref, g)
     torch.autograd.backward(out, [t.to(dtype) for t in g])

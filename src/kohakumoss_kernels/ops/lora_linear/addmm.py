@@ -17,21 +17,23 @@ import torch
 import torch.nn.functional as F
 
 
-def _torch_products():
-    """(rows, cols): a @ b and a^T @ b for the rank-r products, as cuBLAS calls."""
-    return torch.mm, lambda a, b: torch.mm(a.t(), b)
+def _t_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.mm(a.t(), b)
 
 
-def _triton_products():
-    from .lowrank import cols_mm, rows_mm  # Triton: imported only by the backend that uses it
+def rank_products(lowrank: bool):
+    """(rows, cols) = (a @ b, a^T @ b) for the rank-r products: cuBLAS, or the Triton kernels of lowrank.py."""
+    if lowrank:
+        from .lowrank import cols_mm, rows_mm  # Triton: imported only where that backend runs
 
-    return rows_mm, cols_mm
+        return rows_mm, cols_mm
+    return torch.mm, _t_mm
 
 
 class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, down, up, scale: float, lora_first: bool, lowrank: bool = False):
-        rows, _ = _triton_products() if lowrank else _torch_products()
+        rows, _ = rank_products(lowrank)
         h = rows(x2, down.t())
         if lora_first:  # scale the [T, r] h, not the [T, out] product; a 1-D bias rides cuBLASLt's epilogue
             hs = h * scale
@@ -47,7 +49,7 @@ class _LoraLinear(torch.autograd.Function):
     def backward(ctx, gy):
         x2, weight, down, up, h = ctx.saved_tensors
         need_x, need_w, need_b, need_down, need_up = ctx.needs_input_grad[:5]
-        rows, cols = _triton_products() if ctx.lowrank else _torch_products()
+        rows, cols = rank_products(ctx.lowrank)
         gx = gw = gb = g_down = g_up = None
         sq = rows(gy, up).mul_(ctx.scale) if (need_x or need_down) else None
         if need_x:
