@@ -7,13 +7,14 @@
   FlexAttention, a fused addmm for the LoRA linear), then torch.compile, then eager. The CPU gets eager alone unless a backend is named.
 - A backend that does not import (Triton or TileLang missing, an old torch) is skipped, one log line.
 - Per call, the shape key (`shape_keys.py`) picks a row of the card's tuning table (`tuning.py`);
-  a RuntimeError at call time falls back to the next backend, logged once.
+  a RuntimeError (or a Triton compile error) at call time falls back to the next backend, logged once.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -54,6 +55,16 @@ DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
     "cpu": ("eager",),
     "other": ("torch", "compile", "eager"),
 }
+
+
+def backend_cannot_run(e: BaseException) -> bool:
+    """Whether a backend's exception means "try the next one": a RuntimeError (CUDA, TileLang/TVM), or a
+    Triton kernel that does not compile for this card (a TritonError, not a RuntimeError). Triton is looked
+    up only here, on a failure, so importing the registry stays cheap."""
+    if isinstance(e, RuntimeError):
+        return True
+    triton_errors = sys.modules.get("triton.errors")  # a Triton error implies Triton was imported
+    return triton_errors is not None and isinstance(e, triton_errors.TritonError)
 
 
 # Ops and backends registered at run time (plugins, tests): (op, backend) -> function.
@@ -184,7 +195,9 @@ class BoundOp:
         for name, fn in live:
             try:
                 ms[name] = tuning.time_call(fn, args, kwargs, device_time=self.timing == "device")
-            except RuntimeError as e:
+            except Exception as e:
+                if not backend_cannot_run(e):
+                    raise
                 log_once(log, f"{self.op}: backend '{name}' failed while timing {key} ({e}); skipped")
         if not ms:
             return None
@@ -200,8 +213,8 @@ class BoundOp:
         for i, (name, fn) in enumerate(candidates):
             try:
                 return fn(*args, **kwargs)
-            except RuntimeError as e:
-                if i == len(candidates) - 1:
+            except Exception as e:
+                if i == len(candidates) - 1 or not backend_cannot_run(e):
                     raise
                 nxt = candidates[i + 1][0]
                 log_once(

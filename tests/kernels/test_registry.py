@@ -167,6 +167,18 @@ def test_runtime_error_falls_back_and_logs_once(lines):
     assert len(falls) == 1 and "'compile'" in falls[0]
 
 
+def test_a_kernel_that_does_not_compile_falls_back(lines):
+    triton_errors = pytest.importorskip("triton.errors")
+
+    def boom(x):
+        raise triton_errors.TritonError("out of resource: shared memory")  # not a RuntimeError
+
+    op = fake_op(triton=tagged("tr", boom), compile=tagged("cp"))
+    bound = resolve(op, "sm90", torch.float32, tune="off")
+    assert torch.equal(bound(torch.ones(3)), torch.ones(3) * 2)
+    assert any("falling back" in m and "'compile'" in m for m in lines)
+
+
 def test_last_backend_error_propagates():
     op = fake_op()
     register_op(op, lambda x: (_ for _ in ()).throw(RuntimeError("bad shape")))
