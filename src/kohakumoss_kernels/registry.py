@@ -63,6 +63,8 @@ def backend_cannot_run(e: BaseException) -> bool:
     up only here, on a failure, so importing the registry stays cheap."""
     if isinstance(e, RuntimeError):
         return True
+    if type(e).__module__.split(".")[0] in ("tilelang", "tvm", "tvm_ffi"):  # TileLang's compiler refused
+        return True
     triton_errors = sys.modules.get("triton.errors")  # a Triton error implies Triton was imported
     return triton_errors is not None and isinstance(e, triton_errors.TritonError)
 

@@ -179,6 +179,14 @@ def test_a_kernel_that_does_not_compile_falls_back(lines):
     assert any("falling back" in m and "'compile'" in m for m in lines)
 
 
+def test_which_errors_mean_try_the_next_backend():
+    from kohakumoss_kernels.registry import backend_cannot_run
+
+    tvm_error = type("InternalError", (Exception,), {"__module__": "tvm.error"})
+    assert backend_cannot_run(RuntimeError("CUDA error")) and backend_cannot_run(tvm_error("layout"))
+    assert not backend_cannot_run(TypeError("a bug in the caller")) and not backend_cannot_run(KeyError("k"))
+
+
 def test_last_backend_error_propagates():
     op = fake_op()
     register_op(op, lambda x: (_ for _ in ()).throw(RuntimeError("bad shape")))
