@@ -6,8 +6,9 @@
 For each op: eager, torch.compile, the Triton kernel (and for attention torch's own candidates and
 SDPA flash on the padded equal-length batch), forward and forward + backward, as ms and as achieved
 GB/s (memory-bound ops) or TFLOP/s (attention) against ceilings measured here (device copy
-bandwidth, bf16 matmul rate). Then a synthetic block with LoRA r32 on its linears through the
-registry vs eager vs torch.compile. Prints a table last; writes kernels_bench.json under $OUT.
+bandwidth, bf16 matmul rate). Then the block's LoRA linears (each lora_linear / lora_group backend against
+the frozen GEMMs alone: what the adapter adds, and its floor at copy bandwidth), and a synthetic block
+with LoRA r32 on its linears through the registry vs eager vs torch.compile. Prints a table last; writes kernels_bench.json under $OUT.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ ROPE_ATTN_BACKENDS = (
     "eager,triton,rope+triton,rope+sdpa_groups"  # fused rope-attention vs rope then attention
 )
 BLOCK = True
+LORA = True  # the LoRA linears at the block's shapes: each backend against the frozen GEMMs alone
+LORA_BACKENDS = "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"
 HOST_SYNC = (
     "eager",
     "compile",
@@ -257,6 +260,100 @@ def padded_sdpa(args, dtype, ceil: dict) -> dict:
     return row
 
 
+# ---- the LoRA linears ------------------------------------------------------------------------
+
+
+def lora_cases(dtype, g) -> list[tuple[str, str, tuple, float]]:
+    """(name, op, args, floor bytes): the block's LoRA linears; floor = the rank-r terms' passes over
+    memory at best (forward: read x, read + write y; backward: read gy twice, read x, write + read gx)."""
+    T = SAMPLES * (IMAGE_TOKENS + TEXT_TOKENS)
+    r, e = LORA_RANK, 2
+
+    def w(o, i, grad=False, scale=None):
+        t = torch.randn(o, i, device=DEVICE, generator=g) * (scale or 1 / math.sqrt(i))
+        return t.to(dtype).requires_grad_(grad)
+
+    cases = []
+    for name, (o, i) in {"o 3072>3072": (D_MODEL, D_MODEL), "gate_up 3072>16384": (2 * MLP_HIDDEN, D_MODEL),
+                         "down 8192>3072": (D_MODEL, MLP_HIDDEN)}.items():  # fmt: skip
+        x = (torch.randn(T, i, device=DEVICE, generator=g)).to(dtype).requires_grad_(True)
+        args = (x, w(o, i), None, w(r, i, True), w(o, r, True, 0.01), 1.0)
+        cases.append((name, "lora_linear", args, T * e * (3 * o + 2 * i + 2 * o + 2 * i)))
+    x = (torch.randn(T, D_MODEL, device=DEVICE, generator=g)).to(dtype).requires_grad_(True)
+    ws = tuple(w(D_MODEL, D_MODEL) for _ in range(3))
+    downs = tuple(w(r, D_MODEL, True) for _ in range(3))
+    ups = tuple(w(D_MODEL, r, True, 0.01) for _ in range(3))
+    group = (x, ws, (None,) * 3, downs, ups, (1.0,) * 3)
+    cases.append(("q,k,v 3x 3072>3072", "lora_group", group, T * e * D_MODEL * (3 * 3 + 2 + 3 * 2 + 2 + 2)))
+    return cases
+
+
+def _group_leaves(args) -> list[torch.Tensor]:
+    out = []
+    for a in args:
+        for t in a if isinstance(a, tuple) else (a,):
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                out.append(t)
+    return out
+
+
+def bench_lora(dtype, ceil: dict, rows: list[dict]) -> None:
+    """Per backend: graph-replayed forward + backward, and what it adds to the frozen GEMMs alone."""
+    g = torch.Generator(device=DEVICE).manual_seed(2)
+    for name, op, args, floor in lora_cases(dtype, g):
+        ws = args[1] if op == "lora_group" else (args[1],)
+        x = args[0]
+
+        def base(x=x, ws=ws):  # forward and input gradient of the frozen GEMMs, no adapter
+            outs = [x @ wi.t() for wi in ws]
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            x.grad = None
+
+        base_ms = time_graph_ms(base)
+        leaves = _group_leaves(args)
+        for backend in LORA_BACKENDS.split(","):
+            row = {"op": f"{op} {name}", "backend": backend, "base_fwd_bwd_ms": base_ms}
+            try:
+                fn = (
+                    registry.eager_op(op)
+                    if backend == "eager"
+                    else registry.load_backend(op, backend, "sm90", dtype)
+                )
+                if fn is None:
+                    raise RuntimeError("backend unavailable")
+
+                def both(fn=fn, args=args, leaves=leaves):
+                    out = fn(*args)
+                    outs = out if isinstance(out, tuple) else (out,)
+                    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+                    for leaf in leaves:
+                        leaf.grad = None
+
+                row["fwd_bwd_ms"] = time_graph_ms(both)
+                if row["fwd_bwd_ms"] and base_ms:
+                    row["lora_extra_ms"] = row["fwd_bwd_ms"] - base_ms
+                    row["lora_floor_ms"] = floor / ceil["copy_GBps"] / 1e6
+            except Exception as e:  # a failing backend is a row of the table, not the end of the run
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+                traceback.print_exc()
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+
+
+def lora_table(rows: list[dict]) -> str:
+    lines = ["| linear | backend | fwd+bwd ms | frozen GEMMs ms | LoRA extra ms | extra at copy bandwidth ms |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for r in rows:
+        if "base_fwd_bwd_ms" not in r:
+            continue
+        f = lambda k, r=r: f"{r[k]:.3f}" if isinstance(r.get(k), float) else "-"  # noqa: E731
+        lines.append(
+            f"| {r['op']} | {r['backend']} | {f('fwd_bwd_ms')} | {f('base_fwd_bwd_ms')} | {f('lora_extra_ms')} | "
+            f"{f('lora_floor_ms')} |" + (f" {r['error']}" if r.get("error") else "")
+        )
+    return "\n".join(lines)
+
+
 # ---- the block -------------------------------------------------------------------------------
 
 
@@ -428,6 +525,9 @@ def main() -> None:
     for op in OPS.split(","):
         bench_op(op, dtype, ceil, rows)
         torch.cuda.empty_cache()
+    if LORA:
+        bench_lora(dtype, ceil, rows)
+        torch.cuda.empty_cache()
     if BLOCK:
         try:
             bench_block(dtype, rows)
@@ -443,6 +543,9 @@ def main() -> None:
     print(table(rows))
     print()
     print(bandwidth_table(rows, ceil))
+    if LORA:
+        print()
+        print(lora_table(rows))
     configs = triton_utils.picked()  # the launch configs the Triton row kernels chose, per width and size
     print("\nTriton launch configs picked (rows per tile, num_warps):")
     for key, cfg in configs.items():

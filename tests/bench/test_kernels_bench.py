@@ -35,3 +35,26 @@ def test_block_runs_and_matches_eager_on_the_cpu():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grad, ref_grad, atol=1e-4, rtol=1e-4)
     assert grad.abs().sum() > 0
+
+
+def test_lora_cases_run_through_their_backends_on_the_cpu():
+    bench = runpy.run_path(str(SCRIPT), run_name="bench")
+    glb = bench["lora_cases"].__globals__
+    glb.update(D_MODEL=32, MLP_HIDDEN=48, IMAGE_TOKENS=16, TEXT_TOKENS=4, DEVICE="cpu", LORA_RANK=4)
+    from kohakumoss_kernels import registry
+
+    cases = glb["lora_cases"](torch.float32, torch.Generator().manual_seed(0))
+    assert [op for _, op, _, _ in cases] == ["lora_linear"] * 3 + ["lora_group"]
+    for _, op, args, floor in cases:
+        assert floor > 0
+        for fn in (registry.eager_op(op), registry.load_backend(op, "addmm", "cpu", torch.float32)):
+            out = fn(*args)
+            outs = out if isinstance(out, tuple) else (out,)
+            torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+            assert all(t.grad is not None for t in glb["_group_leaves"](args))
+            for t in glb["_group_leaves"](args):
+                t.grad = None
+    row = {"op": "lora_linear o", "backend": "addmm", "base_fwd_bwd_ms": 0.4, "fwd_bwd_ms": 0.6}
+    row.update(lora_extra_ms=0.2, lora_floor_ms=0.1)
+    table = glb["lora_table"]([row, {"op": "rms_norm", "backend": "triton"}])
+    assert table.count("\n") == 2 and "| 0.200 | 0.100 |" in table
