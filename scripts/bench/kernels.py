@@ -46,7 +46,7 @@ OPS = (
     "varlen_attention,varlen_attention_rope"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
-ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
+ATTN_BACKENDS = "triton,sdpa_groups,sdpa_cudnn,torch_varlen,flex"
 ROPE_ATTN_BACKENDS = (
     "eager,triton,rope+triton,rope+sdpa_groups"  # fused rope-attention vs rope then attention
 )
@@ -57,6 +57,7 @@ HOST_SYNC = (
     "eager",
     "compile",
     "sdpa_groups",
+    "sdpa_cudnn",
     "flex",
     "rope+sdpa_groups",
 )  # attention backends that read cu_seqlens on the host

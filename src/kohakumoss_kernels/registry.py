@@ -44,7 +44,16 @@ _OPS: dict[str, str] = {
 }
 
 # The `torch` slot of a priority list expands to these, where the op has them.
-TORCH_NATIVE = ("sdpa_groups", "torch_varlen", "flex", "addmm", "addmm_lora_first", "addmm_lowrank", "onehot")
+TORCH_NATIVE = (
+    "sdpa_groups",
+    "sdpa_cudnn",
+    "torch_varlen",
+    "flex",
+    "addmm",
+    "addmm_lora_first",
+    "addmm_lowrank",
+    "onehot",
+)
 BACKENDS = ("triton", "tilelang", *TORCH_NATIVE, "compile", "eager")
 
 DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {

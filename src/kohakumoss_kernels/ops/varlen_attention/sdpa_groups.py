@@ -8,8 +8,11 @@ common case: one resolution bucket) this is one SDPA call. The bounds come from 
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...host_values import host_values
 
@@ -40,12 +43,15 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
+    sdpa_backend: SDPBackend | None = None,
 ) -> torch.Tensor:
+    """sdpa_backend: force one of SDPA's kernels (None: torch's own choice, flash first)."""
     T, H, D = q.shape
     outs = []
     for start, n, length in runs(cu_seqlens):
         end = start + n * length
         qs, ks, vs = (t[start:end].view(n, length, H, D).transpose(1, 2) for t in (q, k, v))
-        o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
+        with sdpa_kernel([sdpa_backend]) if sdpa_backend is not None else contextlib.nullcontext():
+            o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
         outs.append(o.transpose(1, 2).reshape(n * length, H, D))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
