@@ -31,16 +31,18 @@ def test_sdpa_over_runs_matches_the_loop(lengths):
     compare("varlen_attention", "sdpa_groups", lengths, torch.float32, "cpu", heads=2, head_dim=16)
 
 
-def test_a_forced_sdpa_kernel_is_used_and_matches_eager():
+def test_sdpa_kernel_preference_is_used_and_matches_eager():
     from torch.nn.attention import SDPBackend
 
     q = torch.randn(9, 2, 16)
     cu = torch.tensor([0, 4, 8, 9])
     ref = eager_op("varlen_attention")(q, q, q, cu, 4)
-    out = sdpa_groups.varlen_attention(q, q, q, cu, 4, sdpa_backend=SDPBackend.MATH)
-    torch.testing.assert_close(out, ref)
-    with pytest.raises(RuntimeError):  # cuDNN has no CPU kernel: the registry's cue to fall back
-        sdpa_groups.varlen_attention(q, q, q, cu, 4, sdpa_backend=SDPBackend.CUDNN_ATTENTION)
+    out = sdpa_groups.varlen_attention(
+        q, q, q, cu, 4, sdpa_backends=(SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH)
+    )
+    torch.testing.assert_close(out, ref)  # cuDNN has no CPU kernel: the next preference ran
+    with pytest.raises(RuntimeError):  # and with none left, SDPA refuses: the registry's cue to fall back
+        sdpa_groups.varlen_attention(q, q, q, cu, 4, sdpa_backends=(SDPBackend.CUDNN_ATTENTION,))
 
 
 def test_cudnn_attention_refuses_graph_capture_on_the_faulting_versions(monkeypatch):

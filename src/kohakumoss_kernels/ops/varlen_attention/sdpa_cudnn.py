@@ -1,8 +1,8 @@
-"""Varlen attention as sdpa_groups with SDPA held to its cuDNN kernels.
+"""Varlen attention as sdpa_groups with SDPA's cuDNN kernels first.
 
 torch's SDPA puts FlashAttention (FA2) first; on Hopper cuDNN's attention is reported faster for
 training shapes, elsewhere often slower, so it is a candidate the tuning table times, not a default.
-Where cuDNN cannot serve a call SDPA raises a RuntimeError and the registry falls back.
+Runs cuDNN refuses (key length 1, for one) go to flash / memory-efficient, so mixed lengths still run.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from .sdpa_groups import varlen_attention as _varlen_attention
 # cuDNN 9.13 and 9.14 can fault (illegal memory access) in CUDA graphs for non-causal attention over
 # more than 1024 keys (Transformer Engine turns cuDNN attention off there); a fault would end the process.
 _GRAPH_FAULT_VERSIONS = range(91300, 91500)
+PREFERENCE = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION)
 
 
 def supports(arch: str, dtype: torch.dtype) -> bool:
@@ -37,4 +38,4 @@ def varlen_attention(
         raise RuntimeError(
             f"cuDNN {torch.backends.cudnn.version()} attention is not safe in a CUDA graph here"
         )
-    return _varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, sdpa_backend=SDPBackend.CUDNN_ATTENTION)
+    return _varlen_attention(q, k, v, cu_seqlens, max_seqlen, scale, sdpa_backends=PREFERENCE)

@@ -43,15 +43,17 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
-    sdpa_backend: SDPBackend | None = None,
+    sdpa_backends: tuple[SDPBackend, ...] | None = None,
 ) -> torch.Tensor:
-    """sdpa_backend: force one of SDPA's kernels (None: torch's own choice, flash first)."""
+    """sdpa_backends: SDPA's kernels to use, in this order of preference (None: torch's own order)."""
     T, H, D = q.shape
     outs = []
     for start, n, length in runs(cu_seqlens):
         end = start + n * length
         qs, ks, vs = (t[start:end].view(n, length, H, D).transpose(1, 2) for t in (q, k, v))
-        with sdpa_kernel([sdpa_backend]) if sdpa_backend is not None else contextlib.nullcontext():
+        with (
+            sdpa_kernel(list(sdpa_backends), set_priority=True) if sdpa_backends else contextlib.nullcontext()
+        ):
             o = F.scaled_dot_product_attention(qs, ks, vs, scale=scale)
         outs.append(o.transpose(1, 2).reshape(n * length, H, D))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
