@@ -4,6 +4,7 @@
     python scripts/bench/train_step.py --rows main,baseline  # row groups or row specs, comma-separated
     python scripts/bench/train_step.py --row lora/speed/latent_text   # one row, in this process
     python scripts/bench/train_step.py --preset tiny --device cpu --steps 2   # CPU smoke (CI)
+    python scripts/bench/train_step.py --rows lora/speed/latent_text --profile-steps 3  # + a kernel table
 
 A row is `MODE/PROFILE/CACHE[/capN][/field=value...]` or `baseline/eager|compiled`:
 - MODE `lora` (LoRA rank RANK on every DiT linear, TARGET_PRESET 'full', bypass, AdamW) or `full`
@@ -76,6 +77,7 @@ PLAN_KNOBS = ""  # JSON of MemoryPlan fields applied to every row's plan
 ROW_TIMEOUT = 1200  # seconds per row subprocess
 SMI_INTERVAL = 0.2  # seconds between nvidia-smi polls
 SEED = 0
+PROFILE_STEPS = 0  # steps run under torch.profiler after a row's measured steps (not timed): kernel table
 
 PROFILE_NAMES = ("speed", "balanced", "low_vram", "minimal")
 CACHES = ("latent_text", "latent", "none")
@@ -456,6 +458,25 @@ def partial_row(name: str, progress: Path, warmup: int, samples: int, why: str) 
     }
 
 
+def profile_steps(step, start: int, count: int, device: torch.device, name: str) -> None:
+    """Run `count` more steps under torch.profiler; print the kernels by device time (and save the table
+    under $OUT, when set). Where the step's time goes, for the next optimisation, not a measured row."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for i in range(start, start + count):
+            step(i)
+        sync(device)
+    sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    text = f"profile of {count} steps of {name} (times summed over the steps)\n" + prof.key_averages().table(
+        sort_by=sort, row_limit=40, max_name_column_width=90
+    )
+    print(text, flush=True)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"profile_{name.replace('/', '_')}.txt").write_text(text)
+
+
 def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device, full: bool) -> dict:
     """Run `step` n times from a fresh peak, polling nvidia-smi; the summarized row."""
     cuda = device.type == "cuda"
@@ -464,6 +485,8 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
     poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if cuda else contextlib.nullcontext()
     with poller:
         times, done, error = timed_steps(step, n, device)
+    if a.profile_steps and not error:
+        profile_steps(step, n, a.profile_steps, device, spec.name)
     row = summarize(
         a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
     )
@@ -716,7 +739,7 @@ def run_row(a, name: str) -> dict:
 COMMON = (
     "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
-    "plan_knobs", "smi_interval", "seed",
+    "plan_knobs", "smi_interval", "seed", "profile_steps",
 )  # fmt: skip
 
 
@@ -811,6 +834,9 @@ def parse_args(argv=None):
     p.add_argument("--row-timeout", type=float, default=ROW_TIMEOUT)
     p.add_argument("--smi-interval", type=float, default=SMI_INTERVAL)
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument(
+        "--profile-steps", type=int, default=PROFILE_STEPS, help="steps profiled after a row's measured ones"
+    )
     p.add_argument(
         "--out", default=None, help="JSON of all rows (default $OUT/train_step.json when OUT is set)"
     )

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench" / "train_step.py"
@@ -125,3 +126,13 @@ def test_a_row_plan_comes_from_a_profile_a_catalog_entry_or_the_fastest_fit():
     ]:
         with pytest.raises(SystemExit, match=says):
             ts.resolve_plan(ts.parse_row(bad), {}, cfg, a, 8704)
+
+
+def test_profile_steps_writes_the_op_table(tmp_path, monkeypatch, capsys):
+    ts = load_script()
+    monkeypatch.setenv("OUT", str(tmp_path))
+    x = torch.randn(64, 64)
+    ts.profile_steps(lambda i: (x @ x).sum(), 5, 2, torch.device("cpu"), "lora/speed/latent_text")
+    text = (tmp_path / "profile_lora_speed_latent_text.txt").read_text()
+    assert text.startswith("profile of 2 steps of lora/speed/latent_text") and "aten::mm" in text
+    assert "aten::mm" in capsys.readouterr().out
