@@ -3,7 +3,6 @@
 from .latents import denormalize_latents, normalize_latents, patchify, unpatchify
 from .text import TextEncoder
 from .text_config import QWEN_CHAT_TEMPLATE, TextEncoderConfig, tiny_text_encoder_config
-from .vae import ImageVAE
 from .vae_config import tiny_vae_config
 
 __all__ = [
@@ -18,3 +17,11 @@ __all__ = [
     "tiny_vae_config",
     "unpatchify",
 ]
+
+
+def __getattr__(name: str):
+    if name == "ImageVAE":  # diffusers loads only where a VAE is used (latent-cached runs never import it)
+        from .vae import ImageVAE
+
+        return ImageVAE
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
