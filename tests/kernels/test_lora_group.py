@@ -95,7 +95,11 @@ def test_cuda_matches_the_float32_reference(dtype, lowrank):
     g = [torch.randn_like(o, dtype=torch.float32) for o in ref]
     torch.autograd.backward(ref, g)
     torch.autograd.backward(out, [t.to(dtype) for t in g])
-    for a, r in zip(out, ref, strict=True):
-        torch.testing.assert_close(a.float(), r, atol=6e-2, rtol=6e-2)
-    for a, r in zip((x, *d, *u), (ref_x, *ref_d, *ref_u), strict=True):
-        torch.testing.assert_close(a.grad.float(), r.grad, atol=6e-2, rtol=6e-2)
+    # tolerances scale with each tensor's largest value: storing a result in bf16/fp16 rounds it relative
+    # to its own magnitude, so a near-zero entry of a large weight gradient carries that absolute error
+    for a, r in zip(
+        (*out, x.grad, *(t.grad for t in (*d, *u))),
+        (*ref, ref_x.grad, *(t.grad for t in (*ref_d, *ref_u))),
+        strict=True,
+    ):
+        torch.testing.assert_close(a.float(), r, atol=1e-2 * r.abs().max().item(), rtol=6e-2)
