@@ -76,25 +76,52 @@ CARD_MARGIN = 0.05
 CUDA_CONTEXT_BYTES = 1.6 * GIB
 
 # --- cost model (the catalog's relative step cost) -------------------------------------------------
-# Achieved bf16 throughput of a block's forward + backward and pinned-copy bandwidth each way. Only
-# their ratio matters for the ranking. MEASURED (memory_calibrate.py, H200): 5.75e12 model FLOPs per
-# block step in 15.05 ms = ~382 TFLOP/s; pinned copies 55.3 GB/s host->device, 55.1 GB/s back.
-EFFECTIVE_FLOPS = 382e12
+# FITTED (session 5): each constant below solves one measured H200 row of scripts/bench/train_step.py
+# (moss-image-5b, 2 x 4352 tokens, latent + text cache; LoRA r32 on every linear, or full fine-tune with
+# Muon), as a ratio to the LoRA `speed` row of the same session, scaled to session 5's 0.479 s:
+#   lora/speed 0.479 s (session 5)                      -> EFFECTIVE_FLOPS
+#   lora/balanced 0.743 / speed 0.526 s (session 3)      -> RECOMPUTE_SHARE["full"]
+#   lora/low_vram/cap8 1.020 / 0.526 s (session 3)       -> STREAM_LOAD_OVERHEAD_S
+#   full/speed 1.307 / 0.526 s (session 3)               -> GPU_OPT_S_PER_PARAM["muon"]
+#   full/c0252/cap24 4.92 s (session 5)                  -> HOST_GRAD_SUM_S_PER_PARAM
+# solved in that order, repeated until they settle (the later rows depend on the earlier constants):
+# scripts/bench/fit_step_cost.py does it and prints them; tests/memory/test_cost_fit.py checks they agree.
+# Achieved throughput by the model's block multiply-adds (graphed, tuned kernels: MFU by the bench's own
+# formula was 62%), and pinned-copy bandwidth each way: MEASURED (memory_calibrate.py, H200) 55.3 GB/s
+# host->device, 55.1 GB/s back.
+EFFECTIVE_FLOPS = 554.5e12
 H2D_BYTES_PER_S = 55.3e9
 D2H_BYTES_PER_S = 55.1e9
 # Activation offload moves many tensors of a few MiB to tens of MiB, not one block: MEASURED effective
-# rate each way (same run): 'none' + offload moves 29.8 bytes per token and dim (0.80 GB) per block and
-# took 39.19 ms forward + backward, i.e. ~19.6 ms per direction = ~41 GB/s.
+# rate each way (memory_calibrate.py): 'none' + offload moves 29.8 bytes per token and dim (0.80 GB) per
+# block and took 39.19 ms forward + backward, i.e. ~19.6 ms per direction = ~41 GB/s.
 ACT_OFFLOAD_BYTES_PER_S = 41e9
-# Backward time / forward time of a block. adapter: MEASURED (same run: (15.05 - 5.80) / 5.80 ms);
-# full: DERIVED (weight grads double the backward's matmuls), not measured yet.
+# Backward time / forward time of a block. adapter: MEASURED (memory_calibrate.py, eager block:
+# (15.05 - 5.80) / 5.80 ms); full: DERIVED (weight grads double the backward's matmuls).
 BACKWARD_FACTOR = {"adapter": 1.59, "full": 2.6}
-# Extra time of a checkpointed block / its forward, per mode. MEASURED (same run, fwd+bwd of the mode
-# less that of 'none', over the forward): full 24.13, attn 23.31, mlp 18.71 vs 15.05 ms, fwd 5.80 ms.
-RECOMPUTE_SHARE: dict[str, float | None] = {"none": 0.0, "full": 1.57, "attn": 1.42, "mlp": 0.63}
-# Fixed cost of each engine action that cannot overlap (a stream sync, a hook): per streamed block
-# load, per offloaded block of activations. PLACEHOLDER; also breaks ties towards fewer engines.
-ENGINE_OVERHEAD_S = 0.5e-3
+# Extra time of a checkpointed block / its forward, per mode. full: FITTED (above). attn, mlp: the eager
+# block's MEASURED shares (memory_calibrate.py: attn 1.42, mlp 0.63, full 1.57) scaled by the fitted
+# full / measured full (1.071 / 1.57): DERIVED.
+_RECOMPUTE_FULL = 1.071
+RECOMPUTE_SHARE: dict[str, float | None] = {
+    "none": 0.0,
+    "full": _RECOMPUTE_FULL,
+    "attn": 1.42 / 1.57 * _RECOMPUTE_FULL,
+    "mlp": 0.63 / 1.57 * _RECOMPUTE_FULL,
+}
+# What the engines cost beyond their copies (stream syncs, hooks, copies competing with compute for
+# memory bandwidth), per streamed block load and per parameter of the host's fp32 grad sums: FITTED
+# (above). Per offloaded block each way: PLACEHOLDER (the uncapped block's offload cost is the copies,
+# ACT_OFFLOAD_BYTES_PER_S). lora/minimal/cap4, every engine at once under a 4 GiB cap, measured ~1.6x the
+# model's step; not fitted to any one engine (fit_step_cost.py prints it against the prediction): that
+# run's host AdamW was still the foreach kernel (~9x the fused one on the CI box), a likely part of it.
+STREAM_LOAD_OVERHEAD_S = 2.23e-3
+ACT_OFFLOAD_OVERHEAD_S = 0.5e-3
+HOST_GRAD_SUM_S_PER_PARAM = 0.348e-9
+# The optimizer update on the GPU per trained parameter. adamw: MEASURED (session 5 profile of the speed
+# row: torch's fused AdamW 0.953 ms per step for 99.4M LoRA parameters); muon: FITTED (above; Muon's
+# Newton-Schulz iterations on every weight matrix dominate a full fine-tune's update).
+GPU_OPT_S_PER_PARAM = {"adamw": 9.58e-12, "muon": 1.058e-10}
 # Host (CPU) optimizer update time per trained parameter (fused AdamW on a desktop CPU). PLACEHOLDER:
 # the CI box (2 cores) MEASURED 0.62 ns (fused, 111M params in 0.070 s; foreach 5.6 ns), a desktop has more cores.
 HOST_OPT_S_PER_PARAM = 1.0e-9

@@ -20,11 +20,15 @@ copies the next block while this one computes), summed over the blocks:
   weights come in for the forward and again for the backward, offloaded activations go out in the
   forward and come back (sharing the way in with the weights) in the backward, offloaded grads go out
   in the backward;
-- plus ENGINE_OVERHEAD_S per streamed load and per offloaded block;
-- plus, per optimizer step (/ GRAD_ACCUM), the optimizer's own traffic: 'stream' moves masters and
-  states in and out, 'host' moves grads out (unless offloaded) and weights back, and runs the update
-  on the CPU (HOST_OPT_S_PER_PARAM).
-The constants are placeholders (calibration.py): only their ratio orders the entries.
+- plus what the engines cost beyond their copies: STREAM_LOAD_OVERHEAD_S per streamed load,
+  ACT_OFFLOAD_OVERHEAD_S per offloaded block each way, HOST_GRAD_SUM_S_PER_PARAM for the host's fp32
+  grad sums;
+- plus, per optimizer step (/ GRAD_ACCUM), the update (GPU_OPT_S_PER_PARAM where it runs on the GPU) and
+  its traffic: 'stream' moves masters and states in and out (and the offloaded grad sums in), 'host'
+  moves grads out (unless offloaded) and weights back, and runs the update on the CPU
+  (HOST_OPT_S_PER_PARAM).
+The constants (calibration.py) are fitted to the H200 rows of scripts/bench/train_step.py, one row
+per constant; only their ratios order the entries.
 """
 
 from __future__ import annotations
@@ -146,13 +150,19 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
         # forward: compute | weights in | activations out; backward: compute | weights + activations in | grads out
         total += max(fwd, w, kept / cal.ACT_OFFLOAD_BYTES_PER_S)
         total += max(bwd + (recompute if is_ckpt else 0.0), w + kept / cal.ACT_OFFLOAD_BYTES_PER_S, grad_out)
-        engines = 2 * is_streamed + (2 if plan.activation_offload == "on" else 0)
-        total += engines * cal.ENGINE_OVERHEAD_S
+        total += 2 * is_streamed * cal.STREAM_LOAD_OVERHEAD_S
+        total += (2 if plan.activation_offload == "on" else 0) * cal.ACT_OFFLOAD_OVERHEAD_S
+    if plan.grad_offload:  # each micro-step's grads summed into fp32 on the host
+        total += n * cal.HOST_GRAD_SUM_S_PER_PARAM
     accum = max(int(knobs.get("GRAD_ACCUM", 1)), 1)
-    state = cal.MUON_STATE_BYTES if (full and knobs.get("USE_MUON", True)) else cal.ADAMW_STATE_BYTES
+    muon = full and knobs.get("USE_MUON", True)
+    state = cal.MUON_STATE_BYTES if muon else cal.ADAMW_STATE_BYTES
+    if plan.optimizer in ("gpu", "stream"):  # the update itself runs on the GPU
+        total += n * cal.GPU_OPT_S_PER_PARAM["muon" if muon else "adamw"] / accum
     if plan.optimizer == "stream":
         moved = n * (state + cal.MASTER_BYTES)
-        total += (moved / cal.H2D_BYTES_PER_S + moved / cal.D2H_BYTES_PER_S) / accum
+        grads_in = n * cal.GRAD_BYTES_FP32 if plan.grad_offload else 0.0  # the host sums come back
+        total += ((moved + grads_in) / cal.H2D_BYTES_PER_S + moved / cal.D2H_BYTES_PER_S) / accum
     elif plan.optimizer == "host":
         grads = 0.0 if plan.grad_offload else n * grad_bytes
         total += (grads / cal.D2H_BYTES_PER_S + n * wb / cal.H2D_BYTES_PER_S) / accum
