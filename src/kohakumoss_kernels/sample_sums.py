@@ -108,7 +108,7 @@ def close_chunk(a0, a1, a2, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cm
 
 
 @triton.jit
-def _sum_rows(P, OUT, G, d, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+def _per_program_sum_rows(P, OUT, G, d, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < d
     acc = tl.zeros([BLOCK_G, BLOCK_C], dtype=tl.float32)
@@ -125,12 +125,14 @@ def sum_rows(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     g, d = p.shape
     out = torch.empty(d, device=p.device, dtype=dtype)
     block_c = min(128, triton.next_power_of_2(d))
-    _sum_rows[(triton.cdiv(d, block_c),)](p, out, g, d, BLOCK_G=32, BLOCK_C=block_c, num_warps=4)
+    _per_program_sum_rows[(triton.cdiv(d, block_c),)](p, out, g, d, BLOCK_G=32, BLOCK_C=block_c, num_warps=4)
     return out
 
 
 @triton.jit
-def _finish(P, FIRST, LAST, D, OUT, G, d, K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+def _per_sample_finish(
+    P, FIRST, LAST, D, OUT, G, d, K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr
+):
     s = tl.program_id(0)
     k = tl.program_id(1)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -165,7 +167,7 @@ def finish(
     out = torch.empty(acc.shape, device=acc.device, dtype=dtype)
     if samples and d:
         block_c = min(256, triton.next_power_of_2(d))
-        _finish[(samples, k, triton.cdiv(d, block_c))](
+        _per_sample_finish[(samples, k, triton.cdiv(d, block_c))](
             p, first, last, acc, out, p.shape[0], d, K=k, BLOCK_G=16, BLOCK_C=block_c, num_warps=4
         )
     return out

@@ -13,7 +13,7 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(X, Y, GATE, TS, OUT, T, d, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_residual_fwd(X, Y, GATE, TS, OUT, T, d, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -39,7 +39,7 @@ def _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d):
 
 
 @triton.jit
-def _bwd(
+def _gated_residual_bwd(
     DOUT, Y, GATE, TS, DY, P, D, FIRST, LAST, T, d, tiles_per_prog, ROWS: tl.constexpr, BLOCK: tl.constexpr
 ):
     pid = tl.program_id(0)
@@ -75,7 +75,7 @@ class _GatedResidual(torch.autograd.Function):
         x, y, gate, ts = x.contiguous(), y.contiguous(), gate.contiguous(), token_sample.contiguous()
         T, d = x.shape
         out = torch.empty_like(x)
-        launch = row_launch(_fwd, T, d, x, y, gate, ts, out, T, d)
+        launch = row_launch(_gated_residual_fwd, T, d, x, y, gate, ts, out, T, d)
         if T:
             launch(pick("gated_residual.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(y, gate, ts)
@@ -91,7 +91,7 @@ class _GatedResidual(torch.autograd.Function):
         dx = dout if dout.dtype == ctx.x_dtype else dout.to(ctx.x_dtype)
         if not T:
             return dx, dy, torch.zeros_like(gate), None
-        launch = ss.PerSampleBackward(_bwd, (dout, y, gate, ts, dy), y, gate.shape[0], 1)
+        launch = ss.PerSampleBackward(_gated_residual_bwd, (dout, y, gate, ts, dy), y, gate.shape[0], 1)
         launch(pick("gated_residual.bwd", row_key(y, T, d), launch.configs(), launch))
         return dx, dy, launch.sums(gate.dtype)[:, 0], None
 

@@ -17,7 +17,7 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _rows(A, B, C, M, K, R, sam, sak, sbk, sbr, BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr):
+def _lowrank_rows(A, B, C, M, K, R, sam, sak, sbk, sbr, BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr):
     """C[M, R] = A[M, K] @ B[K, R] (fp32 accumulation, stored in C's dtype)."""
     rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
     cr = tl.arange(0, BR)
@@ -39,7 +39,7 @@ def _rows(A, B, C, M, K, R, sam, sak, sbk, sbr, BM: tl.constexpr, BK: tl.constex
 
 
 @triton.jit
-def _cols(
+def _lowrank_cols(
     A, B, P, M, N, R, rows_per_split, sam, san, sbm, sbr, BN: tl.constexpr, BM: tl.constexpr, BR: tl.constexpr
 ):
     """P[split, N, R] = A[rows of the split, N]^T @ B[rows of the split, R] (fp32)."""
@@ -75,7 +75,7 @@ def rows_mm(a: torch.Tensor, b: torch.Tensor, block_m: int = 64, block_k: int = 
     r = b.shape[1]
     c = torch.empty(M, r, device=a.device, dtype=a.dtype)
     if M and r:
-        _rows[(triton.cdiv(M, block_m),)](
+        _lowrank_rows[(triton.cdiv(M, block_m),)](
             a, b, c, M, K, r, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             BM=block_m, BK=block_k, BR=max(16, next_pow2(r)), num_warps=4, num_stages=3,
         )  # fmt: skip
@@ -93,7 +93,7 @@ def cols_mm(a: torch.Tensor, b: torch.Tensor, block_n: int = 64, block_m: int = 
     splits = triton.cdiv(M, rows_per_split) if M else 1
     p = torch.zeros(splits, N, r, device=a.device, dtype=torch.float32)
     if M and N and r:
-        _cols[(col_blocks, splits)](
+        _lowrank_cols[(col_blocks, splits)](
             a, b, p, M, N, r, rows_per_split, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
             BN=block_n, BM=block_m, BR=max(16, next_pow2(r)), num_warps=4, num_stages=3,
         )  # fmt: skip

@@ -16,7 +16,7 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _norm_modulate_fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
     rmask = rows < T
@@ -46,7 +46,7 @@ def _load_tile(X, DY, RSTD, TS, rows, end, cols, cmask, d):
 
 
 @triton.jit
-def _bwd(
+def _norm_modulate_bwd(
     DY, X, SCALE, TS, RSTD, DX, P, D, FIRST, LAST, T, d, tiles_per_prog,
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -91,7 +91,7 @@ class _NormModulate(torch.autograd.Function):
         T, d = x.shape
         y = torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        launch = row_launch(_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps)
+        launch = row_launch(_norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps)
         if T:
             launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x, scale, ts, rstd)
@@ -107,7 +107,7 @@ class _NormModulate(torch.autograd.Function):
         if not T:
             z = torch.zeros_like(scale)
             return dx, z.to(ctx.shift_dtype), z, None, None
-        launch = ss.PerSampleBackward(_bwd, (dy, x, scale, ts, rstd, dx), x, scale.shape[0], 2)
+        launch = ss.PerSampleBackward(_norm_modulate_bwd, (dy, x, scale, ts, rstd, dx), x, scale.shape[0], 2)
         launch(pick("norm_modulate.bwd", row_key(x, T, d), launch.configs(), launch))
         out = launch.sums(scale.dtype)  # [B, (scale, shift), d]
         return dx, out[:, 1].to(ctx.shift_dtype), out[:, 0], None, None

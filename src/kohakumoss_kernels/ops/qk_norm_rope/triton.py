@@ -18,7 +18,7 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(
+def _qk_norm_rope_fwd(
     X, W, COS, SIN, OUT, RSTD, R, H, half, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr
 ):
     row0 = tl.program_id(0).to(tl.int64) * ROWS
@@ -50,7 +50,7 @@ def _fwd(
 
 
 @triton.jit
-def _fwd_token(
+def _qk_norm_rope_fwd_token(
     X, W, COS, SIN, OUT, RSTD, H, half, eps, HAS_W: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr
 ):
     """The forward with one token (all its heads) per program: one cos/sin row shared by the heads."""
@@ -77,7 +77,7 @@ def _fwd_token(
 
 
 @triton.jit
-def _bwd(
+def _qk_norm_rope_bwd(
     DY,
     X,
     W,
@@ -169,12 +169,12 @@ class _QKNormRope(torch.autograd.Function):
         def launch(cfg):
             rows, warps = cfg
             if rows == 0:  # one token per program
-                _fwd_token[(T,)](
+                _qk_norm_rope_fwd_token[(T,)](
                     x, w, cos, sin, out, rstd, H, D // 2, eps,
                     HAS_W=weight is not None, BH=next_pow2(H), BD=bd, num_warps=warps,
                 )  # fmt: skip
                 return
-            _fwd[(triton.cdiv(R, rows),)](
+            _qk_norm_rope_fwd[(triton.cdiv(R, rows),)](
                 x, w, cos, sin, out, rstd, R, H, D // 2, eps,
                 HAS_W=weight is not None, ROWS=rows, BD=bd, num_warps=warps,
             )  # fmt: skip
@@ -202,7 +202,7 @@ class _QKNormRope(torch.autograd.Function):
             tiles = triton.cdiv(R, rows)
             grid = persistent_programs(x, tiles, per_sm)
             dw = torch.empty(grid, D, device=x.device, dtype=torch.float32) if has_w else rstd
-            _bwd[(grid,)](
+            _qk_norm_rope_bwd[(grid,)](
                 dy, x, weight if has_w else x, cos, sin, rstd, dx, dw, R, H, D // 2,
                 triton.cdiv(tiles, grid), HAS_W=has_w, ROWS=rows, BD=bd, num_warps=warps,
             )  # fmt: skip

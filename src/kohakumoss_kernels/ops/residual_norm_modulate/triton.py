@@ -14,7 +14,9 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _residual_norm_modulate_fwd(
+    X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr
+):
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -53,7 +55,7 @@ def _load_tile(R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d):
 
 
 @triton.jit
-def _bwd(
+def _residual_norm_modulate_bwd(
     DR, DH, R, Y, GATE, SCALE, TS, RSTD, DX, DY, P, D, FIRST, LAST, T, d, tiles_per_prog,
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
@@ -108,7 +110,9 @@ class _ResidualNormModulate(torch.autograd.Function):
         T, d = x.shape
         r, h = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        launch = row_launch(_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, T, d, eps)
+        launch = row_launch(
+            _residual_norm_modulate_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, T, d, eps
+        )
         if T:
             launch(pick("residual_norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(r, y, gate, scale, ts, rstd)
@@ -126,7 +130,7 @@ class _ResidualNormModulate(torch.autograd.Function):
             return dx.to(x_dtype), dy, z, z.to(shift_dtype), z.to(scale.dtype), None, None
         dr, dh = dr.contiguous(), dh.contiguous()
         launch = ss.PerSampleBackward(
-            _bwd, (dr, dh, r, y, gate, scale, ts, rstd, dx, dy), r, gate.shape[0], 3
+            _residual_norm_modulate_bwd, (dr, dh, r, y, gate, scale, ts, rstd, dx, dy), r, gate.shape[0], 3
         )
         launch(pick("residual_norm_modulate.bwd", row_key(r, T, d), launch.configs(), launch))
         out = launch.sums(scale.dtype)  # [B, (gate, scale, shift), d]

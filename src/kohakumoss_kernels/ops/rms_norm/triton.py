@@ -26,7 +26,7 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -43,7 +43,7 @@ def _fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOC
 
 
 @triton.jit
-def _bwd(
+def _rms_norm_bwd(
     DY, X, W, RSTD, DX, DW, T, d, tiles_per_prog, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr
 ):
     pid = tl.program_id(0)
@@ -94,7 +94,7 @@ class _RMSNorm(torch.autograd.Function):
         y = torch.empty_like(x2)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
         w = weight.contiguous() if weight is not None else x2
-        launch = row_launch(_fwd, T, d, x2, w, y, rstd, T, d, eps, HAS_W=weight is not None)
+        launch = row_launch(_rms_norm_fwd, T, d, x2, w, y, rstd, T, d, eps, HAS_W=weight is not None)
         if T:
             launch(pick("rms_norm.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x2, weight, rstd)
@@ -116,7 +116,7 @@ class _RMSNorm(torch.autograd.Function):
             tiles = triton.cdiv(T, rows)
             grid = persistent_programs(x2, tiles, per_sm)
             part = torch.empty(grid, d, device=x2.device, dtype=torch.float32) if has_w else rstd
-            _bwd[(grid,)](
+            _rms_norm_bwd[(grid,)](
                 dy2,
                 x2,
                 weight if has_w else x2,

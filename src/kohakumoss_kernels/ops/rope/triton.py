@@ -10,7 +10,7 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _rotate(X, COS, SIN, OUT, H, half, SIGN: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
+def _rope_rotate(X, COS, SIN, OUT, H, half, SIGN: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BH)[:, None]
     cols = tl.arange(0, BD)[None, :]
@@ -29,7 +29,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
     T, H, D = x.shape
     out = torch.empty_like(x)
     if T:
-        _rotate[(T,)](
+        _rope_rotate[(T,)](
             x,
             cos.float().contiguous(),
             sin.float().contiguous(),

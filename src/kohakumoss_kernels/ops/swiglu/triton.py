@@ -12,7 +12,7 @@ BLOCK = 1024
 
 
 @triton.jit
-def _fwd(Hp, OUT, n_half, BLOCK: tl.constexpr):
+def _swiglu_fwd(Hp, OUT, n_half, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_half
@@ -23,7 +23,7 @@ def _fwd(Hp, OUT, n_half, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _bwd(DOUT, Hp, DH, n_half, BLOCK: tl.constexpr):
+def _swiglu_bwd(DOUT, Hp, DH, n_half, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_half
@@ -46,7 +46,7 @@ class _SwiGLU(torch.autograd.Function):
         T, n = h2.shape
         out = torch.empty(T, n // 2, device=h.device, dtype=h.dtype)
         if T:
-            _fwd[(T, triton.cdiv(n // 2, BLOCK))](h2, out, n // 2, BLOCK=BLOCK, num_warps=4)
+            _swiglu_fwd[(T, triton.cdiv(n // 2, BLOCK))](h2, out, n // 2, BLOCK=BLOCK, num_warps=4)
         ctx.save_for_backward(h2)
         ctx.shape = shape
         return out.reshape(*shape[:-1], n // 2)
@@ -57,7 +57,7 @@ class _SwiGLU(torch.autograd.Function):
         T, n = h2.shape
         dh = torch.empty_like(h2)
         if T:
-            _bwd[(T, triton.cdiv(n // 2, BLOCK))](
+            _swiglu_bwd[(T, triton.cdiv(n // 2, BLOCK))](
                 dout.reshape(T, n // 2).contiguous(), h2, dh, n // 2, BLOCK=BLOCK, num_warps=4
             )
         return dh.reshape(ctx.shape)

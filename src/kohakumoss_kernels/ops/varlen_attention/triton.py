@@ -147,7 +147,7 @@ def _row_stats(LSE, DELTA, row_base, offs, ok):
 
 
 @triton.jit
-def _fwd_inner(
+def _attention_fwd_inner(
     acc,
     l_i,
     m_i,
@@ -197,7 +197,7 @@ def _fwd_inner(
 
 
 @triton.jit
-def _fwd(
+def _attention_fwd(
     Q, K, V, COS, SIN, Out, LSE, CU, T, H, stride_t, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROPE: tl.constexpr,
 ):  # fmt: skip
@@ -224,13 +224,13 @@ def _fwd(
     else:
         n_main = (seq_len // BLOCK_N) * BLOCK_N
     for start_n in range(0, n_main, BLOCK_N):
-        acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i = _attention_fwd_inner(
             acc, l_i, m_i, q1, q2, K, V, COS, SIN, base, cs_base, offs_n, offs_d, start_n, seq_len, stride_t,
             qk_scale, MASK=HAS_ROPE, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HAS_ROPE=HAS_ROPE,
         )  # fmt: skip
     if not HAS_ROPE:  # noqa: SIM102 -- a constexpr test of its own, so the rope kernel has no such branch
         if n_main < seq_len:  # the masked last block
-            acc, l_i, m_i = _fwd_inner(
+            acc, l_i, m_i = _attention_fwd_inner(
                 acc, l_i, m_i, q1, q2, K, V, COS, SIN, base, cs_base, offs_n, offs_d, n_main, seq_len,
                 stride_t, qk_scale, MASK=True, BLOCK_N=BLOCK_N, HEAD_DIM=HEAD_DIM, HAS_ROPE=False,
             )  # fmt: skip
@@ -245,7 +245,7 @@ def _fwd(
 
 
 @triton.jit
-def _bwd_delta(Out, DO, DELTA, T, H, stride_t, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
+def _attention_bwd_delta(Out, DO, DELTA, T, H, stride_t, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr):
     rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     h = tl.program_id(1)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -256,7 +256,7 @@ def _bwd_delta(Out, DO, DELTA, T, H, stride_t, HEAD_DIM: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _bwd_dkdv(
+def _attention_bwd_dkdv(
     Q, K, V, COS, SIN, DO, DK, DV, LSE, DELTA, CU, T, H, stride_t, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROPE: tl.constexpr,
 ):  # fmt: skip
@@ -307,7 +307,7 @@ def _bwd_dkdv(
 
 
 @triton.jit
-def _bwd_dq(
+def _attention_bwd_dq(
     Q, K, V, COS, SIN, DO, DQ, LSE, DELTA, CU, T, H, stride_t, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_ROPE: tl.constexpr,
 ):  # fmt: skip
@@ -375,7 +375,7 @@ def attention_backward(dkdv, dq_kernel, q, k, v, cos, sin, o, lse, cu, do, max_s
     delta = torch.empty_like(lse)
     if T and max_seqlen:
         block = 16 if _interpreting() else 64
-        _bwd_delta[(triton.cdiv(T, block), H)](o, do, delta, T, H, H * D, HEAD_DIM=D, BLOCK=block)
+        _attention_bwd_delta[(triton.cdiv(T, block), H)](o, do, delta, T, H, H * D, HEAD_DIM=D, BLOCK=block)
         args = (T, H, H * D, sm_scale * LOG2E, sm_scale)
         rope = cos is not None
         dkdv[_grid(max_seqlen, B, H, "BLOCK_N")](
@@ -387,9 +387,9 @@ def attention_backward(dkdv, dq_kernel, q, k, v, cos, sin, o, lse, cu, do, max_s
     return dq, dk, dv
 
 
-_FWD = tuned(_fwd, FWD_CONFIGS)
-_DKDV = tuned(_bwd_dkdv, DKDV_CONFIGS)
-_DQ = tuned(_bwd_dq, DQ_CONFIGS)
+_FWD = tuned(_attention_fwd, FWD_CONFIGS)
+_DKDV = tuned(_attention_bwd_dkdv, DKDV_CONFIGS)
+_DQ = tuned(_attention_bwd_dq, DQ_CONFIGS)
 
 
 class _VarlenAttention(torch.autograd.Function):

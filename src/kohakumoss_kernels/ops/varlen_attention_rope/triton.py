@@ -14,10 +14,10 @@ import math
 import torch
 
 from ..varlen_attention.triton import (
-    _bwd_dkdv,
-    _bwd_dq,
+    _attention_bwd_dkdv,
+    _attention_bwd_dq,
+    _attention_fwd,
     _configs,
-    _fwd,
     attention_backward,
     attention_forward,
     tuned,
@@ -30,9 +30,9 @@ FWD_CONFIGS = _configs([(128, 64, 8, 3), (64, 64, 4, 3)])
 DKDV_CONFIGS = _configs([(64, 64, 8, 3), (32, 64, 8, 3)])
 DQ_CONFIGS = _configs([(128, 64, 8, 3), (64, 64, 8, 3)])
 
-_FWD = tuned(_fwd, FWD_CONFIGS)
-_DKDV = tuned(_bwd_dkdv, DKDV_CONFIGS)
-_DQ = tuned(_bwd_dq, DQ_CONFIGS)
+_FWD = tuned(_attention_fwd, FWD_CONFIGS)
+_DKDV = tuned(_attention_bwd_dkdv, DKDV_CONFIGS)
+_DQ = tuned(_attention_bwd_dq, DQ_CONFIGS)
 
 
 class _VarlenAttentionRope(torch.autograd.Function):
