@@ -458,6 +458,32 @@ def partial_row(name: str, progress: Path, warmup: int, samples: int, why: str) 
     }
 
 
+KERNEL_KINDS = (  # (kind, substrings of a kernel name), first match wins
+    ("attention", ("sdpa", "flash", "fmha", "_attention_", "attn")),
+    ("Triton row ops", ("_norm_modulate_", "_gated_residual_", "_qk_norm_rope_", "_rms_norm_", "_rope_",
+                        "_swiglu_", "_per_sample_", "_per_program_", "_lowrank_")),
+    ("GEMM", ("nvjet", "gemm", "cutlass", "xmma", "splitkreduce")),
+    ("optimizer", ("adam", "multi_tensor")),
+    ("copies and fills", ("copy", "memcpy", "memset", "fill")),
+)  # fmt: skip
+
+
+def kernel_kind(name: str) -> str:
+    low = name.lower()
+    return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
+
+
+def kinds_table(kernels: list[tuple[str, float]], steps: int) -> str:
+    """(kernel name, device ms summed over `steps`) -> ms per step and share by kind, largest first."""
+    by: dict[str, float] = {}
+    for name, ms in kernels:
+        by[kernel_kind(name)] = by.get(kernel_kind(name), 0.0) + ms / steps
+    total = sum(by.values()) or 1.0
+    lines = [f"{'kind':<20} {'ms/step':>9} {'share':>6}"]
+    lines += [f"{k:<20} {v:9.2f} {v / total:6.1%}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])]
+    return "\n".join(lines + [f"{'device time':<20} {total:9.2f}"])
+
+
 def profile_steps(step, start: int, count: int, device: torch.device, name: str) -> None:
     """Run `count` more steps under torch.profiler; print the kernels by device time (and save the table
     under $OUT, when set). Where the step's time goes, for the next optimisation, not a measured row."""
@@ -469,9 +495,17 @@ def profile_steps(step, start: int, count: int, device: torch.device, name: str)
             step(i)
         sync(device)
     sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    text = f"profile of {count} steps of {name} (times summed over the steps)\n" + prof.key_averages().table(
+    events = prof.key_averages()
+    text = f"profile of {count} steps of {name} (times summed over the steps)\n" + events.table(
         sort_by=sort, row_limit=40, max_name_column_width=90
     )
+    if device.type == "cuda":  # kernels only (no CPU-side ranges): by kind, per step
+        kernels = [
+            (e.key, e.self_device_time_total / 1e3)
+            for e in events
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
+        ]
+        text += "\n" + kinds_table(kernels, count)
     print(text, flush=True)
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], f"profile_{name.replace('/', '_')}.txt").write_text(text)

@@ -136,3 +136,18 @@ def test_profile_steps_writes_the_op_table(tmp_path, monkeypatch, capsys):
     text = (tmp_path / "profile_lora_speed_latent_text.txt").read_text()
     assert text.startswith("profile of 2 steps of lora/speed/latent_text") and "aten::mm" in text
     assert "aten::mm" in capsys.readouterr().out
+
+
+def test_kernels_are_grouped_by_kind_per_step():
+    ts = load_script()
+    kernels = [
+        ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", 30.0),
+        ("nvjet_sm90_tst_192x192_64x3_2x1_v_badd_coopB_NNN", 60.0),
+        ("_norm_modulate_bwd", 6.0),
+        ("void at::native::vectorized_elementwise_kernel<8, at::native::FillFunctor<c10::BFloat16>>", 3.0),
+        ("something_else", 1.0),
+    ]
+    table = ts.kinds_table(kernels, steps=3).splitlines()
+    assert table[1].split()[:2] == ["GEMM", "20.00"]  # largest first, per step
+    assert [line.split()[0] for line in table[2:5]] == ["attention", "Triton", "copies"]
+    assert table[-1].split()[-1] == "33.33"
