@@ -484,16 +484,27 @@ def kinds_table(kernels: list[tuple[str, float]], steps: int) -> str:
     return "\n".join(lines + [f"{'device time':<20} {total:9.2f}"])
 
 
-def profile_steps(step, start: int, count: int, device: torch.device, name: str) -> None:
+def profile_steps(step, start: int, count: int, device: torch.device, name: str, trace: bool = False) -> None:
     """Run `count` more steps under torch.profiler; print the kernels by device time (and save the table
-    under $OUT, when set). Where the step's time goes, for the next optimisation, not a measured row."""
+    under $OUT, when set). Where the step's time goes, for the next optimisation, not a measured row.
+    trace: also write a gzipped Chrome trace with input shapes under $OUT (with --cuda-graphs off each
+    kernel sits under the op that launched it)."""
+    import gzip
+
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=trace) as prof:
         for i in range(start, start + count):
             step(i)
         sync(device)
+    out_dir = os.environ.get("OUT")
+    if trace and out_dir:
+        raw = Path(out_dir, f"trace_{name.replace('/', '_')}.json")
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as f, gzip.open(f"{raw}.gz", "wb") as g:
+            g.write(f.read())
+        raw.unlink()
     sort = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = prof.key_averages()
     text = f"profile of {count} steps of {name} (times summed over the steps)\n" + events.table(
@@ -507,8 +518,8 @@ def profile_steps(step, start: int, count: int, device: torch.device, name: str)
         ]
         text += "\n" + kinds_table(kernels, count)
     print(text, flush=True)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], f"profile_{name.replace('/', '_')}.txt").write_text(text)
+    if out_dir:
+        Path(out_dir, f"profile_{name.replace('/', '_')}.txt").write_text(text)
 
 
 def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device, full: bool) -> dict:
@@ -520,7 +531,7 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
     with poller:
         times, done, error = timed_steps(step, n, device)
     if a.profile_steps and not error:
-        profile_steps(step, n, a.profile_steps, device, spec.name)
+        profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace)
     row = summarize(
         a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
     )
@@ -775,13 +786,14 @@ COMMON = (
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "smi_interval", "seed", "profile_steps",
 )  # fmt: skip
+FLAGS = ("profile_trace",)  # store_true options, passed on when set
 
 
 def child_argv(a, name: str, out: str) -> list[str]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--row", name, "--row-out", out]
     for dest in COMMON:
         argv += [f"--{dest.replace('_', '-')}", str(getattr(a, dest))]
-    return argv
+    return argv + [f"--{dest.replace('_', '-')}" for dest in FLAGS if getattr(a, dest)]
 
 
 def run_subprocess(a, name: str) -> dict:
@@ -870,6 +882,11 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=SEED)
     p.add_argument(
         "--profile-steps", type=int, default=PROFILE_STEPS, help="steps profiled after a row's measured ones"
+    )
+    p.add_argument(
+        "--profile-trace",
+        action="store_true",
+        help="with --profile-steps: a Chrome trace (shapes) under $OUT",
     )
     p.add_argument(
         "--out", default=None, help="JSON of all rows (default $OUT/train_step.json when OUT is set)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 import os
@@ -132,8 +133,10 @@ def test_profile_steps_writes_the_op_table(tmp_path, monkeypatch, capsys):
     ts = load_script()
     monkeypatch.setenv("OUT", str(tmp_path))
     x = torch.randn(64, 64)
-    ts.profile_steps(lambda i: (x @ x).sum(), 5, 2, torch.device("cpu"), "lora/speed/latent_text")
+    ts.profile_steps(lambda i: (x @ x).sum(), 5, 2, torch.device("cpu"), "lora/speed/latent_text", trace=True)
     text = (tmp_path / "profile_lora_speed_latent_text.txt").read_text()
+    with gzip.open(tmp_path / "trace_lora_speed_latent_text.json.gz") as f:
+        assert "aten::mm" in f.read().decode()  # the Chrome trace, with the op that ran
     assert text.startswith("profile of 2 steps of lora/speed/latent_text") and "aten::mm" in text
     assert "aten::mm" in capsys.readouterr().out
 
