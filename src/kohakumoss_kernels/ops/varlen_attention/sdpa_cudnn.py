@@ -1,7 +1,8 @@
 """Varlen attention as sdpa_groups with SDPA's cuDNN kernels first.
 
-torch's SDPA puts FlashAttention (FA2) first; on Hopper cuDNN's attention is reported faster for
-training shapes, elsewhere often slower, so it is a candidate the tuning table times, not a default.
+SDPA's own order depends on torch's version and the card (torch 2.11 on the H200 already chose cuDNN's
+kernels); cuDNN's attention is reported faster on Hopper for training shapes and often slower elsewhere,
+so asking for it first is a candidate the tuning table times, not a default.
 Runs cuDNN refuses (key length 1, for one) go to flash / memory-efficient, so mixed lengths still run.
 """
 
