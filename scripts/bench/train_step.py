@@ -537,6 +537,10 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
     )
     if cuda:
         row["smi_peak_gib"], row["smi_kind"] = poller.result()
+        # the allocator freeing its cache and retrying (a synchronizing cudaMalloc), what a cap can cost
+        stats = torch.cuda.memory_stats(device)
+        row["alloc_retries"] = stats.get("num_alloc_retries", 0)
+        row["device_ooms"] = stats.get("num_ooms", 0)
     return row
 
 
@@ -825,6 +829,7 @@ def table(rows: list[dict]) -> list[str]:
     for r in rows:
         under = r.get("under_cap")
         nan = f" ({r['nonfinite_steps']} non-finite losses)" if r.get("nonfinite_steps") else ""
+        nan += f" ({r['alloc_retries']} allocator retries)" if r.get("alloc_retries") else ""
         lines.append(
             f"{r['row']:<46} {r.get('steps_done', 0):>5} {fmt(r.get('samples_per_s'), '.2f'):>9} "
             f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('mfu') and 100 * r['mfu'], '.1f'):>6} "

@@ -154,3 +154,10 @@ def test_kernels_are_grouped_by_kind_per_step():
     assert table[1].split()[:2] == ["GEMM", "20.00"]  # largest first, per step
     assert [line.split()[0] for line in table[2:5]] == ["attention", "Triton", "copies"]
     assert table[-1].split()[-1] == "33.33"
+
+
+def test_the_table_says_when_the_allocator_retried():
+    ts = load_script()
+    row = {"row": "lora/minimal/latent_text/cap4", "steps_done": 43, "cap_gib": 4, "under_cap": True}
+    assert "allocator retries" not in ts.table([row])[1]
+    assert ts.table([{**row, "alloc_retries": 12}])[1].endswith("(12 allocator retries)")
