@@ -56,6 +56,27 @@ def test_cudnn_attention_refuses_graph_capture_on_the_faulting_versions(monkeypa
         sdpa_cudnn.varlen_attention(q, q, q, cu, 2048)
 
 
+def _graph_nodes(t: torch.Tensor) -> set[str]:
+    seen, todo, names = set(), [t.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(type(node).__name__)
+        todo += [n for n, _ in node.next_functions]
+    return names
+
+
+@pytest.mark.parametrize("lengths", [[4, 4], [3, 4, 4]])
+def test_sdpa_groups_takes_no_slices_whose_backward_zeroes_a_full_gradient(lengths):
+    # a slice's backward allocates a zeroed [T, H, D] gradient and copies into it, per q, k, v
+    x = torch.randn(sum(lengths), 2, 16, requires_grad=True)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+    names = _graph_nodes(sdpa_groups.varlen_attention(x, x, x, cu, max(lengths)))
+    assert not {n for n in names if n.startswith("Slice")}, names
+
+
 def test_runs_merge_only_consecutive_equal_lengths():
     cu = torch.tensor([0, 4, 8, 9, 13, 13, 17])
     assert sdpa_groups.runs(cu) == [(0, 2, 4), (8, 1, 1), (9, 2, 4)]

@@ -47,10 +47,14 @@ def varlen_attention(
 ) -> torch.Tensor:
     """sdpa_backends: SDPA's kernels to use, in this order of preference (None: torch's own order)."""
     T, H, D = q.shape
+    groups = runs(cu_seqlens)
+    sizes = [n * length for _, n, length in groups]
+    # one run is the whole tensor: no slice at all; several: split, whose backward is one cat. A slice's
+    # backward would zero a [T, H, D] gradient and copy into it, per run and per q, k, v.
+    parts = [(t,) if len(groups) == 1 else t.split(sizes) for t in (q, k, v)]
     outs = []
-    for start, n, length in runs(cu_seqlens):
-        end = start + n * length
-        qs, ks, vs = (t[start:end].view(n, length, H, D).transpose(1, 2) for t in (q, k, v))
+    for (_, n, length), qs, ks, vs in zip(groups, *parts, strict=True):
+        qs, ks, vs = (t.view(n, length, H, D).transpose(1, 2) for t in (qs, ks, vs))
         with (
             sdpa_kernel(list(sdpa_backends), set_priority=True) if sdpa_backends else contextlib.nullcontext()
         ):
