@@ -477,7 +477,8 @@ def kinds_table(kernels: list[tuple[str, float]], steps: int) -> str:
     """(kernel name, device ms summed over `steps`) -> ms per step and share by kind, largest first."""
     by: dict[str, float] = {}
     for name, ms in kernels:
-        by[kernel_kind(name)] = by.get(kernel_kind(name), 0.0) + ms / steps
+        kind = kernel_kind(name)
+        by[kind] = by.get(kind, 0.0) + ms / steps
     total = sum(by.values()) or 1.0
     lines = [f"{'kind':<20} {'ms/step':>9} {'share':>6}"]
     lines += [f"{k:<20} {v:9.2f} {v / total:6.1%}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])]
