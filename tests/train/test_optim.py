@@ -7,6 +7,7 @@ import torch
 from torch.optim import AdamW, Muon
 
 from kohakumoss.train import LRSchedule, build_full_ft_optimizer, split_full_ft_params
+from kohakumoss.train.optim import zero_grads
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from ..adapters.helpers import flow_batch, flow_loss, tiny_model
@@ -89,3 +90,19 @@ def test_schedules():
     assert all(g["lr"] == pytest.approx(5e-4) and g["base_lr"] == 1e-3 for g in opt.param_groups)
     with pytest.raises(ConfigError, match="LR_SCHEDULE"):
         LRSchedule("step")
+
+
+def test_zero_grads_zeroes_with_one_launch_per_dtype(monkeypatch):
+    params = [torch.nn.Parameter(torch.randn(3, 2)) for _ in range(40)]
+    params += [torch.nn.Parameter(torch.randn(4, dtype=torch.float64)) for _ in range(3)]
+    params.append(torch.nn.Parameter(torch.randn(2)))  # no grad: left as it is
+    for p in params[:-1]:
+        p.grad = torch.randn_like(p)
+    calls = []
+    real = torch._foreach_zero_
+    monkeypatch.setattr(torch, "_foreach_zero_", lambda ts: calls.append(len(ts)) or real(ts))
+    zero_grads(params, set_to_none=False)
+    assert sorted(calls) == [3, 40]  # one launch per dtype, not one per tensor (torch's unfused zero_grad)
+    assert all(p.grad is not None and not p.grad.any() for p in params[:-1]) and params[-1].grad is None
+    zero_grads(params, set_to_none=True)
+    assert all(p.grad is None for p in params)

@@ -351,7 +351,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 for opt in tr.optimizer.optimizers.values():
                     scaler.unscale_(opt)
             clip = float(k["GRAD_CLIP"]) or math.inf
-            grad_norm = float(tr.optimizer.clip_grad_norm_(clip))
+            grad_norm = tr.optimizer.clip_grad_norm_(clip)  # a device tensor: read when logged
             if scaler:
                 for opt in tr.optimizer.optimizers.values():
                     scaler.step(opt)
@@ -371,7 +371,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                     step=step,
                     loss=loss_value,
                     lr=k["LR"] * lr_factor,
-                    grad_norm=grad_norm,
+                    grad_norm=float(grad_norm),
                     samples=samples,
                     tokens=tokens,
                     samples_per_s=samples / dt,

@@ -43,6 +43,32 @@ def split_full_ft_params(
     return muon, decay, no_decay
 
 
+def zero_grads(params: Iterable[torch.Tensor], set_to_none: bool = True) -> None:
+    """Drop or zero every param's grad, zeroing with one multi-tensor launch per device and dtype.
+
+    torch's own zero_grad zeroes tensor by tensor unless the optimizer was *built* foreach or fused: with
+    hundreds of LoRA tensors that is hundreds of launches, and the GPU waits on the host between steps.
+    """
+    groups: dict[tuple, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is None:
+            continue
+        if set_to_none:
+            p.grad = None
+            continue
+        if p.grad.grad_fn is not None:
+            p.grad.detach_()
+        else:
+            p.grad.requires_grad_(False)
+        groups.setdefault((p.grad.device, p.grad.dtype, p.grad.is_sparse), []).append(p.grad)
+    for (_, _, sparse), grads in groups.items():
+        if sparse:
+            for g in grads:
+                g.zero_()
+        else:
+            torch._foreach_zero_(grads)
+
+
 class CombinedOptimizer:
     """Several torch optimizers stepped together; param_groups are the members' own group dicts."""
 
@@ -67,8 +93,7 @@ class CombinedOptimizer:
             opt.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        for opt in self.optimizers.values():
-            opt.zero_grad(set_to_none=set_to_none)
+        zero_grads(self.params(), set_to_none)
 
     def state_dict(self) -> dict:
         return {name: opt.state_dict() for name, opt in self.optimizers.items()}

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from kohakumoss.train.optim import CombinedOptimizer
+from kohakumoss.train.optim import CombinedOptimizer, zero_grads
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from ..plan import OPTIMIZER_PLACEMENTS
@@ -172,37 +172,33 @@ class PlacedOptimizer:
             self._stream_step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        zero_grads(self._params, set_to_none)
         if self.placement == "gpu":
-            self.combined.zero_grad(set_to_none=set_to_none)
             return
-        for p in self._params:
-            if p.grad is not None:
-                if set_to_none:
-                    p.grad = None
-                else:
-                    p.grad.zero_()
         for m in self._masters:
             m.grad = None
         if self.grad_offload is not None:
             self.grad_offload.zero()
         self._device_grads, self._grad_coef, self._gathered = [], 1.0, False
 
-    def clip_grad_norm_(self, max_norm: float) -> float:
-        """Clip the (fp32) grads to `max_norm` in total 2-norm, like torch.nn.utils.clip_grad_norm_; the norm before."""
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip the (fp32) grads to `max_norm` in total 2-norm, like torch.nn.utils.clip_grad_norm_; the norm
+        before, as a 0-d tensor. On the GPU it stays there (reading it waits for the step: float() it when
+        logging, not every step)."""
         if self.placement == "gpu":
             grads = [p for p in self._params if p.grad is not None]
-            return float(torch.nn.utils.clip_grad_norm_(grads, max_norm)) if grads else 0.0
+            return torch.nn.utils.clip_grad_norm_(grads, max_norm) if grads else torch.zeros(())
         self._gather()
         host = [m for m in self._masters if m.grad is not None]
         if host:
-            return float(torch.nn.utils.clip_grad_norm_(host, max_norm))
+            return torch.nn.utils.clip_grad_norm_(host, max_norm)
         dev = [g for g in self._device_grads if g is not None]
         if not dev:
-            return 0.0
+            return torch.zeros(())
         norms = [torch.linalg.vector_norm(g, 2.0, dtype=torch.float32) for g in dev]
         total = float(torch.linalg.vector_norm(torch.stack(norms))) * self._grad_coef
         self._grad_coef *= min(1.0, max_norm / (total + 1e-6))
-        return total
+        return torch.tensor(total)
 
     def unscale_(self, inv_scale: float) -> bool:
         """Multiply the grads by `inv_scale` (a GradScaler's 1/scale); True when a grad is not finite."""
