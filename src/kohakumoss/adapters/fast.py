@@ -34,13 +34,14 @@ def _dropping(module: LoConModule) -> bool:
 
 
 def _terms(module: LoConModule, scalar: float, dtype: torch.dtype) -> tuple:
-    """(weight, bias, down, up, scale) of a routed LoRA linear, in the compute dtype."""
+    """(weight, bias, down, up, scale) of a routed LoRA linear: the frozen base in the compute dtype, the
+    LoRA weights as stored (the op computes in x's dtype; its fast backends return fp32 grads directly)."""
     org = module.org_module[0]
     return (
         org.weight.to(dtype),
         org.bias.to(dtype) if org.bias is not None else None,
-        module.lora_down.weight.to(dtype),
-        module.lora_up.weight.to(dtype),
+        module.lora_down.weight,
+        module.lora_up.weight,
         float(module.scale) * float(module.multiplier) * scalar,
     )
 

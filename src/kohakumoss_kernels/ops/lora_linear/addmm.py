@@ -1,14 +1,17 @@
 """lora_linear as cuBLAS calls with the LoRA terms folded into the frozen GEMMs' outputs, in place.
 
-Forward:  y  = x W^T + b;  y += scale * h up^T  (in place),  h = x down^T     (h kept for the backward)
-          or, `lora_first` (backend addmm_lora_first): y = b + scale * h up^T;  y += x W^T (in place)
-Backward: q  = gy up;   gx = scale * q down;  gx += gy W  (in place)        (one pass, no separate add)
-          g_up = gy^T (scale * h);   g_down = (scale * q)^T x;   gW = gy^T x (only when W trains)
+Forward:  hs = scale * x down^T  (alpha, kept for the backward);  y = x W^T + b;  y += hs up^T  (in place)
+          or, `lora_first` (backend addmm_lora_first): y = b + hs up^T;  y += x W^T (in place)
+Backward: sq = scale * gy up;   gx = sq down;  gx += gy W  (in place)        (one pass, no separate add)
+          g_up = gy^T hs;   g_down = sq^T x;   gW = gy^T x (only when W trains)
 In place because out-of-place `torch.addmm(C, a, b)` on CUDA first copies C into a new result (a read and
 a write of [T, out] before the GEMM reads it again); eager autograd would also write the LoRA part of gx
 and the base part separately and add them: two more passes over a [T, I] tensor per linear.
 The two forward orders move the same bytes; `lora_first` reads the [T, out] sum inside the big
 (compute-bound) GEMM's epilogue instead of in the rank-r GEMM (memory-bound): the tuner picks per shape.
+down and up come in their own dtype (fp32 masters) and are cast here; their gradients leave in that
+dtype straight from cuBLAS (bf16 products, fp32 output) and `scale` rides the GEMMs' alpha: per LoRA
+linear five fewer small kernels (a cast of each gradient, a transposed copy, two scalings) than autograd.
 """
 
 from __future__ import annotations
@@ -17,47 +20,70 @@ import torch
 import torch.nn.functional as F
 
 
-def _t_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.mm(a.t(), b)
-
-
-def rank_products(lowrank: bool):
-    """(rows, cols) = (a @ b, a^T @ b) for the rank-r products: cuBLAS, or the Triton kernels of lowrank.py."""
+def scaled_rows(a: torch.Tensor, b: torch.Tensor, scale: float, lowrank: bool) -> torch.Tensor:
+    """scale * a @ b for a rank-r product, the scale as cuBLAS's alpha (no separate scaling kernel)."""
     if lowrank:
-        from .lowrank import cols_mm, rows_mm  # Triton: imported only where that backend runs
+        from .lowrank import rows_mm
 
-        return rows_mm, cols_mm
-    return torch.mm, _t_mm
+        out = rows_mm(a, b)
+        return out if scale == 1.0 else out.mul_(scale)
+    # beta=0: the uninitialised output is never read (torch.addmm's documented contract)
+    return torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device).addmm_(
+        a, b, beta=0, alpha=scale
+    )
+
+
+def weight_grad(
+    a_t: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, lowrank: bool = False
+) -> torch.Tensor:
+    """a_t @ b, the gradient of a parameter stored in `dtype`: on CUDA cuBLAS writes fp32 from bf16/fp16
+    products directly (no cast kernel after it). a_t is usually a transposed view."""
+    if lowrank:  # its kernel wants the rank-r operand on the right: (b^T a_t^T)^T when b is the wide one
+        from .lowrank import cols_mm
+
+        small_right = b.shape[1] <= a_t.shape[0]
+        out = cols_mm(a_t.t(), b) if small_right else cols_mm(b, a_t.t()).t()
+        return out.to(dtype)
+    if a_t.dtype == dtype:
+        return torch.mm(a_t, b)
+    if a_t.is_cuda and dtype == torch.float32:
+        return torch.mm(a_t, b, out_dtype=dtype)
+    return torch.mm(a_t, b).to(dtype)
+
+
+def compute_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, down, up, scale: float, lora_first: bool, lowrank: bool = False):
-        rows, _ = rank_products(lowrank)
-        h = rows(x2, down.t())
-        if lora_first:  # scale the [T, r] h, not the [T, out] product; a 1-D bias rides cuBLASLt's epilogue
-            hs = h * scale
-            out = torch.mm(hs, up.t()) if bias is None else torch.addmm(bias, hs, up.t())
+        dtype = x2.dtype
+        down_c, up_c = compute_copy(down, dtype), compute_copy(up, dtype)
+        hs = scaled_rows(x2, down_c.t(), scale, lowrank)
+        if lora_first:  # a 1-D bias rides cuBLASLt's epilogue
+            out = torch.mm(hs, up_c.t()) if bias is None else torch.addmm(bias, hs, up_c.t())
             out.addmm_(x2, weight.t())
         else:
-            out = F.linear(x2, weight, bias).addmm_(h, up.t(), alpha=scale)
-        ctx.save_for_backward(x2, weight, down, up, h)
+            out = F.linear(x2, weight, bias).addmm_(hs, up_c.t())
+        ctx.save_for_backward(x2, weight, down_c, up_c, hs)
         ctx.scale, ctx.lowrank = scale, lowrank
+        ctx.dtypes = (down.dtype, up.dtype)
         return out
 
     @staticmethod
     def backward(ctx, gy):
-        x2, weight, down, up, h = ctx.saved_tensors
+        x2, weight, down, up, hs = ctx.saved_tensors
         need_x, need_w, need_b, need_down, need_up = ctx.needs_input_grad[:5]
-        rows, cols = rank_products(ctx.lowrank)
+        lowrank = ctx.lowrank
         gx = gw = gb = g_down = g_up = None
-        sq = rows(gy, up).mul_(ctx.scale) if (need_x or need_down) else None
+        sq = scaled_rows(gy, up, ctx.scale, lowrank) if (need_x or need_down) else None
         if need_x:
             gx = torch.mm(sq, down).addmm_(gy, weight)
         if need_down:
-            g_down = cols(x2, sq).t()
+            g_down = weight_grad(sq.t(), x2, ctx.dtypes[0], lowrank)
         if need_up:
-            g_up = cols(gy, h * ctx.scale)
+            g_up = weight_grad(gy.t(), hs, ctx.dtypes[1], lowrank)
         if need_w:
             gw = torch.mm(gy.t(), x2)
         if need_b:

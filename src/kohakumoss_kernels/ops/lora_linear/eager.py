@@ -14,5 +14,5 @@ def lora_linear(
     up: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """x [..., I]; weight [O, I]; bias [O] or None; down [r, I]; up [O, r]."""
-    return F.linear(x, weight, bias) + scale * F.linear(F.linear(x, down), up)
+    """x [..., I]; weight [O, I]; bias [O] or None; down [r, I]; up [O, r] (any float dtype: computed in x's)."""
+    return F.linear(x, weight, bias) + scale * F.linear(F.linear(x, down.to(x.dtype)), up.to(x.dtype))

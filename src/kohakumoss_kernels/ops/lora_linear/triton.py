@@ -24,4 +24,5 @@ def lora_linear(
     up: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
+    down, up = down.to(x.dtype), up.to(x.dtype)  # the kernels take one dtype
     return locon_bypass_diff(x, down, up, float(scale), backend=BACKEND, base=F.linear(x, weight, bias))

@@ -1,0 +1,84 @@
+"""LoRA weights kept in fp32 (the optimizer's masters) while the linear computes in x's dtype: the addmm
+backends cast inside, scale through cuBLAS's alpha, and return each gradient in its parameter's dtype,
+as the eager reference (whose autograd casts) does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kohakumoss_kernels.ops.lora_group.addmm import lora_group
+from kohakumoss_kernels.ops.lora_linear.addmm import lora_linear
+from kohakumoss_kernels.registry import eager_op
+
+
+def _inputs(compute, device, outs=(7,), ranks=(3,), d=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, dtype, grad, scale=1.0):
+        t = torch.randn(*shape, generator=g, dtype=torch.float64) * scale
+        return t.to(device, dtype).requires_grad_(grad)
+
+    x = rnd(9, d, dtype=compute, grad=True)
+    ws = [rnd(o, d, dtype=compute, grad=False, scale=d**-0.5) for o in outs]
+    bs = [rnd(o, dtype=compute, grad=False) for o in outs]
+    downs = [rnd(r, d, dtype=torch.float32, grad=True, scale=d**-0.5) for r in ranks]
+    ups = [rnd(o, r, dtype=torch.float32, grad=True) for o, r in zip(outs, ranks, strict=True)]
+    return x, ws, bs, downs, ups
+
+
+def _grads(outs, leaves, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    torch.autograd.backward(outs, [torch.randn(o.shape, generator=g).to(o.device, o.dtype) for o in outs])
+    return [t.grad for t in leaves]
+
+
+def _check(got, ref, dtype_of, tol):
+    for a, r, p in zip(got, ref, dtype_of, strict=True):
+        assert a is not None and a.dtype == p.dtype, (a.dtype if a is not None else None, p.dtype)
+        torch.testing.assert_close(a.float(), r.float(), atol=tol * r.abs().max().item(), rtol=tol)
+
+
+@pytest.mark.parametrize("lora_first", [False, True])
+def test_lora_linear_returns_master_dtype_grads(lora_first):
+    x, (w,), (b,), (d,), (u,) = _inputs(torch.float64, "cpu")
+    got = _grads([lora_linear(x, w, b, d, u, 0.7, lora_first)], [x, d, u])
+    x2, (w2,), (b2,), (d2,), (u2,) = _inputs(torch.float64, "cpu")
+    ref = _grads([eager_op("lora_linear")(x2, w2, b2, d2, u2, 0.7)], [x2, d2, u2])
+    _check(got, ref, [x, d, u], 1e-6)
+
+
+@pytest.mark.parametrize("scales", [(0.5, 0.5, 0.5), (0.7, 1.0, 0.25)])  # shared: H carries the scale
+def test_lora_group_returns_master_dtype_grads(scales):
+    def run(op):
+        x, ws, bs, downs, ups = _inputs(torch.float64, "cpu", outs=(7, 7, 5), ranks=(3, 2, 3))
+        outs = op(x, ws, bs, downs, ups, scales)
+        return outs, _grads(list(outs), [x, *downs, *ups]), [x, *downs, *ups]
+
+    outs, got, leaves = run(lora_group)
+    ref_outs, ref, _ = run(eager_op("lora_group"))
+    for a, r in zip(outs, ref_outs, strict=True):
+        torch.testing.assert_close(a, r)
+    _check(got, ref, leaves, 1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
+)
+@pytest.mark.parametrize("backend", ["addmm", "addmm_lora_first", "addmm_lowrank", "triton"])
+def test_cuda_bf16_compute_with_fp32_masters(backend):
+    import importlib
+
+    fn = importlib.import_module(f"kohakumoss_kernels.ops.lora_linear.{backend}").lora_linear
+    x, (w,), (b,), (d,), (u,) = _inputs(torch.bfloat16, "cuda", outs=(320,), ranks=(32,), d=256)
+    out = fn(x, w, b, d, u, 0.5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = _grads([out], [x, d, u])
+    casts = [e.key for e in prof.key_averages() if e.key in ("aten::_to_copy", "aten::mul_", "aten::mul")]
+XX
+        assert casts == [], casts  # fp32 grads straight from cuBLAS, the scale as alpha
+    x2, (w2,), (b2,), (d2,), (u2,) = _inputs(torch.bfloat16, "cuda", outs=(320,), ranks=(32,), d=256)
+    x2 = x2.detach().float().requires_grad_(True)  # the reference in float32 from the same rounded values
+    ref = _grads([eager_op("lora_linear")(x2, w2.float(), b2.float(), d2, u2, 0.5)], [x2, d2, u2])
+    _check(got, ref, [x, d, u], 3e-2)
