@@ -76,7 +76,7 @@ def test_cuda_bf16_compute_with_fp32_masters(backend):
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         got = _grads([out], [x, d, u])
     casts = [e.key for e in prof.key_averages() if e.key in ("aten::_to_copy", "aten::mul_", "aten::mul")]
-XX
+    if backend in ("addmm", "addmm_lora_first"):  # lowrank and triton cast (one dtype per kernel)
         assert casts == [], casts  # fp32 grads straight from cuBLAS, the scale as alpha
     x2, (w2,), (b2,), (d2,), (u2,) = _inputs(torch.bfloat16, "cuda", outs=(320,), ranks=(32,), d=256)
     x2 = x2.detach().float().requires_grad_(True)  # the reference in float32 from the same rounded values
