@@ -50,6 +50,7 @@ from kohakumoss.memory.estimate import estimate_peak  # noqa: E402
 from kohakumoss.memory.install import install_memory_plan  # noqa: E402
 from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
 from kohakumoss.memory.profiles import PROFILES  # noqa: E402
+from kohakumoss_kernels import triton_utils  # noqa: E402
 
 PRESET = "moss-image-5b"  # MossConfig preset, random weights
 DEVICE = "cuda"  # cuda | cpu (cpu: rows in this process, no caps, no nvidia-smi)
@@ -701,6 +702,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     peak, why = predicted_peak(plan, spec, cfg, a, sum(seq_lens), n_params, te_bytes, vae_bytes)
     row.update(predicted_gib=peak, predicted_note=why, trainable_params=n_train, params=n_params)
     row["plan"] = plan.knobs()
+    row["triton_launch_configs"] = triton_utils.picked()  # empty with KOHAKUMOSS_TRITON_PICK=0 (defaults)
     if resident is not None:
         row["resident_before_step_gib"] = resident
     row["nonfinite_steps"] = len(nonfinite)
