@@ -3,6 +3,8 @@ reference (float64 gradcheck, float32 values and gradients; bf16 on the GPU) and
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -45,9 +47,10 @@ def test_gradients_are_exact_in_float64(trainable_base, with_bias):
     assert torch.autograd.gradcheck(fn, flat)
 
 
-def test_values_and_gradients_equal_the_eager_reference():
+@pytest.mark.parametrize("lora_first", [False, True])
+def test_values_and_gradients_equal_the_eager_reference(lora_first):
     outs, grads = [], []
-    for op in (lora_group, eager_op("lora_group")):
+    for op in (partial(lora_group, lora_first=lora_first), eager_op("lora_group")):
         x, w, b, d, u, s = members(dtype=torch.float32)
         y = op(x, w, b, d, u, s)
         g = torch.Generator().manual_seed(5)
@@ -82,8 +85,8 @@ def test_keys_tell_groups_apart_and_timing_leaves_the_members_grads_alone():
     not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
 )
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("lowrank", [False, True])
-def test_cuda_matches_the_float32_reference(dtype, lowrank):
+@pytest.mark.parametrize("lowrank, lora_first", [(False, False), (True, False), (False, True)])
+def test_cuda_matches_the_float32_reference(dtype, lowrank, lora_first):
     x, w, b, d, u, s = members(dtype=dtype, device="cuda", d=256)
 
     def widened(t):  # the same (already rounded) values in float32: only the op's own arithmetic differs
@@ -91,7 +94,7 @@ def test_cuda_matches_the_float32_reference(dtype, lowrank):
 
     ref_x, ref_w, ref_b, ref_d, ref_u = widened(x), *(tuple(map(widened, g)) for g in (w, b, d, u))
     ref = eager_op("lora_group")(ref_x, ref_w, ref_b, ref_d, ref_u, s)
-    out = lora_group(x, w, b, d, u, s, lowrank=lowrank)
+    out = lora_group(x, w, b, d, u, s, lowrank=lowrank, lora_first=lora_first)
     g = [torch.randn_like(o, dtype=torch.float32) for o in ref]
     torch.autograd.backward(ref, g)
     torch.autograd.backward(out, [t.to(dtype) for t in g])

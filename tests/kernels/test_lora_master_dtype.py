@@ -48,14 +48,15 @@ def test_lora_linear_returns_master_dtype_grads(lora_first):
     _check(got, ref, [x, d, u], 1e-6)
 
 
+@pytest.mark.parametrize("lora_first", [False, True])
 @pytest.mark.parametrize("scales", [(0.5, 0.5, 0.5), (0.7, 1.0, 0.25)])  # shared: H carries the scale
-def test_lora_group_returns_master_dtype_grads(scales):
+def test_lora_group_returns_master_dtype_grads(scales, lora_first):
     def run(op):
         x, ws, bs, downs, ups = _inputs(torch.float64, "cpu", outs=(7, 7, 5), ranks=(3, 2, 3))
         outs = op(x, ws, bs, downs, ups, scales)
         return outs, _grads(list(outs), [x, *downs, *ups]), [x, *downs, *ups]
 
-    outs, got, leaves = run(lora_group)
+    outs, got, leaves = run(lambda *a: lora_group(*a, lora_first=lora_first))
     ref_outs, ref, _ = run(eager_op("lora_group"))
     for a, r in zip(outs, ref_outs, strict=True):
         torch.testing.assert_close(a, r)

@@ -20,9 +20,19 @@ import torch.nn.functional as F
 from ..lora_linear.addmm import compute_copy, scaled_rows, weight_grad
 
 
+def _member_out(x2, w, b, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
+    """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output, or (lora_first) written
+    first and read by the frozen GEMM's epilogue, as lora_linear's two orders."""
+    if lora_first:
+        if b is not None:  # the 1-D bias rides cuBLASLt's epilogue
+            return torch.addmm(b, h, up.t(), alpha=alpha).addmm_(x2, w.t())
+        return scaled_rows(h, up.t(), alpha, lowrank=False).addmm_(x2, w.t())
+    return F.linear(x2, w, b).addmm_(h, up.t(), alpha=alpha)
+
+
 class _LoraGroup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x2, n: int, scales: tuple[float, ...], lowrank: bool, *tensors):
+    def forward(ctx, x2, n: int, scales: tuple[float, ...], lowrank: bool, lora_first: bool, *tensors):
         weights, biases, downs, ups = (tensors[i * n : (i + 1) * n] for i in range(4))
         dtype = x2.dtype
         ranks = [d.shape[0] for d in downs]
@@ -32,7 +42,7 @@ class _LoraGroup(torch.autograd.Function):
         h = scaled_rows(x2, down.t(), scales[0] if shared else 1.0, lowrank)
         hs = h.split(ranks, dim=1)
         outs = tuple(
-            F.linear(x2, w, b).addmm_(hi, u.t(), alpha=1.0 if shared else s)
+            _member_out(x2, w, b, hi, u, 1.0 if shared else s, lora_first)
             for w, b, hi, u, s in zip(weights, biases, hs, ups_c, scales, strict=True)
         )
         ctx.save_for_backward(x2, down, h, *weights, *ups_c)
@@ -46,7 +56,9 @@ class _LoraGroup(torch.autograd.Function):
         x2, down, h, *rest = ctx.saved_tensors
         weights, ups = rest[:n], rest[n:]
         down_dtypes, up_dtypes = ctx.dtypes
-        need = ctx.needs_input_grad[4:]  # after x2, n, scales, lowrank: weights, biases, downs, ups
+        need = ctx.needs_input_grad[
+            5:
+        ]  # after x2, n, scales, lowrank, lora_first: weights, biases, downs, ups
         need_x = ctx.needs_input_grad[0]
         need_w = need[:n]
         need_down = any(need[2 * n : 3 * n])
@@ -72,7 +84,7 @@ class _LoraGroup(torch.autograd.Function):
             g_ups.append(gu if gu is None or ctx.shared or s == 1.0 else gu.mul_(s))
         g_ws = [torch.mm(g.t(), x2) if nw else None for g, nw in zip(gys, need_w, strict=True)]
         g_bs = [g.sum(0) if nb else None for g, nb in zip(gys, need[n : 2 * n], strict=True)]
-        return (gx, None, None, None, *g_ws, *g_bs, *(g_downs or [None] * n), *g_ups)
+        return (gx, None, None, None, None, *g_ws, *g_bs, *(g_downs or [None] * n), *g_ups)
 
 
 def lora_group(
@@ -83,9 +95,10 @@ def lora_group(
     ups: Sequence[torch.Tensor],
     scales: Sequence[float],
     lowrank: bool = False,
+    lora_first: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     lead, n = x.shape[:-1], len(weights)
     tensors = (*weights, *biases, *downs, *ups)
     scales = tuple(float(s) for s in scales)
-    outs = _LoraGroup.apply(x.reshape(-1, x.shape[-1]), n, scales, lowrank, *tensors)
+    outs = _LoraGroup.apply(x.reshape(-1, x.shape[-1]), n, scales, lowrank, lora_first, *tensors)
     return tuple(o.reshape(*lead, o.shape[-1]) for o in outs)
