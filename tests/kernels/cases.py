@@ -98,9 +98,13 @@ def compare_shuffled(op: str, backend: str, lengths: list[int], dtype, device, *
     compare(op, backend, lengths, dtype, device, shuffle=True, **dims)
 
 
-def compare(op: str, backend: str, lengths: list[int], dtype, device, shuffle: bool = False, **dims) -> None:
-    """Assert backend == eager (computed in float32 from the same inputs) on outputs and gradients."""
+def compare(
+    op: str, backend: str, lengths: list[int], dtype, device, shuffle: bool = False, op_kwargs=None, **dims
+) -> None:
+    """Assert backend == eager (computed in float32 from the same inputs) on outputs and gradients;
+    op_kwargs go to both calls (for example norm_modulate's fork=True)."""
     args, kwargs = make_inputs(op, lengths, dtype, device, **dims)
+    kwargs = {**kwargs, **(op_kwargs or {})}
     if shuffle:
         args = shuffle_samples(args)
     ref_args = tuple(

@@ -34,6 +34,8 @@ if __name__ == "__main__":
         if op in PER_SAMPLE:  # a sample with no rows, a whole sample inside one chunk, unsorted rows
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40)
             compare(op, "triton", [4, 9, 3], torch.float32, "cpu", shuffle=True, d=40)
+        if op == "norm_modulate":  # x's other use's gradient added in the backward's own pass
+            compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", op_kwargs={"fork": True}, d=40)
         if op in ("rms_norm", "qk_norm_rope"):
             compare(op, "triton", [2], torch.float32, "cpu", d=40, heads=3, head_dim=16)
         print(f"ok {op}", flush=True)

@@ -129,3 +129,27 @@ def test_onehot_per_sample_ops_match_eager(op, shuffled):
     """The one-hot matmul form of the per-sample gather (kohakumoss_kernels/per_token.py), values and
     gradients, samples packed in order and tokens shuffled across samples."""
     (compare_shuffled if shuffled else compare)(op, "onehot", [3, 1, 7], torch.float32, "cpu")
+
+
+@pytest.mark.parametrize("backend", ["eager", "onehot"])
+def test_norm_modulate_fork_gives_x_both_gradients(backend):
+    """fork=True returns (h, x): x's gradient is h's path plus whatever the second output receives."""
+    import importlib
+
+    fn = importlib.import_module(f"kohakumoss_kernels.ops.norm_modulate.{backend}").norm_modulate
+    g = torch.Generator().manual_seed(0)
+    x0, shift, scale = (
+        torch.randn(7, 16, generator=g),
+        torch.randn(2, 16, generator=g),
+        torch.randn(2, 16, generator=g),
+    )
+    ts = torch.tensor([0, 0, 0, 1, 1, 1, 1])
+    gh, gres = torch.randn(7, 16, generator=g), torch.randn(7, 16, generator=g)
+    x = x0.clone().requires_grad_(True)
+    h, alias = fn(x, shift, scale, ts, 1e-6, fork=True)
+    torch.autograd.backward([h, alias], [gh, gres])
+    x_ref = x0.clone().requires_grad_(True)
+    h_ref = fn(x_ref, shift, scale, ts, 1e-6)
+    h_ref.backward(gh)
+    torch.testing.assert_close(h, h_ref)
+    torch.testing.assert_close(x.grad, x_ref.grad + gres)

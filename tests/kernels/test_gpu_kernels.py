@@ -37,6 +37,13 @@ def test_triton_row_ops(op, d, lengths, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lengths", LENGTHS, ids=str)
+@pytest.mark.parametrize("backend", ["triton", "onehot"])
+def test_norm_modulate_fork(backend, lengths, dtype):
+    compare("norm_modulate", backend, lengths, dtype, "cuda", op_kwargs={"fork": True}, d=3072)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lengths", LENGTHS, ids=str)
 @pytest.mark.parametrize("op", ["norm_modulate", "gated_residual", "residual_norm_modulate"])
 def test_onehot_per_sample_ops(op, lengths, dtype):
     compare(op, "onehot", lengths, dtype, "cuda", d=3072)

@@ -82,7 +82,7 @@ class MossBlock(nn.Module):
         """x -> (x + gate1 * attn(...), the MLP's AdaLN input): the residual add and the next modulate fused."""
         shift1, scale1, gate1, shift2, scale2, _ = mods
         ts = seq.token_sample
-        h = ops.norm_modulate(x, shift1, scale1, ts, self.eps)
+        h, x = ops.norm_modulate(x, shift1, scale1, ts, self.eps, fork=True)  # x's two gradients in one pass
         return ops.residual_norm_modulate(
             x, self.attn(h, seq, rope, ops), gate1, shift2, scale2, ts, self.eps
         )

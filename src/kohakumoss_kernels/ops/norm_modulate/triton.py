@@ -47,7 +47,7 @@ def _load_tile(X, DY, RSTD, TS, rows, end, cols, cmask, d):
 
 @triton.jit
 def _norm_modulate_bwd(
-    DY, X, SCALE, TS, RSTD, DX, P, D, FIRST, LAST, T, d, tiles_per_prog,
+    DY, X, SCALE, TS, RSTD, DX, DRES, has_res, P, D, FIRST, LAST, T, d, tiles_per_prog,
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -75,6 +75,8 @@ def _norm_modulate_bwd(
         xhat = x * rstd
         g = dy * (1.0 + sc)
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
+        if has_res:  # fork: the gradient x got through its other use, added here instead of by autograd
+            dx += tl.load(DRES + cur_off, mask=cur_mask, other=0.0).to(tl.float32)
         tl.store(DX + cur_off, dx.to(DX.dtype.element_ty), mask=cur_mask)
         c_sc = dy * xhat
         acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
@@ -85,7 +87,7 @@ def _norm_modulate_bwd(
 
 class _NormModulate(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, shift, scale, token_sample, eps):
+    def forward(ctx, x, shift, scale, token_sample, eps, fork):
         x = x.contiguous()
         shift, scale, ts = shift.contiguous(), scale.contiguous(), token_sample.contiguous()
         T, d = x.shape
@@ -96,21 +98,23 @@ class _NormModulate(torch.autograd.Function):
             launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x, scale, ts, rstd)
         ctx.shift_dtype = shift.dtype
-        return y
+        return (y, x.view_as(x)) if fork else y
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy, dres=None):
         x, scale, ts, rstd = ctx.saved_tensors
         T, d = x.shape
         dy = dy.contiguous()
         dx = torch.empty_like(x)
         if not T:
             z = torch.zeros_like(scale)
-            return dx, z.to(ctx.shift_dtype), z, None, None
-        launch = ss.PerSampleBackward(_norm_modulate_bwd, (dy, x, scale, ts, rstd, dx), x, scale.shape[0], 2)
+            return dx, z.to(ctx.shift_dtype), z, None, None, None
+        res = (dx, 0) if dres is None else (dres.contiguous(), 1)
+        args = (dy, x, scale, ts, rstd, dx, *res)
+        launch = ss.PerSampleBackward(_norm_modulate_bwd, args, x, scale.shape[0], 2)
         launch(pick("norm_modulate.bwd", row_key(x, T, d), launch.configs(), launch))
         out = launch.sums(scale.dtype)  # [B, (scale, shift), d]
-        return dx, out[:, 1].to(ctx.shift_dtype), out[:, 0], None, None
+        return dx, out[:, 1].to(ctx.shift_dtype), out[:, 0], None, None, None
 
 
 def norm_modulate(
@@ -119,5 +123,6 @@ def norm_modulate(
     scale: torch.Tensor,
     token_sample: torch.Tensor,
     eps: float = 1e-6,
-) -> torch.Tensor:
-    return _NormModulate.apply(x, shift, scale, token_sample, eps)
+    fork: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return _NormModulate.apply(x, shift, scale, token_sample, eps, fork)
