@@ -30,6 +30,8 @@ MEASURED = {
     "lora/minimal/cap4": (1.739, 0.485),  # session 4: not fitted (below)
     "full/speed": (1.307, 0.526),  # session 3
     "full/c0252/cap24": (4.92, 0.479),  # session 5
+    "full/c0261/cap24": (143.0, 0.463),  # session 6: steps 1-2 (147, 139 s) of a row that timed out
+    "lora/c0285/cap8": (0.79, 0.463),  # session 6: not fitted, printed against the prediction
 }
 # lora/minimal/cap4 is printed against its prediction, not fitted: with every engine at once under a
 # 4 GiB cap it runs ~1.6x slower than the model says, while offload alone on an uncapped block costs what
@@ -53,6 +55,7 @@ FITS = (
     ("STREAM_LOAD_OVERHEAD_S", _attr("STREAM_LOAD_OVERHEAD_S"), "low_vram", LORA, "lora/low_vram/cap8", (0, 0.1)),
     ('GPU_OPT_S_PER_PARAM["muon"]', _set("GPU_OPT_S_PER_PARAM", "muon"), "speed", FULL, "full/speed", (0, 1e-8)),
     ("HOST_GRAD_SUM_S_PER_PARAM", _attr("HOST_GRAD_SUM_S_PER_PARAM"), "c0252", FULL, "full/c0252/cap24", (0, 1e-8)),
+    ("FULL_STREAM_BLOCK_S", _attr("FULL_STREAM_BLOCK_S"), "c0261", FULL, "full/c0261/cap24", (0, 100)),
 )  # fmt: skip
 
 
@@ -100,7 +103,7 @@ def main() -> None:
         print(f"{name} = {value:.4g}")
     for mode, knobs in (("lora", LORA), ("full", FULL)):
         base = step_seconds(PROFILES["speed"], knobs, config)
-        for name in ("speed", "balanced", "low_vram", "minimal", "c0252", "c0290"):
+        for name in ("speed", "balanced", "low_vram", "minimal", "c0252", "c0261", "c0285", "c0290"):
             plan = plan_of(name, config.depth)
             t = step_seconds(plan, knobs, config)
             row = next((r for r in MEASURED if r.startswith(f"{mode}/{name}")), None)

@@ -24,12 +24,14 @@ def test_the_constants_in_calibration_are_the_fit(monkeypatch):
         'GPU_OPT_S_PER_PARAM["muon"]': cal.GPU_OPT_S_PER_PARAM["muon"],
         'GPU_OPT_S_PER_PARAM["adamw"]': cal.GPU_OPT_S_PER_PARAM["adamw"],
         "HOST_GRAD_SUM_S_PER_PARAM": cal.HOST_GRAD_SUM_S_PER_PARAM,
+        "FULL_STREAM_BLOCK_S": cal.FULL_STREAM_BLOCK_S,
     }
     for name in (
         "EFFECTIVE_FLOPS",
         "STREAM_LOAD_OVERHEAD_S",
         "ACT_OFFLOAD_OVERHEAD_S",
         "HOST_GRAD_SUM_S_PER_PARAM",
+        "FULL_STREAM_BLOCK_S",
     ):
         monkeypatch.setattr(cal, name, getattr(cal, name) * 3)  # start far off: the fit must find them again
     monkeypatch.setattr(cal, "RECOMPUTE_SHARE", copy.deepcopy(cal.RECOMPUTE_SHARE))

@@ -84,6 +84,7 @@ CUDA_CONTEXT_BYTES = 1.6 * GIB
 #   lora/low_vram/cap8 1.020 / 0.526 s (session 3)       -> STREAM_LOAD_OVERHEAD_S
 #   full/speed 1.307 / 0.526 s (session 3)               -> GPU_OPT_S_PER_PARAM["muon"]
 #   full/c0252/cap24 4.92 s (session 5)                  -> HOST_GRAD_SUM_S_PER_PARAM
+#   full/c0261/cap24 ~140 s / speed 0.463 s (session 6)   -> FULL_STREAM_BLOCK_S
 # solved in that order, repeated until they settle (the later rows depend on the earlier constants):
 # scripts/bench/fit_step_cost.py does it and prints them; tests/memory/test_cost_fit.py checks they agree.
 # Achieved throughput by the model's block multiply-adds (graphed, tuned kernels: MFU by the bench's own
@@ -118,6 +119,12 @@ RECOMPUTE_SHARE: dict[str, float | None] = {
 STREAM_LOAD_OVERHEAD_S = 2.23e-3
 ACT_OFFLOAD_OVERHEAD_S = 0.5e-3
 HOST_GRAD_SUM_S_PER_PARAM = 0.348e-9
+# A full fine-tune's streamed (trainable) block, per step. FITTED to the one row that ran it: catalog c0261
+# (11 blocks streamed, optimizer streamed, no grad offload) took 147 and 139 s for its first two steps under
+# a 24 GiB cap (session 6: KOHAKUMOSS_TUNE=off TRAIN_ROWS=full/auto/latent_text/cap24 .ci/gpu; the row
+# timed out), ~60x its prediction. Not yet profiled: which part of streaming trainable weights costs this
+# is open; the term keeps `auto` off such plans until it is known.
+FULL_STREAM_BLOCK_S = 13.19
 # The optimizer update on the GPU per trained parameter. adamw: MEASURED (session 5 profile of the speed
 # row: torch's fused AdamW 0.953 ms per step for 99.4M LoRA parameters); muon: FITTED (above; Muon's
 # Newton-Schulz iterations on every weight matrix dominate a full fine-tune's update).

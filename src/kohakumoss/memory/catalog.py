@@ -151,6 +151,8 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
         total += max(fwd, w, kept / cal.ACT_OFFLOAD_BYTES_PER_S)
         total += max(bwd + (recompute if is_ckpt else 0.0), w + kept / cal.ACT_OFFLOAD_BYTES_PER_S, grad_out)
         total += 2 * is_streamed * cal.STREAM_LOAD_OVERHEAD_S
+        if full:  # a streamed block that trains: its updated masters go back to host copies each step
+            total += is_streamed * cal.FULL_STREAM_BLOCK_S
         total += (2 if plan.activation_offload == "on" else 0) * cal.ACT_OFFLOAD_OVERHEAD_S
     if plan.grad_offload:  # each micro-step's grads summed into fp32 on the host
         total += n * cal.HOST_GRAD_SUM_S_PER_PARAM
