@@ -50,6 +50,7 @@ from kohakumoss.memory.estimate import estimate_peak  # noqa: E402
 from kohakumoss.memory.install import install_memory_plan  # noqa: E402
 from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
 from kohakumoss.memory.profiles import PROFILES  # noqa: E402
+from kohakumoss.train.finite import arm_skip, skips_on_device  # noqa: E402
 from kohakumoss_kernels import triton_utils  # noqa: E402
 
 PRESET = "moss-image-5b"  # MossConfig preset, random weights
@@ -671,6 +672,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     notes.append("CUDA graphs: " + ("on" if graphs else f"off ({refusal or 'CUDA_GRAPHS off'})"))
 
     nonfinite: list[int] = []
+    device_skip = skips_on_device(opt, device)
 
     def step(i: int) -> None:
         batch = make_batch()
@@ -687,6 +689,10 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         if after is not None:
             after()
         opt.clip_grad_norm_(a.grad_clip)
+        if (
+            device_skip
+        ):  # as the trainer: a non-finite step skipped by the fused kernel, read after the launches
+            arm_skip(opt, torch.isfinite(loss))
         opt.step()
         opt.zero_grad(set_to_none=graphs is None)
         if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)

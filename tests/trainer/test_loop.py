@@ -146,3 +146,24 @@ def test_memory_profiles_train_the_same_model(train_world, algo, profile, extra)
         )
     )
     assert losses(resumed) == pytest.approx(losses(small), rel=1e-6)
+
+
+def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_world, monkeypatch):
+    """LoRA with fused AdamW: the loss is read after the update is queued; the NaN step's update is
+    skipped by the fused kernel (found_inf), counted by the host, and the next steps train."""
+    from kohakumoss.train import loop
+
+    real, calls, armed = loop.flow_loss, [0], []
+
+    def flaky(*a, **kw):
+        calls[0] += 1
+        loss = real(*a, **kw)
+        return loss * float("nan") if calls[0] == 2 else loss
+
+    arm = loop.arm_skip
+    monkeypatch.setattr(loop, "flow_loss", flaky)
+    monkeypatch.setattr(loop, "arm_skip", lambda opt, ok: armed.append(bool(ok)) or arm(opt, ok))
+    run = train(tiny_knobs(train_world, "flaky", STEPS=4, MAX_BAD_STEPS=2))
+    assert armed == [True, False, True, True]  # every step went through the device-side guard
+    assert "non-finite loss, step skipped (1 in a row)" in (run / "log.txt").read_text()
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses(run))

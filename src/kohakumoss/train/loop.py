@@ -35,6 +35,7 @@ from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, st
 from .components import Components, build_components
 from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
 from .ema import EMA
+from .finite import arm_skip, skips_on_device
 from .graphs import StepGraphs, graph_refusal, resolve_graphs
 from .logbook import MetricsWriter, loss_plot
 from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
@@ -293,6 +294,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
 
     graphs = build_step_graphs(k, comps, tr, step_loss)
     keep_grads = graphs is not None  # graphs accumulate into the same .grad tensors: zero them in place
+    on_device = scaler is None and skips_on_device(tr.optimizer, device)
     batches = iter(loader)
     model.train()
     bad_in_row, skipped, step = 0, 0, start
@@ -303,7 +305,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         while step < stop_at:
             t0 = time.perf_counter()
             lr_factor = tr.schedule.apply(tr.optimizer, step)
-            losses, samples, tokens, finite = [], 0, 0, True
+            losses, samples, tokens, finite, ok = [], 0, 0, True, None
             for micro in range(accum):
                 micro_step = step * accum + micro
                 try:
@@ -325,16 +327,33 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                         loss = graphs.run(batch, sigma, noise)
                     else:
                         loss = step_loss(batch, sigma, noise)
-                    if not torch.isfinite(loss):
+                    if on_device:  # read after the update is queued (finite.py)
+                        ok = torch.isfinite(loss) if ok is None else ok & torch.isfinite(loss)
+                    elif not torch.isfinite(loss):
                         finite = False
                         break
                     if graphs is None:
                         scaled = loss / accum
                         (scaler.scale(scaled) if scaler else scaled).backward()
-                losses.append(loss.item())
+                losses.append(loss.detach() if on_device else loss.item())
                 samples, tokens = samples + batch.num_samples, tokens + batch.tokens
-            if not finite:
-                tr.optimizer.zero_grad(set_to_none=not keep_grads)
+            if finite:
+                if scaler:
+                    for opt in tr.optimizer.optimizers.values():
+                        scaler.unscale_(opt)
+                clip = float(k["GRAD_CLIP"]) or math.inf
+                grad_norm = tr.optimizer.clip_grad_norm_(clip)  # a device tensor: read when logged
+                if scaler:
+                    for opt in tr.optimizer.optimizers.values():
+                        scaler.step(opt)
+                    scaler.update()
+                else:
+                    if on_device:
+                        arm_skip(tr.optimizer, ok)
+                    tr.optimizer.step()
+            tr.optimizer.zero_grad(set_to_none=not keep_grads)
+            # skipped on the host (a micro-step's loss was read), or on the device (read here, after the launches)
+            if not finite or (on_device and not bool(ok)):
                 bad_in_row, skipped = bad_in_row + 1, skipped + 1
                 log.warning(f"step {step}: non-finite loss, step skipped ({bad_in_row} in a row)")
                 if bad_in_row >= int(k["MAX_BAD_STEPS"]):
@@ -347,18 +366,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 bar.update(1)
                 continue
             bad_in_row = 0
-            if scaler:
-                for opt in tr.optimizer.optimizers.values():
-                    scaler.unscale_(opt)
-            clip = float(k["GRAD_CLIP"]) or math.inf
-            grad_norm = tr.optimizer.clip_grad_norm_(clip)  # a device tensor: read when logged
-            if scaler:
-                for opt in tr.optimizer.optimizers.values():
-                    scaler.step(opt)
-                scaler.update()
-            else:
-                tr.optimizer.step()
-            tr.optimizer.zero_grad(set_to_none=not keep_grads)
+            losses = [float(v) for v in losses]
             if tr.ema is not None:
                 tr.ema.update(step)
             step += 1
