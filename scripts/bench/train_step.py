@@ -418,11 +418,15 @@ def token_layout(a) -> tuple[int, int, int]:
 
 def report_progress(i: int, n: int, seconds: float, device: torch.device) -> None:
     """One line per step on stdout and, for a row subprocess, in PROGRESS_PATH (read back on a timeout)."""
-    peak = torch.cuda.max_memory_allocated(device) / GIB if device.type == "cuda" else None
-    print(f"  step {i + 1}/{n}: {seconds:.3f} s" + (f", peak {peak:.1f} GiB" if peak else ""), flush=True)
+    cuda = device.type == "cuda"
+    peak = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
+    # a capped row that crawls: allocator retries (cache flushed, each a device sync) tell it from slow engines
+    retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if cuda else 0
+    line = f"  step {i + 1}/{n}: {seconds:.3f} s" + (f", peak {peak:.1f} GiB" if peak else "")
+    print(line + (f", {retries} allocator retries" if retries else ""), flush=True)
     if PROGRESS_PATH[0]:
         with open(PROGRESS_PATH[0], "a") as f:
-            f.write(json.dumps({"step": i, "s": seconds, "peak_gib": peak}) + "\n")
+            f.write(json.dumps({"step": i, "s": seconds, "peak_gib": peak, "alloc_retries": retries}) + "\n")
 
 
 def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str]:
