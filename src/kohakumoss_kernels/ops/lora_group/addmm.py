@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..lora_linear.addmm import compute_copy, scaled_rows, weight_grad
+from ..lora_linear.addmm import scaled_rows, weight_grad
 
 
 def _member_out(x2, w, b, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
@@ -36,8 +36,8 @@ class _LoraGroup(torch.autograd.Function):
         weights, biases, downs, ups = (tensors[i * n : (i + 1) * n] for i in range(4))
         dtype = x2.dtype
         ranks = [d.shape[0] for d in downs]
-        down = compute_copy(torch.cat(downs), dtype)
-        ups_c = [compute_copy(u, dtype) for u in ups]
+        down = torch.cat(downs).to(dtype)
+        ups_c = [u.to(dtype) for u in ups]
         shared = len(set(scales)) == 1  # one scale: H carries it (alpha), the up GEMMs none
         h = scaled_rows(x2, down.t(), scales[0] if shared else 1.0, lowrank)
         hs = h.split(ranks, dim=1)

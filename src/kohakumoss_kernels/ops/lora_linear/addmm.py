@@ -51,15 +51,11 @@ def weight_grad(
     return torch.mm(a_t, b).to(dtype)
 
 
-def compute_copy(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return t if t.dtype == dtype else t.to(dtype)
-
-
 class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, down, up, scale: float, lora_first: bool, lowrank: bool = False):
         dtype = x2.dtype
-        down_c, up_c = compute_copy(down, dtype), compute_copy(up, dtype)
+        down_c, up_c = down.to(dtype), up.to(dtype)  # no copy when already in x's dtype
         hs = scaled_rows(x2, down_c.t(), scale, lowrank)
         if lora_first:  # a 1-D bias rides cuBLASLt's epilogue
             out = torch.mm(hs, up_c.t()) if bias is None else torch.addmm(bias, hs, up_c.t())
