@@ -100,6 +100,10 @@ class PlacedOptimizer:
         self.placement = placement
         self.grad_offload = grad_offload
         self.write_back = write_back
+        owns = getattr(write_back, "owns", lambda p: True)
+        # 'stream' updates a param the write-back does not own (a resident block's) from the chunk's device
+        # master, as without streaming; only streamed params go through their host copies
+        self._host_written = [write_back is not None and owns(p) for p in combined.params()]
         self.read_param = read_param or (lambda p: p.detach())
         self._params: list[nn.Parameter] = combined.params()
         if len({id(p) for p in self._params}) != len(self._params):
@@ -433,7 +437,7 @@ class PlacedOptimizer:
                                 host[k].copy_(v, non_blocking=True)
                         else:
                             host[k] = v
-            if self.write_back is None:
+            if not self._host_written[i]:
                 p.copy_(gm)
 
     def _to_host(self, v: object) -> object:
@@ -480,7 +484,7 @@ class PlacedOptimizer:
         if self.write_back is not None:
             with torch.no_grad():
                 for i, (p, m) in enumerate(zip(self._params, self._masters, strict=True)):
-                    if self._has_grad(i):
+                    if self._host_written[i] and self._has_grad(i):
                         self.write_back(p, m)
             self._record_written()
 

@@ -13,7 +13,7 @@ views with their own counters, so a reload does not trip autograd's in-place che
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -158,23 +158,33 @@ class WeightStreamer:
         for s in range(self.num_slots):
             self._evict(s)
 
-    def write_back_fn(self) -> Callable[[nn.Parameter, torch.Tensor], None]:
+    def write_back_fn(self) -> StreamedWriteBack:
         """A callback for the optimizer engine: updated master -> the streamed host copy (or the device)."""
-        where = {
+        return StreamedWriteBack(self)
+
+
+class StreamedWriteBack:
+    """`(param, master)`: a streamed param's updated master into its host copy (a loaded slot goes stale
+    and reloads on next use); any other param takes the master directly. `owns(param)`: streamed."""
+
+    def __init__(self, streamer: WeightStreamer):
+        self.streamer = streamer
+        self.where = {
             id(p): (block, v)
-            for block, lay in self.layouts.items()
+            for block, lay in streamer.layouts.items()
             for p, v in zip(lay.params, lay.host_views, strict=True)
         }
 
-        def write_back(param: nn.Parameter, master: torch.Tensor) -> None:
-            found = where.get(id(param))
-            if found is None:
-                param.data.copy_(master, non_blocking=True)
-                return
-            block, host = found
-            host.copy_(master)
-            slot = self.slot_of(block)
-            if self.loaded[slot] == block:  # the slot's copy is stale now: reload it on next use
-                self._evict(slot)
+    def owns(self, param: nn.Parameter) -> bool:
+        return id(param) in self.where
 
-        return write_back
+    def __call__(self, param: nn.Parameter, master: torch.Tensor) -> None:
+        found = self.where.get(id(param))
+        if found is None:
+            param.data.copy_(master, non_blocking=True)
+            return
+        block, host = found
+        host.copy_(master)
+        slot = self.streamer.slot_of(block)
+        if self.streamer.loaded[slot] == block:
+            self.streamer._evict(slot)
