@@ -108,7 +108,7 @@ class WeightStreamer:
         """Data pointers of the slot buffers (what activation offload must never copy out)."""
         return {s.untyped_storage().data_ptr() for s in self.slots}
 
-    def _evict(self, slot: int) -> None:
+    def evict(self, slot: int) -> None:
         old = self.loaded[slot]
         if old is not None:  # outside its slot a block's parameters show its host copy
             lay = self.layouts[old]
@@ -120,7 +120,7 @@ class WeightStreamer:
         s = self.slot_of(block)
         if self.loaded[s] == block:
             return
-        self._evict(s)
+        self.evict(s)
         lay = self.layouts[block]
         if self.cuda:
             # the slot's previous user is enqueued on the compute stream: copy only after it
@@ -156,7 +156,7 @@ class WeightStreamer:
     def invalidate(self) -> None:
         """Forget what the slots hold; every streamed parameter points at its host copy (before a resume loads into them)."""
         for s in range(self.num_slots):
-            self._evict(s)
+            self.evict(s)
 
     def write_back_fn(self) -> StreamedWriteBack:
         """A callback for the optimizer engine: updated master -> the streamed host copy (or the device)."""
@@ -187,4 +187,4 @@ class StreamedWriteBack:
         host.copy_(master)
         slot = self.streamer.slot_of(block)
         if self.streamer.loaded[slot] == block:
-            self.streamer._evict(slot)
+            self.streamer.evict(slot)
