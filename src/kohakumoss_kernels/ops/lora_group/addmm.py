@@ -15,19 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
-from ..lora_linear.addmm import scaled_rows, weight_grad
-
-
-def _member_out(x2, w, b, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
-    """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output, or (lora_first) written
-    first and read by the frozen GEMM's epilogue, as lora_linear's two orders."""
-    if lora_first:
-        if b is not None:  # the 1-D bias rides cuBLASLt's epilogue
-            return torch.addmm(b, h, up.t(), alpha=alpha).addmm_(x2, w.t())
-        return scaled_rows(h, up.t(), alpha, lowrank=False).addmm_(x2, w.t())
-    return F.linear(x2, w, b).addmm_(h, up.t(), alpha=alpha)
+from ..lora_linear.addmm import lora_out, scaled_rows, weight_grad
 
 
 class _LoraGroup(torch.autograd.Function):
@@ -42,7 +31,7 @@ class _LoraGroup(torch.autograd.Function):
         h = scaled_rows(x2, down.t(), scales[0] if shared else 1.0, lowrank)
         hs = h.split(ranks, dim=1)
         outs = tuple(
-            _member_out(x2, w, b, hi, u, 1.0 if shared else s, lora_first)
+            lora_out(x2, w, b, hi, u, 1.0 if shared else s, lora_first)
             for w, b, hi, u, s in zip(weights, biases, hs, ups_c, scales, strict=True)
         )
         ctx.save_for_backward(x2, down, h, *weights, *ups_c)

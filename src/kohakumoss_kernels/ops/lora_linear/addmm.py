@@ -51,17 +51,23 @@ def weight_grad(
     return torch.mm(a_t, b).to(dtype)
 
 
+def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
+    """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output in place, or
+    (lora_first) written first and read by the frozen GEMM's epilogue."""
+    if lora_first:
+        if bias is not None:  # the 1-D bias rides cuBLASLt's epilogue
+            return torch.addmm(bias, h, up.t(), alpha=alpha).addmm_(x2, weight.t())
+        return scaled_rows(h, up.t(), alpha, lowrank=False).addmm_(x2, weight.t())
+    return F.linear(x2, weight, bias).addmm_(h, up.t(), alpha=alpha)
+
+
 class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, down, up, scale: float, lora_first: bool, lowrank: bool = False):
         dtype = x2.dtype
         down_c, up_c = down.to(dtype), up.to(dtype)  # no copy when already in x's dtype
         hs = scaled_rows(x2, down_c.t(), scale, lowrank)
-        if lora_first:  # a 1-D bias rides cuBLASLt's epilogue
-            out = torch.mm(hs, up_c.t()) if bias is None else torch.addmm(bias, hs, up_c.t())
-            out.addmm_(x2, weight.t())
-        else:
-            out = F.linear(x2, weight, bias).addmm_(hs, up_c.t())
+        out = lora_out(x2, weight, bias, hs, up_c, 1.0, lora_first)
         ctx.save_for_backward(x2, weight, down_c, up_c, hs)
         ctx.scale, ctx.lowrank = scale, lowrank
         ctx.dtypes = (down.dtype, up.dtype)
