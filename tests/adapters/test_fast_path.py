@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kohakumoss.adapters import build_adapter
 from kohakumoss.adapters.fast import _grouped_forward
-from kohakumoss_kernels import OpSet
+from kohakumoss_kernels import OpSet, cast_cache
 
 from .helpers import flow_batch, flow_loss, tiny_model
 
@@ -65,3 +67,50 @@ def test_rank_dropout_while_training_takes_lycoris_forward():
     assert grouped(model)
     flow_loss(model, flow_batch()).backward()
     assert not {"lora_group", "lora_linear"} & {op for op, _, _ in model.ops._bound}
+
+
+class _CastCount(TorchDispatchMode):
+    """Counts casts of fp32 tensors (the LoRA masters) to bf16."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._to_copy.default and args[0].dtype == torch.float32:
+            self.casts += kwargs.get("dtype") == torch.bfloat16
+        return func(*args, **kwargs)
+
+
+def _bf16_step(model, net):
+    """A bf16-autocast loss and backward: casts counted, the window's state seen from inside a block."""
+    seen = []
+    hook = model.blocks[0].register_forward_pre_hook(lambda *a: seen.append(len(cast_cache._copies)))
+    with _CastCount() as count, torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, grads = loss_and_grads(model, net)
+    hook.remove()
+    net.zero_grad(set_to_none=True)
+    return loss, grads, count.casts, seen[0]
+
+
+def test_lora_weights_cast_once_per_forward_with_the_per_call_results():
+    model, net = adapted()
+    loss, grads, casts, inside = _bf16_step(model, net)
+    assert inside == 2 * len(net.loras) and not cast_cache._copies  # open in the forward, closed after
+    # a block runner (checkpointing, streaming) keeps the per-call casts: the reference here
+    model.block_runner = lambda block, *a: block(*a, model.ops)
+    ref_loss, ref_grads, ref_casts, ref_inside = _bf16_step(model, net)
+    assert ref_inside == 0
+    assert ref_casts - casts >= 2 * len(net.loras) - 1  # one multi-tensor copy instead of one per weight
+    torch.testing.assert_close(loss, ref_loss, atol=0, rtol=0)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=0, rtol=0)
+
+
+def test_cast_window_closes_when_the_forward_raises():
+    model, net = adapted()
+    model.blocks[1].register_forward_pre_hook(lambda *a: 1 / 0)
+    with pytest.raises(ZeroDivisionError), torch.autocast("cpu", dtype=torch.bfloat16):
+        flow_loss(model, flow_batch())
+    assert not cast_cache._copies

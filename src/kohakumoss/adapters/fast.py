@@ -14,6 +14,8 @@ from lycoris import LycorisNetwork
 from lycoris.modules.locon import LoConModule
 from torch import nn
 
+from kohakumoss_kernels import cast_cache
+
 
 def eligible(module: nn.Module) -> bool:
     """A LoRA on an nn.Linear whose forward is plain base + scale * up(down(x)) in bypass mode."""
@@ -72,10 +74,28 @@ def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: tor
         return ops.lora_group(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
 
 
+def _open_cast_window(model: nn.Module, groups: list[list[torch.Tensor]], modules: list, *args) -> None:
+    """Before the model's forward: its LoRA weights cast to the compute dtype at once (cast_cache), while
+    blocks run plainly; a memory engine's block runner (checkpointing, streaming) keeps the per-call casts,
+    so the copies never outlive the saved tensors that hold them anyway."""
+    if getattr(model, "block_runner", None) is not None or all(_dropping(m) for m in modules):
+        return
+    base = modules[0].org_module[0].weight
+    device = base.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else base.dtype
+    if groups[0][0].dtype != dtype:
+        cast_cache.begin(groups, dtype)
+
+
+def _close_cast_window(*args) -> None:
+    cast_cache.end()
+
+
 def route_through_ops(network: LycorisNetwork, ops, model: nn.Module | None = None) -> int:
     """Point every eligible wrapped linear's forward at `ops.lora_linear`, and every attention whose q, k
-    and v all qualify at one `ops.lora_group` (its `project_qkv`); returns how many linears."""
-    n, routed = 0, {}
+    and v all qualify at one `ops.lora_group` (its `project_qkv`); returns how many linears. With the
+    model given, its forward casts the routed LoRA weights once (`_open_cast_window`)."""
+    n, routed, grouped = 0, {}, []
     for module in network.loras:
         if eligible(module):
             org = module.org_module[0]
@@ -87,4 +107,18 @@ def route_through_ops(network: LycorisNetwork, ops, model: nn.Module | None = No
         if hasattr(attn, "project_qkv") and all(id(p) in routed for p in projs):
             group = [routed[id(p)] for p in projs]
             attn.project_qkv = partial(_grouped_forward, group, ops, [float(m.scalar) for m in group])
+            grouped.append(group)
+    if model is not None and routed:
+        in_group = {id(m) for g in grouped for m in g}
+        casts = [[m.lora_down.weight for m in g] for g in grouped]  # a group's downs: one view, no cat
+        casts += [[m.lora_up.weight] for g in grouped for m in g]
+        casts += [
+            [w]
+            for m in routed.values()
+            if id(m) not in in_group
+            for w in (m.lora_down.weight, m.lora_up.weight)
+        ]
+        modules = list(routed.values())
+        model.register_forward_pre_hook(partial(_open_cast_window, model, casts, modules))
+        model.register_forward_hook(_close_cast_window, always_call=True)
     return n

@@ -93,8 +93,10 @@ class MossBlock(nn.Module):
         return ops.gated_residual(x, self.mlp(h, ops), mods[5], seq.token_sample)
 
     def modulations(self, mod_in: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """shift1, scale1, gate1, shift2, scale2, gate2, each [B, d]."""
-        return tuple(self.modulation(mod_in).chunk(6, dim=-1))
+        """shift1, scale1, gate1, shift2, scale2, gate2, each [B, d] and contiguous: one copy of [6, B, d]
+        instead of a copy per chunk inside each op (chunks of [B, 6d] are strided when B > 1)."""
+        mod = self.modulation(mod_in)
+        return mod.view(mod.shape[0], 6, -1).transpose(0, 1).contiguous().unbind(0)
 
     def forward(
         self,

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ...cast_cache import cast, cast_cat
 from ..lora_linear.addmm import lora_out, scaled_rows, weight_grad
 
 
@@ -25,8 +26,8 @@ class _LoraGroup(torch.autograd.Function):
         weights, biases, downs, ups = (tensors[i * n : (i + 1) * n] for i in range(4))
         dtype = x2.dtype
         ranks = [d.shape[0] for d in downs]
-        down = torch.cat(downs).to(dtype)
-        ups_c = [u.to(dtype) for u in ups]
+        down = cast_cat(downs, dtype)  # a view of the forward's cast_cache window, or cat + cast here
+        ups_c = [cast(u, dtype) for u in ups]
         shared = len(set(scales)) == 1  # one scale: H carries it (alpha), the up GEMMs none
         h = scaled_rows(x2, down.t(), scales[0] if shared else 1.0, lowrank)
         hs = h.split(ranks, dim=1)

@@ -9,7 +9,8 @@ a write of [T, out] before the GEMM reads it again); eager autograd would also w
 and the base part separately and add them: two more passes over a [T, I] tensor per linear.
 The two forward orders move the same bytes; `lora_first` reads the [T, out] sum inside the big
 (compute-bound) GEMM's epilogue instead of in the rank-r GEMM (memory-bound): the tuner picks per shape.
-down and up come in their own dtype (fp32 masters) and are cast here; their gradients leave in that
+down and up come in their own dtype (fp32 masters) and are cast here (or taken from the forward's
+cast_cache window, cast all at once); their gradients leave in that
 dtype straight from cuBLAS (bf16 products, fp32 output) and `scale` rides the GEMMs' alpha: per LoRA
 linear five fewer small kernels (a cast of each gradient, a transposed copy, two scalings) than autograd.
 """
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ...cast_cache import cast
 
 
 def scaled_rows(a: torch.Tensor, b: torch.Tensor, scale: float, lowrank: bool) -> torch.Tensor:
@@ -65,7 +68,7 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x2, weight, bias, down, up, scale: float, lora_first: bool, lowrank: bool = False):
         dtype = x2.dtype
-        down_c, up_c = down.to(dtype), up.to(dtype)  # no copy when already in x's dtype
+        down_c, up_c = cast(down, dtype), cast(up, dtype)  # the forward's cached copies, or cast here
         hs = scaled_rows(x2, down_c.t(), scale, lowrank)
         out = lora_out(x2, weight, bias, hs, up_c, 1.0, lora_first)
         ctx.save_for_backward(x2, weight, down_c, up_c, hs)
