@@ -20,7 +20,7 @@ The baseline is plain torch (scripts/bench/baseline_model.py): padded [SAMPLES, 
 LoRA module on every linear, no engines, eager or with each block torch.compile'd.
 
 Per row: samples/s and tokens/s (medians of the measured steps), MFU, the step peak
-(torch.cuda.max_memory_allocated over all steps), the predicted peak (kohakumoss.memory.estimate),
+(torch.cuda.max_memory_allocated over all steps, and over the steps after the warm-up), the predicted peak (kohakumoss.memory.estimate),
 the nvidia-smi peak of the process, steps completed. Random weights and random inputs: a benchmark of
 speed and memory, not of training. Writes every row as JSON to --out (default $OUT/train_step.json).
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import json
 import math
 import os
@@ -429,10 +430,17 @@ def report_progress(i: int, n: int, seconds: float, device: torch.device) -> Non
             f.write(json.dumps({"step": i, "s": seconds, "peak_gib": peak, "alloc_retries": retries}) + "\n")
 
 
-def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str]:
-    """Run `step(i)` n times: (seconds per step, steps completed, error or '')."""
-    times = []
+def timed_steps(
+    step, n: int, device: torch.device, warmup: int = 0
+) -> tuple[list[float], int, str, float | None]:
+    """Run `step(i)` n times: (seconds per step, steps completed, error or '', the warm-up steps' peak
+    in GiB). After the warm-up the allocator's peak restarts, so it then holds the steady steps' peak
+    (the first steps also time kernels and fill caches)."""
+    times, warm_peak = [], None
     for i in range(n):
+        if i == warmup and i and device.type == "cuda":
+            warm_peak = torch.cuda.max_memory_allocated(device) / GIB
+            torch.cuda.reset_peak_memory_stats(device)
         try:
             sync(device)
             t0 = time.perf_counter()
@@ -441,9 +449,9 @@ def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, s
             times.append(time.perf_counter() - t0)
         except Exception as e:
             traceback.print_exc()
-            return times, i, f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return times, i, f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}", warm_peak
         report_progress(i, n, times[-1], device)
-    return times, n, ""
+    return times, n, "", warm_peak
 
 
 def partial_row(name: str, progress: Path, warmup: int, samples: int, why: str) -> dict:
@@ -536,12 +544,18 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         torch.cuda.reset_peak_memory_stats(device)
     poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if cuda else contextlib.nullcontext()
     with poller:
-        times, done, error = timed_steps(step, n, device)
+        times, done, error, warm_peak = timed_steps(step, n, device, a.warmup)
     if a.profile_steps and not error:
         profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace)
     row = summarize(
         a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
     )
+    if cuda:  # every step's peak (the cap's check) and the steps' after the warm-up (the estimate's)
+        steady = row["step_peak_gib"]
+        row["steady_peak_gib"] = steady if warm_peak is not None else None
+        row["step_peak_gib"] = max(steady, warm_peak or 0.0)
+        if spec.cap_gb is not None:
+            row["under_cap"] = row["step_peak_gib"] <= spec.cap_gb and not error
     if cuda:
         row["smi_peak_gib"], row["smi_kind"] = poller.result()
         # the allocator freeing its cache and retrying (a synchronizing cudaMalloc), what a cap can cost
@@ -708,6 +722,8 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     row = measure_row(a, spec, cfg, step, a.warmup + measured, seq_lens, device, full)
     if graphs is not None and "step_peak_gib" in row:  # replays allocate nothing: the capture step's peak
         row["step_peak_gib"] = max(row["step_peak_gib"], graphs.capture_peak_bytes / GIB)
+        if row.get("steady_peak_gib") is not None:  # the graph's memory is what the capture allocated
+            row["steady_peak_gib"] = max(row["steady_peak_gib"], graphs.capture_peak_bytes / GIB)
         row["graph_replays"] = graphs.replays
     peak, why = predicted_peak(plan, spec, cfg, a, sum(seq_lens), n_params, te_bytes, vae_bytes)
     row.update(predicted_gib=peak, predicted_note=why, trainable_params=n_train, params=n_params)
@@ -773,6 +789,8 @@ def run_baseline_row(a, spec: RowSpec) -> dict:
 
 def run_row(a, name: str) -> dict:
     spec = parse_row(name)
+    if a.stack_every:
+        faulthandler.dump_traceback_later(a.stack_every, repeat=True)
     device = torch.device(a.device)
     if device.type == "cuda":
         GPU_BASE_MIB[0] = SmiPoller.gpu_used()  # before this process holds any GPU memory
@@ -801,7 +819,7 @@ def run_row(a, name: str) -> dict:
 COMMON = (
     "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
-    "plan_knobs", "smi_interval", "seed", "profile_steps",
+    "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every",
 )  # fmt: skip
 FLAGS = ("profile_trace",)  # store_true options, passed on when set
 
@@ -837,7 +855,7 @@ def fmt(v, spec: str, missing: str = "-") -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    head = f"{'row':<46} {'steps':>5} {'samples/s':>9} {'tokens/s':>9} {'MFU %':>6} {'peak GiB':>9} {'pred GiB':>9} {'smi GiB':>8} {'cap':>4} {'<cap':>5}  error"
+    head = f"{'row':<46} {'steps':>5} {'samples/s':>9} {'tokens/s':>9} {'MFU %':>6} {'peak GiB':>9} {'steady':>6} {'pred GiB':>9} {'smi GiB':>8} {'cap':>4} {'<cap':>5}  error"
     lines = [head]
     for r in rows:
         under = r.get("under_cap")
@@ -846,7 +864,8 @@ def table(rows: list[dict]) -> list[str]:
         lines.append(
             f"{r['row']:<46} {r.get('steps_done', 0):>5} {fmt(r.get('samples_per_s'), '.2f'):>9} "
             f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('mfu') and 100 * r['mfu'], '.1f'):>6} "
-            f"{fmt(r.get('step_peak_gib'), '.1f'):>9} {fmt(r.get('predicted_gib'), '.1f', 'n/a'):>9} "
+            f"{fmt(r.get('step_peak_gib'), '.1f'):>9} {fmt(r.get('steady_peak_gib'), '.1f'):>6} "
+            f"{fmt(r.get('predicted_gib'), '.1f', 'n/a'):>9} "
             f"{fmt(r.get('smi_peak_gib'), '.1f'):>8} {fmt(r.get('cap_gib'), 'g'):>4} "
             f"{'-' if under is None else ('yes' if under else 'NO'):>5}  {r.get('error') or ''}{nan}"
         )
@@ -902,6 +921,12 @@ def parse_args(argv=None):
         "--profile-steps", type=int, default=PROFILE_STEPS, help="steps profiled after a row's measured ones"
     )
     p.add_argument(
+        "--stack-every",
+        type=float,
+        default=0.0,
+        help="seconds: every row prints its Python stacks this often (where a crawling row spends its time)",
+    )
+    p.add_argument(
         "--profile-trace",
         action="store_true",
         help="with --profile-steps: a Chrome trace (shapes) under $OUT",
@@ -953,7 +978,10 @@ def main(argv=None) -> None:
         f"bf16, {gpu}, torch {torch.__version__}; warm-up {a.warmup}, measured {a.steps} (capped: {a.cap_steps})"
     )
     print(f"{FLOP_FORMULA}; PEAK_TFLOPS = {a.peak_tflops:g}")
-    print("peak GiB: torch.cuda.max_memory_allocated over the row's steps; smi GiB: nvidia-smi, the process")
+    print(
+        "peak GiB: torch.cuda.max_memory_allocated over the row's steps (the cap's check); steady: over the "
+        "steps after the warm-up (kernel tuning done; what pred GiB estimates); smi GiB: nvidia-smi, the process"
+    )
     ratio = ratios(rows)
     for key, value in ratio.items():
         print(f"tokens/s ratio {key}: {value:.2f}")

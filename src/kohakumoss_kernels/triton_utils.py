@@ -158,6 +158,21 @@ def _may_time() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
+def device_ms(fn: Callable[[], None], reps: int = 8) -> float:
+    """Mean device milliseconds of `fn` over `reps` back-to-back calls after two warm ones, by the
+    accelerator's events. Not triton's do_bench: it allocates a 256 MB cache-flush buffer, and picks run
+    inside the first step, at a capped card's peak."""
+    for _ in range(2):
+        fn()
+    start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
 def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[tuple], None]) -> tuple:
     """The fastest of `candidates` for (name, *key), timed once per process with `launch(config)`.
 
@@ -170,13 +185,11 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
         return _PICKED[full]
     if len(candidates) == 1 or not _may_time():
         return candidates[0]
-    from triton.testing import do_bench
-
     ms = {}
     for c in candidates:
         try:
             launch(c)  # compile outside the timed calls
-            ms[c] = do_bench(lambda c=c: launch(c), warmup=2, rep=6)
+            ms[c] = device_ms(lambda c=c: launch(c))
         except Exception as e:  # a config that does not compile (resources) is just not a candidate
             log.debug(f"{name} {key}: config {c} failed ({type(e).__name__}: {e})")
     best = min(ms, key=ms.get) if ms else candidates[0]

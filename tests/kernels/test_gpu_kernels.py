@@ -143,3 +143,22 @@ def test_opset_auto_prefers_triton_on_this_card(tmp_path, monkeypatch):
     assert {"triton", "eager"} <= set(entries[key]["ms"])
     assert (tmp_path / "tuning").exists()
     tuning._tables.clear()
+
+
+def test_pick_times_launch_configs_without_allocating(monkeypatch):
+    """The picker runs inside a capped card's first step: it must choose by device time and allocate
+    nothing (triton's do_bench would take a 256 MB flush buffer)."""
+    monkeypatch.setenv(triton_utils.ENV_PICK, "1")
+    x = torch.zeros(1 << 20, device="cuda")
+
+    def launch(config):
+        if config == ("slow",):
+            torch.cuda._sleep(1_000_000)  # ~0.5 ms of spinning on the device
+        x.add_(1.0)
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.max_memory_allocated()
+    best = triton_utils.pick("test.pick", (id(x),), [("slow",), ("fast",)], launch)
+    assert best == ("fast",)
+    assert torch.cuda.max_memory_allocated() == before

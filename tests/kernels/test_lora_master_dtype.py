@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from kohakumoss_kernels import grad_sink
 from kohakumoss_kernels.ops.lora_group.addmm import lora_group
 from kohakumoss_kernels.ops.lora_linear.addmm import lora_linear
 from kohakumoss_kernels.registry import eager_op
@@ -85,3 +87,91 @@ def test_cuda_bf16_compute_with_fp32_masters(backend):
     x2 = x2.detach().float().requires_grad_(True)  # the reference in float32 from the same rounded values
     ref = _grads([eager_op("lora_linear")(x2, w2.float(), b2.float(), d2, u2, 0.5)], [x2, d2, u2])
     _check(got, ref, [x, d, u], 3e-2)
+
+
+class _AddCount(TorchDispatchMode):
+    def __enter__(self):
+        self.n = 0
+        return super().__enter__()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func in (torch.ops.aten.add_.Tensor, torch.ops.aten.add.Tensor)
+        return func(*args, **(kwargs or {}))
+
+
+def _sunk_grads(op, compute, device, prior, **kw):
+    """Grads of op's LoRA masters accumulated into `prior` inside a grad_sink window (x's returned)."""
+    x, ws, bs, downs, ups = _inputs(compute, device, **kw)
+    for t, p in zip([*downs, *ups], prior, strict=True):
+        t.grad = p.clone()
+    buffers = [t.grad for t in (*downs, *ups)]
+    with grad_sink.into([*downs, *ups]), _AddCount() as adds:
+        outs = op(x, ws, bs, downs, ups)
+        _grads(list(outs) if isinstance(outs, tuple) else [outs], [x])
+    assert all(t.grad is b for t, b in zip([*downs, *ups], buffers, strict=True))  # the same buffers
+    if compute == torch.float32:  # autograd would add each returned gradient into .grad
+        assert adds.n == 0, adds.n
+    return [x.grad, *buffers]
+
+
+def _returned_grads(op, compute, device, prior, **kw):
+    x, ws, bs, downs, ups = _inputs(compute, device, **kw)
+    outs = op(x, ws, bs, downs, ups)
+    got = _grads(list(outs) if isinstance(outs, tuple) else [outs], [x, *downs, *ups])
+    return [got[0], *(g + p for g, p in zip(got[1:], prior, strict=True))]
+
+
+SINK_CASES = {
+    "linear": (lambda x, ws, bs, ds, us: lora_linear(x, ws[0], bs[0], ds[0], us[0], 0.7), {}),
+    "linear_lora_first": (
+        lambda x, ws, bs, ds, us: lora_linear(x, ws[0], bs[0], ds[0], us[0], 0.7, True),
+        {},
+    ),
+    "group_shared": (
+        lambda x, ws, bs, ds, us: lora_group(x, ws, bs, ds, us, (0.5, 0.5, 0.5)),
+        {"outs": (7, 7, 5), "ranks": (3, 2, 3)},
+    ),
+    "group_scales": (
+        lambda x, ws, bs, ds, us: lora_group(x, ws, bs, ds, us, (0.7, 1.0, 0.25)),
+        {"outs": (7, 7, 5), "ranks": (3, 2, 3)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SINK_CASES))
+def test_grad_sink_accumulates_what_autograd_would_add(case):
+    op, kw = SINK_CASES[case]
+    shapes = [
+        t.shape for t in (*_inputs(torch.float64, "cpu", **kw)[3], *_inputs(torch.float64, "cpu", **kw)[4])
+    ]
+    g = torch.Generator().manual_seed(5)
+    prior = [torch.randn(s, generator=g) for s in shapes]  # what earlier micro-steps left in .grad
+    for compute in (torch.float64, torch.float32):
+        got = _sunk_grads(op, compute, "cpu", prior, **kw)
+        ref = _returned_grads(op, compute, "cpu", prior, **kw)
+        for a, r in zip(got, ref, strict=True):
+            torch.testing.assert_close(a, r, atol=1e-5, rtol=1e-5)
+    assert all(a.dtype == torch.float32 for a in got[1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
+)
+@pytest.mark.parametrize("case", list(SINK_CASES))
+def test_cuda_grad_sink_bf16_products_into_fp32_grads(case):
+    op, kw = SINK_CASES[case]
+    kw = {**kw, "d": 256}
+    shapes = [
+        t.shape
+        for t in (*_inputs(torch.bfloat16, "cuda", **kw)[3], *_inputs(torch.bfloat16, "cuda", **kw)[4])
+    ]
+    g = torch.Generator().manual_seed(5)
+    prior = [torch.randn(s, generator=g).cuda() for s in shapes]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = _sunk_grads(op, torch.bfloat16, "cuda", prior, **kw)
+    adds = [e.key for e in prof.key_averages() if e.key in ("aten::add_", "aten::add")]
+    assert adds == [], adds  # the GEMMs accumulate (a group's downs: one _foreach_add_)
+    ref = _returned_grads(op, torch.bfloat16, "cuda", prior, **kw)
+    for a, r in zip(got, ref, strict=True):
+        torch.testing.assert_close(a.float(), r.float(), atol=2e-2 * r.abs().max().item(), rtol=2e-2)

@@ -5,7 +5,8 @@ block) about as long as the GPU's own work, so the GPU waits. A graph replays th
 one launch. A batch shape is captured the second time it is seen (the first run stays eager: it is
 the kernel registry's tuning window); that micro-step runs eagerly on a side stream first (the warm-up
 a capture needs), so no micro-step is lost or repeated. Every graph accumulates into one shared set of
-gradient buffers, which become the parameters' `.grad` before each replay.
+gradient buffers, which become the parameters' `.grad` before each replay; ops that can (the LoRA
+linears) add their weight gradients into those buffers from their GEMMs (kohakumoss_kernels.grad_sink).
 
 Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
 and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
@@ -23,6 +24,7 @@ import torch
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
+from kohakumoss_kernels import grad_sink
 
 from .step import DeviceBatch
 
@@ -170,7 +172,11 @@ class StepGraphs:
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: loader threads may pin memory while this thread captures
-            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+            # grad_sink: the LoRA ops' weight-gradient GEMMs accumulate into the shared buffers themselves
+            with (
+                torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+                grad_sink.into(self.params),
+            ):
                 static_loss = self.loss_fn(static_batch, inputs[2], inputs[3])
                 (static_loss * self.backward_scale).backward()
         except Exception as e:  # an op that cannot be captured: this run stays eager

@@ -16,8 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
+from ... import grad_sink
 from ...cast_cache import cast, cast_cat
-from ..lora_linear.addmm import lora_out, scaled_rows, weight_grad
+from ..lora_linear.addmm import lora_out, master_grad, scaled_rows, weight_grad
 
 
 class _LoraGroup(torch.autograd.Function):
@@ -37,7 +38,7 @@ class _LoraGroup(torch.autograd.Function):
         )
         ctx.save_for_backward(x2, down, h, *weights, *ups_c)
         ctx.n, ctx.scales, ctx.ranks, ctx.lowrank, ctx.shared = n, scales, ranks, lowrank, shared
-        ctx.dtypes = ([d.dtype for d in downs], [u.dtype for u in ups])
+        ctx.masters = (downs, ups)
         return outs
 
     @staticmethod
@@ -45,7 +46,7 @@ class _LoraGroup(torch.autograd.Function):
         n, scales, ranks, lowrank = ctx.n, ctx.scales, ctx.ranks, ctx.lowrank
         x2, down, h, *rest = ctx.saved_tensors
         weights, ups = rest[:n], rest[n:]
-        down_dtypes, up_dtypes = ctx.dtypes
+        downs_m, ups_m = ctx.masters
         need = ctx.needs_input_grad[
             5:
         ]  # after x2, n, scales, lowrank, lora_first: weights, biases, downs, ups
@@ -65,13 +66,17 @@ class _LoraGroup(torch.autograd.Function):
                 for g, w in zip(gys, weights, strict=True):
                     gx.addmm_(g, w)
             if need_down:
-                g_down = weight_grad(q.t(), x2, down_dtypes[0], lowrank)
-                g_downs = [g.to(dt) for g, dt in zip(g_down.split(ranks), down_dtypes, strict=True)]
+                g_down = weight_grad(q.t(), x2, downs_m[0].dtype, lowrank)
+                parts = g_down.split(ranks)
+                sinks = [None if lowrank else grad_sink.target(m, m.shape) for m in downs_m]
+                if all(t is not None and t.dtype == g_down.dtype for t in sinks):
+                    torch._foreach_add_(sinks, parts)  # one launch for the members' .grad (grad_sink)
+                else:
+                    g_downs = [g.to(m.dtype) for g, m in zip(parts, downs_m, strict=True)]
         hs = h.split(ranks, dim=1)
         g_ups = []
-        for g, hi, s, dt, nu in zip(gys, hs, scales, up_dtypes, need_up, strict=True):
-            gu = weight_grad(g.t(), hi, dt, lowrank) if nu else None
-            g_ups.append(gu if gu is None or ctx.shared or s == 1.0 else gu.mul_(s))
+        for g, hi, s, m, nu in zip(gys, hs, scales, ups_m, need_up, strict=True):
+            g_ups.append(master_grad(m, g.t(), hi, lowrank, 1.0 if ctx.shared else s) if nu else None)
         g_ws = [torch.mm(g.t(), x2) if nw else None for g, nw in zip(gys, need_w, strict=True)]
         g_bs = [g.sum(0) if nb else None for g, nb in zip(gys, need[n : 2 * n], strict=True)]
         return (gx, None, None, None, None, *g_ws, *g_bs, *(g_downs or [None] * n), *g_ups)

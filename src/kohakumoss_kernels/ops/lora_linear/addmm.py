@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ... import grad_sink
 from ...cast_cache import cast
 
 
@@ -54,6 +55,19 @@ def weight_grad(
     return torch.mm(a_t, b).to(dtype)
 
 
+def master_grad(
+    master: torch.Tensor, a_t: torch.Tensor, b: torch.Tensor, lowrank: bool = False, alpha: float = 1.0
+) -> torch.Tensor | None:
+    """alpha * a_t @ b as `master`'s gradient: inside a grad_sink window accumulated into its .grad by the
+    GEMM (None returned), else returned in master's dtype."""
+    sink = None if lowrank else grad_sink.target(master, (a_t.shape[0], b.shape[1]))
+    if sink is not None:
+        grad_sink.mm_into(sink, a_t, b, alpha)
+        return None
+    g = weight_grad(a_t, b, master.dtype, lowrank)
+    return g if alpha == 1.0 else g.mul_(alpha)
+
+
 def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
     """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output in place, or
     (lora_first) written first and read by the frozen GEMM's epilogue."""
@@ -73,7 +87,7 @@ class _LoraLinear(torch.autograd.Function):
         out = lora_out(x2, weight, bias, hs, up_c, 1.0, lora_first)
         ctx.save_for_backward(x2, weight, down_c, up_c, hs)
         ctx.scale, ctx.lowrank = scale, lowrank
-        ctx.dtypes = (down.dtype, up.dtype)
+        ctx.masters = (down, up)
         return out
 
     @staticmethod
@@ -86,9 +100,9 @@ class _LoraLinear(torch.autograd.Function):
         if need_x:
             gx = torch.mm(sq, down).addmm_(gy, weight)
         if need_down:
-            g_down = weight_grad(sq.t(), x2, ctx.dtypes[0], lowrank)
+            g_down = master_grad(ctx.masters[0], sq.t(), x2, lowrank)
         if need_up:
-            g_up = weight_grad(gy.t(), hs, ctx.dtypes[1], lowrank)
+            g_up = master_grad(ctx.masters[1], gy.t(), hs, lowrank)
         if need_w:
             gw = torch.mm(gy.t(), x2)
         if need_b:
