@@ -787,10 +787,31 @@ def run_baseline_row(a, spec: RowSpec) -> dict:
     return row
 
 
+def watch_row(every: float, device: torch.device) -> None:
+    """Every `every` seconds: the allocator's state and every thread's Python stack on stderr (where a
+    crawling row spends its time: allocator retries under a cap, or a host-side loop)."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(every)
+            if device.type == "cuda":
+                st = torch.cuda.memory_stats(device)
+                print(
+                    f"[watch] allocated {st.get('allocated_bytes.all.current', 0) / GIB:.2f} GiB, reserved "
+                    f"{st.get('reserved_bytes.all.current', 0) / GIB:.2f} GiB, "
+                    f"{st.get('num_alloc_retries', 0)} allocator retries, {st.get('num_ooms', 0)} OOMs",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    threading.Thread(target=loop, daemon=True, name="watch_row").start()
+
+
 def run_row(a, name: str) -> dict:
     spec = parse_row(name)
     if a.stack_every:
-        faulthandler.dump_traceback_later(a.stack_every, repeat=True)
+        watch_row(a.stack_every, torch.device(a.device))
     device = torch.device(a.device)
     if device.type == "cuda":
         GPU_BASE_MIB[0] = SmiPoller.gpu_used()  # before this process holds any GPU memory
