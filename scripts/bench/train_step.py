@@ -692,10 +692,18 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     nonfinite: list[int] = []
     device_skip = skips_on_device(opt, device)
 
-    def step(i: int) -> None:
+    upcoming: dict[int, tuple] = {}
+
+    def inputs(i: int) -> tuple:
+        """Step i's batch, sigma and noise: prepared during step i - 1 where the trainer does that."""
+        if i in upcoming:
+            return upcoming.pop(i)
         batch = make_batch()
+        return (batch, *draw_step_noise(a.seed, i, batch.x0, batch.seq, tcfg))
+
+    def step(i: int) -> None:
+        batch, sigma, noise = inputs(i)
         engines.before_step()
-        sigma, noise = draw_step_noise(a.seed, i, batch.x0, batch.seq, tcfg)
         # the first warm-up step is the registry's prewarm: missing shape keys timed, the winner kept
         window = model.ops.tuning(device_time=graphs is not None) if i == 0 else contextlib.nullcontext()
         with window:
@@ -713,6 +721,8 @@ def run_moss_row(a, spec: RowSpec) -> dict:
             arm_skip(opt, torch.isfinite(loss))
         opt.step()
         opt.zero_grad(set_to_none=graphs is None)
+        if device_skip:  # as the trainer: the next step's host work while the GPU finishes this one
+            upcoming[i + 1] = inputs(i + 1)
         if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)
             nonfinite.append(i)
 

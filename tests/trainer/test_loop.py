@@ -167,3 +167,31 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_wo
     assert armed == [True, False, True, True]  # every step went through the device-side guard
     assert "non-finite loss, step skipped (1 in a row)" in (run / "log.txt").read_text()
     assert all(torch.isfinite(torch.tensor(v)) for v in losses(run))
+
+
+def test_next_step_is_prepared_before_this_one_is_read(train_world, monkeypatch):
+    """With the device-side skip the next step's batch and noise are drawn while the GPU finishes the
+    current one (before its loss is read); every micro-step is still drawn once, in order."""
+    from kohakumoss.train import loop
+
+    events = []
+    draw, skip = loop.draw_step_noise, loop.arm_skip
+
+    def recording_draw(seed, micro_step, *a, **kw):
+        events.append(("draw", micro_step))
+        return draw(seed, micro_step, *a, **kw)
+
+    monkeypatch.setattr(loop, "draw_step_noise", recording_draw)
+    monkeypatch.setattr(loop, "arm_skip", lambda opt, ok: events.append(("update", None)) or skip(opt, ok))
+    apply = loop.LRSchedule.apply
+    monkeypatch.setattr(
+        loop.LRSchedule,
+        "apply",
+        lambda self, opt, step: events.append(("step", step)) or apply(self, opt, step),
+    )
+    train(tiny_knobs(train_world, "prefetch", STEPS=4, GRAD_ACCUM=2))
+    draws = [m for kind, m in events if kind == "draw"]
+    assert draws == list(range(8))
+    # step s's update queued, step s + 1's first micro-step drawn, then (its loss read) step s + 1 begins
+    starts = [events[i - 2 : i] for i, e in enumerate(events) if e[0] == "step" and e[1] > 0]
+    assert starts == [[("update", None), ("draw", 2 * s)] for s in (1, 2, 3)], events

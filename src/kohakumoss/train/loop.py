@@ -296,6 +296,17 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     keep_grads = graphs is not None  # graphs accumulate into the same .grad tensors: zero them in place
     on_device = scaler is None and skips_on_device(tr.optimizer, device)
     batches = iter(loader)
+
+    def prepare(micro_step: int) -> tuple:
+        """A micro-step's batch on the device and its sigma and noise."""
+        try:
+            host = next(batches)
+        except StopIteration as e:
+            raise DataError(f"the plan ran out of steps at micro-step {micro_step}") from e
+        batch = to_device_batch(host, device, dtype)
+        return (batch, *draw_step_noise(int(k["SEED"]), micro_step, batch.x0, batch.seq, tcfg))
+
+    ready = None  # the next step's first micro-step, prepared while the GPU finished this one
     model.train()
     bad_in_row, skipped, step = 0, 0, start
     if device.type == "cuda":
@@ -308,14 +319,13 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
             losses, samples, tokens, finite, ok = [], 0, 0, True, None
             for micro in range(accum):
                 micro_step = step * accum + micro
-                try:
-                    host = next(batches)
-                except StopIteration as e:
-                    raise DataError(f"the plan ran out of steps at micro-step {micro_step}") from e
-                batch = to_device_batch(host, device, dtype)
+                if ready is not None and ready[0] == micro_step:
+                    batch, sigma, noise = ready[1:]
+                else:
+                    batch, sigma, noise = prepare(micro_step)
+                ready = None
                 if comps.engines is not None:
                     comps.engines.before_step()
-                sigma, noise = draw_step_noise(int(k["SEED"]), micro_step, batch.x0, batch.seq, tcfg)
                 if k["ALGO"] == "tlora":
                     set_tlora_sigma(sigma, int(k["RANK"]))
                 # the run's first micro-step is the kernel registry's prewarm: every op's missing shape
@@ -352,6 +362,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                         arm_skip(tr.optimizer, ok)
                     tr.optimizer.step()
             tr.optimizer.zero_grad(set_to_none=not keep_grads)
+            if on_device and step + 1 < stop_at:  # host work for the next step before this one's read
+                ready = (micro_step + 1, *prepare(micro_step + 1))
             # skipped on the host (a micro-step's loss was read), or on the device (read here, after the launches)
             if not finite or (on_device and not bool(ok)):
                 bad_in_row, skipped = bad_in_row + 1, skipped + 1
