@@ -34,20 +34,25 @@ def _norm_modulate_fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constex
 
 
 @triton.jit
-def _load_tile(X, DY, RSTD, TS, rows, end, cols, cmask, d):
-    """The tile `rows` (masked to the chunk's end): its mask, offsets, x, dy, rstd, samples (-1 past it)."""
+def _load_tile(X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES: tl.constexpr):
+    """The tile `rows` (masked to the chunk's end): its mask, offsets, x, dy, the residual's gradient
+    (HAS_RES; else x again, unused), rstd, samples (-1 past it)."""
     mask = (rows < end)[:, None] & cmask[None, :]
     off = rows[:, None] * d + cols[None, :]
     x = tl.load(X + off, mask=mask, other=0.0)
     dy = tl.load(DY + off, mask=mask, other=0.0)
+    if HAS_RES:
+        dres = tl.load(DRES + off, mask=mask, other=0.0)
+    else:
+        dres = x
     rstd = tl.load(RSTD + rows, mask=rows < end, other=0.0)
     s = tl.load(TS + rows, mask=rows < end, other=-1).to(tl.int64)
-    return mask, off, x, dy, rstd, s
+    return mask, off, x, dy, dres, rstd, s
 
 
 @triton.jit
 def _norm_modulate_bwd(
-    DY, X, SCALE, TS, RSTD, DX, DRES, has_res, P, D, FIRST, LAST, T, d, tiles_per_prog,
+    DY, X, SCALE, TS, RSTD, DX, DRES, HAS_RES: tl.constexpr, P, D, FIRST, LAST, T, d, tiles_per_prog,
     ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -60,23 +65,28 @@ def _norm_modulate_bwd(
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     rows = start + rid
-    mask, off, x_next, dy_next, rstd_next, s_next = _load_tile(X, DY, RSTD, TS, rows, end, cols, cmask, d)
+    mask, off, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
+        X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
+    )
     for _ in range(0, n):
         x = x_next.to(tl.float32)
         dy = dy_next.to(tl.float32)
+        dres = dres_next
         rstd = rstd_next[:, None]
         s = s_next  # -1: a row past the chunk (its contributions are zero)
         cur_off, cur_mask = off, mask
         rows += ROWS
-        mask, off, x_next, dy_next, rstd_next, s_next = _load_tile(X, DY, RSTD, TS, rows, end, cols, cmask, d)
+        mask, off, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
+            X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
+        )
         sc = tl.load(SCALE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0).to(
             tl.float32
         )
         xhat = x * rstd
         g = dy * (1.0 + sc)
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
-        if has_res:  # fork: the gradient x got through its other use, added here instead of by autograd
-            dx += tl.load(DRES + cur_off, mask=cur_mask, other=0.0).to(tl.float32)
+        if HAS_RES:  # fork: the gradient x got through its other use (prefetched with the tile), added here
+            dx += dres.to(tl.float32)
         tl.store(DX + cur_off, dx.to(DX.dtype.element_ty), mask=cur_mask)
         c_sc = dy * xhat
         acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
