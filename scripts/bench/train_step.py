@@ -78,7 +78,7 @@ BUILD_DEVICE = (
 BASELINE_LORA_DTYPE = "float32"  # the baseline LoRA's weights: float32 (as the trainer) | bfloat16
 PLAN_KNOBS = ""  # JSON of MemoryPlan fields applied to every row's plan
 ROW_TIMEOUT = 1200  # seconds per row subprocess
-SMI_INTERVAL = 0.2  # seconds between nvidia-smi polls
+SMI_INTERVAL = 0.2  # seconds between nvidia-smi readings (0: one reading at the row's end)
 SEED = 0
 PROFILE_STEPS = 0  # steps run under torch.profiler after a row's measured steps (not timed): kernel table
 
@@ -192,15 +192,23 @@ def step_flops(cfg, seq_lens: list[int], full: bool) -> float:
 
 
 class SmiPoller:
-    """Polls nvidia-smi in a thread: the max used memory of this pid (MiB), else of the whole GPU."""
+    """nvidia-smi's view of memory during the row: the max used memory of this pid (MiB), else of the
+    whole GPU. Two long-lived nvidia-smi processes in loop mode (-lms) stream their readings to reader
+    threads: one process start per row, not one per poll (a start initialises NVML against the busy GPU,
+    inside the timed steps). interval 0: one reading when the row ends only (the allocator's cache is
+    still held then, so the process peak is usually what it shows)."""
 
     def __init__(self, interval: float, gpu_base_mib: float | None):
         self.interval, self.pid = interval, os.getpid()
         self.process_mib: float | None = None
         self.gpu_mib: float | None = None
         self.gpu_base_mib = gpu_base_mib  # the GPU's used memory before this process touched it
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._procs: list[subprocess.Popen] = []
+        self._threads: list[threading.Thread] = []
+
+    @staticmethod
+    def gpu_index() -> str:
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
 
     @staticmethod
     def query(args: list[str]) -> list[str]:
@@ -210,33 +218,65 @@ class SmiPoller:
             return []
         return [line for line in out.stdout.splitlines() if line.strip()]
 
+    APPS = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+
+    @classmethod
+    def gpu_query(cls) -> list[str]:
+        return ["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", cls.gpu_index()]
+
     @classmethod
     def gpu_used(cls) -> float | None:
-        index = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
-        lines = cls.query(["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", index])
+        lines = cls.query(cls.gpu_query())
         return float(lines[0]) if lines else None
 
-    def _poll(self) -> None:
-        for line in self.query(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]):
-            pid, _, mib = line.partition(",")
-            if pid.strip() == str(self.pid) and mib.strip().isdigit():
-                self.process_mib = max(self.process_mib or 0.0, float(mib))
-        used = self.gpu_used()
-        if used is not None:
-            self.gpu_mib = max(self.gpu_mib or 0.0, used)
+    def _read_app(self, line: str) -> None:
+        pid, _, mib = line.partition(",")
+        if pid.strip() == str(self.pid) and mib.strip().isdigit():
+            self.process_mib = max(self.process_mib or 0.0, float(mib))
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._poll()
-            self._stop.wait(self.interval)
+    def _read_gpu(self, line: str) -> None:
+        if line.strip().isdigit():
+            self.gpu_mib = max(self.gpu_mib or 0.0, float(line))
+
+    def _poll(self) -> None:
+        for line in self.query(self.APPS):
+            self._read_app(line)
+        for line in self.query(self.gpu_query()):
+            self._read_gpu(line)
+
+    def _stream(self, args: list[str], read) -> None:
+        try:
+            proc = subprocess.Popen(
+                ["nvidia-smi", *args, "-lms", str(max(int(self.interval * 1000), 1))],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )  # fmt: skip
+        except OSError:
+            return
+        self._procs.append(proc)
+
+        def loop() -> None:
+            for line in proc.stdout:
+                read(line)
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        self._threads.append(thread)
 
     def __enter__(self) -> SmiPoller:
-        self._thread.start()
+        if self.interval > 0:
+            self._stream(self.APPS, self._read_app)
+            self._stream(self.gpu_query(), self._read_gpu)
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        for proc in self._procs:
+            proc.terminate()
+        for proc, thread in zip(self._procs, self._threads):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            thread.join(timeout=10)
         self._poll()
 
     def result(self) -> tuple[float | None, str]:

@@ -161,3 +161,44 @@ def test_the_table_says_when_the_allocator_retried():
     row = {"row": "lora/minimal/latent_text/cap4", "steps_done": 43, "cap_gib": 4, "under_cap": True}
     assert "allocator retries" not in ts.table([row])[1]
     assert ts.table([{**row, "alloc_retries": 12}])[1].endswith("(12 allocator retries)")
+
+
+FAKE_SMI = """#!/usr/bin/env python3
+import sys, time
+args = sys.argv[1:]
+with open(sys.argv[0] + ".calls", "a") as f:
+    f.write(" ".join(args) + "\\n")
+loop = "-lms" in args
+apps = any(a.startswith("--query-compute-apps") for a in args)
+used = [100, 900, 300]
+for i in range(200 if loop else 1):
+    mib = used[min(i, 2)]
+    print(f"{PID}, {mib}" if apps else str(mib + 1000), flush=True)
+    if loop:
+        time.sleep(0.01)
+"""
+
+
+def test_smi_poller_streams_from_one_process_per_query(tmp_path, monkeypatch):
+    """Readings come from long-lived loop-mode nvidia-smi processes (one start per row, not per poll);
+    the peak is kept, and interval 0 takes one reading at the end."""
+    ts = load_script()
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_SMI.replace("PID", str(os.getpid())))
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    import time
+
+    with ts.SmiPoller(0.01, gpu_base_mib=1000.0) as poller:
+        time.sleep(0.5)
+    assert poller.result() == (900 / 1024, "process")
+    assert poller.gpu_mib == 1900
+    calls = (tmp_path / "nvidia-smi.calls").read_text().splitlines()
+    looped = [c for c in calls if "-lms 10" in c]
+    assert len(looped) == 2 and len(calls) == 4  # two streams, then one reading of each at the end
+
+    (tmp_path / "nvidia-smi.calls").unlink()
+    with ts.SmiPoller(0, gpu_base_mib=None) as poller:
+        pass
+    assert poller.result() == (100 / 1024, "process")
+    assert all("-lms" not in c for c in (tmp_path / "nvidia-smi.calls").read_text().splitlines())
