@@ -20,7 +20,8 @@ The baseline is plain torch (scripts/bench/baseline_model.py): padded [SAMPLES, 
 LoRA module on every linear, no engines, eager or with each block torch.compile'd.
 
 Per row: samples/s and tokens/s (medians of the measured steps), MFU, the step peak
-(torch.cuda.max_memory_allocated over all steps, and over the steps after the warm-up), the predicted peak (kohakumoss.memory.estimate),
+(torch.cuda.max_memory_allocated, restarted before each step: the largest of all steps, and of the steps
+after the warm-up; each step's own in the JSON), the predicted peak (kohakumoss.memory.estimate),
 the nvidia-smi peak of the process, steps completed. Random weights and random inputs: a benchmark of
 speed and memory, not of training. Writes every row as JSON to --out (default $OUT/train_step.json).
 """
@@ -457,41 +458,44 @@ def token_layout(a) -> tuple[int, int, int]:
     return side, image, text
 
 
-def report_progress(i: int, n: int, seconds: float, device: torch.device) -> None:
-    """One line per step on stdout and, for a row subprocess, in PROGRESS_PATH (read back on a timeout)."""
+def report_progress(i: int, n: int, seconds: float, device: torch.device, peak: float | None = None) -> None:
+    """One line per step on stdout and, for a row subprocess, in PROGRESS_PATH (read back on a timeout);
+    peak: this step's own peak allocated GiB."""
     cuda = device.type == "cuda"
-    peak = torch.cuda.max_memory_allocated(device) / GIB if cuda else None
     # a capped row that crawls: allocator retries (cache flushed, each a device sync) tell it from slow engines
     retries = torch.cuda.memory_stats(device).get("num_alloc_retries", 0) if cuda else 0
-    line = f"  step {i + 1}/{n}: {seconds:.3f} s" + (f", peak {peak:.1f} GiB" if peak else "")
+    line = f"  step {i + 1}/{n}: {seconds:.3f} s" + (f", peak {peak:.2f} GiB" if peak else "")
     print(line + (f", {retries} allocator retries" if retries else ""), flush=True)
     if PROGRESS_PATH[0]:
         with open(PROGRESS_PATH[0], "a") as f:
             f.write(json.dumps({"step": i, "s": seconds, "peak_gib": peak, "alloc_retries": retries}) + "\n")
 
 
-def timed_steps(
-    step, n: int, device: torch.device, warmup: int = 0
-) -> tuple[list[float], int, str, float | None]:
-    """Run `step(i)` n times: (seconds per step, steps completed, error or '', the warm-up steps' peak
-    in GiB). After the warm-up the allocator's peak restarts, so it then holds the steady steps' peak
-    (the first steps also time kernels and fill caches)."""
-    times, warm_peak = [], None
+def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str, list[float]]:
+    """Run `step(i)` n times: (seconds per step, steps completed, error or '', each step's own peak
+    allocated GiB: the allocator's peak restarts before every step, so a warm-up step that times kernels
+    or fills caches is told from the steady ones)."""
+    times: list[float] = []
+    peaks: list[float] = []
+    cuda = device.type == "cuda"
     for i in range(n):
-        if i == warmup and i and device.type == "cuda":
-            warm_peak = torch.cuda.max_memory_allocated(device) / GIB
-            torch.cuda.reset_peak_memory_stats(device)
         try:
             sync(device)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(device)
             t0 = time.perf_counter()
             step(i)
             sync(device)
             times.append(time.perf_counter() - t0)
         except Exception as e:
             traceback.print_exc()
-            return times, i, f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}", warm_peak
-        report_progress(i, n, times[-1], device)
-    return times, n, "", warm_peak
+            if cuda:
+                peaks.append(torch.cuda.max_memory_allocated(device) / GIB)
+            return times, i, f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}", peaks
+        if cuda:
+            peaks.append(torch.cuda.max_memory_allocated(device) / GIB)
+        report_progress(i, n, times[-1], device, peaks[-1] if cuda else None)
+    return times, n, "", peaks
 
 
 def partial_row(name: str, progress: Path, warmup: int, samples: int, why: str) -> dict:
@@ -584,16 +588,16 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         torch.cuda.reset_peak_memory_stats(device)
     poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if cuda else contextlib.nullcontext()
     with poller:
-        times, done, error, warm_peak = timed_steps(step, n, device, a.warmup)
+        times, done, error, peaks = timed_steps(step, n, device)
     if a.profile_steps and not error:
         profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace)
     row = summarize(
         a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
     )
     if cuda:  # every step's peak (the cap's check) and the steps' after the warm-up (the estimate's)
-        steady = row["step_peak_gib"]
-        row["steady_peak_gib"] = steady if warm_peak is not None else None
-        row["step_peak_gib"] = max(steady, warm_peak or 0.0)
+        row["step_peak_gib"] = max(peaks, default=None)
+        row["steady_peak_gib"] = max(peaks[a.warmup :], default=None)
+        row["step_peaks_gib"] = [round(p, 3) for p in peaks]
         if spec.cap_gb is not None:
             row["under_cap"] = row["step_peak_gib"] <= spec.cap_gb and not error
     if cuda:
@@ -628,7 +632,7 @@ def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup
     }
     if device.type == "cuda":
         row["step_peak_gib"] = torch.cuda.max_memory_allocated(device) / GIB
-        row["step_reserved_gib"] = torch.cuda.max_memory_reserved(device) / GIB
+        row["step_reserved_gib"] = torch.cuda.memory_reserved(device) / GIB  # the cache held at the end
     return row
 
 
