@@ -48,3 +48,20 @@ def device_info(device: torch.device | str | None = None) -> DeviceInfo:
         props = torch.xpu.get_device_properties(device)
         return DeviceInfo("xpu", props.name, "xpu", None, props.total_memory, True, False)
     return DeviceInfo("cpu", "cpu", "cpu", None, 0, True, False)
+
+
+def device_index(device: torch.device) -> int | None:
+    """The index `device` means: its own, else the current one of its kind (0 where none is visible)."""
+    if device.index is not None or device.type in ("cpu", "meta"):
+        return device.index
+    backend = getattr(torch, device.type, None)
+    if backend is not None and hasattr(backend, "is_available") and backend.is_available():
+        return backend.current_device()
+    return 0
+
+
+def same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether two devices are the same one: torch.device('cuda') and 'cuda:0' are, when 0 is current
+    (plain `!=` says they differ)."""
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and device_index(a) == device_index(b)

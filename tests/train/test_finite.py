@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 from torch.optim import AdamW, Muon
 
 from kohakumoss.train.finite import arm_skip, skips_on_device
 from kohakumoss.train.optim import CombinedOptimizer
+from kohakumoss_common.device import device_index, same_device
 
 CPU = torch.device("cpu")
 
@@ -21,6 +24,11 @@ def test_only_fused_adam_on_the_loss_device_skips_there():
     assert not skips_on_device(_adamw(False)[0], CPU)  # foreach / for-loop kernels take no found_inf
     assert not skips_on_device(_adamw(True)[0], torch.device("cuda"))  # params elsewhere: the flag would move
     w = torch.nn.Parameter(torch.ones(4, 4))
+    # the trainer's device is torch.device("cuda") (no index) while its params say cuda:0: the same card
+    opt = _adamw(True)[0]
+    opt.optimizers["adamw"].param_groups[0]["params"] = [SimpleNamespace(device=torch.device("cuda:0"))]
+    assert skips_on_device(opt, torch.device("cuda")) == (device_index(torch.device("cuda")) == 0)
+    assert not skips_on_device(opt, torch.device("cuda:1"))
     muon = CombinedOptimizer({"muon": Muon([w], lr=0.1), "adamw": _adamw(True)[0].optimizers["adamw"]})
     assert not skips_on_device(muon, CPU)
 
@@ -37,3 +45,12 @@ def test_a_flagged_step_leaves_params_and_state_alone():
     arm_skip(opt, torch.tensor(True))
     opt.step()
     assert not torch.equal(p.detach(), torch.ones(3))
+
+
+def test_same_device_reads_a_missing_index_as_the_current_one():
+    assert same_device("cpu", CPU)
+    assert not same_device("cpu", "cuda")
+    current = device_index(torch.device("cuda"))
+    assert same_device("cuda", f"cuda:{current}")
+    assert not same_device("cuda", f"cuda:{current + 1}")
+    assert torch.device("cuda") != torch.device(f"cuda:{current}")  # why plain != is not enough

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch.optim import Adam, AdamW
 
+from kohakumoss_common.device import same_device
+
 
 def skips_on_device(optimizer, device: torch.device) -> bool:
     """Every member is fused Adam/AdamW with its params on `device` (host or streamed optimizers, Muon and
@@ -23,7 +25,7 @@ def skips_on_device(optimizer, device: torch.device) -> bool:
         if not isinstance(opt, (Adam, AdamW)):
             return False
         for group in opt.param_groups:
-            if not group.get("fused") or any(p.device != device for p in group["params"]):
+            if not group.get("fused") or any(not same_device(p.device, device) for p in group["params"]):
                 return False
     return True
 
