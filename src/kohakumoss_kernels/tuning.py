@@ -7,7 +7,9 @@ Modes (`OpSet(tune=...)`, else env KOHAKUMOSS_TUNE, default "table"):
             candidate runs untimed.
 - "always": every key is timed again the first time this process sees it, window or not.
 The file is `user_cache_dir()/tuning/<card>.json`, written atomically; entries timed under other
-torch/triton versions are ignored.
+torch/triton versions are ignored. lycoris-lora's own launch-config table (its fused LoRA kernels) goes
+under `user_cache_dir()/lycoris` unless LYCORIS_KERNEL_CACHE_DIR says otherwise: one folder holds
+every timing a card needs, so a run that carries it times nothing again.
 """
 
 from __future__ import annotations
@@ -29,6 +31,17 @@ from kohakumoss_common.log import get_logger, log_once
 from kohakumoss_common.paths import user_cache_dir
 
 log = get_logger("kohakumoss.kernels.tuning")
+LYCORIS_ENV = "LYCORIS_KERNEL_CACHE_DIR"  # read by lycoris each time it opens its table
+
+
+def share_cache_with_lycoris() -> Path:
+    """Point lycoris-lora's kernel table at our cache folder (an explicit LYCORIS_KERNEL_CACHE_DIR wins)."""
+    if LYCORIS_ENV not in os.environ:
+        os.environ[LYCORIS_ENV] = str(user_cache_dir() / "lycoris")
+    return Path(os.environ[LYCORIS_ENV])
+
+
+share_cache_with_lycoris()
 
 MODES = ("off", "table", "always")
 ENV = "KOHAKUMOSS_TUNE"

@@ -377,3 +377,20 @@ def test_device_timing_replays_a_graph_and_refuses_what_cannot_be_captured():
     with pytest.raises(RuntimeError, match="not capturable"):
         tuning.time_call(lambda t: t * t.sum().item(), (x,), {}, device_time=True)
     assert tuning.time_call(lambda t: t * 2, (x,), {}, device_time=True) > 0  # the context still works
+
+
+def test_lycoris_kernel_table_lives_in_our_cache(tmp_path, monkeypatch):
+    """lycoris-lora reads LYCORIS_KERNEL_CACHE_DIR when it opens its table: ours unless the user set it."""
+    from types import SimpleNamespace
+
+    from lycoris.kernels.tuner import _table_path
+
+    from kohakumoss_kernels.tuning import share_cache_with_lycoris
+
+    monkeypatch.setenv("KOHAKUMOSS_CACHE", str(tmp_path / "ours"))
+    monkeypatch.delenv("LYCORIS_KERNEL_CACHE_DIR", raising=False)
+    assert share_cache_with_lycoris() == tmp_path / "ours" / "lycoris"
+    h200 = SimpleNamespace(arch="sm90", name="NVIDIA H200")  # what _table_path reads of lycoris's DeviceInfo
+    assert _table_path(h200).is_relative_to(tmp_path / "ours" / "lycoris")
+    monkeypatch.setenv("LYCORIS_KERNEL_CACHE_DIR", str(tmp_path / "theirs"))
+    assert share_cache_with_lycoris() == tmp_path / "theirs"
