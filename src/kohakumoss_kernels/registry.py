@@ -317,7 +317,7 @@ class OpSet:
         out); those choices are kept under their own keys (`...|graphed`)."""
         if device_time:
             self.set_timing("device")
-        return tuning.tuning_window()
+        return tuning.tuning_window(self.tune)
 
     def set_timing(self, timing: str) -> None:
         if timing not in ("wall", "device"):

@@ -9,7 +9,9 @@ Modes (`OpSet(tune=...)`, else env KOHAKUMOSS_TUNE, default "table"):
 The file is `user_cache_dir()/tuning/<card>.json`, written atomically; entries timed under other
 torch/triton versions are ignored. lycoris-lora's own launch-config table (its fused LoRA kernels) goes
 under `user_cache_dir()/lycoris` unless LYCORIS_KERNEL_CACHE_DIR says otherwise: one folder holds
-every timing a card needs, so a run that carries it times nothing again.
+every timing a card needs, so a run that carries it times nothing again. lycoris times a new key's
+configs only inside a tuning window whose mode is not "off" (its own default: whenever it meets one,
+mid-run too); outside, its model's pick runs untimed. An explicit LYCORIS_KERNEL_TUNE wins.
 """
 
 from __future__ import annotations
@@ -41,7 +43,40 @@ def share_cache_with_lycoris() -> Path:
     return Path(os.environ[LYCORIS_ENV])
 
 
+LYCORIS_TUNE_ENV = "LYCORIS_KERNEL_TUNE"
+_HELD_ENV = "KOHAKUMOSS_HELD_LYCORIS_TUNE"  # marks the value as ours, for child processes that inherit it
+_LYCORIS_TUNE_SET_BY_USER = LYCORIS_TUNE_ENV in os.environ and _HELD_ENV not in os.environ
+
+
+def hold_lycoris_tuning() -> None:
+    """lycoris's config timing off outside our tuning windows (unless the user set LYCORIS_KERNEL_TUNE);
+    through its env variable, as importing lycoris here would cost seconds."""
+    if not _LYCORIS_TUNE_SET_BY_USER:
+        os.environ[LYCORIS_TUNE_ENV] = "off"
+        os.environ[_HELD_ENV] = "1"
+
+
+@contextlib.contextmanager
+def lycoris_tuning(enabled: bool) -> Iterator[None]:
+    """lycoris times new keys' configs inside (enabled) or not; restored after. A user's
+    LYCORIS_KERNEL_TUNE is left alone."""
+    if _LYCORIS_TUNE_SET_BY_USER:
+        yield
+        return
+    try:
+        from lycoris.kernels.plans import tune
+    except ImportError:  # lycoris without its kernels: nothing to time
+        yield
+        return
+    previous = tune.set_tuning(enabled)
+    try:
+        yield
+    finally:
+        tune.set_tuning(previous)
+
+
 share_cache_with_lycoris()
+hold_lycoris_tuning()
 
 MODES = ("off", "table", "always")
 ENV = "KOHAKUMOSS_TUNE"
@@ -59,15 +94,18 @@ _stored: list[tuple[str, Path]] = []  # (key, table file) timed and stored since
 
 
 @contextlib.contextmanager
-def tuning_window() -> Iterator[None]:
+def tuning_window(mode: str | None = None) -> Iterator[None]:
     """Calls made inside time their missing shape keys (TUNE=table); the prewarm step runs in one.
     (How they are timed, wall or device, is the OpSet's `timing`.) The outermost window logs what it
-    timed and where it was kept: a first run on a card spends a minute or two here, later runs none."""
+    timed and where it was kept: a first run on a card spends a minute or two here, later runs none.
+    mode: the caller's TUNE mode (default: the env's); lycoris's own config timing is on inside
+    unless it is "off"."""
     depth = getattr(_window, "depth", 0)
     _window.depth = depth + 1
     before, t0 = len(_stored), time.perf_counter()
     try:
-        yield
+        with lycoris_tuning(tune_mode(mode) != "off"):
+            yield
     finally:
         _window.depth = depth
         if depth == 0 and len(_stored) > before:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -394,3 +397,43 @@ def test_lycoris_kernel_table_lives_in_our_cache(tmp_path, monkeypatch):
     assert _table_path(h200).is_relative_to(tmp_path / "ours" / "lycoris")
     monkeypatch.setenv("LYCORIS_KERNEL_CACHE_DIR", str(tmp_path / "theirs"))
     assert share_cache_with_lycoris() == tmp_path / "theirs"
+
+
+def test_lycoris_times_its_configs_only_inside_a_tuning_window(monkeypatch):
+    """Its own default times a new key whenever met (mid-run too); ours: only in a window not 'off'."""
+    from lycoris.kernels.plans import tune
+
+    monkeypatch.setattr(tuning, "_LYCORIS_TUNE_SET_BY_USER", False)
+    monkeypatch.setattr(tune, "_TUNING", None)
+    monkeypatch.delenv("LYCORIS_KERNEL_TUNE", raising=False)
+    assert tune.tuning_enabled()  # lycoris's default
+    tuning.hold_lycoris_tuning()
+    assert not tune.tuning_enabled()
+    with tuning.tuning_window("table"):
+        assert tune.tuning_enabled()
+        with tuning.tuning_window("off"):
+            assert not tune.tuning_enabled()
+        assert tune.tuning_enabled()
+    assert not tune.tuning_enabled()
+    with OpSet(tune="off").tuning():
+        assert not tune.tuning_enabled()
+    with OpSet(tune="always").tuning():
+        assert tune.tuning_enabled()
+
+    monkeypatch.setattr(tuning, "_LYCORIS_TUNE_SET_BY_USER", True)  # the user's choice stands
+    monkeypatch.setattr(tune, "_TUNING", None)
+    monkeypatch.setenv("LYCORIS_KERNEL_TUNE", "on")
+    with tuning.tuning_window("off"):
+        assert tune.tuning_enabled()
+
+
+def test_a_child_process_still_times_lycoris_in_its_windows():
+    """The 'off' we put in the environment is inherited; the child must not take it for the user's."""
+    code = (
+        "from kohakumoss_kernels import tuning; from lycoris.kernels.plans import tune\n"
+        "assert not tuning._LYCORIS_TUNE_SET_BY_USER and not tune.tuning_enabled()\n"
+        "with tuning.tuning_window('table'): assert tune.tuning_enabled()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LYCORIS_KERNEL_TUNE"}
+    env["LYCORIS_KERNEL_TUNE"], env["KOHAKUMOSS_HELD_LYCORIS_TUNE"] = "off", "1"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
