@@ -52,6 +52,7 @@ from kohakumoss.memory.estimate import estimate_peak  # noqa: E402
 from kohakumoss.memory.install import install_memory_plan  # noqa: E402
 from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
 from kohakumoss.memory.profiles import PROFILES  # noqa: E402
+from kohakumoss.train.collector import StepCollector  # noqa: E402
 from kohakumoss.train.finite import arm_skip, skips_on_device  # noqa: E402
 from kohakumoss_kernels import triton_utils  # noqa: E402
 
@@ -73,6 +74,7 @@ PEAK_TFLOPS = 790.0  # the bf16 matrix rate MFU divides by (measured on the H200
 ROWS = "default"  # row groups (see GROUPS) and row specs, comma-separated
 TEXT_ENCODER = "auto"  # random Qwen3.5 for caches 'latent'/'none': qwen3.5-9b | tiny | auto (by preset)
 CUDA_GRAPHS = "auto"  # replay the micro-step from a CUDA graph where the plan allows (as the trainer) | off
+GC_EVERY = 50  # as the trainer's knob: setup frozen, Python's collector run every N steps after the launches (0: Python's own)
 BUILD_DEVICE = (
     "auto"  # where the DiT is built before install: auto (cpu when capped or streaming) | cpu | device
 )
@@ -765,13 +767,20 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         opt.zero_grad(set_to_none=graphs is None)
         if device_skip:  # as the trainer: the next step's host work while the GPU finishes this one
             upcoming[i + 1] = inputs(i + 1)
+        collector.after_launch(i)
         if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)
             nonfinite.append(i)
+        gc_ms.append(collector.take_paused_ms())
 
     measured = a.cap_steps if spec.cap_gb is not None else a.steps
     resident = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     seq_lens = list(seq.seq_lens)
-    row = measure_row(a, spec, cfg, step, a.warmup + measured, seq_lens, device, full)
+    collector, gc_ms = StepCollector(a.gc_every), []
+    with collector:
+        row = measure_row(a, spec, cfg, step, a.warmup + measured, seq_lens, device, full)
+    row["gc_pause_ms"] = [round(ms, 2) for ms in gc_ms]  # per step, automatic collections or ours
+    if any(gc_ms):
+        print(f"  gc pauses, ms per step: {' '.join(f'{ms:.1f}' for ms in gc_ms)}", flush=True)
     if graphs is not None and "step_peak_gib" in row:  # replays allocate nothing: the capture step's peak
         row["step_peak_gib"] = max(row["step_peak_gib"], graphs.capture_peak_bytes / GIB)
         if row.get("steady_peak_gib") is not None:  # the graph's memory is what the capture allocated
@@ -892,7 +901,7 @@ def run_row(a, name: str) -> dict:
 COMMON = (
     "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
-    "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every",
+    "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every",
 )  # fmt: skip
 FLAGS = ("profile_trace",)  # store_true options, passed on when set
 
@@ -984,6 +993,7 @@ def parse_args(argv=None):
     p.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS)
     p.add_argument("--text-encoder", default=TEXT_ENCODER)
     p.add_argument("--cuda-graphs", default=CUDA_GRAPHS, choices=("auto", "off"))
+    p.add_argument("--gc-every", type=int, default=GC_EVERY)
     p.add_argument("--build-device", default=BUILD_DEVICE, choices=("auto", "cpu", "device"))
     p.add_argument("--baseline-lora-dtype", default=BASELINE_LORA_DTYPE, choices=("float32", "bfloat16"))
     p.add_argument("--plan-knobs", default=PLAN_KNOBS, help="JSON of MemoryPlan fields for every row")

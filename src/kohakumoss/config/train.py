@@ -164,6 +164,12 @@ TRAIN_KNOBS = [
         "replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off",
         choices=("auto", "on", "off"),
     ),
+    Knob(
+        "GC_EVERY",
+        50,
+        "Python's garbage collector: setup frozen, collected every N steps while the GPU works (0: Python's own)",
+        type=int,
+    ),
     # data
     Knob(
         "DATASET",

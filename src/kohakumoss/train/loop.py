@@ -32,6 +32,7 @@ from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import add_file_log, get_logger
 
 from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, step_dirname
+from .collector import StepCollector
 from .components import Components, build_components
 from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
 from .ema import EMA
@@ -312,7 +313,9 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     bar = tqdm(total=steps, initial=start, desc=k["RUN_NAME"], unit="step", dynamic_ncols=True, disable=None)
+    collector = StepCollector(int(k["GC_EVERY"]))
     try:
+        collector.start()
         while step < stop_at:
             t0 = time.perf_counter()
             lr_factor = tr.schedule.apply(tr.optimizer, step)
@@ -364,6 +367,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
             tr.optimizer.zero_grad(set_to_none=not keep_grads)
             if on_device and step + 1 < stop_at:  # host work for the next step before this one's read
                 ready = (micro_step + 1, *prepare(micro_step + 1))
+            collector.after_launch(step)
             # skipped on the host (a micro-step's loss was read), or on the device (read here, after the launches)
             if not finite or (on_device and not bool(ok)):
                 bad_in_row, skipped = bad_in_row + 1, skipped + 1
@@ -399,6 +403,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                     step_s=dt,
                     peak_mem_gib=peak_memory_gib(device),
                     skipped=skipped,
+                    gc_ms=collector.take_paused_ms(),
                 )
                 if k["VAL_EVERY"] and val and (step % int(k["VAL_EVERY"]) == 0 or step == steps):
                     record["val_loss"] = validation_loss(
@@ -416,6 +421,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
         log.info(f"interrupted: saved {path}; continue with RESUME='latest'")
         raise
+    finally:
+        collector.stop()
     bar.close()
     path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
     log.info(f"checkpoint {path}")
