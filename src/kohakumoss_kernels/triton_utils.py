@@ -4,6 +4,7 @@ small launch-config picker that times a few candidates once per (kernel, width, 
 from __future__ import annotations
 
 import functools
+import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -158,19 +159,31 @@ def _may_time() -> bool:
     return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
 
 
-def device_ms(fn: Callable[[], None], reps: int = 8) -> float:
-    """Mean device milliseconds of `fn` over `reps` back-to-back calls after two warm ones, by the
-    accelerator's events. Not triton's do_bench: it allocates a 256 MB cache-flush buffer, and picks run
-    inside the first step, at a capped card's peak."""
+HOLD_CYCLES = 20_000_000  # ~10 ms of spinning at H200 clocks: longer than the host takes to queue the reps
+
+
+def device_ms(fn: Callable[[], None], reps: int = 10, rounds: int = 3) -> float:
+    """Device milliseconds of one `fn` call: the best of `rounds` means over `reps` back-to-back calls,
+    after two warm ones, by the accelerator's events. On CUDA the stream is held by a spinning kernel
+    while the host queues the reps, so the calls run back to back and a launch's host overhead (buffer
+    allocations, Python) is not what gets timed: the step replays from a CUDA graph, where it costs
+    nothing. Not triton's do_bench: it allocates a 256 MB cache-flush buffer, and picks run inside the
+    first step, at a capped card's peak."""
     for _ in range(2):
         fn()
-    start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    hold = getattr(torch.cuda, "_sleep", None) if torch.cuda.is_available() else None
+    best = math.inf
+    for _ in range(rounds):
+        start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+        if hold is not None:
+            hold(HOLD_CYCLES)
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / reps)
+    return best
 
 
 def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[tuple], None]) -> tuple:

@@ -162,3 +162,22 @@ def test_pick_times_launch_configs_without_allocating(monkeypatch):
     best = triton_utils.pick("test.pick", (id(x),), [("slow",), ("fast",)], launch)
     assert best == ("fast",)
     assert torch.cuda.max_memory_allocated() == before
+
+
+def test_pick_times_the_device_not_the_hosts_launch_overhead(monkeypatch):
+    """The step replays from a CUDA graph, where a launch's host work costs nothing: a config that is
+    slow to launch but quick on the device must win over one that launches fast and runs long."""
+    import time
+
+    monkeypatch.setenv(triton_utils.ENV_PICK, "1")
+    x = torch.zeros(1 << 16, device="cuda")
+
+    def launch(config):
+        if config == ("slow_host",):
+            time.sleep(0.0005)  # 10 reps: 5 ms, inside the picker's ~10 ms hold of the stream
+        else:
+            torch.cuda._sleep(200_000)  # ~0.1 ms on the device
+        x.add_(1.0)
+
+    best = triton_utils.pick("test.pick_host", (id(x),), [("slow_device",), ("slow_host",)], launch)
+    assert best == ("slow_host",)
