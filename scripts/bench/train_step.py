@@ -74,7 +74,7 @@ PEAK_TFLOPS = 790.0  # the bf16 matrix rate MFU divides by (measured on the H200
 ROWS = "default"  # row groups (see GROUPS) and row specs, comma-separated
 TEXT_ENCODER = "auto"  # random Qwen3.5 for caches 'latent'/'none': qwen3.5-9b | tiny | auto (by preset)
 CUDA_GRAPHS = "auto"  # replay the micro-step from a CUDA graph where the plan allows (as the trainer) | off
-GC_EVERY = 50  # as the trainer's knob: setup frozen, Python's collector run every N steps after the launches (0: Python's own)
+GC_EVERY = 0  # as the trainer's knob: 0 Python's own collector; N: setup frozen, collected every N steps after the launches
 BUILD_DEVICE = (
     "auto"  # where the DiT is built before install: auto (cpu when capped or streaming) | cpu | device
 )

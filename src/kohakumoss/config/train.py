@@ -166,8 +166,8 @@ TRAIN_KNOBS = [
     ),
     Knob(
         "GC_EVERY",
-        50,
-        "Python's garbage collector: setup frozen, collected every N steps while the GPU works (0: Python's own)",
+        0,
+        "Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works",
         type=int,
     ),
     # data
