@@ -206,6 +206,7 @@ class SmiPoller:
         self.process_mib: float | None = None
         self.gpu_mib: float | None = None
         self.gpu_base_mib = gpu_base_mib  # the GPU's used memory before this process touched it
+        self.clocks: list[tuple[float, float, float]] = []  # (perf_counter, SM MHz, watts) per reading
         self._procs: list[subprocess.Popen] = []
         self._threads: list[threading.Thread] = []
 
@@ -225,12 +226,13 @@ class SmiPoller:
 
     @classmethod
     def gpu_query(cls) -> list[str]:
-        return ["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", cls.gpu_index()]
+        fields = "memory.used,clocks.sm,power.draw"  # the clock and power: is a slow step the card's own?
+        return [f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", cls.gpu_index()]
 
     @classmethod
     def gpu_used(cls) -> float | None:
         lines = cls.query(cls.gpu_query())
-        return float(lines[0]) if lines else None
+        return _number(lines[0].split(",")[0]) if lines else None
 
     def _read_app(self, line: str) -> None:
         pid, _, mib = line.partition(",")
@@ -238,8 +240,21 @@ class SmiPoller:
             self.process_mib = max(self.process_mib or 0.0, float(mib))
 
     def _read_gpu(self, line: str) -> None:
-        if line.strip().isdigit():
-            self.gpu_mib = max(self.gpu_mib or 0.0, float(line))
+        fields = [_number(f) for f in line.split(",")] + [None, None]
+        used, clock, watts = fields[:3]
+        if used is not None:
+            self.gpu_mib = max(self.gpu_mib or 0.0, used)
+        if clock is not None and watts is not None:
+            self.clocks.append((time.perf_counter(), clock, watts))
+
+    def per_step(self, spans: list[tuple[float, float]]) -> list[tuple[float | None, float | None]]:
+        """(mean SM MHz, mean watts) of the readings inside each (start, end) perf_counter span."""
+        out = []
+        for t0, t1 in spans:
+            inside = [(c, w) for t, c, w in self.clocks if t0 <= t <= t1]
+            n = len(inside)
+            out.append((sum(c for c, _ in inside) / n, sum(w for _, w in inside) / n) if n else (None, None))
+        return out
 
     def _poll(self) -> None:
         for line in self.query(self.APPS):
@@ -289,6 +304,13 @@ class SmiPoller:
         if self.gpu_mib is not None:
             return (self.gpu_mib - (self.gpu_base_mib or 0.0)) / 1024, "gpu-delta (pid not listed)"
         return None, "nvidia-smi n/a"
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.strip())
+    except ValueError:  # "[N/A]", "[Not Supported]"
+        return None
 
 
 @contextlib.contextmanager
@@ -473,12 +495,13 @@ def report_progress(i: int, n: int, seconds: float, device: torch.device, peak: 
             f.write(json.dumps({"step": i, "s": seconds, "peak_gib": peak, "alloc_retries": retries}) + "\n")
 
 
-def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str, list[float]]:
+def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str, list[float], list[float]]:
     """Run `step(i)` n times: (seconds per step, steps completed, error or '', each step's own peak
-    allocated GiB: the allocator's peak restarts before every step, so a warm-up step that times kernels
-    or fills caches is told from the steady ones)."""
+    allocated GiB, each step's start on perf_counter). The allocator's peak restarts before every step,
+    so a warm-up step that times kernels or fills caches is told from the steady ones."""
     times: list[float] = []
     peaks: list[float] = []
+    starts: list[float] = []
     cuda = device.type == "cuda"
     for i in range(n):
         try:
@@ -486,6 +509,7 @@ def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, s
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
             t0 = time.perf_counter()
+            starts.append(t0)
             step(i)
             sync(device)
             times.append(time.perf_counter() - t0)
@@ -493,11 +517,12 @@ def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, s
             traceback.print_exc()
             if cuda:
                 peaks.append(torch.cuda.max_memory_allocated(device) / GIB)
-            return times, i, f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}", peaks
+            why = f"step {i}: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            return times, i, why, peaks, starts
         if cuda:
             peaks.append(torch.cuda.max_memory_allocated(device) / GIB)
         report_progress(i, n, times[-1], device, peaks[-1] if cuda else None)
-    return times, n, "", peaks
+    return times, n, "", peaks, starts
 
 
 def partial_row(name: str, progress: Path, warmup: int, samples: int, why: str) -> dict:
@@ -590,7 +615,7 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         torch.cuda.reset_peak_memory_stats(device)
     poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if cuda else contextlib.nullcontext()
     with poller:
-        times, done, error, peaks = timed_steps(step, n, device)
+        times, done, error, peaks, starts = timed_steps(step, n, device)
     if a.profile_steps and not error:
         profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace)
     row = summarize(
@@ -604,6 +629,16 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
             row["under_cap"] = row["step_peak_gib"] <= spec.cap_gb and not error
     if cuda:
         row["smi_peak_gib"], row["smi_kind"] = poller.result()
+        # each step's mean SM clock and power: a step slower on the same kernels shows its cause here
+        per_step = poller.per_step([(t0, t0 + dt) for t0, dt in zip(starts, times)])
+        row["step_sm_mhz"] = [None if c is None else round(c) for c, _ in per_step]
+        row["step_power_w"] = [None if w is None else round(w, 1) for _, w in per_step]
+        if any(c is not None for c, _ in per_step[a.warmup :]):
+            print(
+                "  SM clock MHz / power W per measured step: "
+                + " ".join(f"{c or 0:.0f}/{w or 0:.0f}" for c, w in per_step[a.warmup :]),
+                flush=True,
+            )
         # the allocator freeing its cache and retrying (a synchronizing cudaMalloc), what a cap can cost
         stats = torch.cuda.memory_stats(device)
         row["alloc_retries"] = stats.get("num_alloc_retries", 0)

@@ -173,7 +173,7 @@ apps = any(a.startswith("--query-compute-apps") for a in args)
 used = [100, 900, 300]
 for i in range(200 if loop else 1):
     mib = used[min(i, 2)]
-    print(f"{PID}, {mib}" if apps else str(mib + 1000), flush=True)
+    print(f"{PID}, {mib}" if apps else f"{mib + 1000}, {1980 - mib}, [N/A]" if i == 0 else f"{mib + 1000}, {1980 - mib}, 650.5", flush=True)
     if loop:
         time.sleep(0.01)
 """
@@ -189,10 +189,16 @@ def test_smi_poller_streams_from_one_process_per_query(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
     import time
 
+    t0 = time.perf_counter()
     with ts.SmiPoller(0.01, gpu_base_mib=1000.0) as poller:
         time.sleep(0.5)
+    t1 = time.perf_counter()
     assert poller.result() == (900 / 1024, "process")
     assert poller.gpu_mib == 1900
+    # the SM clock and power readings (a "[N/A]" field skipped), averaged per step span
+    assert poller.clocks and all(w == 650.5 for _, _, w in poller.clocks)
+    (clock, watts), (none, _) = poller.per_step([(t0, t1), (t1 + 10, t1 + 11)])
+    assert 1080 <= clock <= 1880 and watts == 650.5 and none is None
     calls = (tmp_path / "nvidia-smi.calls").read_text().splitlines()
     looped = [c for c in calls if "-lms 10" in c]
     assert len(looped) == 2 and len(calls) == 4  # two streams, then one reading of each at the end
