@@ -69,7 +69,11 @@ DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
 def backend_cannot_run(e: BaseException) -> bool:
     """Whether a backend's exception means "try the next one": a RuntimeError (CUDA, TileLang/TVM), or a
     Triton kernel that does not compile for this card (a TritonError, not a RuntimeError). Triton is looked
-    up only here, on a failure, so importing the registry stays cheap."""
+    up only here, on a failure, so importing the registry stays cheap. Running out of memory is not one
+    (torch's OutOfMemoryError is a RuntimeError): the memory plan's problem, not the backend's, and
+    dropping the backend for the rest of the run would not make the memory."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return False
     if isinstance(e, RuntimeError):
         return True
     if type(e).__module__.split(".")[0] in ("tilelang", "tvm", "tvm_ffi"):  # TileLang's compiler refused
@@ -203,9 +207,14 @@ class BoundOp:
         if not timing_allowed or torch.compiler.is_compiling() or _capturing():
             return None  # first candidate, untimed; the key stays open for a later window
         ms: dict[str, float] = {}
+        short = False  # a candidate ran out of memory while timed: the choice holds for this process only
         for name, fn in live:
             try:
                 ms[name] = tuning.time_call(fn, args, kwargs, device_time=self.timing == "device")
+            except torch.OutOfMemoryError as e:  # timing's own copies at a capped card's peak
+                short = True
+                log_once(log, f"{self.op}: backend '{name}' ran out of memory while timing {key}; skipped, "
+                         f"the key is not stored ({str(e).splitlines()[0][:120]})")  # fmt: skip
             except Exception as e:
                 if not backend_cannot_run(e):
                     raise
@@ -214,7 +223,7 @@ class BoundOp:
             return None
         best = min(ms, key=ms.get)
         self.choices[key] = best
-        if self.table is not None:
+        if self.table is not None and not short:
             self.table.put(key, best, ms)
         log.info(f"{self.op} {key}: {best} ({', '.join(f'{n} {t:.3f} ms' for n, t in ms.items())})")
         return best

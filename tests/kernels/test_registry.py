@@ -437,3 +437,31 @@ def test_a_child_process_still_times_lycoris_in_its_windows():
     env = {k: v for k, v in os.environ.items() if k != "LYCORIS_KERNEL_TUNE"}
     env["LYCORIS_KERNEL_TUNE"], env["KOHAKUMOSS_HELD_LYCORIS_TUNE"] = "off", "1"
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_out_of_memory_is_not_a_backend_failure(lines):
+    """At call time it propagates (the plan does not fit; another backend would not make memory, and
+    the fast one must not be dropped for the run); while timing, the candidate is skipped and the key is
+    kept for this process only (a capped run must not decide for the card)."""
+
+    def oom(x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    tr = tagged("tr", oom)
+    op = fake_op(triton=tr, compile=tagged("cp"))
+    bound = resolve(op, "sm90", torch.float32, tune="off")
+    with pytest.raises(torch.OutOfMemoryError):
+        bound(torch.ones(3))
+    assert "triton" not in bound.failed and not [m for m in lines if "falling back" in m]
+
+    fast = slow("fast", 0.0)
+    op = fake_op(triton=tagged("tr2", oom), compile=fast)
+    ops = OpSet(backend="triton,compile", tune="table")
+    x = torch.ones(300)
+    with ops.tuning():
+        assert torch.equal(getattr(ops, op)(x), x * 2)
+    assert any("ran out of memory while timing" in m for m in lines)
+    assert not (tuning.table_for("cpu").entries.get(shape_key(op, x)))  # not stored
+    n = len(fast.calls)
+    getattr(ops, op)(x)
+    assert len(fast.calls) == n + 1  # this process keeps the choice
