@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from torch.optim import AdamW, Muon
 
@@ -14,8 +15,8 @@ from kohakumoss_common.device import device_index, same_device
 CPU = torch.device("cpu")
 
 
-def _adamw(fused: bool, n: int = 3) -> tuple[CombinedOptimizer, torch.nn.Parameter]:
-    p = torch.nn.Parameter(torch.ones(n))
+def _adamw(fused: bool, n: int = 3, device: str = "cpu") -> tuple[CombinedOptimizer, torch.nn.Parameter]:
+    p = torch.nn.Parameter(torch.ones(n, device=device))
     return CombinedOptimizer({"adamw": AdamW([p], lr=0.1, fused=fused)}), p
 
 
@@ -33,18 +34,23 @@ def test_only_fused_adam_on_the_loss_device_skips_there():
     assert not skips_on_device(muon, CPU)
 
 
-def test_a_flagged_step_leaves_params_and_state_alone():
-    opt, p = _adamw(True)
-    p.grad = torch.full((3,), float("nan"))
-    arm_skip(opt, torch.tensor(False))
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])],
+)  # fmt: skip
+def test_a_flagged_step_leaves_params_and_state_alone(device):
+    opt, p = _adamw(True, device=device)
+    assert skips_on_device(opt, torch.device(device))  # "cuda" against the params' cuda:0 too
+    p.grad = torch.full((3,), float("nan"), device=device)
+    arm_skip(opt, torch.isfinite(p.grad.sum()))  # a device flag, as the trainer's from the loss
     opt.step()
-    assert torch.equal(p.detach(), torch.ones(3))
+    assert torch.equal(p.detach().cpu(), torch.ones(3))
     state = opt.optimizers["adamw"].state[p]
     assert float(state["step"]) == 0 and torch.isfinite(state["exp_avg"]).all()  # nothing of the NaN kept
-    p.grad = torch.ones(3)
-    arm_skip(opt, torch.tensor(True))
+    p.grad = torch.ones(3, device=device)
+    arm_skip(opt, torch.isfinite(p.grad.sum()))
     opt.step()
-    assert not torch.equal(p.detach(), torch.ones(3))
+    assert not torch.equal(p.detach().cpu(), torch.ones(3))
 
 
 def test_same_device_reads_a_missing_index_as_the_current_one():
