@@ -570,11 +570,65 @@ def kinds_table(kernels: list[tuple[str, float]], steps: int) -> str:
     return "\n".join(lines + [f"{'device time':<20} {total:9.2f}"])
 
 
-def profile_steps(step, start: int, count: int, device: torch.device, name: str, trace: bool = False) -> None:
+# The bf16 [T, width] tensors one call of a row kernel must read and write once (as counted in
+# docs/performance/kernels.md); width "d" is the model dim, "h" the MLP hidden. norm_modulate's backward
+# reads the fork's residual gradient too (every block calls it with fork=True; the final layer's one call
+# a step without it is counted the same, 1 call in 43 on moss-image-5b).
+ROW_KERNEL_TENSORS = {
+    "_rms_norm_fwd": (2, "d"), "_rms_norm_bwd": (3, "d"),
+    "_norm_modulate_fwd": (2, "d"), "_norm_modulate_bwd": (4, "d"),
+    "_residual_norm_modulate_fwd": (4, "d"), "_residual_norm_modulate_bwd": (6, "d"),
+    "_gated_residual_fwd": (3, "d"), "_gated_residual_bwd": (3, "d"),
+    "_qk_norm_rope_fwd": (2, "d"), "_qk_norm_rope_fwd_token": (2, "d"), "_qk_norm_rope_bwd": (3, "d"),
+    "_swiglu_fwd": (3, "h"), "_swiglu_bwd": (5, "h"),
+}  # fmt: skip
+
+
+def copy_ceiling_gbs(device: torch.device, gib: float = 1.0, reps: int = 10) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second, GB/s), measured here: the
+    ceiling the row kernels' table compares with, in the step's own process."""
+    src = torch.empty(int(gib * GIB), dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        dst.copy_(src)
+    end.record()
+    end.synchronize()
+    return 2 * src.numel() * reps / (start.elapsed_time(end) / 1e3) / 1e9
+
+
+def row_kernel_table(
+    kernels: list[tuple[str, float, int]], steps: int, tokens: int, dim: int, hidden: int, ceiling_gbs: float
+) -> str:
+    """(kernel name, device ms summed, calls) of the profiled steps -> per row kernel: calls per step, us
+    per call, GB/s and % of the copy ceiling; '' when no row kernel ran."""
+    width = {"d": dim, "h": hidden}
+    lines = []
+    for name, ms, calls in sorted(kernels, key=lambda k: -k[1]):
+        if name not in ROW_KERNEL_TENSORS or not calls:
+            continue
+        n, w = ROW_KERNEL_TENSORS[name]
+        us = ms * 1e3 / calls
+        gbs = n * tokens * width[w] * 2 / (us * 1e-6) / 1e9
+        lines.append(f"{name:<30} {calls / steps:7.1f} {us:9.1f} {gbs:9.0f} {gbs / ceiling_gbs:7.1%}")
+    if not lines:
+        return ""
+    head = f"{'row kernel':<30} {'calls':>7} {'us/call':>9} {'GB/s':>9} {'of copy':>7}"
+    return "\n".join(
+        [f"row kernels against a {ceiling_gbs:.0f} GB/s copy measured in this process", head, *lines]
+    )
+
+
+def profile_steps(
+    step, start: int, count: int, device: torch.device, name: str, trace: bool = False, shape: tuple = ()
+) -> None:
     """Run `count` more steps under torch.profiler; print the kernels by device time (and save the table
     under $OUT, when set). Where the step's time goes, for the next optimisation, not a measured row.
     trace: also write a gzipped Chrome trace with input shapes under $OUT (with --cuda-graphs off each
-    kernel sits under the op that launched it)."""
+    kernel sits under the op that launched it). shape: (tokens, dim, MLP hidden) for the row kernels'
+    bandwidth table."""
     import gzip
 
     from torch.profiler import ProfilerActivity, profile
@@ -603,6 +657,13 @@ def profile_steps(step, start: int, count: int, device: torch.device, name: str,
             if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
         ]
         text += "\n" + kinds_table(kernels, count)
+        counted = [
+            (e.key, e.self_device_time_total / 1e3, e.count)
+            for e in events
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.key in ROW_KERNEL_TENSORS
+        ]
+        if counted and shape:
+            text += "\n" + row_kernel_table(counted, count, *shape, copy_ceiling_gbs(device))
     print(text, flush=True)
     if out_dir:
         Path(out_dir, f"profile_{name.replace('/', '_')}.txt").write_text(text)
@@ -617,7 +678,8 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
     with poller:
         times, done, error, peaks, starts = timed_steps(step, n, device)
     if a.profile_steps and not error:
-        profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace)
+        shape = (sum(seq_lens), cfg.dim, cfg.mlp_hidden)
+        profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace, shape)
     row = summarize(
         a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
     )

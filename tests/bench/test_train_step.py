@@ -156,6 +156,26 @@ def test_kernels_are_grouped_by_kind_per_step():
     assert table[-1].split()[-1] == "33.33"
 
 
+def test_row_kernels_bandwidth_per_call():
+    """GB/s from the bytes each call must move ([T, width] bf16 tensors read + written) over its device time."""
+    ts = load_script()
+    tokens, dim, hidden = 8704, 3072, 8192
+    kernels = [  # (name, ms summed over 2 steps, calls)
+        ("_norm_modulate_bwd", 62.2e-3 * 86, 86),  # 4 tensors of [T, d] in 62.2 us
+        ("_swiglu_fwd", 99.8e-3 * 84, 84),  # 3 tensors of [T, h]
+        ("nvjet_sm90_tst_192x192", 400.0, 840),  # not a row kernel
+    ]
+    lines = ts.row_kernel_table(kernels, 2, tokens, dim, hidden, ceiling_gbs=4159.0).splitlines()
+    assert "4159 GB/s" in lines[0] and len(lines) == 4
+    swiglu, norm = lines[2].split(), lines[3].split()  # largest device time first
+    assert swiglu[0] == "_swiglu_fwd" and norm[0] == "_norm_modulate_bwd"
+    assert float(norm[1]) == 43.0 and float(norm[2]) == 62.2
+    assert abs(float(norm[3]) - 4 * tokens * dim * 2 / 62.2e-6 / 1e9) < 1  # 3439 GB/s
+    assert norm[4] == "82.7%"
+    assert abs(float(swiglu[3]) - 3 * tokens * hidden * 2 / 99.8e-6 / 1e9) < 1
+    assert ts.row_kernel_table(kernels[2:], 2, tokens, dim, hidden, 4159.0) == ""
+
+
 def test_the_table_says_when_the_allocator_retried():
     ts = load_script()
     row = {"row": "lora/minimal/latent_text/cap4", "steps_done": 43, "cap_gib": 4, "under_cap": True}
