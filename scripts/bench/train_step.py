@@ -74,6 +74,7 @@ PEAK_TFLOPS = 790.0  # the bf16 matrix rate MFU divides by (measured on the H200
 ROWS = "default"  # row groups (see GROUPS) and row specs, comma-separated
 TEXT_ENCODER = "auto"  # random Qwen3.5 for caches 'latent'/'none': qwen3.5-9b | tiny | auto (by preset)
 CUDA_GRAPHS = "auto"  # replay the micro-step from a CUDA graph where the plan allows (as the trainer) | off
+TIMING = "synced"  # synced: the device synchronized around each step | trainer: back to back, loss read to loss read
 GC_EVERY = 0  # as the trainer's knob: 0 Python's own collector; N: setup frozen, collected every N steps after the launches
 BUILD_DEVICE = (
     "auto"  # where the DiT is built before install: auto (cpu when capped or streaming) | cpu | device
@@ -495,24 +496,39 @@ def report_progress(i: int, n: int, seconds: float, device: torch.device, peak: 
             f.write(json.dumps({"step": i, "s": seconds, "peak_gib": peak, "alloc_retries": retries}) + "\n")
 
 
-def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, str, list[float], list[float]]:
+def timed_steps(
+    step, n: int, device: torch.device, timing: str = "synced"
+) -> tuple[list[float], int, str, list[float], list[float]]:
     """Run `step(i)` n times: (seconds per step, steps completed, error or '', each step's own peak
-    allocated GiB, each step's start on perf_counter). The allocator's peak restarts before every step,
-    so a warm-up step that times kernels or fills caches is told from the steady ones."""
+    allocated GiB, each step's start on perf_counter). The allocator's peak restarts before every step
+    (host-side bookkeeping: no sync needed), so a warm-up step that times kernels or fills caches is told
+    from the steady ones.
+
+    timing "synced": the device is synchronized before and after each step, and the step is what lies
+    between (its last queued work, the optimizer's, included; the GPU idles while the next step's first
+    launches are made). "trainer": steps run back to back as the trainer runs them, each timed from the
+    previous step's end (its loss read on the host, which every step function ends with) to its own."""
+    if timing not in ("synced", "trainer"):
+        raise ValueError(f"timing '{timing}' is not synced or trainer")
     times: list[float] = []
     peaks: list[float] = []
     starts: list[float] = []
     cuda = device.type == "cuda"
+    sync(device)
+    t_end = time.perf_counter()
     for i in range(n):
         try:
-            sync(device)
+            if timing == "synced":
+                sync(device)
             if cuda:
                 torch.cuda.reset_peak_memory_stats(device)
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if timing == "synced" else t_end
             starts.append(t0)
             step(i)
-            sync(device)
-            times.append(time.perf_counter() - t0)
+            if timing == "synced":
+                sync(device)
+            t_end = time.perf_counter()
+            times.append(t_end - t0)
         except Exception as e:
             traceback.print_exc()
             if cuda:
@@ -522,6 +538,7 @@ def timed_steps(step, n: int, device: torch.device) -> tuple[list[float], int, s
         if cuda:
             peaks.append(torch.cuda.max_memory_allocated(device) / GIB)
         report_progress(i, n, times[-1], device, peaks[-1] if cuda else None)
+    sync(device)
     return times, n, "", peaks, starts
 
 
@@ -676,13 +693,14 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         torch.cuda.reset_peak_memory_stats(device)
     poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if cuda else contextlib.nullcontext()
     with poller:
-        times, done, error, peaks, starts = timed_steps(step, n, device)
+        times, done, error, peaks, starts = timed_steps(step, n, device, a.timing)
     if a.profile_steps and not error:
         shape = (sum(seq_lens), cfg.dim, cfg.mlp_hidden)
         profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace, shape)
     row = summarize(
         a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
     )
+    row["timing"] = a.timing
     if cuda:  # every step's peak (the cap's check) and the steps' after the warm-up (the estimate's)
         row["step_peak_gib"] = max(peaks, default=None)
         row["steady_peak_gib"] = max(peaks[a.warmup :], default=None)
@@ -998,7 +1016,7 @@ def run_row(a, name: str) -> dict:
 COMMON = (
     "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
-    "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every",
+    "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
 FLAGS = ("profile_trace",)  # store_true options, passed on when set
 
@@ -1091,6 +1109,12 @@ def parse_args(argv=None):
     p.add_argument("--text-encoder", default=TEXT_ENCODER)
     p.add_argument("--cuda-graphs", default=CUDA_GRAPHS, choices=("auto", "off"))
     p.add_argument("--gc-every", type=int, default=GC_EVERY)
+    p.add_argument(
+        "--timing",
+        default=TIMING,
+        choices=("synced", "trainer"),
+        help="synced: the device synchronized around each step; trainer: steps back to back, from one loss read to the next",
+    )
     p.add_argument("--build-device", default=BUILD_DEVICE, choices=("auto", "cpu", "device"))
     p.add_argument("--baseline-lora-dtype", default=BASELINE_LORA_DTYPE, choices=("float32", "bfloat16"))
     p.add_argument("--plan-knobs", default=PLAN_KNOBS, help="JSON of MemoryPlan fields for every row")

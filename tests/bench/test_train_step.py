@@ -228,3 +228,25 @@ def test_smi_poller_streams_from_one_process_per_query(tmp_path, monkeypatch):
         pass
     assert poller.result() == (100 / 1024, "process")
     assert all("-lms" not in c for c in (tmp_path / "nvidia-smi.calls").read_text().splitlines())
+
+
+def test_trainer_timing_runs_steps_back_to_back():
+    """'trainer': each step from the previous step's end to its own (the spans tile the run);
+    'synced': each its own span; both time every step, and an unknown mode is refused."""
+    import time
+
+    ts = load_script()
+
+    def step(i):
+        time.sleep(0.01 * (i + 1))
+
+    cpu = torch.device("cpu")
+    times, done, error, peaks, starts = ts.timed_steps(step, 3, cpu, "trainer")
+    assert done == 3 and not error and peaks == []
+    for i in range(2):
+        assert starts[i + 1] == pytest.approx(starts[i] + times[i], abs=1e-9)
+    assert all(t >= 0.01 * (i + 1) for i, t in enumerate(times))  # each step's own sleep, at least
+    times, *_ = ts.timed_steps(step, 3, cpu, "synced")
+    assert len(times) == 3 and all(t >= 0.01 * (i + 1) for i, t in enumerate(times))
+    with pytest.raises(ValueError, match="timing"):
+        ts.timed_steps(step, 1, cpu, "wall")
