@@ -575,6 +575,19 @@ def kernel_kind(name: str) -> str:
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
 
 
+def device_kernels(events) -> list[tuple[str, float, int]]:
+    """(name, device ms summed, calls) of the profiler's device-side kernels, memsets and copies. Not the
+    user annotations mirrored on the GPU timeline (`Optimizer.step#AdamW.step` spans the fused AdamW's
+    kernels: counting both counted the optimizer twice)."""
+    return [
+        (e.key, e.self_device_time_total / 1e3, e.count)
+        for e in events
+        if e.device_type == torch.autograd.DeviceType.CUDA
+        and e.self_device_time_total > 0
+        and not getattr(e, "is_user_annotation", False)
+    ]
+
+
 def kinds_table(kernels: list[tuple[str, float]], steps: int) -> str:
     """(kernel name, device ms summed over `steps`) -> ms per step and share by kind, largest first."""
     by: dict[str, float] = {}
@@ -668,18 +681,9 @@ def profile_steps(
         sort_by=sort, row_limit=40, max_name_column_width=90
     )
     if device.type == "cuda":  # kernels only (no CPU-side ranges): by kind, per step
-        kernels = [
-            (e.key, e.self_device_time_total / 1e3)
-            for e in events
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0
-        ]
-        text += "\n" + kinds_table(kernels, count)
-        counted = [
-            (e.key, e.self_device_time_total / 1e3, e.count)
-            for e in events
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.key in ROW_KERNEL_TENSORS
-        ]
-        if counted and shape:
+        counted = device_kernels(events)
+        text += "\n" + kinds_table([(key, ms) for key, ms, _ in counted], count)
+        if shape and any(key in ROW_KERNEL_TENSORS for key, _, _ in counted):
             text += "\n" + row_kernel_table(counted, count, *shape, copy_ceiling_gbs(device))
     print(text, flush=True)
     if out_dir:

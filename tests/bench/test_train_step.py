@@ -250,3 +250,28 @@ def test_trainer_timing_runs_steps_back_to_back():
     assert len(times) == 3 and all(t >= 0.01 * (i + 1) for i, t in enumerate(times))
     with pytest.raises(ValueError, match="timing"):
         ts.timed_steps(step, 1, cpu, "wall")
+
+
+def test_device_kernels_leave_out_annotations_and_host_ops():
+    """The optimizer's user annotation spans its own kernels on the GPU timeline: counted once."""
+    from types import SimpleNamespace
+
+    ts = load_script()
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def ev(key, us, device=cuda, annotation=False, count=2):
+        return SimpleNamespace(
+            key=key, self_device_time_total=us, device_type=device, is_user_annotation=annotation, count=count
+        )
+
+    events = [
+        ev("multi_tensor_apply_kernel<FusedAdamW>", 2000.0, count=34),
+        ev("Optimizer.step#AdamW.step", 2100.0, annotation=True),
+        ev("aten::_fused_adamw_", 0.0, device=cpu),
+        ev("_norm_modulate_bwd", 5000.0, count=86),
+        ev("nothing_on_the_device", 0.0),
+    ]
+    assert ts.device_kernels(events) == [
+        ("multi_tensor_apply_kernel<FusedAdamW>", 2.0, 34),
+        ("_norm_modulate_bwd", 5.0, 86),
+    ]
