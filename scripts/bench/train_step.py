@@ -54,6 +54,7 @@ from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
 from kohakumoss.memory.profiles import PROFILES  # noqa: E402
 from kohakumoss.train.collector import StepCollector  # noqa: E402
 from kohakumoss.train.finite import arm_skip, skips_on_device  # noqa: E402
+from kohakumoss_common.timing import copy_gbs  # noqa: E402
 from kohakumoss_kernels import triton_utils  # noqa: E402
 
 PRESET = "moss-image-5b"  # MossConfig preset, random weights
@@ -614,21 +615,6 @@ ROW_KERNEL_TENSORS = {
 }  # fmt: skip
 
 
-def copy_ceiling_gbs(device: torch.device, gib: float = 1.0, reps: int = 10) -> float:
-    """Device-to-device copy bandwidth (bytes read + written per second, GB/s), measured here: the
-    ceiling the row kernels' table compares with, in the step's own process."""
-    src = torch.empty(int(gib * GIB), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.Event(enable_timing=True), torch.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        dst.copy_(src)
-    end.record()
-    end.synchronize()
-    return 2 * src.numel() * reps / (start.elapsed_time(end) / 1e3) / 1e9
-
-
 def row_kernel_table(
     kernels: list[tuple[str, float, int]], steps: int, tokens: int, dim: int, hidden: int, ceiling_gbs: float
 ) -> str:
@@ -684,7 +670,7 @@ def profile_steps(
         counted = device_kernels(events)
         text += "\n" + kinds_table([(key, ms) for key, ms, _ in counted], count)
         if shape and any(key in ROW_KERNEL_TENSORS for key, _, _ in counted):
-            text += "\n" + row_kernel_table(counted, count, *shape, copy_ceiling_gbs(device))
+            text += "\n" + row_kernel_table(counted, count, *shape, copy_gbs(device, gib=1.0))
     print(text, flush=True)
     if out_dir:
         Path(out_dir, f"profile_{name.replace('/', '_')}.txt").write_text(text)

@@ -275,3 +275,10 @@ def test_device_kernels_leave_out_annotations_and_host_ops():
         ("multi_tensor_apply_kernel<FusedAdamW>", 2.0, 34),
         ("_norm_modulate_bwd", 5.0, 86),
     ]
+
+
+def test_copy_bandwidth_is_bytes_read_and_written_over_time():
+    from kohakumoss_common.timing import copy_gbs
+
+    gbs = copy_gbs("cpu", gib=1 / 64)
+    assert 0.1 < gbs < 1e4  # a plausible host memcpy rate, counted both ways
