@@ -395,7 +395,7 @@ def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
         return ops.lora_linear(h, p[name], None, p[name + ".down"], p[name + ".up"], s)
 
     shift1, scale1, gate1, shift2, scale2, gate2 = mod
-    h = ops.norm_modulate(x, shift1, scale1, ts, 1e-6)
+    h, x = ops.norm_modulate(x, shift1, scale1, ts, 1e-6, fork=True)  # as the model's block
     names = ("q", "k", "v")
     qkv = ops.lora_group(
         h, tuple(p[n] for n in names), (None,) * 3, tuple(p[n + ".down"] for n in names),
