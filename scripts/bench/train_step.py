@@ -75,7 +75,8 @@ PEAK_TFLOPS = 790.0  # the bf16 matrix rate MFU divides by (measured on the H200
 ROWS = "default"  # row groups (see GROUPS) and row specs, comma-separated
 TEXT_ENCODER = "auto"  # random Qwen3.5 for caches 'latent'/'none': qwen3.5-9b | tiny | auto (by preset)
 CUDA_GRAPHS = "auto"  # replay the micro-step from a CUDA graph where the plan allows (as the trainer) | off
-TIMING = "synced"  # synced: the device synchronized around each step | trainer: back to back, loss read to loss read
+TIMING = "synced"  # synced: the device synchronized around each step | trainer: back to back, loss read
+# to loss read | both: synced, then the measured steps again back to back (reported beside)
 GC_EVERY = 0  # as the trainer's knob: 0 Python's own collector; N: setup frozen, collected every N steps after the launches
 BUILD_DEVICE = (
     "auto"  # where the DiT is built before install: auto (cpu when capped or streaming) | cpu | device
@@ -682,15 +683,26 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
     poller = SmiPoller(a.smi_interval, GPU_BASE_MIB[0]) if cuda else contextlib.nullcontext()
+    first = "synced" if a.timing == "both" else a.timing
+    back_to_back = None
     with poller:
-        times, done, error, peaks, starts = timed_steps(step, n, device, a.timing)
+        times, done, error, peaks, starts = timed_steps(step, n, device, first)
+        if (
+            a.timing == "both" and not error and n > a.warmup
+        ):  # the same steps again, as the trainer runs them
+            back_to_back = timed_steps(lambda j: step(n + j), n - a.warmup, device, "trainer")
+    if back_to_back is not None:
+        peaks, starts = peaks + back_to_back[3], starts + back_to_back[4]
     if a.profile_steps and not error:
         shape = (sum(seq_lens), cfg.dim, cfg.mlp_hidden)
         profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace, shape)
     row = summarize(
         a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
     )
-    row["timing"] = a.timing
+    row["timing"] = first
+    if back_to_back is not None:
+        row["trainer"] = timing_summary(a, seq_lens, row["flops_per_step"], *back_to_back[:3])
+        times = times + back_to_back[0]
     if cuda:  # every step's peak (the cap's check) and the steps' after the warm-up (the estimate's)
         row["step_peak_gib"] = max(peaks, default=None)
         row["steady_peak_gib"] = max(peaks[a.warmup :], default=None)
@@ -714,6 +726,21 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         row["alloc_retries"] = stats.get("num_alloc_retries", 0)
         row["device_ooms"] = stats.get("num_ooms", 0)
     return row
+
+
+def timing_summary(a, seq_lens: list[int], flops: float, times: list[float], done: int, error: str) -> dict:
+    """The medians of a second run of steps timed another way (every one after the warm-up)."""
+    med = statistics.median(times) if times else None
+    tokens = sum(seq_lens)
+    return {
+        "timing": "trainer",
+        "steps_done": done,
+        "step_s": med,
+        "samples_per_s": a.samples / med if med else None,
+        "tokens_per_s": tokens / med if med else None,
+        "mfu": flops / med / (a.peak_tflops * 1e12) if med else None,
+        "error": error,
+    }
 
 
 def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup, device, flops) -> dict:
@@ -1056,17 +1083,27 @@ def table(rows: list[dict]) -> list[str]:
             f"{fmt(r.get('smi_peak_gib'), '.1f'):>8} {fmt(r.get('cap_gib'), 'g'):>4} "
             f"{'-' if under is None else ('yes' if under else 'NO'):>5}  {r.get('error') or ''}{nan}"
         )
+        b2b = r.get("trainer")
+        if b2b:  # --timing both: the same row's steps run again back to back
+            lines.append(
+                f"{'  (back to back, loss read to loss read)':<46} {b2b.get('steps_done', 0):>5} "
+                f"{fmt(b2b.get('samples_per_s'), '.2f'):>9} {fmt(b2b.get('tokens_per_s'), ',.0f'):>9} "
+                f"{fmt(b2b.get('mfu') and 100 * b2b['mfu'], '.1f'):>6}  {b2b.get('error') or ''}"
+            )
     return lines
 
 
 def ratios(rows: list[dict]) -> dict[str, float]:
-    by = {r["row"]: r.get("tokens_per_s") for r in rows}
-    speed = by.get("lora/speed/latent_text")
+    """speed row / baseline tokens/s, synced; and back to back where both rows ran that way too."""
     out = {}
-    for base in ("eager", "compiled"):
-        other = by.get(f"baseline/{base}")
-        if speed and other:
-            out[f"speed/{base}"] = speed / other
+    for suffix, get in (("", lambda r: r.get("tokens_per_s")),
+                        (" (back to back)", lambda r: (r.get("trainer") or {}).get("tokens_per_s"))):  # fmt: skip
+        by = {r["row"]: get(r) for r in rows}
+        speed = by.get("lora/speed/latent_text")
+        for base in ("eager", "compiled"):
+            other = by.get(f"baseline/{base}")
+            if speed and other:
+                out[f"speed/{base}{suffix}"] = speed / other
     return out
 
 
@@ -1102,8 +1139,9 @@ def parse_args(argv=None):
     p.add_argument(
         "--timing",
         default=TIMING,
-        choices=("synced", "trainer"),
-        help="synced: the device synchronized around each step; trainer: steps back to back, from one loss read to the next",
+        choices=("synced", "trainer", "both"),
+        help="synced: the device synchronized around each step; trainer: steps back to back, from one loss "
+        "read to the next; both: synced, then the measured steps again back to back (one more column)",
     )
     p.add_argument("--build-device", default=BUILD_DEVICE, choices=("auto", "cpu", "device"))
     p.add_argument("--baseline-lora-dtype", default=BASELINE_LORA_DTYPE, choices=("float32", "bfloat16"))

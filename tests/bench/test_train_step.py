@@ -68,14 +68,15 @@ def test_cpu_run_end_to_end(tmp_path):
         "1",
     ]
     cmd += ["--full-optimizer", "adamw"]  # Muon's bf16 Newton-Schulz is slow on a CPU
-    cmd += ["--rows", ",".join(ROWS), "--out", str(out)]
+    cmd += ["--rows", ",".join(ROWS), "--out", str(out), "--timing", "both"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny ops: one thread beats a busy pool on a shared CPU
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("row ") and "MFU %" in line)
-    body = [line.split()[0] for line in lines[head + 1 : head + 1 + len(ROWS)]]
-    assert body == ROWS  # the table is printed last, one line per row
+    body = lines[head + 1 : head + 1 + 2 * len(ROWS)]
+    assert [line.split()[0] for line in body[::2]] == ROWS  # the table is printed last, one line per row
+    assert all(line.startswith("  (back to back") for line in body[1::2])  # --timing both: its line below
     assert any("MFU = FLOPs / step time" in line for line in lines)
     data = json.loads(out.read_text())
     assert [r["row"] for r in data["rows"]] == ROWS
@@ -84,10 +85,13 @@ def test_cpu_run_end_to_end(tmp_path):
         assert r["steps_done"] == 3 and r["nonfinite_steps"] == 0  # 1 warm-up + 2 measured
         assert r["tokens_per_s"] > 0 and r["mfu"] > 0
         assert r["samples_per_s"] == pytest.approx(r["tokens_per_s"] * 2 / (2 * (64 + 8)))
+        b2b = r["trainer"]  # the 2 measured steps again, back to back
+        assert r["timing"] == "synced" and b2b["timing"] == "trainer" and b2b["steps_done"] == 2
+        assert b2b["tokens_per_s"] > 0 and b2b["mfu"] == pytest.approx(r["mfu"] * r["step_s"] / b2b["step_s"])
     minimal = data["rows"][2]
     assert minimal["plan"]["STREAM_BLOCKS"] == -1  # the profile's plan was installed, not a default
     assert minimal["plan"]["TEXT_ENCODER_PLACEMENT"] == "streamed"  # 'off' upgraded: cache 'none' encodes
-    assert "speed/eager" in data["ratios"]
+    assert "speed/eager" in data["ratios"] and "speed/eager (back to back)" in data["ratios"]
 
 
 def test_a_row_that_times_out_reports_its_progress(tmp_path):
