@@ -13,6 +13,7 @@ with LoRA r32 on its linears through the registry vs eager vs torch.compile. Pri
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -42,7 +43,7 @@ DTYPE = "bfloat16"
 WARMUP = 3
 ITERS = 20
 OPS = (
-    "rms_norm,norm_modulate,gated_residual,residual_norm_modulate,apply_rope,qk_norm_rope,swiglu,"
+    "rms_norm,norm_modulate,norm_modulate_fork,gated_residual,residual_norm_modulate,apply_rope,qk_norm_rope,swiglu,"
     "varlen_attention,varlen_attention_rope"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
@@ -117,6 +118,12 @@ def inputs(op: str, dtype, g):
             2 * rows,
             3 * rows,
         ),
+        # as the model's block: x also returned for the residual, whose gradient the backward adds
+        "norm_modulate_fork": (
+            (rnd(T, d), rnd(B, d, scale=0.1), rnd(B, d, scale=0.1), ts, 1e-6),
+            2 * rows,
+            4 * rows,
+        ),
         "gated_residual": ((rnd(T, d), rnd(T, d), rnd(B, d), ts), 3 * rows, 3 * rows),
         "residual_norm_modulate": (
             (rnd(T, d), rnd(T, d), rnd(B, d), rnd(B, d, scale=0.1), rnd(B, d, scale=0.1), ts, 1e-6),
@@ -158,11 +165,9 @@ def fwd_bwd(fn, args):
     grads = [torch.randn(o.shape, generator=cpu).to(o.device, o.dtype) for o in outs]
     del out, outs
 
-    def both():
+    def both():  # gradients returned, not accumulated: a leaf's .grad would copy a pass-through gradient
         o = fn(*args)
-        torch.autograd.backward(o if isinstance(o, tuple) else (o,), grads)
-        for leaf in leaves:
-            leaf.grad = None
+        torch.autograd.grad(o if isinstance(o, tuple) else (o,), leaves, grads)
 
     return fwd, both
 
@@ -181,11 +186,13 @@ def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
             if backend.startswith("rope+"):
                 fn = rope_then(registry.load_backend("varlen_attention", backend[5:], "sm90", dtype), dtype)
             elif backend == "eager":
-                fn = registry.eager_op(op)
+                fn = registry.eager_op(op.removesuffix("_fork"))
             else:
-                fn = registry.load_backend(op, backend, "sm90", dtype)
+                fn = registry.load_backend(op.removesuffix("_fork"), backend, "sm90", dtype)
             if fn is None:
                 raise RuntimeError("backend unavailable")
+            if op.endswith("_fork"):
+                fn = functools.partial(fn, fork=True)
             fwd, both = fwd_bwd(fn, args)
             row["call_fwd_ms"] = time_ms(fwd)
             row["call_fwd_bwd_ms"] = time_ms(both)

@@ -122,7 +122,10 @@ class _NormModulate(torch.autograd.Function):
         res = (dx, 0) if dres is None else (dres.contiguous(), 1)
         args = (dy, x, scale, ts, rstd, dx, *res)
         launch = ss.PerSampleBackward(_norm_modulate_bwd, args, x, scale.shape[0], 2)
-        launch(pick("norm_modulate.bwd", row_key(x, T, d), launch.configs(), launch))
+        name = (
+            "norm_modulate.bwd" if dres is None else "norm_modulate.bwd_fork"
+        )  # one more tensor read: its own pick
+        launch(pick(name, row_key(x, T, d), launch.configs(), launch))
         out = launch.sums(scale.dtype)  # [B, (scale, shift), d]
         return dx, out[:, 1].to(ctx.shift_dtype), out[:, 0], None, None, None
 
