@@ -28,16 +28,14 @@ def _gated_residual_fwd(X, Y, GATE, TS, OUT, T, d, ROWS: tl.constexpr, BLOCK: tl
 
 
 @triton.jit
-def _load_tile(DOUT, Y, GATE, TS, row, end, rid, loc, cols, cmask, d):
-    """The tile of rows from `row` (masked to the chunk's end): its mask, dout, y, its samples' gate rows
-    (gathered with the prefetch: their L2 latency off the loop's critical path), samples (-1 past it)."""
+def _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d):
+    """The tile of rows from `row` (masked to the chunk's end): its mask, dout, y, samples (-1 past it)."""
     rmask = rid < end - row
     mask = rmask[:, None] & cmask[None, :]
     do = tl.load(DOUT + row * d + loc, mask=mask, other=0.0)
     y = tl.load(Y + row * d + loc, mask=mask, other=0.0)
     s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
-    g = tl.load(GATE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=mask, other=0.0)
-    return mask, do, y, g, s
+    return mask, do, y, s
 
 
 @triton.jit
@@ -54,17 +52,15 @@ def _gated_residual_bwd(
     seg = pid * 0
     acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     row = start
-    mask, do_next, y_next, g_next, s_next = _load_tile(DOUT, Y, GATE, TS, row, end, rid, loc, cols, cmask, d)
+    mask, do_next, y_next, s_next = _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d)
     for _ in range(0, n):
         do = do_next.to(tl.float32)
         y = y_next.to(tl.float32)
-        g = g_next
         s = s_next  # -1: a row past the chunk (its contributions are zero)
         cur_row, cur_mask = row, mask
         row += ROWS  # issue the next tile's loads first
-        mask, do_next, y_next, g_next, s_next = _load_tile(
-            DOUT, Y, GATE, TS, row, end, rid, loc, cols, cmask, d
-        )
+        mask, do_next, y_next, s_next = _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d)
+        g = tl.load(GATE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0)
         tl.store(DY + cur_row * d + loc, (g.to(tl.float32) * do).to(DY.dtype.element_ty), mask=cur_mask)
         c = do * y
         acc, unused1, unused2, cur, seg = ss.add_tile(

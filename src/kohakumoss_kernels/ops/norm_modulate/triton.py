@@ -34,10 +34,9 @@ def _norm_modulate_fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constex
 
 
 @triton.jit
-def _load_tile(X, DY, DRES, SCALE, RSTD, TS, rows, end, cols, cmask, d, HAS_RES: tl.constexpr):
+def _load_tile(X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES: tl.constexpr):
     """The tile `rows` (masked to the chunk's end): its mask, offsets, x, dy, the residual's gradient
-    (HAS_RES; else x again, unused), its samples' scale rows, rstd, samples (-1 past it). The scale rows
-    are gathered here, with the prefetch, so their L2 latency is off the loop's critical path."""
+    (HAS_RES; else x again, unused), rstd, samples (-1 past it)."""
     mask = (rows < end)[:, None] & cmask[None, :]
     off = rows[:, None] * d + cols[None, :]
     x = tl.load(X + off, mask=mask, other=0.0)
@@ -48,8 +47,7 @@ def _load_tile(X, DY, DRES, SCALE, RSTD, TS, rows, end, cols, cmask, d, HAS_RES:
         dres = x
     rstd = tl.load(RSTD + rows, mask=rows < end, other=0.0)
     s = tl.load(TS + rows, mask=rows < end, other=-1).to(tl.int64)
-    sc = tl.load(SCALE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=mask, other=0.0)
-    return mask, off, x, dy, dres, sc, rstd, s
+    return mask, off, x, dy, dres, rstd, s
 
 
 @triton.jit
@@ -67,20 +65,22 @@ def _norm_modulate_bwd(
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     rows = start + rid
-    mask, off, x_next, dy_next, dres_next, sc_next, rstd_next, s_next = _load_tile(
-        X, DY, DRES, SCALE, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
+    mask, off, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
+        X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
     )
     for _ in range(0, n):
         x = x_next.to(tl.float32)
         dy = dy_next.to(tl.float32)
         dres = dres_next
-        sc = sc_next.to(tl.float32)
         rstd = rstd_next[:, None]
         s = s_next  # -1: a row past the chunk (its contributions are zero)
         cur_off, cur_mask = off, mask
         rows += ROWS
-        mask, off, x_next, dy_next, dres_next, sc_next, rstd_next, s_next = _load_tile(
-            X, DY, DRES, SCALE, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
+        mask, off, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
+            X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
+        )
+        sc = tl.load(SCALE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0).to(
+            tl.float32
         )
         xhat = x * rstd
         g = dy * (1.0 + sc)

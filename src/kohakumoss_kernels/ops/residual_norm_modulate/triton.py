@@ -40,10 +40,9 @@ def _residual_norm_modulate_fwd(
 
 
 @triton.jit
-def _load_tile(R, Y, DH, DR, SCALE, GATE, RSTD, TS, row, end, rid, loc, cols, cmask, d):
-    """The tile of rows from `row` (masked to the chunk's end): its mask, r, y, dh, dr, its samples'
-    scale and gate rows (gathered with the prefetch: their L2 latency off the loop's critical path),
-    rstd and samples (-1 past the end)."""
+def _load_tile(R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d):
+    """The tile of rows from `row` (masked to the chunk's end): its mask, r, y, dh, dr, rstd and samples
+    (-1 past the end)."""
     rmask = rid < end - row
     mask = rmask[:, None] & cmask[None, :]
     r = tl.load(R + row * d + loc, mask=mask, other=0.0)
@@ -52,10 +51,7 @@ def _load_tile(R, Y, DH, DR, SCALE, GATE, RSTD, TS, row, end, rid, loc, cols, cm
     dr = tl.load(DR + row * d + loc, mask=mask, other=0.0)
     rstd = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
     s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
-    poff = tl.maximum(s, 0)[:, None] * d + cols[None, :]
-    sc = tl.load(SCALE + poff, mask=mask, other=0.0)
-    g = tl.load(GATE + poff, mask=mask, other=0.0)
-    return mask, r, y, dh, dr, sc, g, rstd, s
+    return mask, r, y, dh, dr, rstd, s
 
 
 @triton.jit
@@ -75,23 +71,24 @@ def _residual_norm_modulate_bwd(
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     row = start
-    mask, r_next, y_next, dh_next, dr_next, sc_next, g_next, rstd_next, s_next = _load_tile(
-        R, Y, DH, DR, SCALE, GATE, RSTD, TS, row, end, rid, loc, cols, cmask, d
+    mask, r_next, y_next, dh_next, dr_next, rstd_next, s_next = _load_tile(
+        R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d
     )
     for _ in range(0, n):
         r = r_next.to(tl.float32)
         y = y_next.to(tl.float32)
         dh = dh_next.to(tl.float32)
         dr = dr_next.to(tl.float32)
-        sc = sc_next.to(tl.float32)
-        g = g_next.to(tl.float32)
         rstd = rstd_next[:, None]
         s = s_next  # -1: a row past the chunk (its contributions are zero)
         cur_row, cur_mask = row, mask
         row += ROWS  # issue the next tile's loads first
-        mask, r_next, y_next, dh_next, dr_next, sc_next, g_next, rstd_next, s_next = _load_tile(
-            R, Y, DH, DR, SCALE, GATE, RSTD, TS, row, end, rid, loc, cols, cmask, d
+        mask, r_next, y_next, dh_next, dr_next, rstd_next, s_next = _load_tile(
+            R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d
         )
+        poff = tl.maximum(s, 0)[:, None] * d + cols[None, :]
+        sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         rhat = r * rstd
         gn = dh * (1.0 + sc)
         dr += rstd * (gn - rhat * (tl.sum(gn * rhat, axis=1) / d)[:, None])
