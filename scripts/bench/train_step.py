@@ -210,6 +210,7 @@ class SmiPoller:
         self.gpu_mib: float | None = None
         self.gpu_base_mib = gpu_base_mib  # the GPU's used memory before this process touched it
         self.clocks: list[tuple[float, float, float]] = []  # (perf_counter, SM MHz, watts) per reading
+        self.power_limit_w: float | None = None  # the card's power limit: a step at it runs a lower clock
         self._procs: list[subprocess.Popen] = []
         self._threads: list[threading.Thread] = []
 
@@ -229,7 +230,7 @@ class SmiPoller:
 
     @classmethod
     def gpu_query(cls) -> list[str]:
-        fields = "memory.used,clocks.sm,power.draw"  # the clock and power: is a slow step the card's own?
+        fields = "memory.used,clocks.sm,power.draw,power.limit"  # is a slow step the card's own clock?
         return [f"--query-gpu={fields}", "--format=csv,noheader,nounits", "-i", cls.gpu_index()]
 
     @classmethod
@@ -243,10 +244,12 @@ class SmiPoller:
             self.process_mib = max(self.process_mib or 0.0, float(mib))
 
     def _read_gpu(self, line: str) -> None:
-        fields = [_number(f) for f in line.split(",")] + [None, None]
-        used, clock, watts = fields[:3]
+        fields = [_number(f) for f in line.split(",")] + [None, None, None]
+        used, clock, watts, limit = fields[:4]
         if used is not None:
             self.gpu_mib = max(self.gpu_mib or 0.0, used)
+        if limit is not None:
+            self.power_limit_w = limit
         if clock is not None and watts is not None:
             self.clocks.append((time.perf_counter(), clock, watts))
 
@@ -715,9 +718,10 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         per_step = poller.per_step([(t0, t0 + dt) for t0, dt in zip(starts, times)])
         row["step_sm_mhz"] = [None if c is None else round(c) for c, _ in per_step]
         row["step_power_w"] = [None if w is None else round(w, 1) for _, w in per_step]
+        row["power_limit_w"] = poller.power_limit_w
         if any(c is not None for c, _ in per_step[a.warmup :]):
             print(
-                "  SM clock MHz / power W per measured step: "
+                f"  SM clock MHz / power W (limit {fmt(poller.power_limit_w, '.0f')} W) per measured step: "
                 + " ".join(f"{c or 0:.0f}/{w or 0:.0f}" for c, w in per_step[a.warmup :]),
                 flush=True,
             )

@@ -197,7 +197,7 @@ apps = any(a.startswith("--query-compute-apps") for a in args)
 used = [100, 900, 300]
 for i in range(200 if loop else 1):
     mib = used[min(i, 2)]
-    print(f"{PID}, {mib}" if apps else f"{mib + 1000}, {1980 - mib}, [N/A]" if i == 0 else f"{mib + 1000}, {1980 - mib}, 650.5", flush=True)
+    print(f"{PID}, {mib}" if apps else f"{mib + 1000}, {1980 - mib}, [N/A], 700.00" if i == 0 else f"{mib + 1000}, {1980 - mib}, 650.5, 700.00", flush=True)
     if loop:
         time.sleep(0.01)
 """
@@ -220,7 +220,7 @@ def test_smi_poller_streams_from_one_process_per_query(tmp_path, monkeypatch):
     assert poller.result() == (900 / 1024, "process")
     assert poller.gpu_mib == 1900
     # the SM clock and power readings (a "[N/A]" field skipped), averaged per step span
-    assert poller.clocks and all(w == 650.5 for _, _, w in poller.clocks)
+    assert poller.clocks and all(w == 650.5 for _, _, w in poller.clocks) and poller.power_limit_w == 700.0
     (clock, watts), (none, _) = poller.per_step([(t0, t1), (t1 + 10, t1 + 11)])
     assert 1080 <= clock <= 1880 and watts == 650.5 and none is None
     calls = (tmp_path / "nvidia-smi.calls").read_text().splitlines()
