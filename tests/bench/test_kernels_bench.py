@@ -44,7 +44,7 @@ def test_lora_cases_run_through_their_backends_on_the_cpu():
     from kohakumoss_kernels import registry
 
     cases = glb["lora_cases"](torch.float32, torch.Generator().manual_seed(0))
-    assert [op for _, op, _, _ in cases] == ["lora_linear"] * 3 + ["lora_group"]
+    assert [op for _, op, _, _ in cases] == ["lora_linear"] * 3 + ["lora_group", "lora_swiglu"]
     for _, op, args, floor in cases:
         assert floor > 0
         for fn in (registry.eager_op(op), registry.load_backend(op, "addmm", "cpu", torch.float32)):
