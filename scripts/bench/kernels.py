@@ -53,9 +53,7 @@ ROPE_ATTN_BACKENDS = (
 )
 BLOCK = True
 LORA = True  # the LoRA linears at the block's shapes: each backend against the frozen GEMMs alone
-LORA_BACKENDS = (
-    "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"  # the ones an op lacks: "unavailable"
-)
+LORA_BACKENDS = "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"
 HOST_SYNC = (
     "eager",
     "compile",
@@ -291,12 +289,6 @@ def lora_cases(dtype, g) -> list[tuple[str, str, tuple, float]]:
     ups = tuple(w(D_MODEL, r, True, 0.01) for _ in range(3))
     group = (x, ws, (None,) * 3, downs, ups, (1.0,) * 3)
     cases.append(("q,k,v 3x 3072>3072", "lora_group", group, T * e * D_MODEL * (3 * 3 + 2 + 3 * 2 + 2 + 2)))
-    # gate_up and SwiGLU as one op (against the frozen GEMM then SwiGLU): read x forward; backward read
-    # the [T, 2H] gradient once (g_up), x once (g_down), write + read gx
-    x = (torch.randn(T, D_MODEL, device=DEVICE, generator=g)).to(dtype).requires_grad_(True)
-    o, i = 2 * MLP_HIDDEN, D_MODEL
-    args = (x, w(o, i), None, w(r, i, True), w(o, r, True, 0.01), 1.0)
-    cases.append(("gate_up+swiglu 3072>16384>8192", "lora_swiglu", args, T * e * (i + o + 3 * i)))
     return cases
 
 
@@ -316,10 +308,8 @@ def bench_lora(dtype, ceil: dict, rows: list[dict]) -> None:
         ws = args[1] if op == "lora_group" else (args[1],)
         x = args[0]
 
-        act = registry.load_backend("swiglu", "triton", "sm90", dtype) if op == "lora_swiglu" else None
-
-        def base(x=x, ws=ws, act=act):  # forward and input gradient of the frozen GEMMs, no adapter
-            outs = [x @ wi.t() if act is None else act(x @ wi.t()) for wi in ws]
+        def base(x=x, ws=ws):  # forward and input gradient of the frozen GEMMs, no adapter
+            outs = [x @ wi.t() for wi in ws]
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
             x.grad = None
 
@@ -403,8 +393,8 @@ def block_params(dtype, g):
 
 def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
     """norm_modulate -> q, k, v (one lora_group, as the model's attention) -> qk-norm + rope -> attention
-    -> o -> gated residual + norm_modulate -> gate_up + swiglu (one lora_swiglu, as the routed MLP) ->
-    down -> gated residual; every linear frozen with its own LoRA r32 bypass."""
+    -> o -> gated residual + norm_modulate -> gate_up -> swiglu -> down -> gated residual; every linear
+    frozen with its own LoRA r32 bypass."""
     T, d = x.shape
     s = 1.0
 
@@ -423,8 +413,7 @@ def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
     k = ops.qk_norm_rope(k, p["k_norm"], cos, sin, 1e-6)
     a = ops.varlen_attention(q, k, v, cu, max_len)
     x, h = ops.residual_norm_modulate(x, lin(a.reshape(T, d), "o"), gate1, shift2, scale2, ts, 1e-6)
-    gate_up = ops.lora_swiglu(h, p["gate_up"], None, p["gate_up.down"], p["gate_up.up"], s)  # as the MLP
-    y = lin(gate_up, "down")
+    y = lin(ops.swiglu(lin(h, "gate_up")), "down")
     return ops.gated_residual(x, y, gate2, ts)
 
 
@@ -512,7 +501,7 @@ def table(rows: list[dict]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        if "chosen" in r or "base_fwd_bwd_ms" in r:  # the LoRA rows have their own table (lora_table)
+        if "chosen" in r:
             continue
         if "error" in r:
             lines.append(f"{r['op']:<26} {r['backend']:<34} {'error: ' + r['error'][:60]}")

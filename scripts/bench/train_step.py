@@ -616,7 +616,6 @@ ROW_KERNEL_TENSORS = {
     "_gated_residual_fwd": (3, "d"), "_gated_residual_bwd": (3, "d"),
     "_qk_norm_rope_fwd": (2, "d"), "_qk_norm_rope_fwd_token": (2, "d"), "_qk_norm_rope_bwd": (3, "d"),
     "_swiglu_fwd": (3, "h"), "_swiglu_bwd": (5, "h"),
-    "_lora_swiglu_fwd": (3, "h"), "_lora_swiglu_bwd": (5, "h"),  # + the rank-r products from L2
 }  # fmt: skip
 
 

@@ -41,7 +41,6 @@ _OPS: dict[str, str] = {
     "varlen_attention_rope": "varlen_attention_rope",
     "lora_linear": "lora_linear",
     "lora_group": "lora_group",
-    "lora_swiglu": "lora_swiglu",
 }
 
 # The `torch` slot of a priority list expands to these, where the op has them.

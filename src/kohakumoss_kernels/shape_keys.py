@@ -58,7 +58,6 @@ _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "qk_norm_rope": _rope,
     "lora_linear": _lora,
     "lora_group": _lora_group,
-    "lora_swiglu": _lora,
 }
 
 

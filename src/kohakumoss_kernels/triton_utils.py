@@ -113,11 +113,6 @@ def _sm_count(device: str) -> int:
     return 1  # the interpreter: two programs, so a chunk holds whole samples in its middle
 
 
-def sm_count(device: torch.device | str) -> int:
-    """Streaming multiprocessors (CUDA) or subslices (XPU) of the device; 1 on the CPU (the interpreter)."""
-    return _sm_count(str(device))
-
-
 def reduce_programs(x: torch.Tensor, rows: int) -> int:
     """How many programs a kernel that also reduces over rows should launch (a few per SM)."""
     return max(1, min(rows, 4 * _sm_count(str(x.device))))

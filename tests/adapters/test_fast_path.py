@@ -54,23 +54,6 @@ def test_qkv_run_as_one_group_with_the_per_linear_results():
     assert any(g.abs().sum() > 0 for g in grads)
 
 
-def test_gate_up_and_swiglu_run_as_one_op_with_the_unfused_results():
-    model, net = adapted()
-    mlps = [b.mlp for b in model.blocks if isinstance(b.mlp.__dict__.get("gate_up_swiglu"), partial)]
-    assert len(mlps) == len(model.blocks)
-    loss, grads = loss_and_grads(model, net)
-    assert "lora_swiglu" in {op for op, _, _ in model.ops._bound}
-    net.zero_grad(set_to_none=True)
-    model.ops = OpSet("addmm", tune="off")  # a fresh op set: what the unrouted MLP binds
-    for mlp in mlps:  # back to the class's gate_up_swiglu: the LoRA linear, then swiglu
-        del mlp.gate_up_swiglu
-    ref_loss, ref_grads = loss_and_grads(model, net)
-    assert "lora_swiglu" not in {op for op, _, _ in model.ops._bound}
-    torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
-    for g, r in zip(grads, ref_grads, strict=True):
-        torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-5)
-
-
 def test_no_group_unless_q_k_and_v_are_all_routed():
     model, _ = adapted(preset="custom", patterns=(r"blocks\.\d+\.attn\.(q_proj|k_proj)",))
     assert grouped(model) == []
@@ -83,7 +66,7 @@ def test_rank_dropout_while_training_takes_lycoris_forward():
     model.train()
     assert grouped(model)
     flow_loss(model, flow_batch()).backward()
-    assert not {"lora_group", "lora_linear", "lora_swiglu"} & {op for op, _, _ in model.ops._bound}
+    assert not {"lora_group", "lora_linear"} & {op for op, _, _ in model.ops._bound}
 
 
 class _CastCount(TorchDispatchMode):

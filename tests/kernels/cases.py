@@ -54,11 +54,6 @@ def make_inputs(
     if op == "lora_linear":
         w = rnd(d + 8, d, grad=False, scale=d**-0.5)  # unit-scale outputs, as in a real layer
         return (rnd(T, d), w, rnd(d + 8, grad=False), rnd(4, d, scale=d**-0.5), rnd(d + 8, 4), 0.5), {}
-    if op == "lora_swiglu":  # H = d / 2 + 4: not a multiple of the column tile; rank 4 padded to 16
-        h = d // 2 + 4
-        w = rnd(2 * h, d, grad=False, scale=d**-0.5)
-        # the LoRA term about half the base's size, as after some training (bf16 rounds the unfused sum)
-        return (rnd(T, d), w, rnd(2 * h), rnd(4, d, scale=d**-0.5), rnd(2 * h, 4, scale=0.5), 0.5), {}
     raise KeyError(op)
 
 

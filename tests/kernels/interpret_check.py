@@ -20,7 +20,6 @@ OPS = sys.argv[1:] or [
     "swiglu",
     "varlen_attention",
     "varlen_attention_rope",
-    "lora_swiglu",
 ]
 SMALL = {
     "varlen_attention": {"heads": 2, "head_dim": 16},

@@ -121,25 +121,6 @@ def test_lora_linear(backend, dtype):
     compare("lora_linear", backend, [1, 77, 300], dtype, "cuda", d=256)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("lengths", [[1, 77, 300], [513, 1, 64, 1000]], ids=str)
-@pytest.mark.parametrize("backend", ["triton", "addmm", "addmm_lora_first"])
-def test_lora_swiglu(backend, lengths, dtype):
-    """The gate/up LoRA linear and SwiGLU as one op: H = 132 and 504 (not multiples of a column tile)."""
-    for d in (256, 1000):
-        compare("lora_swiglu", backend, lengths, dtype, "cuda", d=d)
-
-
-def test_lora_swiglu_every_launch_config(monkeypatch):
-    from kohakumoss_kernels.ops.lora_swiglu import triton as module
-
-    for i in range(5):
-        monkeypatch.setattr(
-            module, "pick", lambda name, key, cands, launch, i=i: cands[min(i, len(cands) - 1)]
-        )
-        compare("lora_swiglu", "triton", [513, 1, 64, 1000, 7], torch.bfloat16, "cuda", d=1000)
-
-
 @pytest.mark.parametrize("op", ["rms_norm", "swiglu", "norm_modulate"])
 def test_compile_backend(op):
     compare(op, "compile", [1, 77, 300], torch.bfloat16, "cuda", d=512)

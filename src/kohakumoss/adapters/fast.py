@@ -74,16 +74,6 @@ def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: tor
         return ops.lora_group(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
 
 
-def _swiglu_forward(module: LoConModule, scalar: float, x: torch.Tensor, ops) -> torch.Tensor:
-    """The MLP's gate/up LoRA linear and its SwiGLU as one `ops.lora_swiglu` (the LoRA term added inside
-    the activation's kernels); the linear (lycoris's forward) then SwiGLU while it drops ranks or modules."""
-    if _dropping(module):
-        return ops.swiglu(module.org_module[0](x))
-    dtype = _compute_dtype(x)
-    with torch.autocast(x.device.type, enabled=False):
-        return ops.lora_swiglu(x.to(dtype), *_terms(module, scalar, dtype))
-
-
 def _open_cast_window(model: nn.Module, groups: list[list[torch.Tensor]], modules: list, *args) -> None:
     """Before the model's forward: its LoRA weights cast to the compute dtype at once (cast_cache), while
     blocks run plainly; a memory engine's block runner (checkpointing, streaming) keeps the per-call casts,
@@ -102,9 +92,8 @@ def _close_cast_window(*args) -> None:
 
 
 def route_through_ops(network: LycorisNetwork, ops, model: nn.Module | None = None) -> int:
-    """Point every eligible wrapped linear's forward at `ops.lora_linear`, every attention whose q, k
-    and v all qualify at one `ops.lora_group` (its `project_qkv`), and every SwiGLU MLP whose gate/up
-    projection qualifies at `ops.lora_swiglu` (its `gate_up_swiglu`); returns how many linears. With the
+    """Point every eligible wrapped linear's forward at `ops.lora_linear`, and every attention whose q, k
+    and v all qualify at one `ops.lora_group` (its `project_qkv`); returns how many linears. With the
     model given, its forward casts the routed LoRA weights once (`_open_cast_window`)."""
     n, routed, grouped = 0, {}, []
     for module in network.loras:
@@ -113,15 +102,12 @@ def route_through_ops(network: LycorisNetwork, ops, model: nn.Module | None = No
             org.forward = partial(_forward, module, ops, float(module.scalar))
             routed[id(org)] = module
             n += 1
-    for owner in model.modules() if model is not None else ():  # the model's hooks: attention, MLP
-        projs = [getattr(owner, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        if hasattr(owner, "project_qkv") and all(id(p) in routed for p in projs):
+    for attn in model.modules() if model is not None else ():
+        projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+        if hasattr(attn, "project_qkv") and all(id(p) in routed for p in projs):
             group = [routed[id(p)] for p in projs]
-            owner.project_qkv = partial(_grouped_forward, group, ops, [float(m.scalar) for m in group])
+            attn.project_qkv = partial(_grouped_forward, group, ops, [float(m.scalar) for m in group])
             grouped.append(group)
-        gate_up = routed.get(id(getattr(owner, "gate_up_proj", None)))
-        if hasattr(owner, "gate_up_swiglu") and gate_up is not None:
-            owner.gate_up_swiglu = partial(_swiglu_forward, gate_up, float(gate_up.scalar))
     if model is not None and routed:
         in_group = {id(m) for g in grouped for m in g}
         casts = [[m.lora_down.weight for m in g] for g in grouped]  # a group's downs: one view, no cat

@@ -62,13 +62,9 @@ class MLP(nn.Module):
             self.up_proj = nn.Linear(cfg.dim, cfg.mlp_hidden, bias=False)
         self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
 
-    def gate_up_swiglu(self, h: torch.Tensor, ops) -> torch.Tensor:
-        """swiglu(gate_up_proj(h)); an adapter may point this at one op (LoRA's `ops.lora_swiglu`)."""
-        return ops.swiglu(self.gate_up_proj(h))
-
     def forward(self, h: torch.Tensor, ops) -> torch.Tensor:
         if self.act == "swiglu":
-            return self.down_proj(self.gate_up_swiglu(h, ops))
+            return self.down_proj(ops.swiglu(self.gate_up_proj(h)))
         return self.down_proj(F.gelu(self.up_proj(h), approximate="tanh"))
 
 
