@@ -501,7 +501,7 @@ def table(rows: list[dict]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in rows:
-        if "chosen" in r:
+        if "chosen" in r or "base_fwd_bwd_ms" in r:  # the LoRA rows have their own table (lora_table)
             continue
         if "error" in r:
             lines.append(f"{r['op']:<26} {r['backend']:<34} {'error: ' + r['error'][:60]}")

@@ -58,3 +58,4 @@ def test_lora_cases_run_through_their_backends_on_the_cpu():
     row.update(lora_extra_ms=0.2, lora_floor_ms=0.1)
     table = glb["lora_table"]([row, {"op": "rms_norm", "backend": "triton"}])
     assert table.count("\n") == 2 and "| 0.200 | 0.100 |" in table
+    assert glb["table"]([row]).count("\n") == 1  # the op table leaves the LoRA rows to lora_table
