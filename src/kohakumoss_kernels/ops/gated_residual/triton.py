@@ -60,7 +60,9 @@ def _gated_residual_bwd(
         cur_row, cur_mask = row, mask
         row += ROWS  # issue the next tile's loads first
         mask, do_next, y_next, s_next = _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d)
-        g = tl.load(GATE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0)
+        g = tl.load(
+            GATE + tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0
+        )
         tl.store(DY + cur_row * d + loc, (g.to(tl.float32) * do).to(DY.dtype.element_ty), mask=cur_mask)
         c = do * y
         acc, unused1, unused2, cur, seg = ss.add_tile(

@@ -17,37 +17,39 @@ from ...triton_utils import supports as supports
 
 @triton.jit
 def _norm_modulate_fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    # one int64 base per tile, int32 offsets within it: per-element int64 offsets cost registers
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
-    rmask = rows < T
+    rmask = rid < T - row0
     mask = rmask[:, None] & (cols < d)[None, :]
-    off = rows[:, None] * d + cols[None, :]
-    s = tl.load(TS + rows, mask=rmask, other=0).to(tl.int64)
-    x = tl.load(X + off, mask=mask, other=0.0).to(tl.float32)
+    loc = rid[:, None] * d + cols[None, :]
+    s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int32)
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     poff = s[:, None] * d + cols[None, :]
     sc = tl.load(SCALE + poff, mask=mask, other=0.0).to(tl.float32)
     sh = tl.load(SHIFT + poff, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
     y = x * rstd[:, None] * (1.0 + sc) + sh
-    tl.store(Y + off, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + rows, rstd, mask=rmask)
+    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
 @triton.jit
-def _load_tile(X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES: tl.constexpr):
-    """The tile `rows` (masked to the chunk's end): its mask, offsets, x, dy, the residual's gradient
+def _load_tile(X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES: tl.constexpr):
+    """The tile of rows from `row` (masked to the chunk's end): its mask, x, dy, the residual's gradient
     (HAS_RES; else x again, unused), rstd, samples (-1 past it)."""
-    mask = (rows < end)[:, None] & cmask[None, :]
-    off = rows[:, None] * d + cols[None, :]
-    x = tl.load(X + off, mask=mask, other=0.0)
-    dy = tl.load(DY + off, mask=mask, other=0.0)
+    rmask = rid < end - row
+    mask = rmask[:, None] & cmask[None, :]
+    x = tl.load(X + row * d + loc, mask=mask, other=0.0)
+    dy = tl.load(DY + row * d + loc, mask=mask, other=0.0)
     if HAS_RES:
-        dres = tl.load(DRES + off, mask=mask, other=0.0)
+        dres = tl.load(DRES + row * d + loc, mask=mask, other=0.0)
     else:
         dres = x
-    rstd = tl.load(RSTD + rows, mask=rows < end, other=0.0)
-    s = tl.load(TS + rows, mask=rows < end, other=-1).to(tl.int64)
-    return mask, off, x, dy, dres, rstd, s
+    rstd = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
+    s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
+    return mask, x, dy, dres, rstd, s
 
 
 @triton.jit
@@ -59,14 +61,15 @@ def _norm_modulate_bwd(
     cols = tl.arange(0, BLOCK)
     cmask = cols < d
     rid = tl.arange(0, ROWS)
+    loc = rid[:, None] * d + cols[None, :]  # int32 within the tile; the tile's base row is one int64
     start, end, n, first = ss.chunk(TS, pid, tiles_per_prog, T, ROWS)
     cur = first
     seg = pid * 0
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    rows = start + rid
-    mask, off, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
-        X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
+    row = start
+    mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
+        X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
     )
     for _ in range(0, n):
         x = x_next.to(tl.float32)
@@ -74,20 +77,19 @@ def _norm_modulate_bwd(
         dres = dres_next
         rstd = rstd_next[:, None]
         s = s_next  # -1: a row past the chunk (its contributions are zero)
-        cur_off, cur_mask = off, mask
-        rows += ROWS
-        mask, off, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
-            X, DY, DRES, RSTD, TS, rows, end, cols, cmask, d, HAS_RES
+        cur_row, cur_mask = row, mask
+        row += ROWS  # issue the next tile's loads first
+        mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
+            X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
         )
-        sc = tl.load(SCALE + tl.maximum(s, 0)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0).to(
-            tl.float32
-        )
+        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]
+        sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         xhat = x * rstd
         g = dy * (1.0 + sc)
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
         if HAS_RES:  # fork: the gradient x got through its other use (prefetched with the tile), added here
             dx += dres.to(tl.float32)
-        tl.store(DX + cur_off, dx.to(DX.dtype.element_ty), mask=cur_mask)
+        tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
         c_sc = dy * xhat
         acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
             acc_sc, acc_sh, acc_sh, c_sc, dy, dy, s, cur, seg, rid, P, D, pid, d, cols, cmask, 2, ROWS, BLOCK

@@ -24,7 +24,7 @@ def _residual_norm_modulate_fwd(
     mask = rmask[:, None] & (cols < d)[None, :]
     loc = rid[:, None] * d + cols[None, :]
     s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int64)
-    poff = s[:, None] * d + cols[None, :]
+    poff = s.to(tl.int32)[:, None] * d + cols[None, :]
     x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     y = tl.load(Y + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + poff, mask=mask, other=0.0).to(tl.float32)
@@ -86,7 +86,7 @@ def _residual_norm_modulate_bwd(
         mask, r_next, y_next, dh_next, dr_next, rstd_next, s_next = _load_tile(
             R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d
         )
-        poff = tl.maximum(s, 0)[:, None] * d + cols[None, :]
+        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]  # int32: fewer registers
         sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         g = tl.load(GATE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         rhat = r * rstd

@@ -1,0 +1,148 @@
+"""Registers and spills of the Triton row kernels, per launch-config candidate, compiled for a target arch.
+
+    kogine run scripts/bench/kernel_registers.py [--set ARCH=90 --set KERNELS=norm_modulate_bwd]
+
+No GPU needed: each kernel is compiled for ARCH (Triton's bundled ptxas, `-v`), at the moss-image-5b
+width (d = 3072, 24 heads x 128). A config that spills registers to local memory, or needs so many that
+few programs fit on an SM, is why a launch config loses on the device; this says which, before a GPU call.
+Prints a table last.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from kohakumoss_kernels import triton_utils  # noqa: E402
+
+ARCH = 90  # compute capability to compile for (sm_90a: the H200)
+KERNELS = "all"  # comma-separated names from the table below, or "all"
+D_MODEL = 3072
+HEAD_DIM = 128
+
+BF = "*bf16"
+_PER_SAMPLE = {
+    "P": "*fp32",
+    "D": "*fp32",
+    "FIRST": "*i64",
+    "LAST": "*i64",
+    "T": "i32",
+    "d": "i32",
+    "tiles_per_prog": "i32",
+}
+
+
+def _sig(names: str, types: dict[str, str]) -> dict[str, str]:
+    """A signature from the kernel's argument names: bf16 pointers unless `types` says otherwise."""
+    return {n: types.get(n, BF) for n in names.split()}
+
+
+def kernels() -> dict[str, tuple]:
+    """name -> (jit function, signature, constexprs, [(rows, warps), ...])."""
+    from kohakumoss_kernels.ops.gated_residual import triton as gr
+    from kohakumoss_kernels.ops.norm_modulate import triton as nm
+    from kohakumoss_kernels.ops.qk_norm_rope import triton as qk
+    from kohakumoss_kernels.ops.residual_norm_modulate import triton as rnm
+    from kohakumoss_kernels.ops.rms_norm import triton as rn
+
+    block = triton_utils.next_pow2(D_MODEL)
+    bd = triton_utils.next_pow2(HEAD_DIM // 2)
+    rows_fwd = triton_utils.row_configs(D_MODEL)
+    rows_bwd = sorted({c[:2] for c in triton_utils.backward_configs(block)})
+    heads_bwd = sorted({c[:2] for c in triton_utils.backward_configs(2 * bd, min_rows=2)})
+    scalars = {"TS": "*i64", "RSTD": "*fp32", "T": "i32", "d": "i32", "eps": "fp32"}
+    c = {
+        "ROWS": "constexpr",
+        "BLOCK": "constexpr",
+        "HAS_W": "constexpr",
+        "HAS_RES": "constexpr",
+        "BD": "constexpr",
+    }
+    per_sample = {**scalars, **_PER_SAMPLE, **c}
+    return {
+        "rms_norm_fwd": (rn._rms_norm_fwd, _sig("X W Y RSTD T d eps HAS_W ROWS BLOCK", {**scalars, **c}),
+                         {"HAS_W": True, "BLOCK": block}, rows_fwd),
+        "rms_norm_bwd": (rn._rms_norm_bwd, _sig("DY X W RSTD DX DW T d tiles_per_prog HAS_W ROWS BLOCK",
+                                                {**per_sample, "DW": "*fp32"}), {"HAS_W": True, "BLOCK": block}, rows_bwd),
+        "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD T d eps ROWS BLOCK", {**scalars, **c}),
+                              {"BLOCK": block}, rows_fwd),
+        "norm_modulate_bwd": (nm._norm_modulate_bwd,
+                              _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog ROWS BLOCK",
+                                   per_sample), {"HAS_RES": False, "BLOCK": block}, rows_bwd),
+        "norm_modulate_bwd_fork": (nm._norm_modulate_bwd,
+                                   _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog ROWS BLOCK",
+                                        per_sample), {"HAS_RES": True, "BLOCK": block}, rows_bwd),
+        "gated_residual_bwd": (gr._gated_residual_bwd,
+                               _sig("DOUT Y GATE TS DY P D FIRST LAST T d tiles_per_prog ROWS BLOCK", per_sample),
+                               {"BLOCK": block}, rows_bwd),
+        "residual_norm_modulate_bwd": (
+            rnm._residual_norm_modulate_bwd,
+            _sig("DR DH R Y GATE SCALE TS RSTD DX DY P D FIRST LAST T d tiles_per_prog ROWS BLOCK", per_sample),
+            {"BLOCK": block}, rows_bwd),
+        "qk_norm_rope_bwd": (qk._qk_norm_rope_bwd,
+                             _sig("DY X W COS SIN RSTD DX DW R H half tiles_per_prog HAS_W ROWS BD",
+                                  {**c, "COS": "*fp32", "SIN": "*fp32", "RSTD": "*fp32", "DW": "*fp32", "R": "i32",
+                                   "H": "i32", "half": "i32", "tiles_per_prog": "i32"}),
+                             {"HAS_W": True, "BD": bd}, heads_bwd),
+    }  # fmt: skip
+
+
+def ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
+    """(registers, spill store bytes, spill load bytes) of the one kernel in `ptx`, from `ptxas -v`."""
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        Path(src).write_text(ptx)
+        suffix = "a" if arch == 90 else ""
+        out = subprocess.run(
+            [str(ptxas), "-v", f"--gpu-name=sm_{arch}{suffix}", src, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    return parse_usage(out.stderr)
+
+
+def parse_usage(text: str) -> tuple[int, int, int]:
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    if regs is None:
+        raise ValueError(f"no register count in ptxas output: {text[:300]}")
+    stores, loads = (int(spill.group(1)), int(spill.group(2))) if spill else (0, 0)
+    return int(regs.group(1)), stores, loads
+
+
+def usage(fn, sig: dict, consts: dict, rows: int, warps: int, arch: int) -> tuple[int, int, int]:
+    src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "ROWS": rows})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    return ptxas_usage(compiled.asm["ptx"], arch)
+
+
+def main() -> None:
+    table = kernels()
+    names = list(table) if KERNELS == "all" else [k.strip() for k in KERNELS.split(",")]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"KERNELS: unknown {unknown}; known: {list(table)}")
+    lines = [f"{'kernel':<28} {'rows':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'programs/SM':>11}"]
+    for name in names:
+        fn, sig, consts, configs = table[name]
+        for rows, warps in configs:
+            regs, st, ld = usage(fn, sig, consts, rows, warps, ARCH)
+            fit = 65536 // (max(regs, 1) * 32 * warps)  # the register file's limit, before shared memory's
+            lines.append(f"{name:<28} {rows:>4} {warps:>5} {regs:>5} {f'{st}/{ld}':>14} {fit:>11}")
+            print(lines[-1], flush=True)
+    print(f"\nTriton {triton.__version__}, compiled for sm_{ARCH}, d = {D_MODEL}, head_dim = {HEAD_DIM}")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
