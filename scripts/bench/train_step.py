@@ -866,7 +866,9 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     refusal = graph_refusal(plan, device, "full" if full else "lora", 0.0, dtype)
     graphs = None
     if resolve_graphs(a.cuda_graphs, refusal):
-        graphs = StepGraphs(lambda b, s, n: flow_loss(model, b, s, n, dtype), params)
+        graphs = StepGraphs(
+            lambda b, s, n: flow_loss(model, b, s, n, dtype), params, wgrad_stream=a.wgrad_stream
+        )
     notes.append("CUDA graphs: " + ("on" if graphs else f"off ({refusal or 'CUDA_GRAPHS off'})"))
 
     nonfinite: list[int] = []
@@ -1039,7 +1041,7 @@ COMMON = (
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
-FLAGS = ("profile_trace",)  # store_true options, passed on when set
+FLAGS = ("profile_trace", "wgrad_stream")  # store_true options, passed on when set
 
 
 def child_argv(a, name: str, out: str) -> list[str]:
@@ -1140,6 +1142,11 @@ def parse_args(argv=None):
     p.add_argument("--text-encoder", default=TEXT_ENCODER)
     p.add_argument("--cuda-graphs", default=CUDA_GRAPHS, choices=("auto", "off"))
     p.add_argument("--gc-every", type=int, default=GC_EVERY)
+    p.add_argument(
+        "--wgrad-stream",
+        action="store_true",
+        help="as the trainer's WGRAD_STREAM: the LoRA weight-gradient GEMMs on a side stream in graphed steps",
+    )
     p.add_argument(
         "--timing",
         default=TIMING,

@@ -40,6 +40,9 @@ TEXT_ENCODER_PLACEMENT = None  # resident, streamed or off (off: the text cache 
 VAE_PLACEMENT = None  # resident, streamed or off (off: the latent cache must hit)
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)
 CUDA_GRAPHS = "auto"  # replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off
+WGRAD_STREAM = (
+    False  # graphed steps: the LoRA weights' gradient GEMMs on a side stream, beside the input-gradient GEMMs
+)
 GC_EVERY = (
     0  # Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works
 )

@@ -48,12 +48,12 @@ def test_the_plain_plan_on_cuda_is_graphed_and_the_cpu_is_not():
         resolve_graphs("sometimes", None)
 
 
-def _lora_model(seed: int = 0):
+def _lora_model(seed: int = 0, ops=None):
     from kohakumoss.adapters import build_adapter
     from kohakumoss.model import MossBackbone, get_preset
 
     torch.manual_seed(seed)
-    model = MossBackbone(get_preset("tiny")).to(GPU)
+    model = MossBackbone(get_preset("tiny"), ops=ops).to(GPU)
     model.init_weights(std=0.05, generator=torch.Generator(device=GPU).manual_seed(seed))
     model.requires_grad_(False)
     net = build_adapter(model, algo="lora", rank=4, alpha=4.0, preset="full", bypass=True).to(GPU)
@@ -110,6 +110,40 @@ def test_graphed_micro_steps_match_eager(accum, set_to_none):
         results.append((losses, grads, graphs))
     (eager_l, eager_g, _), (graph_l, graph_g, graphs) = results
     assert graphs.failed is None and len(graphs.graphs) == 2 and graphs.replays > 0
+    torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-5, atol=1e-6)
+    for a, b in zip(graph_g, eager_g, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+@cuda
+def test_weight_gradients_on_a_side_stream_match_eager():
+    """WGRAD_STREAM: the captured backward queues the LoRA weight-gradient GEMMs (the addmm ops, which
+    accumulate into .grad) on a side stream; losses and gradients stay the eager step's."""
+    from kohakumoss.train.step import flow_loss
+    from kohakumoss_kernels import OpSet, side_stream
+
+    shapes = [([5, 3], [(4, 4), (2, 6)])]
+    results = []
+    for graphed in (False, True):
+        model, net = _lora_model(ops=OpSet("addmm", tune="off"))
+        params = list(net.parameters())
+        opt = torch.optim.AdamW(params, lr=1e-2)
+        graphs = StepGraphs(
+            lambda b, s, n, m=model: flow_loss(m, b, s, n, torch.float32), params, wgrad_stream=True
+        )
+        before = side_stream.launches
+        losses, grads = [], []
+        for batch, sigma, noise in _batches(model, shapes, 5):
+            run = graphs.run if graphed else graphs._eager
+            losses.append(run(batch, sigma, noise).item())
+            grads.append(torch.cat([p.grad.flatten() for p in params]).clone())
+            opt.step()
+            opt.zero_grad(set_to_none=False)
+        results.append((losses, grads, graphs, side_stream.launches - before))
+    (eager_l, eager_g, _, eager_aside), (graph_l, graph_g, graphs, aside) = results
+    assert graphs.failed is None and graphs.replays > 0
+    assert eager_aside == 0 and aside > 0  # only the captured backward (grad_sink's window) went aside
     torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-5, atol=1e-6)
     for a, b in zip(graph_g, eager_g, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -165,6 +165,12 @@ TRAIN_KNOBS = [
         choices=("auto", "on", "off"),
     ),
     Knob(
+        "WGRAD_STREAM",
+        False,
+        "graphed steps: the LoRA weights' gradient GEMMs on a side stream, beside the input-gradient GEMMs",
+        type=bool,
+    ),
+    Knob(
         "GC_EVERY",
         0,
         "Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works",

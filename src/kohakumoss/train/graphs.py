@@ -24,7 +24,7 @@ import torch
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
-from kohakumoss_kernels import grad_sink
+from kohakumoss_kernels import grad_sink, side_stream
 
 from .step import DeviceBatch
 
@@ -99,8 +99,10 @@ class StepGraphs:
         params: Sequence[torch.Tensor],
         backward_scale: float = 1.0,
         max_graphs: int = 4,
+        wgrad_stream: bool = False,
     ):
         self.loss_fn = loss_fn
+        self.wgrad_stream = wgrad_stream  # WGRAD_STREAM: sunk weight gradients on a side stream
         self.params = [p for p in params if p.requires_grad]
         self.backward_scale = float(backward_scale)
         self.max_graphs = max_graphs
@@ -169,13 +171,17 @@ class StepGraphs:
         before = [p.grad for p in self.params]
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
+        if self.wgrad_stream:
+            side_stream.stream_for(device)  # created before the capture, not during it
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: loader threads may pin memory while this thread captures
             # grad_sink: the LoRA ops' weight-gradient GEMMs accumulate into the shared buffers themselves
+            # side_stream: those GEMMs queued beside the input-gradient GEMMs (WGRAD_STREAM), joined at its end
             with (
                 torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
                 grad_sink.into(self.params),
+                side_stream.overlap(device, self.wgrad_stream),
             ):
                 static_loss = self.loss_fn(static_batch, inputs[2], inputs[3])
                 (static_loss * self.backward_scale).backward()

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ... import grad_sink
+from ... import grad_sink, side_stream
 from ...cast_cache import cast, cast_cat
-from ..lora_linear.addmm import lora_out, master_grad, scaled_rows, weight_grad
+from ..lora_linear.addmm import all_sink, lora_out, master_grad, scaled_rows, weight_grad
 
 
 class _LoraGroup(torch.autograd.Function):
@@ -61,6 +61,18 @@ class _LoraGroup(torch.autograd.Function):
             q = torch.cat(
                 [scaled_rows(g, u, s, lowrank) for g, u, s in zip(gys, ups, scales, strict=True)], dim=1
             )
+            masters = (*downs_m, *ups_m)
+            if need_down and all(need_up) and side_stream.active(x2.device) and all_sink(masters, lowrank):
+                # queued before the input gradient's GEMMs, to run beside them (side_stream.py)
+                def weight_grads():
+                    g_down = weight_grad(q.t(), x2, downs_m[0].dtype)
+                    sinks = [grad_sink.target(m, m.shape) for m in downs_m]
+                    torch._foreach_add_(sinks, list(g_down.split(ranks)))
+                    for g, hi, s, m in zip(gys, h.split(ranks, dim=1), scales, ups_m, strict=True):
+                        master_grad(m, g.t(), hi, False, 1.0 if ctx.shared else s)
+
+                side_stream.run(x2.device, weight_grads, (q, x2, h, *gys))
+                need_down, need_up = False, (False,) * n
             if need_x:
                 gx = torch.mm(q, down)
                 for g, w in zip(gys, weights, strict=True):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import grad_sink
+from ... import grad_sink, side_stream
 from ...cast_cache import cast
 
 
@@ -68,6 +68,12 @@ def master_grad(
     return g if alpha == 1.0 else g.mul_(alpha)
 
 
+def all_sink(masters, lowrank: bool = False) -> bool:
+    """Whether every master's gradient accumulates into its `.grad` (grad_sink) rather than returned:
+    then nothing in the backward reads it, and its GEMMs may go to a side stream (side_stream)."""
+    return not lowrank and all(grad_sink.target(m, m.shape) is not None for m in masters)
+
+
 def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
     """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output in place, or
     (lora_first) written first and read by the frozen GEMM's epilogue."""
@@ -97,6 +103,14 @@ class _LoraLinear(torch.autograd.Function):
         lowrank = ctx.lowrank
         gx = gw = gb = g_down = g_up = None
         sq = scaled_rows(gy, up, ctx.scale, lowrank) if (need_x or need_down) else None
+        if need_down and need_up and side_stream.active(gy.device) and all_sink(ctx.masters, lowrank):
+            # queued before the input gradient's GEMM, to run beside it (side_stream.py)
+            def weight_grads():
+                master_grad(ctx.masters[0], sq.t(), x2)
+                master_grad(ctx.masters[1], gy.t(), hs)
+
+            side_stream.run(gy.device, weight_grads, (sq, x2, gy, hs))
+            need_down = need_up = False
         if need_x:
             gx = torch.mm(sq, down).addmm_(gy, weight)
         if need_down:
