@@ -25,8 +25,7 @@ import torch
 class _Window:
     main: torch.cuda.Stream
     side: torch.cuda.Stream
-    held: list[torch.Tensor] = field(default_factory=list)
-    launched: int = 0  # side-stream launches so far (tests, logs)
+    held: list[torch.Tensor] = field(default_factory=list)  # what the side work reads, until joined
 
 
 _windows: dict[int, _Window] = {}
@@ -49,7 +48,7 @@ def overlap(device: torch.device | str, enabled: bool = True) -> Iterator[_Windo
         yield window
     finally:
         _windows.pop(index, None)
-        main.wait_stream(window.side)  # everything queued aside is done before the window's owner reads
+        window.main.wait_stream(window.side)  # everything queued aside is done before the window's owner reads
         window.held.clear()
 
 
@@ -80,7 +79,6 @@ def run(device: torch.device, fn: Callable[[], None], reads: tuple[torch.Tensor,
     with torch.cuda.stream(window.side):
         fn()
     window.held.extend(reads)
-    window.launched += 1
     global launches
     launches += 1
 
