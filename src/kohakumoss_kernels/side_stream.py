@@ -48,7 +48,9 @@ def overlap(device: torch.device | str, enabled: bool = True) -> Iterator[_Windo
         yield window
     finally:
         _windows.pop(index, None)
-        window.main.wait_stream(window.side)  # everything queued aside is done before the window's owner reads
+        window.main.wait_stream(
+            window.side
+        )  # everything queued aside is done before the window's owner reads
         window.held.clear()
 
 
