@@ -69,32 +69,43 @@ def kernels() -> dict[str, tuple]:
         "BD": "constexpr",
     }
     per_sample = {**scalars, **_PER_SAMPLE, **c}
-    return {
+    table = {
         "rms_norm_fwd": (rn._rms_norm_fwd, _sig("X W Y RSTD T d eps HAS_W ROWS BLOCK", {**scalars, **c}),
                          {"HAS_W": True, "BLOCK": block}, rows_fwd),
-        "rms_norm_bwd": (rn._rms_norm_bwd, _sig("DY X W RSTD DX DW T d tiles_per_prog HAS_W ROWS BLOCK",
-                                                {**per_sample, "DW": "*fp32"}), {"HAS_W": True, "BLOCK": block}, rows_bwd),
+        "rms_norm_bwd": (rn._rms_norm_bwd, _sig("DY X W RSTD DX DW T d tiles_per_prog HAS_W NEED_DW ROWS BLOCK",
+                                                {**per_sample, "DW": "*fp32"}), {"HAS_W": True, "NEED_DW": True, "BLOCK": block}, rows_bwd),
         "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD T d eps ROWS BLOCK", {**scalars, **c}),
                               {"BLOCK": block}, rows_fwd),
         "norm_modulate_bwd": (nm._norm_modulate_bwd,
-                              _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog ROWS BLOCK",
-                                   per_sample), {"HAS_RES": False, "BLOCK": block}, rows_bwd),
+                              _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK",
+                                   per_sample), {"HAS_RES": False, "NEED_SUMS": True, "BLOCK": block}, rows_bwd),
         "norm_modulate_bwd_fork": (nm._norm_modulate_bwd,
-                                   _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog ROWS BLOCK",
-                                        per_sample), {"HAS_RES": True, "BLOCK": block}, rows_bwd),
+                                   _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK",
+                                        per_sample), {"HAS_RES": True, "NEED_SUMS": True, "BLOCK": block}, rows_bwd),
         "gated_residual_bwd": (gr._gated_residual_bwd,
-                               _sig("DOUT Y GATE TS DY P D FIRST LAST T d tiles_per_prog ROWS BLOCK", per_sample),
-                               {"BLOCK": block}, rows_bwd),
+                               _sig("DOUT Y GATE TS DY P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK", per_sample),
+                               {"NEED_SUMS": True, "BLOCK": block}, rows_bwd),
         "residual_norm_modulate_bwd": (
             rnm._residual_norm_modulate_bwd,
-            _sig("DR DH R Y GATE SCALE TS RSTD DX DY P D FIRST LAST T d tiles_per_prog ROWS BLOCK", per_sample),
-            {"BLOCK": block}, rows_bwd),
+            _sig("DR DH R Y GATE SCALE TS RSTD DX DY P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK",
+                 per_sample), {"NEED_SUMS": True, "BLOCK": block}, rows_bwd),
         "qk_norm_rope_bwd": (qk._qk_norm_rope_bwd,
-                             _sig("DY X W COS SIN RSTD DX DW R H half tiles_per_prog HAS_W ROWS BD",
+                             _sig("DY X W COS SIN RSTD DX DW R H half tiles_per_prog HAS_W NEED_DW ROWS BD",
                                   {**c, "COS": "*fp32", "SIN": "*fp32", "RSTD": "*fp32", "DW": "*fp32", "R": "i32",
                                    "H": "i32", "half": "i32", "tiles_per_prog": "i32"}),
-                             {"HAS_W": True, "BD": bd}, heads_bwd),
+                             {"HAS_W": True, "NEED_DW": True, "BD": bd}, heads_bwd),
     }  # fmt: skip
+    # the same backwards where the parameters need no gradient (LoRA training: frozen norms and AdaLN)
+    frozen = {"NEED_DW": False} | {"NEED_SUMS": False}
+    for name in [n for n in table if n.endswith("_bwd") or n.endswith("_bwd_fork")]:
+        fn, sig, consts, configs = table[name]
+        table[name + "_frozen"] = (
+            fn,
+            sig,
+            {**consts, **{k: v for k, v in frozen.items() if k in consts}},
+            configs,
+        )
+    return table
 
 
 def ptxas_usage(ptx: str, arch: int) -> tuple[int, int, int]:
@@ -132,13 +143,13 @@ def main() -> None:
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"KERNELS: unknown {unknown}; known: {list(table)}")
-    lines = [f"{'kernel':<28} {'rows':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'programs/SM':>11}"]
+    lines = [f"{'kernel':<36} {'rows':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'programs/SM':>11}"]
     for name in names:
         fn, sig, consts, configs = table[name]
         for rows, warps in configs:
             regs, st, ld = usage(fn, sig, consts, rows, warps, ARCH)
             fit = 65536 // (max(regs, 1) * 32 * warps)  # the register file's limit, before shared memory's
-            lines.append(f"{name:<28} {rows:>4} {warps:>5} {regs:>5} {f'{st}/{ld}':>14} {fit:>11}")
+            lines.append(f"{name:<36} {rows:>4} {warps:>5} {regs:>5} {f'{st}/{ld}':>14} {fit:>11}")
             print(lines[-1], flush=True)
     print(f"\nTriton {triton.__version__}, compiled for sm_{ARCH}, d = {D_MODEL}, head_dim = {HEAD_DIM}")
     print("\n".join(lines))

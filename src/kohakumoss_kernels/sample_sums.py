@@ -182,11 +182,14 @@ def finish(
 
 class PerSampleBackward:
     """launch(cfg) for `triton_utils.pick` running a persistent per-sample backward
-    `kernel(*args, P, D, FIRST, LAST, T, d, tiles_per_prog, ROWS, BLOCK)` over `like` [T, d] with
-    cfg = (ROWS, num_warps, programs per SM); `sums(dtype)` then gives the per-sample sums [samples, K, d]."""
+    `kernel(*args, P, D, FIRST, LAST, T, d, tiles_per_prog, NEED_SUMS, ROWS, BLOCK)` over `like` [T, d]
+    with cfg = (ROWS, num_warps, programs per SM); `sums(dtype)` then gives the per-sample sums
+    [samples, K, d]. need_sums False (the parameters need no gradient: a frozen AdaLN modulation, as
+    with LoRA on attention and MLP only): the kernel skips the sums, and no buffers or finish pass."""
 
-    def __init__(self, kernel, args: tuple, like: torch.Tensor, samples: int, k: int):
+    def __init__(self, kernel, args: tuple, like: torch.Tensor, samples: int, k: int, need_sums: bool = True):
         self.kernel, self.args, self.like, self.samples, self.k = kernel, args, like, samples, k
+        self.need_sums = need_sums
         self.bufs: tuple[torch.Tensor, ...] = ()
 
     def configs(self) -> list[tuple[int, int, int]]:
@@ -197,7 +200,10 @@ class PerSampleBackward:
         T, d = self.like.shape
         tiles = triton.cdiv(T, rows)
         grid = persistent_programs(self.like, tiles, per_sm)
-        p, first, last, acc = buffers(grid, self.samples, self.k, d, self.like.device)
+        if self.need_sums:
+            p, first, last, acc = buffers(grid, self.samples, self.k, d, self.like.device)
+        else:  # never read or written by the kernel
+            p = first = last = acc = self.like
         self.kernel[(grid,)](
             *self.args,
             p,
@@ -207,11 +213,12 @@ class PerSampleBackward:
             T,
             d,
             triton.cdiv(tiles, grid),
+            NEED_SUMS=self.need_sums,
             ROWS=rows,
             BLOCK=next_pow2(d),
             num_warps=warps,
         )
         self.bufs = (p, first, last, acc)
 
-    def sums(self, dtype: torch.dtype) -> torch.Tensor:
-        return finish(*self.bufs, dtype)
+    def sums(self, dtype: torch.dtype) -> torch.Tensor | None:
+        return finish(*self.bufs, dtype) if self.need_sums else None

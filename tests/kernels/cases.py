@@ -19,10 +19,20 @@ def cu_seqlens(lengths: list[int], device) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def make_inputs(
-    op: str, lengths: list[int], dtype, device, d: int = 48, heads: int = 3, head_dim: int = 32, seed: int = 0
+    op: str,
+    lengths: list[int],
+    dtype,
+    device,
+    d: int = 48,
+    heads: int = 3,
+    head_dim: int = 32,
+    seed: int = 0,
+    frozen: bool = False,
 ) -> tuple[tuple, dict]:
-    """(args, kwargs) for one call of `op`; float tensors that take gradients require them."""
+    """(args, kwargs) for one call of `op`; float tensors that take gradients require them. frozen: the
+    norm weights and per-sample AdaLN parameters do not (LoRA training), so the backwards skip them."""
     g = torch.Generator().manual_seed(seed)
+    p = not frozen  # the parameters' requires_grad
 
     def rnd(*shape, grad=True, scale=1.0, dt=dtype):
         t = (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dt)
@@ -33,17 +43,24 @@ def make_inputs(
     ang = torch.rand(T, head_dim // 2, generator=g) * 6.28
     cos, sin = ang.cos().to(device), ang.sin().to(device)
     if op == "rms_norm":
-        return (rnd(T, d), rnd(d), 1e-6), {}
+        return (rnd(T, d), rnd(d, grad=p), 1e-6), {}
     if op == "norm_modulate":
-        return (rnd(T, d), rnd(B, d, scale=0.5), rnd(B, d, scale=0.5), ts, 1e-6), {}
+        return (rnd(T, d), rnd(B, d, scale=0.5, grad=p), rnd(B, d, scale=0.5, grad=p), ts, 1e-6), {}
     if op == "gated_residual":
-        return (rnd(T, d), rnd(T, d), rnd(B, d), ts), {}
+        return (rnd(T, d), rnd(T, d), rnd(B, d, grad=p), ts), {}
     if op == "residual_norm_modulate":
-        return (rnd(T, d), rnd(T, d), rnd(B, d), rnd(B, d, scale=0.5), rnd(B, d, scale=0.5), ts, 1e-6), {}
+        args = (
+            rnd(T, d),
+            rnd(T, d),
+            rnd(B, d, grad=p),
+            rnd(B, d, scale=0.5, grad=p),
+            rnd(B, d, scale=0.5, grad=p),
+        )
+        return (*args, ts, 1e-6), {}
     if op == "apply_rope":
         return (rnd(T, heads, head_dim), cos, sin), {}
     if op == "qk_norm_rope":
-        return (rnd(T, heads, head_dim), rnd(head_dim), cos, sin, 1e-6), {}
+        return (rnd(T, heads, head_dim), rnd(head_dim, grad=p), cos, sin, 1e-6), {}
     if op == "swiglu":
         return (rnd(T, 2 * d),), {}
     if op == "varlen_attention":

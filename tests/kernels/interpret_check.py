@@ -38,6 +38,19 @@ if __name__ == "__main__":
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", op_kwargs={"fork": True}, d=40)
         if op in ("rms_norm", "qk_norm_rope"):
             compare(op, "triton", [2], torch.float32, "cpu", d=40, heads=3, head_dim=16)
+        if op in (*PER_SAMPLE, "rms_norm", "qk_norm_rope"):  # frozen parameters: their sums skipped
+            compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40, frozen=True)
+        if op == "norm_modulate":
+            compare(
+                op,
+                "triton",
+                [3, 0, 2, 6, 1],
+                torch.float32,
+                "cpu",
+                op_kwargs={"fork": True},
+                d=40,
+                frozen=True,
+            )
         print(f"ok {op}", flush=True)
     if not sys.argv[1:]:  # the LoRA linear's rank-r Triton products, alone and inside the op
         from kohakumoss_kernels.ops.lora_linear.lowrank import cols_mm, rows_mm

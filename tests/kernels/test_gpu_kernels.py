@@ -43,6 +43,18 @@ def test_norm_modulate_fork(backend, lengths, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ROW_OPS[:4] + ["qk_norm_rope", "norm_modulate_fork"])
+def test_frozen_parameters(op, dtype):
+    """Norm weights and AdaLN parameters that need no gradient (LoRA training): the backwards skip their
+    sums (NEED_DW / NEED_SUMS); the input gradients stay right."""
+    kwargs = {"op_kwargs": {"fork": True}} if op.endswith("_fork") else {}
+    dims = {"heads": 24, "head_dim": 128} if op == "qk_norm_rope" else {"d": 3072}
+    compare(
+        op.removesuffix("_fork"), "triton", [513, 1, 64, 1000], dtype, "cuda", frozen=True, **kwargs, **dims
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lengths", LENGTHS, ids=str)
 @pytest.mark.parametrize("op", ["norm_modulate", "gated_residual", "residual_norm_modulate"])
 def test_onehot_per_sample_ops(op, lengths, dtype):

@@ -40,8 +40,9 @@ def _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d):
 
 @triton.jit
 def _gated_residual_bwd(
-    DOUT, Y, GATE, TS, DY, P, D, FIRST, LAST, T, d, tiles_per_prog, ROWS: tl.constexpr, BLOCK: tl.constexpr
-):
+    DOUT, Y, GATE, TS, DY, P, D, FIRST, LAST, T, d, tiles_per_prog, NEED_SUMS: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -64,11 +65,13 @@ def _gated_residual_bwd(
             GATE + tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0
         )
         tl.store(DY + cur_row * d + loc, (g.to(tl.float32) * do).to(DY.dtype.element_ty), mask=cur_mask)
-        c = do * y
-        acc, unused1, unused2, cur, seg = ss.add_tile(
-            acc, acc, acc, c, c, c, s, cur, seg, rid, P, D, pid, d, cols, cmask, 1, ROWS, BLOCK
-        )
-    ss.close_chunk(acc, acc, acc, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 1)
+        if NEED_SUMS:  # d(gate) per sample (none for a frozen modulation)
+            c = do * y
+            acc, unused1, unused2, cur, seg = ss.add_tile(
+                acc, acc, acc, c, c, c, s, cur, seg, rid, P, D, pid, d, cols, cmask, 1, ROWS, BLOCK
+            )  # fmt: skip
+    if NEED_SUMS:
+        ss.close_chunk(acc, acc, acc, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 1)
 
 
 class _GatedResidual(torch.autograd.Function):
@@ -93,9 +96,13 @@ class _GatedResidual(torch.autograd.Function):
         dx = dout if dout.dtype == ctx.x_dtype else dout.to(ctx.x_dtype)
         if not T:
             return dx, dy, torch.zeros_like(gate), None
-        launch = ss.PerSampleBackward(_gated_residual_bwd, (dout, y, gate, ts, dy), y, gate.shape[0], 1)
-        launch(pick("gated_residual.bwd", row_key(y, T, d), launch.configs(), launch))
-        return dx, dy, launch.sums(gate.dtype)[:, 0], None
+        need_sums = ctx.needs_input_grad[2]  # a trained modulation
+        args = (dout, y, gate, ts, dy)
+        launch = ss.PerSampleBackward(_gated_residual_bwd, args, y, gate.shape[0], 1, need_sums)
+        name = "gated_residual.bwd" + ("" if need_sums else "_nosums")
+        launch(pick(name, row_key(y, T, d), launch.configs(), launch))
+        out = launch.sums(gate.dtype)
+        return dx, dy, None if out is None else out[:, 0], None
 
 
 def gated_residual(

@@ -55,7 +55,7 @@ def _load_tile(X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES: tl.
 @triton.jit
 def _norm_modulate_bwd(
     DY, X, SCALE, TS, RSTD, DX, DRES, HAS_RES: tl.constexpr, P, D, FIRST, LAST, T, d, tiles_per_prog,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
@@ -90,11 +90,13 @@ def _norm_modulate_bwd(
         if HAS_RES:  # fork: the gradient x got through its other use (prefetched with the tile), added here
             dx += dres.to(tl.float32)
         tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
-        c_sc = dy * xhat
-        acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
-            acc_sc, acc_sh, acc_sh, c_sc, dy, dy, s, cur, seg, rid, P, D, pid, d, cols, cmask, 2, ROWS, BLOCK
-        )
-    ss.close_chunk(acc_sc, acc_sh, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 2)
+        if NEED_SUMS:  # d(scale), d(shift) per sample (none for a frozen modulation)
+            c_sc = dy * xhat
+            acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
+                acc_sc, acc_sh, acc_sh, c_sc, dy, dy, s, cur, seg, rid, P, D, pid, d, cols, cmask, 2, ROWS, BLOCK
+            )  # fmt: skip
+    if NEED_SUMS:
+        ss.close_chunk(acc_sc, acc_sh, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 2)
 
 
 class _NormModulate(torch.autograd.Function):
@@ -123,12 +125,14 @@ class _NormModulate(torch.autograd.Function):
             return dx, z.to(ctx.shift_dtype), z, None, None, None
         res = (dx, 0) if dres is None else (dres.contiguous(), 1)
         args = (dy, x, scale, ts, rstd, dx, *res)
-        launch = ss.PerSampleBackward(_norm_modulate_bwd, args, x, scale.shape[0], 2)
-        name = (
-            "norm_modulate.bwd" if dres is None else "norm_modulate.bwd_fork"
-        )  # one more tensor read: its own pick
+        need_sums = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # a trained modulation
+        launch = ss.PerSampleBackward(_norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums)
+        # each variant its own pick: the fork reads one more tensor, no sums need fewer registers
+        name = "norm_modulate.bwd" + ("" if dres is None else "_fork") + ("" if need_sums else "_nosums")
         launch(pick(name, row_key(x, T, d), launch.configs(), launch))
         out = launch.sums(scale.dtype)  # [B, (scale, shift), d]
+        if out is None:
+            return dx, None, None, None, None, None
         return dx, out[:, 1].to(ctx.shift_dtype), out[:, 0], None, None, None
 
 

@@ -91,6 +91,7 @@ def _qk_norm_rope_bwd(
     half,
     tiles_per_prog,
     HAS_W: tl.constexpr,
+    NEED_DW: tl.constexpr,
     ROWS: tl.constexpr,
     BD: tl.constexpr,
 ):
@@ -146,10 +147,10 @@ def _qk_norm_rope_bwd(
         dx = DX + cur_row * (2 * half)
         tl.store(dx + loc, (rstd * (g1 - xh1 * dot)).to(DX.dtype.element_ty), mask=cur_mask)
         tl.store(dx + loc + half, (rstd * (g2 - xh2 * dot)).to(DX.dtype.element_ty), mask=cur_mask)
-        if HAS_W:
+        if NEED_DW:  # a frozen weight (LoRA training) needs no gradient: no sums, no partials
             dw1 += dn1 * xh1
             dw2 += dn2 * xh2
-    if HAS_W:
+    if NEED_DW:
         tl.store(DW + pid.to(tl.int64) * 2 * half + cols, tl.sum(dw1, axis=0), mask=cmask)
         tl.store(DW + pid.to(tl.int64) * 2 * half + half + cols, tl.sum(dw2, axis=0), mask=cmask)
 
@@ -195,22 +196,24 @@ class _QKNormRope(torch.autograd.Function):
         dx = torch.empty_like(x)
         bd = next_pow2(D // 2)
         has_w = weight is not None
+        need_dw = has_w and ctx.needs_input_grad[1]
         parts = {}
 
         def launch(cfg):
             rows, warps, per_sm = cfg
             tiles = triton.cdiv(R, rows)
             grid = persistent_programs(x, tiles, per_sm)
-            dw = torch.empty(grid, D, device=x.device, dtype=torch.float32) if has_w else rstd
+            dw = torch.empty(grid, D, device=x.device, dtype=torch.float32) if need_dw else rstd
             _qk_norm_rope_bwd[(grid,)](
                 dy, x, weight if has_w else x, cos, sin, rstd, dx, dw, R, H, D // 2,
-                triton.cdiv(tiles, grid), HAS_W=has_w, ROWS=rows, BD=bd, num_warps=warps,
+                triton.cdiv(tiles, grid), HAS_W=has_w, NEED_DW=need_dw, ROWS=rows, BD=bd, num_warps=warps,
             )  # fmt: skip
             parts["dw"] = dw
 
         key = (H, D, x.dtype, size_bucket(R), x.device)
-        launch(pick("qk_norm_rope.bwd", key, backward_configs(2 * bd, min_rows=2), launch))
-        dw = ss.sum_rows(parts["dw"], weight.dtype) if has_w else None
+        name = "qk_norm_rope.bwd" if need_dw else "qk_norm_rope.bwd_nodw"  # another kernel: its own pick
+        launch(pick(name, key, backward_configs(2 * bd, min_rows=2), launch))
+        dw = ss.sum_rows(parts["dw"], weight.dtype) if need_dw else None
         return dx, dw, None, None, None
 
 

@@ -57,7 +57,7 @@ def _load_tile(R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d):
 @triton.jit
 def _residual_norm_modulate_bwd(
     DR, DH, R, Y, GATE, SCALE, TS, RSTD, DX, DY, P, D, FIRST, LAST, T, d, tiles_per_prog,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
@@ -94,12 +94,14 @@ def _residual_norm_modulate_bwd(
         dr += rstd * (gn - rhat * (tl.sum(gn * rhat, axis=1) / d)[:, None])
         tl.store(DX + cur_row * d + loc, dr.to(DX.dtype.element_ty), mask=cur_mask)
         tl.store(DY + cur_row * d + loc, (g * dr).to(DY.dtype.element_ty), mask=cur_mask)
-        c_g = dr * y
-        c_sc = dh * rhat
-        acc_g, acc_sc, acc_sh, cur, seg = ss.add_tile(
-            acc_g, acc_sc, acc_sh, c_g, c_sc, dh, s, cur, seg, rid, P, D, pid, d, cols, cmask, 3, ROWS, BLOCK
-        )
-    ss.close_chunk(acc_g, acc_sc, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 3)
+        if NEED_SUMS:  # d(gate), d(scale), d(shift) per sample (none for a frozen modulation)
+            c_g = dr * y
+            c_sc = dh * rhat
+            acc_g, acc_sc, acc_sh, cur, seg = ss.add_tile(
+                acc_g, acc_sc, acc_sh, c_g, c_sc, dh, s, cur, seg, rid, P, D, pid, d, cols, cmask, 3, ROWS, BLOCK
+            )  # fmt: skip
+    if NEED_SUMS:
+        ss.close_chunk(acc_g, acc_sc, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 3)
 
 
 class _ResidualNormModulate(torch.autograd.Function):
@@ -129,11 +131,14 @@ class _ResidualNormModulate(torch.autograd.Function):
             z = torch.zeros_like(gate)
             return dx.to(x_dtype), dy, z, z.to(shift_dtype), z.to(scale.dtype), None, None
         dr, dh = dr.contiguous(), dh.contiguous()
-        launch = ss.PerSampleBackward(
-            _residual_norm_modulate_bwd, (dr, dh, r, y, gate, scale, ts, rstd, dx, dy), r, gate.shape[0], 3
-        )
-        launch(pick("residual_norm_modulate.bwd", row_key(r, T, d), launch.configs(), launch))
+        need_sums = any(ctx.needs_input_grad[2:5])  # gate, shift, scale: a trained modulation
+        args = (dr, dh, r, y, gate, scale, ts, rstd, dx, dy)
+        launch = ss.PerSampleBackward(_residual_norm_modulate_bwd, args, r, gate.shape[0], 3, need_sums)
+        name = "residual_norm_modulate.bwd" + ("" if need_sums else "_nosums")
+        launch(pick(name, row_key(r, T, d), launch.configs(), launch))
         out = launch.sums(scale.dtype)  # [B, (gate, scale, shift), d]
+        if out is None:
+            return dx.to(x_dtype), dy, None, None, None, None, None
         return (
             dx.to(x_dtype),
             dy,

@@ -44,8 +44,9 @@ def _rms_norm_fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.conste
 
 @triton.jit
 def _rms_norm_bwd(
-    DY, X, W, RSTD, DX, DW, T, d, tiles_per_prog, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr
-):
+    DY, X, W, RSTD, DX, DW, T, d, tiles_per_prog, HAS_W: tl.constexpr, NEED_DW: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -79,9 +80,9 @@ def _rms_norm_bwd(
         g = dy * w
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
         tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
-        if HAS_W:
+        if NEED_DW:  # a frozen weight (LoRA training) needs no gradient: no sums, no partials
             dw += dy * xhat
-    if HAS_W:
+    if NEED_DW:
         tl.store(DW + pid.to(tl.int64) * d + cols, tl.sum(dw, axis=0), mask=cmask)
 
 
@@ -109,13 +110,14 @@ class _RMSNorm(torch.autograd.Function):
         dx = torch.empty_like(x2)
         block = next_pow2(d)
         has_w = weight is not None
+        need_dw = has_w and ctx.needs_input_grad[1]
         dw_part = {}
 
         def launch(cfg):  # launched even for T == 0, so the weight gradient is written (zeros)
             rows, warps, per_sm = cfg
             tiles = triton.cdiv(T, rows)
             grid = persistent_programs(x2, tiles, per_sm)
-            part = torch.empty(grid, d, device=x2.device, dtype=torch.float32) if has_w else rstd
+            part = torch.empty(grid, d, device=x2.device, dtype=torch.float32) if need_dw else rstd
             _rms_norm_bwd[(grid,)](
                 dy2,
                 x2,
@@ -127,14 +129,16 @@ class _RMSNorm(torch.autograd.Function):
                 d,
                 triton.cdiv(tiles, grid),
                 HAS_W=has_w,
+                NEED_DW=need_dw,
                 ROWS=rows,
                 BLOCK=block,
                 num_warps=warps,
             )
             dw_part["p"] = part
 
-        launch(pick("rms_norm.bwd", row_key(x2, T, d), backward_configs(block), launch))
-        dw = ss.sum_rows(dw_part["p"], weight.dtype) if has_w else None
+        name = "rms_norm.bwd" if need_dw else "rms_norm.bwd_nodw"  # another kernel: its own pick
+        launch(pick(name, row_key(x2, T, d), backward_configs(block), launch))
+        dw = ss.sum_rows(dw_part["p"], weight.dtype) if need_dw else None
         return dx.reshape(ctx.shape), dw, None
 
 
