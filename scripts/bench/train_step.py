@@ -63,6 +63,7 @@ SAMPLES = 2  # samples packed per step
 IMAGE_TOKENS = 0  # image tokens per sample (a square grid); 0: 4096 (1024 x 1024 px), 64 for the tiny preset
 TEXT_TOKENS = 0  # text tokens per sample; 0: 256, 8 for the tiny preset
 RANK = 32  # LoRA rank (alpha = rank)
+TARGET_PRESET = "full"  # LoRA on every DiT linear (AdaLN modulations too); the trainer's default is attn-mlp
 LR = 1e-4  # learning rate (AdamW; Muon for full fine-tune)
 GRAD_CLIP = 1.0  # gradient norm clip
 FULL_OPTIMIZER = (
@@ -810,7 +811,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     network = None
     if not full:  # after the plan, as the trainer builds it (train/loop.build_trainable)
         network = build_adapter(
-            model, algo="lora", rank=a.rank, alpha=float(a.rank), preset="full", bypass=True
+            model, algo="lora", rank=a.rank, alpha=float(a.rank), preset=a.target_preset, bypass=True
         )
         network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
     if full:
@@ -1037,7 +1038,7 @@ def run_row(a, name: str) -> dict:
 
 
 COMMON = (
-    "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "lr", "grad_clip", "full_optimizer", "warmup",
+    "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "target_preset", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
@@ -1127,6 +1128,12 @@ def parse_args(argv=None):
     p.add_argument("--image-tokens", type=int, default=IMAGE_TOKENS)
     p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS)
     p.add_argument("--rank", type=int, default=RANK)
+    p.add_argument(
+        "--target-preset",
+        default=TARGET_PRESET,
+        help="the adapter's TARGET_PRESET: full (every DiT linear, the AdaLN modulations too) or the trainer's "
+        "default attn-mlp (modulations frozen)",
+    )
     p.add_argument("--lr", type=float, default=LR)
     p.add_argument("--grad-clip", type=float, default=GRAD_CLIP)
     p.add_argument("--full-optimizer", default=FULL_OPTIMIZER, choices=("muon", "adamw"))
