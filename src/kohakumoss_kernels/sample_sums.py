@@ -65,51 +65,57 @@ def chunk(TS, pid, tiles_per_prog, T, ROWS: tl.constexpr):
 @triton.jit
 def add_tile(
     a0, a1, a2, c0, c1, c2, s, cur, seg, rid, P, D, pid, d, cols, cmask,
-    K: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, NEED: tl.constexpr,
 ):  # fmt: skip
     """Add a tile's per-row contributions c0..c{K-1} (K of 1..3; the rest are ignored) to the running
     sums a0..a{K-1} of sample `cur`, flushing the sums where a row of another sample starts; rows with
-    s == -1 are past the chunk. Returns the sums, the current sample and segment."""
-    if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
-        a0 += c0
-        if K > 1:
-            a1 += c1
-        if K > 2:
-            a2 += c2
-    else:  # a sample boundary inside this tile: row by row
-        for i in tl.static_range(ROWS):
-            sel = rid == i
-            si = tl.sum(tl.where(sel, s, 0), axis=0)
-            if (si != cur) & (si >= 0):
-                flush(a0, P, D, pid, 0, K, cur, seg, d, cols, cmask)
-                if K > 1:
-                    flush(a1, P, D, pid, 1, K, cur, seg, d, cols, cmask)
-                if K > 2:
-                    flush(a2, P, D, pid, 2, K, cur, seg, d, cols, cmask)
-                a0 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-                if K > 1:
-                    a1 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-                if K > 2:
-                    a2 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-                seg += 1
-                cur = si
-            a0 += tl.where(sel[:, None], c0, 0.0)
+    s == -1 are past the chunk. Returns the sums, the current sample and segment. NEED False (the
+    parameters need no gradient): nothing is summed, and the kernel's contributions are left unused."""
+    if NEED:
+        if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
+            a0 += c0
             if K > 1:
-                a1 += tl.where(sel[:, None], c1, 0.0)
+                a1 += c1
             if K > 2:
-                a2 += tl.where(sel[:, None], c2, 0.0)
+                a2 += c2
+        else:  # a sample boundary inside this tile: row by row
+            for i in tl.static_range(ROWS):
+                sel = rid == i
+                si = tl.sum(tl.where(sel, s, 0), axis=0)
+                if (si != cur) & (si >= 0):
+                    flush(a0, P, D, pid, 0, K, cur, seg, d, cols, cmask)
+                    if K > 1:
+                        flush(a1, P, D, pid, 1, K, cur, seg, d, cols, cmask)
+                    if K > 2:
+                        flush(a2, P, D, pid, 2, K, cur, seg, d, cols, cmask)
+                    a0 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                    if K > 1:
+                        a1 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                    if K > 2:
+                        a2 = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+                    seg += 1
+                    cur = si
+                a0 += tl.where(sel[:, None], c0, 0.0)
+                if K > 1:
+                    a1 += tl.where(sel[:, None], c1, 0.0)
+                if K > 2:
+                    a2 += tl.where(sel[:, None], c2, 0.0)
     return a0, a1, a2, cur, seg
 
 
 @triton.jit
-def close_chunk(a0, a1, a2, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, K: tl.constexpr):
-    """End of the chunk: the open sums a0..a{K-1} to their slots, and which samples the slots hold."""
-    close(a0, P, pid, 0, K, seg, d, cols, cmask)
-    if K > 1:
-        close(a1, P, pid, 1, K, seg, d, cols, cmask)
-    if K > 2:
-        close(a2, P, pid, 2, K, seg, d, cols, cmask)
-    mark(FIRST, LAST, pid, n, first, cur, seg)
+def close_chunk(
+    a0, a1, a2, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, K: tl.constexpr, NEED: tl.constexpr
+):
+    """End of the chunk: the open sums a0..a{K-1} to their slots, and which samples the slots hold
+    (nothing where NEED is False)."""
+    if NEED:
+        close(a0, P, pid, 0, K, seg, d, cols, cmask)
+        if K > 1:
+            close(a1, P, pid, 1, K, seg, d, cols, cmask)
+        if K > 2:
+            close(a2, P, pid, 2, K, seg, d, cols, cmask)
+        mark(FIRST, LAST, pid, n, first, cur, seg)
 
 
 @triton.jit

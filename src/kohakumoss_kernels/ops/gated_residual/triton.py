@@ -65,13 +65,11 @@ def _gated_residual_bwd(
             GATE + tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0
         )
         tl.store(DY + cur_row * d + loc, (g.to(tl.float32) * do).to(DY.dtype.element_ty), mask=cur_mask)
-        if NEED_SUMS:  # d(gate) per sample (none for a frozen modulation)
-            c = do * y
-            acc, unused1, unused2, cur, seg = ss.add_tile(
-                acc, acc, acc, c, c, c, s, cur, seg, rid, P, D, pid, d, cols, cmask, 1, ROWS, BLOCK
-            )  # fmt: skip
-    if NEED_SUMS:
-        ss.close_chunk(acc, acc, acc, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 1)
+        c = do * y  # d(gate) per sample: none for a frozen modulation (NEED_SUMS)
+        acc, unused1, unused2, cur, seg = ss.add_tile(
+            acc, acc, acc, c, c, c, s, cur, seg, rid, P, D, pid, d, cols, cmask, 1, ROWS, BLOCK, NEED_SUMS
+        )
+    ss.close_chunk(acc, acc, acc, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 1, NEED_SUMS)
 
 
 class _GatedResidual(torch.autograd.Function):

@@ -90,13 +90,14 @@ def _norm_modulate_bwd(
         if HAS_RES:  # fork: the gradient x got through its other use (prefetched with the tile), added here
             dx += dres.to(tl.float32)
         tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
-        if NEED_SUMS:  # d(scale), d(shift) per sample (none for a frozen modulation)
-            c_sc = dy * xhat
-            acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
-                acc_sc, acc_sh, acc_sh, c_sc, dy, dy, s, cur, seg, rid, P, D, pid, d, cols, cmask, 2, ROWS, BLOCK
-            )  # fmt: skip
-    if NEED_SUMS:
-        ss.close_chunk(acc_sc, acc_sh, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 2)
+        c_sc = dy * xhat  # d(scale), d(shift) per sample: none for a frozen modulation (NEED_SUMS)
+        acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
+            acc_sc, acc_sh, acc_sh, c_sc, dy, dy, s, cur, seg, rid, P, D, pid, d, cols, cmask, 2, ROWS, BLOCK,
+            NEED_SUMS,
+        )  # fmt: skip
+    ss.close_chunk(
+        acc_sc, acc_sh, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 2, NEED_SUMS
+    )
 
 
 class _NormModulate(torch.autograd.Function):

@@ -94,14 +94,15 @@ def _residual_norm_modulate_bwd(
         dr += rstd * (gn - rhat * (tl.sum(gn * rhat, axis=1) / d)[:, None])
         tl.store(DX + cur_row * d + loc, dr.to(DX.dtype.element_ty), mask=cur_mask)
         tl.store(DY + cur_row * d + loc, (g * dr).to(DY.dtype.element_ty), mask=cur_mask)
-        if NEED_SUMS:  # d(gate), d(scale), d(shift) per sample (none for a frozen modulation)
-            c_g = dr * y
-            c_sc = dh * rhat
-            acc_g, acc_sc, acc_sh, cur, seg = ss.add_tile(
-                acc_g, acc_sc, acc_sh, c_g, c_sc, dh, s, cur, seg, rid, P, D, pid, d, cols, cmask, 3, ROWS, BLOCK
-            )  # fmt: skip
-    if NEED_SUMS:
-        ss.close_chunk(acc_g, acc_sc, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 3)
+        c_g = dr * y  # d(gate), d(scale), d(shift) per sample: none for a frozen modulation (NEED_SUMS)
+        c_sc = dh * rhat
+        acc_g, acc_sc, acc_sh, cur, seg = ss.add_tile(
+            acc_g, acc_sc, acc_sh, c_g, c_sc, dh, s, cur, seg, rid, P, D, pid, d, cols, cmask, 3, ROWS, BLOCK,
+            NEED_SUMS,
+        )  # fmt: skip
+    ss.close_chunk(
+        acc_g, acc_sc, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 3, NEED_SUMS
+    )
 
 
 class _ResidualNormModulate(torch.autograd.Function):
