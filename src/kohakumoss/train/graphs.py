@@ -15,8 +15,9 @@ decide in Python per step). `graph_refusal` says which knob stops it.
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -140,6 +141,16 @@ class StepGraphs:
         (loss * self.backward_scale).backward()
         return loss.detach()
 
+    @contextlib.contextmanager
+    def _windows(self, device: torch.device, sink: bool) -> Iterator[None]:
+        """grad_sink (sink): the LoRA ops' weight-gradient GEMMs accumulate into the `.grad` buffers
+        themselves; side_stream: those GEMMs queued beside the input-gradient GEMMs (WGRAD_STREAM)."""
+        with (
+            grad_sink.into(self.params if sink else ()),
+            side_stream.overlap(device, self.wgrad_stream and sink),
+        ):
+            yield
+
     def _use_shared_grads(self) -> None:
         """Point every parameter's .grad at the shared buffers, keeping what they hold now."""
         if self.grads is None:
@@ -164,24 +175,24 @@ class StepGraphs:
         static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # this micro-step, for real: also the warm-up the capture needs
+        if self.wgrad_stream:
+            side_stream.stream_for(device)  # created before the capture, not during it
+        # this micro-step, for real: also the warm-up the capture needs. With WGRAD_STREAM it runs in the
+        # capture's windows, so cuBLAS sets up its handle and workspace for the side stream now: doing
+        # that for the first time inside the capture invalidates it
+        with torch.cuda.stream(side), self._windows(device, self.wgrad_stream):
             loss = self._eager(static_batch, inputs[2], inputs[3])
         torch.cuda.current_stream(device).wait_stream(side)
         # parameters without a gradient after the same computation get none in the graph either
         before = [p.grad for p in self.params]
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        if self.wgrad_stream:
-            side_stream.stream_for(device)  # created before the capture, not during it
         graph = torch.cuda.CUDAGraph()
         try:
             # thread_local: loader threads may pin memory while this thread captures
-            # grad_sink: the LoRA ops' weight-gradient GEMMs accumulate into the shared buffers themselves
-            # side_stream: those GEMMs queued beside the input-gradient GEMMs (WGRAD_STREAM), joined at its end
             with (
                 torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
-                grad_sink.into(self.params),
-                side_stream.overlap(device, self.wgrad_stream),
+                self._windows(device, True),
             ):
                 static_loss = self.loss_fn(static_batch, inputs[2], inputs[3])
                 (static_loss * self.backward_scale).backward()
