@@ -59,3 +59,15 @@ def test_lora_cases_run_through_their_backends_on_the_cpu():
     table = glb["lora_table"]([row, {"op": "rms_norm", "backend": "triton"}])
     assert table.count("\n") == 2 and "| 0.200 | 0.100 |" in table
     assert glb["table"]([row]).count("\n") == 1  # the op table leaves the LoRA rows to lora_table
+
+
+def test_bandwidth_table_sets_each_op_against_the_copy_ceiling_and_a_same_size_copy():
+    bench = runpy.run_path(str(SCRIPT), run_name="bench")
+    row = {"op": "rms_norm", "backend": "triton", "fwd_GBps": 3000.0, "fwd_bwd_GBps": 3500.0}
+    row.update(fwd_pct_ceiling=75.0, fwd_bwd_pct_ceiling=87.5)
+    row.update(copy_same_fwd_GBps=3750.0, copy_same_fwd_bwd_GBps=3500.0)
+    lines = bench["bandwidth_table"]([row], {"copy_GBps": 4000.0}).splitlines()
+    assert "80% = 3200 GB/s" in lines[0]
+    cells = lines[-1].split()
+    assert cells[2:6] == ["3000", "75", "3500", "88"] and "not met / met" in lines[-1]
+    assert cells[-6:] == ["3750", "/", "3500", "80", "/", "100"]  # same-size copies, then % of them
