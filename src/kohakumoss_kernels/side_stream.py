@@ -26,6 +26,9 @@ class _Window:
     main: torch.cuda.Stream
     side: torch.cuda.Stream
     held: list[torch.Tensor] = field(default_factory=list)  # what the side work reads, until joined
+    # side work queued and not yet waited for; only then may the current stream wait for the side one:
+    # in a graph capture, waiting on a stream that never forked from the capture invalidates it
+    pending: bool = False
 
 
 _windows: dict[int, _Window] = {}
@@ -48,9 +51,8 @@ def overlap(device: torch.device | str, enabled: bool = True) -> Iterator[_Windo
         yield window
     finally:
         _windows.pop(index, None)
-        window.main.wait_stream(
-            window.side
-        )  # everything queued aside is done before the window's owner reads
+        if window.pending:  # everything queued aside is done before the window's owner reads
+            window.main.wait_stream(window.side)
         window.held.clear()
 
 
@@ -75,12 +77,14 @@ def run(device: torch.device, fn: Callable[[], None], reads: tuple[torch.Tensor,
         fn()
         return
     current = torch.cuda.current_stream(device)
-    current.wait_stream(window.side)  # the previous side work is done before its inputs can be reused
+    if window.pending:  # the previous side work is done before its inputs can be reused
+        current.wait_stream(window.side)
     window.held.clear()
     window.side.wait_stream(current)
     with torch.cuda.stream(window.side):
         fn()
     window.held.extend(reads)
+    window.pending = True
     global launches
     launches += 1
 

@@ -60,3 +60,34 @@ def test_lora_grads_on_a_side_stream_match(group):
     assert side_stream.launches > before  # the weight gradients went to the side stream
     for a, b in zip(aside, _lora_grads(gpu, False, group), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("runs", [0, 1, 3])
+def test_a_window_is_captured_in_a_cuda_graph(runs):
+    """The window forks the side stream from the capture and joins it back (an empty window waits for
+    nothing: waiting on a stream that never joined the capture would invalidate it)."""
+    gpu = torch.device("cuda")
+    side_stream.stream_for(gpu)  # before the capture
+    x = torch.ones(4096, device=gpu)
+    out = torch.zeros_like(x)
+
+    def body():
+        for i in range(runs):
+            y = x * (i + 2)
+            side_stream.run(gpu, lambda y=y: out.add_(y), (y,))
+
+    warm = torch.cuda.Stream(gpu)
+    warm.wait_stream(torch.cuda.current_stream(gpu))
+    with torch.cuda.stream(warm), side_stream.overlap(gpu):
+        body()
+    torch.cuda.current_stream(gpu).wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), side_stream.overlap(gpu):
+        body()
+    x.fill_(3.0)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, torch.full_like(out, 3.0 * sum(i + 2 for i in range(runs))))
