@@ -70,14 +70,12 @@ def kernels() -> dict[str, tuple]:
     }
     per_sample = {**scalars, **_PER_SAMPLE, **c}
     table = {
-        "rms_norm_fwd": (rn._rms_norm_fwd, _sig("X W Y RSTD T d eps tiles_per_prog HAS_W WALK ROWS BLOCK",
-                                                {**scalars, **c, "tiles_per_prog": "i32", "WALK": "constexpr"}),
-                         {"HAS_W": True, "WALK": False, "BLOCK": block}, rows_fwd),
+        "rms_norm_fwd": (rn._rms_norm_fwd, _sig("X W Y RSTD T d eps HAS_W ROWS BLOCK", {**scalars, **c}),
+                         {"HAS_W": True, "BLOCK": block}, rows_fwd),
         "rms_norm_bwd": (rn._rms_norm_bwd, _sig("DY X W RSTD DX DW T d tiles_per_prog HAS_W NEED_DW ROWS BLOCK",
                                                 {**per_sample, "DW": "*fp32"}), {"HAS_W": True, "NEED_DW": True, "BLOCK": block}, rows_bwd),
-        "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD T d eps tiles_per_prog WALK ROWS BLOCK",
-                                                         {**scalars, **c, "tiles_per_prog": "i32", "WALK": "constexpr"}),
-                              {"WALK": False, "BLOCK": block}, rows_fwd),
+        "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD T d eps ROWS BLOCK", {**scalars, **c}),
+                              {"BLOCK": block}, rows_fwd),
         "norm_modulate_bwd": (nm._norm_modulate_bwd,
                               _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK",
                                    per_sample), {"HAS_RES": False, "NEED_SUMS": True, "BLOCK": block}, rows_bwd),
@@ -97,11 +95,6 @@ def kernels() -> dict[str, tuple]:
                                    "H": "i32", "half": "i32", "tiles_per_prog": "i32"}),
                              {"HAS_W": True, "NEED_DW": True, "BD": bd}, heads_bwd),
     }  # fmt: skip
-    # the forwards that walk a chunk of tiles, the next one's loads in flight (triton_utils.walk_configs)
-    walk = sorted({c[:2] for c in triton_utils.walk_configs(D_MODEL) if c[2]})
-    for name in [n for n, v in table.items() if "WALK" in v[2]]:
-        fn, sig, consts, _ = table[name]
-        table[name + "_walk"] = (fn, sig, {**consts, "WALK": True}, walk)
     # the same backwards where the parameters need no gradient (LoRA training: frozen norms and AdaLN)
     frozen = {"NEED_DW": False} | {"NEED_SUMS": False}
     for name in [n for n in table if n.endswith("_bwd") or n.endswith("_bwd_fork")]:

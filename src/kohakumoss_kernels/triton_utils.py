@@ -91,41 +91,6 @@ def row_configs(d: int) -> list[tuple[int, int]]:
     return tile_configs(next_pow2(d), max_per_thread=64)
 
 
-def walk_configs(d: int) -> list[tuple[int, int, int]]:
-    """(ROWS, num_warps, programs per SM) of a forward that may walk several row tiles per program, the
-    one-tile-per-program configs (programs per SM 0, the default) first. Walking programs issue the next
-    tile's loads before reducing the current one: twice the bytes in flight, which a norm over 6 KB rows
-    (d = 3072, bf16) needs to keep HBM busy."""
-    tiles = row_configs(d)
-    block = next_pow2(d)
-    walk = [(r, w, pps) for pps in (2, 4) for r, w in tiles if r * block <= MAX_TILE // 2]
-    if interpreting():  # one of each kind, for the tests that force a config
-        return [(*tiles[0], 0), walk[0] if walk else (*tiles[0], 2)]
-    return [(r, w, 0) for r, w in tiles] + walk
-
-
-def walk_launch(kernel, x: torch.Tensor, rows: int, d: int, *args, **meta) -> Callable[[tuple], None]:
-    """launch(cfg) for `pick` over `walk_configs(d)`: `kernel(*args, tiles_per_prog, **meta, WALK, ROWS,
-    BLOCK)`, one program per tile (WALK=False) or a few per SM walking a chunk of tiles each."""
-    block = next_pow2(d)
-
-    def launch(cfg: tuple) -> None:
-        tile, warps, per_sm = cfg
-        tiles = (rows + tile - 1) // tile
-        grid = persistent_programs(x, tiles, per_sm) if per_sm else tiles
-        kernel[(grid,)](
-            *args,
-            (tiles + grid - 1) // grid,
-            **meta,
-            WALK=per_sm > 0,
-            ROWS=tile,
-            BLOCK=block,
-            num_warps=warps,
-        )
-
-    return launch
-
-
 def row_launch(kernel, rows: int, d: int, *args, **meta) -> Callable[[tuple], None]:
     """launch(cfg) for `pick`: `kernel(*args, **meta, ROWS, BLOCK)` over `rows` rows of width d, one tile of
     cfg = (ROWS, num_warps) rows per program; the candidates are `row_configs(d)`."""

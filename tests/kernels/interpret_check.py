@@ -51,16 +51,6 @@ if __name__ == "__main__":
                 d=40,
                 frozen=True,
             )
-        if op in ("rms_norm", "norm_modulate"):  # the forward's walking config (its last candidate)
-            import importlib
-
-            module = importlib.import_module(f"kohakumoss_kernels.ops.{op}.triton")
-            pick = module.pick
-            module.pick = lambda name, key, cands, launch: cands[-1] if name.endswith(".fwd") else cands[0]
-            assert module.pick("x.fwd", (), module.walk_configs(40), None)[2] > 0
-            compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40)
-            compare(op, "triton", [1, 5, 19], torch.float32, "cpu")
-            module.pick = pick
         print(f"ok {op}", flush=True)
     if not sys.argv[1:]:  # the LoRA linear's rank-r Triton products, alone and inside the op
         from kohakumoss_kernels.ops.lora_linear.lowrank import cols_mm, rows_mm

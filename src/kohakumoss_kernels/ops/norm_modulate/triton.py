@@ -1,5 +1,4 @@
-"""norm_modulate in Triton: rms_norm(x) * (1 + scale[s]) + shift[s], a tile of ROWS rows per program
-(or a chunk of tiles walked with the next one's loads in flight, as rms_norm's forward).
+"""norm_modulate in Triton: rms_norm(x) * (1 + scale[s]) + shift[s], a tile of ROWS rows per program.
 
 The backward walks a chunk of row tiles per program (next tile's loads issued first) and sums
 d(scale), d(shift) per sample in registers; per-program partials are added by sample_sums.finish.
@@ -12,52 +11,28 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ...triton_utils import pick, row_key, walk_configs, walk_launch
+from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _norm_modulate_tile(SHIFT, SCALE, TS, Y, RSTD, x, row, mask, rmask, rid, loc, cols, d, eps):
-    """Normalise and modulate one loaded tile (rows from `row`) and store it."""
+def _norm_modulate_fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     # one int64 base per tile, int32 offsets within it: per-element int64 offsets cost registers
-    s = tl.load(TS + row + rid, mask=rmask, other=0).to(tl.int32)
-    x = x.to(tl.float32)
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rid = tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    rmask = rid < T - row0
+    mask = rmask[:, None] & (cols < d)[None, :]
+    loc = rid[:, None] * d + cols[None, :]
+    s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int32)
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     poff = s[:, None] * d + cols[None, :]
     sc = tl.load(SCALE + poff, mask=mask, other=0.0).to(tl.float32)
     sh = tl.load(SHIFT + poff, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
     y = x * rstd[:, None] * (1.0 + sc) + sh
-    tl.store(Y + row * d + loc, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + row + rid, rstd, mask=rmask)
-
-
-@triton.jit
-def _norm_modulate_fwd(
-    X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, tiles_per_prog, WALK: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    rid = tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < d
-    loc = rid[:, None] * d + cols[None, :]
-    row = pid * tiles_per_prog * ROWS
-    end = tl.minimum(row + tiles_per_prog * ROWS, T)
-    rmask = rid < end - row
-    mask = rmask[:, None] & cmask[None, :]
-    x = tl.load(X + row * d + loc, mask=mask, other=0.0)
-    if WALK:  # a chunk of tiles, the next one's loads issued before this one is reduced
-        for _ in range(0, tl.cdiv(end - row, ROWS)):
-            cur, cur_row, cur_mask, cur_rmask = x, row, mask, rmask
-            row += ROWS
-            rmask = rid < end - row
-            mask = rmask[:, None] & cmask[None, :]
-            x = tl.load(X + row * d + loc, mask=mask, other=0.0)
-            _norm_modulate_tile(
-                SHIFT, SCALE, TS, Y, RSTD, cur, cur_row, cur_mask, cur_rmask, rid, loc, cols, d, eps
-            )
-    else:
-        _norm_modulate_tile(SHIFT, SCALE, TS, Y, RSTD, x, row, mask, rmask, rid, loc, cols, d, eps)
+    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
 @triton.jit
@@ -133,9 +108,9 @@ class _NormModulate(torch.autograd.Function):
         T, d = x.shape
         y = torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        launch = walk_launch(_norm_modulate_fwd, x, T, d, x, shift, scale, ts, y, rstd, T, d, eps)
+        launch = row_launch(_norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps)
         if T:
-            launch(pick("norm_modulate.fwd", row_key(x, T, d), walk_configs(d), launch))
+            launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x, scale, ts, rstd)
         ctx.shift_dtype = shift.dtype
         return (y, x.view_as(x)) if fork else y

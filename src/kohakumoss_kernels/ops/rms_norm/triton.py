@@ -1,7 +1,6 @@
 """RMSNorm in Triton.
 
-Forward: a tile of ROWS rows per program (the whole row in registers), or a few programs per SM each
-walking a chunk of tiles with the next tile's loads in flight (triton_utils.walk_configs). Backward: a few programs per
+Forward: a tile of ROWS rows per program (the whole row in registers). Backward: a few programs per
 SM, each walking its chunk of row tiles with the next tile's loads issued before the current tile is
 reduced; the weight gradient is one partial sum per program, summed afterwards (deterministic, no
 atomics). (ROWS, num_warps) is picked per width by timing a few candidates once (triton_utils.pick).
@@ -19,50 +18,28 @@ from ...triton_utils import (
     next_pow2,
     persistent_programs,
     pick,
+    row_configs,
     row_key,
-    walk_configs,
-    walk_launch,
+    row_launch,
 )
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _rms_norm_tile(X, W, Y, RSTD, x, row, mask, rmask, rid, loc, cols, d, eps, HAS_W: tl.constexpr):
-    """Normalise one loaded tile (rows from `row`) and store it."""
-    x = x.to(tl.float32)
+def _rms_norm_fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    row0 = tl.program_id(0).to(tl.int64) * ROWS
+    rid = tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK)
+    rmask = rid < T - row0
+    mask = rmask[:, None] & (cols < d)[None, :]
+    loc = rid[:, None] * d + cols[None, :]  # int32 offsets inside the tile; the row base is one scalar
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
     y = x * rstd[:, None]
     if HAS_W:
         y = y * tl.load(W + cols, mask=cols < d, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + row * d + loc, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + row + rid, rstd, mask=rmask)
-
-
-@triton.jit
-def _rms_norm_fwd(
-    X, W, Y, RSTD, T, d, eps, tiles_per_prog, HAS_W: tl.constexpr, WALK: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    pid = tl.program_id(0).to(tl.int64)
-    rid = tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < d
-    loc = rid[:, None] * d + cols[None, :]  # int32 offsets inside the tile; the row base is one scalar
-    row = pid * tiles_per_prog * ROWS
-    end = tl.minimum(row + tiles_per_prog * ROWS, T)
-    rmask = rid < end - row
-    mask = rmask[:, None] & cmask[None, :]
-    x = tl.load(X + row * d + loc, mask=mask, other=0.0)
-    if WALK:  # a chunk of tiles, the next one's loads issued before this one is reduced
-        for _ in range(0, tl.cdiv(end - row, ROWS)):
-            cur, cur_row, cur_mask, cur_rmask = x, row, mask, rmask
-            row += ROWS
-            rmask = rid < end - row
-            mask = rmask[:, None] & cmask[None, :]
-            x = tl.load(X + row * d + loc, mask=mask, other=0.0)
-            _rms_norm_tile(X, W, Y, RSTD, cur, cur_row, cur_mask, cur_rmask, rid, loc, cols, d, eps, HAS_W)
-    else:
-        _rms_norm_tile(X, W, Y, RSTD, x, row, mask, rmask, rid, loc, cols, d, eps, HAS_W)
+    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
 @triton.jit
@@ -118,9 +95,9 @@ class _RMSNorm(torch.autograd.Function):
         y = torch.empty_like(x2)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
         w = weight.contiguous() if weight is not None else x2
-        launch = walk_launch(_rms_norm_fwd, x2, T, d, x2, w, y, rstd, T, d, eps, HAS_W=weight is not None)
+        launch = row_launch(_rms_norm_fwd, T, d, x2, w, y, rstd, T, d, eps, HAS_W=weight is not None)
         if T:
-            launch(pick("rms_norm.fwd", row_key(x, T, d), walk_configs(d), launch))
+            launch(pick("rms_norm.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x2, weight, rstd)
         ctx.shape = shape
         return y.reshape(shape)
