@@ -42,6 +42,7 @@ LORA_RANK = 32
 DTYPE = "bfloat16"
 WARMUP = 3
 ITERS = 20
+GRAPH_REPS = 10  # calls captured back to back in one CUDA graph: the graph's launch latency spread over them
 OPS = (
     "rms_norm,norm_modulate,norm_modulate_fork,gated_residual,residual_norm_modulate,apply_rope,qk_norm_rope,swiglu,"
     "varlen_attention,varlen_attention_rope"
@@ -69,8 +70,11 @@ def time_ms(fn, warmup: int = WARMUP, iters: int = ITERS) -> float:
     return median_ms(fn, warmup, iters)
 
 
-def time_graph_ms(fn, iters: int = ITERS) -> float | None:
-    """GPU time per call from CUDA-graph replay (no Python or launch overhead); None if fn cannot be captured."""
+def time_graph_ms(fn, iters: int = ITERS, reps: int | None = None) -> float | None:
+    """GPU time per call from replays of a CUDA graph of `reps` calls back to back (no Python, and the
+    graph's launch latency, which a timed replay waits through, spread over the calls, as in the graphed
+    training step); None if fn cannot be captured."""
+    reps = GRAPH_REPS if reps is None else reps
     try:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -80,12 +84,13 @@ def time_graph_ms(fn, iters: int = ITERS) -> float | None:
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            for _ in range(reps):
+                fn()
     except Exception as e:  # a host sync (eager attention's .tolist()) cannot be captured
         print(f"graph capture failed, timing per call: {type(e).__name__}: {str(e)[:200]}", flush=True)
         torch.cuda.synchronize()
         return None
-    return time_ms(graph.replay, 2, iters)
+    return time_ms(graph.replay, 2, iters) / reps
 
 
 def ceilings() -> dict[str, float]:
