@@ -178,8 +178,8 @@ class StepGraphs:
         if self.wgrad_stream:
             side_stream.stream_for(device)  # created before the capture, not during it
         # this micro-step, for real: also the warm-up the capture needs. With WGRAD_STREAM it runs in the
-        # capture's windows, so cuBLAS sets up its handle and workspace for the side stream now: doing
-        # that for the first time inside the capture invalidates it
+        # capture's windows, so the side stream's first GEMMs (cuBLAS's per-stream set-up) come before the
+        # capture too, as for any stream a capture uses
         with torch.cuda.stream(side), self._windows(device, self.wgrad_stream):
             loss = self._eager(static_batch, inputs[2], inputs[3])
         torch.cuda.current_stream(device).wait_stream(side)
