@@ -56,27 +56,15 @@ class _LoraGroup(torch.autograd.Function):
         need_up = need[3 * n : 4 * n]
         gys = [torch.zeros(x2.shape[0], w.shape[0], dtype=x2.dtype, device=x2.device) if g is None else g
                for g, w in zip(gys, weights, strict=True)]  # fmt: skip
-        gx = g_downs = None
+        q = None
         if need_x or need_down:
             q = torch.cat(
                 [scaled_rows(g, u, s, lowrank) for g, u, s in zip(gys, ups, scales, strict=True)], dim=1
             )
-            masters = (*downs_m, *ups_m)
-            if need_down and all(need_up) and side_stream.active(x2.device) and all_sink(masters, lowrank):
-                # queued before the input gradient's GEMMs, to run beside them (side_stream.py)
-                def weight_grads():
-                    g_down = weight_grad(q.t(), x2, downs_m[0].dtype)
-                    sinks = [grad_sink.target(m, m.shape) for m in downs_m]
-                    torch._foreach_add_(sinks, list(g_down.split(ranks)))
-                    for g, hi, s, m in zip(gys, h.split(ranks, dim=1), scales, ups_m, strict=True):
-                        master_grad(m, g.t(), hi, False, 1.0 if ctx.shared else s)
 
-                side_stream.run(x2.device, weight_grads, (q, x2, h, *gys))
-                need_down, need_up = False, (False,) * n
-            if need_x:
-                gx = torch.mm(q, down)
-                for g, w in zip(gys, weights, strict=True):
-                    gx.addmm_(g, w)
+        def weight_grads() -> tuple[list | None, list]:
+            """The LoRA masters' gradients, None where grad_sink accumulated them into `.grad`."""
+            g_downs = None
             if need_down:
                 g_down = weight_grad(q.t(), x2, downs_m[0].dtype, lowrank)
                 parts = g_down.split(ranks)
@@ -85,10 +73,27 @@ class _LoraGroup(torch.autograd.Function):
                     torch._foreach_add_(sinks, parts)  # one launch for the members' .grad (grad_sink)
                 else:
                     g_downs = [g.to(m.dtype) for g, m in zip(parts, downs_m, strict=True)]
-        hs = h.split(ranks, dim=1)
-        g_ups = []
-        for g, hi, s, m, nu in zip(gys, hs, scales, ups_m, need_up, strict=True):
-            g_ups.append(master_grad(m, g.t(), hi, lowrank, 1.0 if ctx.shared else s) if nu else None)
+            g_ups = [
+                master_grad(m, g.t(), hi, lowrank, 1.0 if ctx.shared else s) if nu else None
+                for g, hi, s, m, nu in zip(gys, h.split(ranks, dim=1), scales, ups_m, need_up, strict=True)
+            ]
+            return g_downs, g_ups
+
+        # every gradient sunk: queued before the input gradient's GEMMs, to run beside them (side_stream.py)
+        aside = (
+            need_down
+            and all(need_up)
+            and side_stream.active(x2.device)
+            and all_sink((*downs_m, *ups_m), lowrank)
+        )
+        if aside:
+            side_stream.run(x2.device, weight_grads, (q, x2, h, *gys))
+        gx = None
+        if need_x:
+            gx = torch.mm(q, down)
+            for g, w in zip(gys, weights, strict=True):
+                gx.addmm_(g, w)
+        g_downs, g_ups = (None, [None] * n) if aside else weight_grads()
         g_ws = [torch.mm(g.t(), x2) if nw else None for g, nw in zip(gys, need_w, strict=True)]
         g_bs = [g.sum(0) if nb else None for g, nb in zip(gys, need[n : 2 * n], strict=True)]
         return (gx, None, None, None, None, *g_ws, *g_bs, *(g_downs or [None] * n), *g_ups)

@@ -103,20 +103,22 @@ class _LoraLinear(torch.autograd.Function):
         lowrank = ctx.lowrank
         gx = gw = gb = g_down = g_up = None
         sq = scaled_rows(gy, up, ctx.scale, lowrank) if (need_x or need_down) else None
-        if need_down and need_up and side_stream.active(gy.device) and all_sink(ctx.masters, lowrank):
-            # queued before the input gradient's GEMM, to run beside it (side_stream.py)
-            def weight_grads():
-                master_grad(ctx.masters[0], sq.t(), x2)
-                master_grad(ctx.masters[1], gy.t(), hs)
 
+        def weight_grads() -> tuple[torch.Tensor | None, torch.Tensor | None]:
+            """The LoRA masters' gradients, None where grad_sink accumulated them into `.grad`."""
+            return (
+                master_grad(ctx.masters[0], sq.t(), x2, lowrank) if need_down else None,
+                master_grad(ctx.masters[1], gy.t(), hs, lowrank) if need_up else None,
+            )
+
+        # both sunk: queued before the input gradient's GEMM, to run beside it (side_stream.py)
+        aside = need_down and need_up and side_stream.active(gy.device) and all_sink(ctx.masters, lowrank)
+        if aside:
             side_stream.run(gy.device, weight_grads, (sq, x2, gy, hs))
-            need_down = need_up = False
         if need_x:
             gx = torch.mm(sq, down).addmm_(gy, weight)
-        if need_down:
-            g_down = master_grad(ctx.masters[0], sq.t(), x2, lowrank)
-        if need_up:
-            g_up = master_grad(ctx.masters[1], gy.t(), hs, lowrank)
+        if not aside:
+            g_down, g_up = weight_grads()
         if need_w:
             gw = torch.mm(gy.t(), x2)
         if need_b:
