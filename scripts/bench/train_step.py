@@ -733,25 +733,26 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
     return row
 
 
-def timing_summary(a, seq_lens: list[int], flops: float, times: list[float], done: int, error: str) -> dict:
-    """The medians of a second run of steps timed another way (every one after the warm-up)."""
+def step_rates(a, seq_lens: list[int], flops: float, times: list[float]) -> dict:
+    """The median step of `times` and what it gives: samples/s, tokens/s, MFU."""
     med = statistics.median(times) if times else None
     tokens = sum(seq_lens)
     return {
-        "timing": "trainer",
-        "steps_done": done,
         "step_s": med,
         "samples_per_s": a.samples / med if med else None,
         "tokens_per_s": tokens / med if med else None,
         "mfu": flops / med / (a.peak_tflops * 1e12) if med else None,
-        "error": error,
     }
 
 
+def timing_summary(a, seq_lens: list[int], flops: float, times: list[float], done: int, error: str) -> dict:
+    """The medians of a second run of steps timed another way (every one after the warm-up)."""
+    return {"timing": "trainer", "steps_done": done, **step_rates(a, seq_lens, flops, times), "error": error}
+
+
 def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup, device, flops) -> dict:
-    measured = times[warmup:]
-    med = statistics.median(measured) if measured else None
-    tokens = sum(seq_lens)
+    rates = step_rates(a, seq_lens, flops, times[warmup:])
+    med = rates["step_s"]
     row = {
         "row": spec.name,
         "mode": spec.mode,
@@ -761,12 +762,9 @@ def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup
         "steps_done": done,
         "steps_asked": asked,
         "warmup": warmup,
-        "step_s": med,
-        "samples_per_s": a.samples / med if med else None,
-        "tokens_per_s": tokens / med if med else None,
-        "image_tokens_per_s": (tokens - a.samples * token_layout(a)[2]) / med if med else None,
+        **rates,
+        "image_tokens_per_s": (sum(seq_lens) - a.samples * token_layout(a)[2]) / med if med else None,
         "flops_per_step": flops,
-        "mfu": flops / med / (a.peak_tflops * 1e12) if med else None,
         "error": error,
     }
     if device.type == "cuda":
