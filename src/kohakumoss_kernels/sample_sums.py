@@ -24,8 +24,10 @@ from .triton_utils import backward_configs, next_pow2, persistent_programs
 
 # The second passes over the partials are latency-bound (a few MB, a loop over the programs' rows): many
 # narrow column blocks and few, wide row steps. Before session 5: 16-32 rows x 128-256 columns (the H200
-# profile showed ~14 us per finish for 13 MB of partials, well above its copy time).
-FINISH_ROWS, FINISH_COLS = 64, 64
+# profile showed ~14 us per finish for 13 MB of partials, well above its copy time); sessions 5-10: 64 x 64,
+# a loop of 5-9 dependent steps (rms_norm's 264 partials of 3072 in 48 programs; qk_norm_rope's 528 of
+# 128 in 2). Since session 11 every row in one tile (finish_blocks).
+FINISH_ROWS, FINISH_TILE, FINISH_MIN_COLS, FINISH_WARPS = 1024, 8192, 8, 8
 
 
 @triton.jit
@@ -63,6 +65,46 @@ def chunk(TS, pid, tiles_per_prog, T, ROWS: tl.constexpr):
 
 
 @triton.jit
+def sample_row(PARAM, sample, d, cols, cmask):
+    """PARAM[sample] as a [1, BLOCK] row in PARAM's dtype: held in registers while the rows stay in that
+    sample, instead of a gather per row (as many bytes from L2 as the rows themselves)."""
+    return tl.load(PARAM + sample * d + cols, mask=cmask, other=0.0)[None, :]
+
+
+@triton.jit
+def tile_rows(PARAM, held_row, uniform, s, d, cols, mask, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+    """PARAM[s] for each row of a tile, fp32 [ROWS, BLOCK]: the held row where the tile is `uniform`
+    (every row in the held sample or past the chunk), else gathered per row."""
+    if uniform:
+        out = tl.broadcast_to(held_row.to(tl.float32), (ROWS, BLOCK))
+    else:
+        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]
+        out = tl.load(PARAM + poff, mask=mask, other=0.0).to(tl.float32)
+    return out
+
+
+@triton.jit
+def next_held(s, held):
+    """The sample to hold after a tile: its last row's (the largest; -1 past the chunk), else `held`."""
+    last = tl.max(s, axis=0)
+    return tl.where(last >= 0, last, held)
+
+
+@triton.jit
+def held_row(PARAM, row, held, new, d, cols, cmask):
+    """The held row of PARAM for sample `new` (reloaded only where it differs from `held`)."""
+    if new != held:
+        row = sample_row(PARAM, new, d, cols, cmask)
+    return row
+
+
+@triton.jit
+def in_sample(s, sample):
+    """Whether every row of a tile (s; -1 past the chunk) is in `sample`."""
+    return tl.sum(((s != sample) & (s >= 0)).to(tl.int32), axis=0) == 0
+
+
+@triton.jit
 def add_tile(
     a0, a1, a2, c0, c1, c2, s, cur, seg, rid, P, D, pid, d, cols, cmask,
     K: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, NEED: tl.constexpr,
@@ -72,7 +114,7 @@ def add_tile(
     s == -1 are past the chunk. Returns the sums, the current sample and segment. NEED False (the
     parameters need no gradient): nothing is summed, and the kernel's contributions are left unused."""
     if NEED:
-        if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
+        if in_sample(s, cur):
             a0 += c0
             if K > 1:
                 a1 += c1
@@ -131,13 +173,22 @@ def _per_program_sum_rows(P, OUT, G, d, BLOCK_G: tl.constexpr, BLOCK_C: tl.const
     tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cmask)
 
 
+def finish_blocks(programs: int, d: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_C) of a second pass over `programs` partial rows of width d: all rows (up to
+    FINISH_ROWS) in one tile of FINISH_TILE elements, so each program issues its loads at once instead of
+    a chain of dependent steps, and narrow column blocks for many programs."""
+    block_g = min(triton.next_power_of_2(max(programs, 1)), FINISH_ROWS)
+    block_c = max(FINISH_MIN_COLS, min(triton.next_power_of_2(d), FINISH_TILE // block_g))
+    return block_g, block_c
+
+
 def sum_rows(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """p [programs, d] fp32 -> its column sums [d] in `dtype`."""
     g, d = p.shape
     out = torch.empty(d, device=p.device, dtype=dtype)
-    block_c = min(FINISH_COLS, triton.next_power_of_2(d))
+    block_g, block_c = finish_blocks(g, d)
     _per_program_sum_rows[(triton.cdiv(d, block_c),)](
-        p, out, g, d, BLOCK_G=FINISH_ROWS, BLOCK_C=block_c, num_warps=4
+        p, out, g, d, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=FINISH_WARPS
     )
     return out
 
@@ -179,9 +230,19 @@ def finish(
     samples, k, d = acc.shape
     out = torch.empty(acc.shape, device=acc.device, dtype=dtype)
     if samples and d:
-        block_c = min(FINISH_COLS, triton.next_power_of_2(d))
+        block_g, block_c = finish_blocks(p.shape[0], d)
         _per_sample_finish[(samples, k, triton.cdiv(d, block_c))](
-            p, first, last, acc, out, p.shape[0], d, K=k, BLOCK_G=FINISH_ROWS, BLOCK_C=block_c, num_warps=4
+            p,
+            first,
+            last,
+            acc,
+            out,
+            p.shape[0],
+            d,
+            K=k,
+            BLOCK_G=block_g,
+            BLOCK_C=block_c,
+            num_warps=FINISH_WARPS,
         )
     return out
 
@@ -189,14 +250,24 @@ def finish(
 class PerSampleBackward:
     """launch(cfg) for `triton_utils.pick` running a persistent per-sample backward
     `kernel(*args, P, D, FIRST, LAST, T, d, tiles_per_prog, NEED_SUMS, ROWS, BLOCK)` over `like` [T, d]
-    with cfg = (ROWS, num_warps, programs per SM); `sums(dtype)` then gives the per-sample sums
-    [samples, K, d]. need_sums False (the parameters need no gradient: a frozen AdaLN modulation, as
-    with LoRA on attention and MLP only): the kernel skips the sums, and no buffers or finish pass."""
+    with cfg = (ROWS, num_warps, programs per SM), then the second pass over its partials (so the pick
+    times both: more programs, more partials); `sums` then holds the per-sample sums [samples, K, d] in
+    `dtype`. need_sums False (the parameters need no gradient: a frozen AdaLN modulation, as with LoRA
+    on attention and MLP only): the kernel skips the sums, and no buffers or finish pass."""
 
-    def __init__(self, kernel, args: tuple, like: torch.Tensor, samples: int, k: int, need_sums: bool = True):
+    def __init__(
+        self,
+        kernel,
+        args: tuple,
+        like: torch.Tensor,
+        samples: int,
+        k: int,
+        need_sums: bool,
+        dtype: torch.dtype,
+    ):
         self.kernel, self.args, self.like, self.samples, self.k = kernel, args, like, samples, k
-        self.need_sums = need_sums
-        self.bufs: tuple[torch.Tensor, ...] = ()
+        self.need_sums, self.dtype = need_sums, dtype
+        self.sums: torch.Tensor | None = None
 
     def configs(self) -> list[tuple[int, int, int]]:
         return backward_configs(next_pow2(self.like.shape[1]))
@@ -224,7 +295,4 @@ class PerSampleBackward:
             BLOCK=next_pow2(d),
             num_warps=warps,
         )
-        self.bufs = (p, first, last, acc)
-
-    def sums(self, dtype: torch.dtype) -> torch.Tensor | None:
-        return finish(*self.bufs, dtype) if self.need_sums else None
+        self.sums = finish(p, first, last, acc, self.dtype) if self.need_sums else None

@@ -1,7 +1,8 @@
 """norm_modulate in Triton: rms_norm(x) * (1 + scale[s]) + shift[s], a tile of ROWS rows per program.
 
-The backward walks a chunk of row tiles per program (next tile's loads issued first) and sums
-d(scale), d(shift) per sample in registers; per-program partials are added by sample_sums.finish.
+The backward walks a chunk of row tiles per program (next tile's loads issued first), holds the current
+sample's scale row in registers, and sums d(scale), d(shift) per sample in registers; per-program
+partials are added by sample_sums.finish.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def _norm_modulate_bwd(
     seg = pid * 0
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    held = first  # the sample whose scale row sc_held is
+    sc_held = ss.sample_row(SCALE, held, d, cols, cmask)
     row = start
     mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
         X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
@@ -82,8 +85,10 @@ def _norm_modulate_bwd(
         mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
             X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
         )
-        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]
-        sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
+        sc = ss.tile_rows(SCALE, sc_held, ss.in_sample(s, held), s, d, cols, cur_mask, ROWS, BLOCK)
+        new = ss.next_held(s, held)
+        sc_held = ss.held_row(SCALE, sc_held, held, new, d, cols, cmask)
+        held = new
         xhat = x * rstd
         g = dy * (1.0 + sc)
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
@@ -127,11 +132,11 @@ class _NormModulate(torch.autograd.Function):
         res = (dx, 0) if dres is None else (dres.contiguous(), 1)
         args = (dy, x, scale, ts, rstd, dx, *res)
         need_sums = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # a trained modulation
-        launch = ss.PerSampleBackward(_norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums)
+        launch = ss.PerSampleBackward(_norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums, scale.dtype)
         # each variant its own pick: the fork reads one more tensor, no sums need fewer registers
         name = "norm_modulate.bwd" + ("" if dres is None else "_fork") + ("" if need_sums else "_nosums")
         launch(pick(name, row_key(x, T, d), launch.configs(), launch))
-        out = launch.sums(scale.dtype)  # [B, (scale, shift), d]
+        out = launch.sums  # [B, (scale, shift), d]
         if out is None:
             return dx, None, None, None, None, None
         return dx, out[:, 1].to(ctx.shift_dtype), out[:, 0], None, None, None

@@ -18,6 +18,17 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
+def _cos_sin(COS, SIN, row0, rid, H, half, cols, mask):
+    """The rotation's cos and sin rows of head-rows row0 + rid (token = row // H): one int64 division per
+    tile, the rows' tokens as int32 offsets from its token (per-element int64 offsets cost registers)."""
+    tok0 = row0 // H
+    off = ((row0 - tok0 * H).to(tl.int32) + rid)[:, None] // H * half + cols[None, :]
+    return tl.load(COS + tok0 * half + off, mask=mask, other=0.0), tl.load(
+        SIN + tok0 * half + off, mask=mask, other=0.0
+    )
+
+
+@triton.jit
 def _qk_norm_rope_fwd(
     X, W, COS, SIN, OUT, RSTD, R, H, half, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr
 ):
@@ -31,10 +42,7 @@ def _qk_norm_rope_fwd(
     base = X + row0 * (2 * half)
     x1 = tl.load(base + loc, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(base + loc + half, mask=mask, other=0.0).to(tl.float32)
-    tok = (row0 + rid) // H
-    coff = tok[:, None] * half + cols[None, :]
-    c = tl.load(COS + coff, mask=mask, other=0.0)
-    s = tl.load(SIN + coff, mask=mask, other=0.0)
+    c, s = _cos_sin(COS, SIN, row0, rid, H, half, cols, mask)
     rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
     n1 = x1 * rstd[:, None]
     n2 = x2 * rstd[:, None]
@@ -133,10 +141,7 @@ def _qk_norm_rope_bwd(
         d1n = tl.load(DY + row * (2 * half) + loc, mask=mask, other=0.0)
         d2n = tl.load(DY + row * (2 * half) + loc + half, mask=mask, other=0.0)
         rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
-        tok = (cur_row + rid) // H
-        coff = tok[:, None] * half + cols[None, :]
-        c = tl.load(COS + coff, mask=cur_mask, other=0.0)
-        s = tl.load(SIN + coff, mask=cur_mask, other=0.0)
+        c, s = _cos_sin(COS, SIN, cur_row, rid, H, half, cols, cur_mask)
         dn1 = dy1 * c + dy2 * s
         dn2 = dy2 * c - dy1 * s
         xh1 = x1 * rstd
@@ -197,7 +202,7 @@ class _QKNormRope(torch.autograd.Function):
         bd = next_pow2(D // 2)
         has_w = weight is not None
         need_dw = has_w and ctx.needs_input_grad[1]
-        parts = {}
+        grads = {}
 
         def launch(cfg):
             rows, warps, per_sm = cfg
@@ -208,13 +213,12 @@ class _QKNormRope(torch.autograd.Function):
                 dy, x, weight if has_w else x, cos, sin, rstd, dx, dw, R, H, D // 2,
                 triton.cdiv(tiles, grid), HAS_W=has_w, NEED_DW=need_dw, ROWS=rows, BD=bd, num_warps=warps,
             )  # fmt: skip
-            parts["dw"] = dw
+            grads["dw"] = ss.sum_rows(dw, weight.dtype) if need_dw else None  # timed with the pick
 
         key = (H, D, x.dtype, size_bucket(R), x.device)
         name = "qk_norm_rope.bwd" if need_dw else "qk_norm_rope.bwd_nodw"  # another kernel: its own pick
         launch(pick(name, key, backward_configs(2 * bd, min_rows=2), launch))
-        dw = ss.sum_rows(parts["dw"], weight.dtype) if need_dw else None
-        return dx, dw, None, None, None
+        return dx, grads["dw"], None, None, None
 
 
 def qk_norm_rope(

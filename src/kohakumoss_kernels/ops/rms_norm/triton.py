@@ -111,7 +111,7 @@ class _RMSNorm(torch.autograd.Function):
         block = next_pow2(d)
         has_w = weight is not None
         need_dw = has_w and ctx.needs_input_grad[1]
-        dw_part = {}
+        grads = {}
 
         def launch(cfg):  # launched even for T == 0, so the weight gradient is written (zeros)
             rows, warps, per_sm = cfg
@@ -134,12 +134,12 @@ class _RMSNorm(torch.autograd.Function):
                 BLOCK=block,
                 num_warps=warps,
             )
-            dw_part["p"] = part
+            # the partials' sum inside the picked launch: more programs per SM, more partials to add
+            grads["dw"] = ss.sum_rows(part, weight.dtype) if need_dw else None
 
         name = "rms_norm.bwd" if need_dw else "rms_norm.bwd_nodw"  # another kernel: its own pick
         launch(pick(name, row_key(x2, T, d), backward_configs(block), launch))
-        dw = ss.sum_rows(dw_part["p"], weight.dtype) if need_dw else None
-        return dx.reshape(ctx.shape), dw, None
+        return dx.reshape(ctx.shape), grads["dw"], None
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
