@@ -22,12 +22,14 @@ import triton.language as tl
 
 from .triton_utils import backward_configs, next_pow2, persistent_programs
 
-# The second passes over the partials are latency-bound (a few MB, a loop over the programs' rows): many
-# narrow column blocks and few, wide row steps. Before session 5: 16-32 rows x 128-256 columns (the H200
-# profile showed ~14 us per finish for 13 MB of partials, well above its copy time); sessions 5-10: 64 x 64,
-# a loop of 5-9 dependent steps (rms_norm's 264 partials of 3072 in 48 programs; qk_norm_rope's 528 of
-# 128 in 2). Since session 11 every row in one tile (finish_blocks).
-FINISH_ROWS, FINISH_TILE, FINISH_MIN_COLS, FINISH_WARPS = 1024, 8192, 8, 8
+# The second passes over the partials are latency-bound (a few MB, a loop over the programs' rows). The
+# per-sample finish: many narrow column blocks and few, wide row steps (before session 5, 16-32 rows x
+# 128-256 columns took ~14 us per finish for 13 MB of partials on the H200; 64 x 64 since). sum_rows: all
+# rows in one tile (sum_rows_blocks), since session 11: rms_norm's 264 partials of 3072 5.4 -> 3.3 us,
+# qk_norm_rope's 528 of 128 (two programs of 64 x 64) 8.1 -> 2.8 us; the same tiles made the per-sample
+# finish slower (K = 2: 5.5 -> 7.3 us; each program also reloads FIRST / LAST), so it keeps 64 x 64.
+FINISH_ROWS, FINISH_COLS = 64, 64
+SUM_MAX_ROWS, SUM_TILE, SUM_MIN_COLS, SUM_WARPS = 1024, 8192, 8, 8
 
 
 @triton.jit
@@ -65,46 +67,6 @@ def chunk(TS, pid, tiles_per_prog, T, ROWS: tl.constexpr):
 
 
 @triton.jit
-def sample_row(PARAM, sample, d, cols, cmask):
-    """PARAM[sample] as a [1, BLOCK] row in PARAM's dtype: held in registers while the rows stay in that
-    sample, instead of a gather per row (as many bytes from L2 as the rows themselves)."""
-    return tl.load(PARAM + sample * d + cols, mask=cmask, other=0.0)[None, :]
-
-
-@triton.jit
-def tile_rows(PARAM, held_row, uniform, s, d, cols, mask, ROWS: tl.constexpr, BLOCK: tl.constexpr):
-    """PARAM[s] for each row of a tile, fp32 [ROWS, BLOCK]: the held row where the tile is `uniform`
-    (every row in the held sample or past the chunk), else gathered per row."""
-    if uniform:
-        out = tl.broadcast_to(held_row.to(tl.float32), (ROWS, BLOCK))
-    else:
-        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]
-        out = tl.load(PARAM + poff, mask=mask, other=0.0).to(tl.float32)
-    return out
-
-
-@triton.jit
-def next_held(s, held):
-    """The sample to hold after a tile: its last row's (the largest; -1 past the chunk), else `held`."""
-    last = tl.max(s, axis=0)
-    return tl.where(last >= 0, last, held)
-
-
-@triton.jit
-def held_row(PARAM, row, held, new, d, cols, cmask):
-    """The held row of PARAM for sample `new` (reloaded only where it differs from `held`)."""
-    if new != held:
-        row = sample_row(PARAM, new, d, cols, cmask)
-    return row
-
-
-@triton.jit
-def in_sample(s, sample):
-    """Whether every row of a tile (s; -1 past the chunk) is in `sample`."""
-    return tl.sum(((s != sample) & (s >= 0)).to(tl.int32), axis=0) == 0
-
-
-@triton.jit
 def add_tile(
     a0, a1, a2, c0, c1, c2, s, cur, seg, rid, P, D, pid, d, cols, cmask,
     K: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, NEED: tl.constexpr,
@@ -114,7 +76,7 @@ def add_tile(
     s == -1 are past the chunk. Returns the sums, the current sample and segment. NEED False (the
     parameters need no gradient): nothing is summed, and the kernel's contributions are left unused."""
     if NEED:
-        if in_sample(s, cur):
+        if tl.sum(((s != cur) & (s >= 0)).to(tl.int32), axis=0) == 0:
             a0 += c0
             if K > 1:
                 a1 += c1
@@ -173,12 +135,12 @@ def _per_program_sum_rows(P, OUT, G, d, BLOCK_G: tl.constexpr, BLOCK_C: tl.const
     tl.store(OUT + cols, tl.sum(acc, axis=0).to(OUT.dtype.element_ty), mask=cmask)
 
 
-def finish_blocks(programs: int, d: int) -> tuple[int, int]:
-    """(BLOCK_G, BLOCK_C) of a second pass over `programs` partial rows of width d: all rows (up to
-    FINISH_ROWS) in one tile of FINISH_TILE elements, so each program issues its loads at once instead of
+def sum_rows_blocks(programs: int, d: int) -> tuple[int, int]:
+    """(BLOCK_G, BLOCK_C) of sum_rows over `programs` partial rows of width d: all rows (up to
+    SUM_MAX_ROWS) in one tile of SUM_TILE elements, so each program issues its loads at once instead of
     a chain of dependent steps, and narrow column blocks for many programs."""
-    block_g = min(triton.next_power_of_2(max(programs, 1)), FINISH_ROWS)
-    block_c = max(FINISH_MIN_COLS, min(triton.next_power_of_2(d), FINISH_TILE // block_g))
+    block_g = min(triton.next_power_of_2(max(programs, 1)), SUM_MAX_ROWS)
+    block_c = max(SUM_MIN_COLS, min(triton.next_power_of_2(d), SUM_TILE // block_g))
     return block_g, block_c
 
 
@@ -186,9 +148,9 @@ def sum_rows(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """p [programs, d] fp32 -> its column sums [d] in `dtype`."""
     g, d = p.shape
     out = torch.empty(d, device=p.device, dtype=dtype)
-    block_g, block_c = finish_blocks(g, d)
+    block_g, block_c = sum_rows_blocks(g, d)
     _per_program_sum_rows[(triton.cdiv(d, block_c),)](
-        p, out, g, d, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=FINISH_WARPS
+        p, out, g, d, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=SUM_WARPS
     )
     return out
 
@@ -230,19 +192,9 @@ def finish(
     samples, k, d = acc.shape
     out = torch.empty(acc.shape, device=acc.device, dtype=dtype)
     if samples and d:
-        block_g, block_c = finish_blocks(p.shape[0], d)
+        block_c = min(FINISH_COLS, triton.next_power_of_2(d))
         _per_sample_finish[(samples, k, triton.cdiv(d, block_c))](
-            p,
-            first,
-            last,
-            acc,
-            out,
-            p.shape[0],
-            d,
-            K=k,
-            BLOCK_G=block_g,
-            BLOCK_C=block_c,
-            num_warps=FINISH_WARPS,
+            p, first, last, acc, out, p.shape[0], d, K=k, BLOCK_G=FINISH_ROWS, BLOCK_C=block_c, num_warps=4
         )
     return out
 

@@ -16,6 +16,7 @@ log = get_logger("kohakumoss.kernels.triton")
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_TILE = 16384  # elements of one [ROWS, BLOCK] tile: more spills registers on every card we know
+MIN_PER_THREAD_WIDE = 4  # elements per thread of a 32-warp backward candidate (8-byte bf16 loads)
 ENV_PICK = "KOHAKUMOSS_TRITON_PICK"  # "0": never time launch configs, use the first candidate
 
 
@@ -78,7 +79,12 @@ def backward_configs(block: int, min_rows: int = 1) -> list[tuple[int, int, int]
     if interpreting():
         return [(*tiles[0], 2)]
     tiles = [t for t in tiles if t[0] * block <= MAX_TILE // 2] or tiles[:1]
-    return [(*t, pps) for pps in (2, 1, 4) for t in tiles]
+    # 32 warps, the most a program can have: half the registers per thread of 16 (the per-sample sums'
+    # backwards need 104-110 at 1 x 16, so one program fits an SM; at 1 x 32 they need 50-51)
+    wide = sorted({(r, 32) for r, _ in tiles if MIN_PER_THREAD_WIDE <= r * block // (32 * 32) <= 16})
+    return [
+        (*t, pps) for pps in (2, 1, 4) for t in tiles + (wide if pps < 4 else [])
+    ]  # 2 x 1024 threads fill an SM
 
 
 def row_key(x: torch.Tensor, rows: int, d: int) -> tuple:

@@ -52,8 +52,6 @@ def _gated_residual_bwd(
     cur = first
     seg = pid * 0
     acc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    held = first  # the sample whose gate row g_held is
-    g_held = ss.sample_row(GATE, held, d, cols, cmask)
     row = start
     mask, do_next, y_next, s_next = _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d)
     for _ in range(0, n):
@@ -63,11 +61,10 @@ def _gated_residual_bwd(
         cur_row, cur_mask = row, mask
         row += ROWS  # issue the next tile's loads first
         mask, do_next, y_next, s_next = _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d)
-        g = ss.tile_rows(GATE, g_held, ss.in_sample(s, held), s, d, cols, cur_mask, ROWS, BLOCK)
-        new = ss.next_held(s, held)
-        g_held = ss.held_row(GATE, g_held, held, new, d, cols, cmask)
-        held = new
-        tl.store(DY + cur_row * d + loc, (g * do).to(DY.dtype.element_ty), mask=cur_mask)
+        g = tl.load(
+            GATE + tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0
+        )
+        tl.store(DY + cur_row * d + loc, (g.to(tl.float32) * do).to(DY.dtype.element_ty), mask=cur_mask)
         c = do * y  # d(gate) per sample: none for a frozen modulation (NEED_SUMS)
         acc, unused1, unused2, cur, seg = ss.add_tile(
             acc, acc, acc, c, c, c, s, cur, seg, rid, P, D, pid, d, cols, cmask, 1, ROWS, BLOCK, NEED_SUMS

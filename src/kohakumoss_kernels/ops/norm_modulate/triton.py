@@ -1,8 +1,7 @@
 """norm_modulate in Triton: rms_norm(x) * (1 + scale[s]) + shift[s], a tile of ROWS rows per program.
 
-The backward walks a chunk of row tiles per program (next tile's loads issued first), holds the current
-sample's scale row in registers, and sums d(scale), d(shift) per sample in registers; per-program
-partials are added by sample_sums.finish.
+The backward walks a chunk of row tiles per program (next tile's loads issued first) and sums
+d(scale), d(shift) per sample in registers; per-program partials are added by sample_sums.finish.
 """
 
 from __future__ import annotations
@@ -68,8 +67,6 @@ def _norm_modulate_bwd(
     seg = pid * 0
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    held = first  # the sample whose scale row sc_held is
-    sc_held = ss.sample_row(SCALE, held, d, cols, cmask)
     row = start
     mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
         X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
@@ -85,10 +82,8 @@ def _norm_modulate_bwd(
         mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
             X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
         )
-        sc = ss.tile_rows(SCALE, sc_held, ss.in_sample(s, held), s, d, cols, cur_mask, ROWS, BLOCK)
-        new = ss.next_held(s, held)
-        sc_held = ss.held_row(SCALE, sc_held, held, new, d, cols, cmask)
-        held = new
+        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]
+        sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         xhat = x * rstd
         g = dy * (1.0 + sc)
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])

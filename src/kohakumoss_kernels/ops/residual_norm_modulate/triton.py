@@ -70,9 +70,6 @@ def _residual_norm_modulate_bwd(
     acc_g = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
     acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    held = first  # the sample whose scale and gate rows are held
-    sc_held = ss.sample_row(SCALE, held, d, cols, cmask)
-    g_held = ss.sample_row(GATE, held, d, cols, cmask)
     row = start
     mask, r_next, y_next, dh_next, dr_next, rstd_next, s_next = _load_tile(
         R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d
@@ -89,13 +86,9 @@ def _residual_norm_modulate_bwd(
         mask, r_next, y_next, dh_next, dr_next, rstd_next, s_next = _load_tile(
             R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d
         )
-        uniform = ss.in_sample(s, held)
-        sc = ss.tile_rows(SCALE, sc_held, uniform, s, d, cols, cur_mask, ROWS, BLOCK)
-        g = ss.tile_rows(GATE, g_held, uniform, s, d, cols, cur_mask, ROWS, BLOCK)
-        new = ss.next_held(s, held)
-        sc_held = ss.held_row(SCALE, sc_held, held, new, d, cols, cmask)
-        g_held = ss.held_row(GATE, g_held, held, new, d, cols, cmask)
-        held = new
+        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]  # int32: fewer registers
+        sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
+        g = tl.load(GATE + poff, mask=cur_mask, other=0.0).to(tl.float32)
         rhat = r * rstd
         gn = dh * (1.0 + sc)
         dr += rstd * (gn - rhat * (tl.sum(gn * rhat, axis=1) / d)[:, None])
