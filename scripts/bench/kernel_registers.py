@@ -48,7 +48,7 @@ def _sig(names: str, types: dict[str, str]) -> dict[str, str]:
 
 
 def kernels() -> dict[str, tuple]:
-    """name -> (jit function, signature, constexprs, [(rows, warps), ...])."""
+    """name -> (jit function, signature, constexprs, launch configs: (rows, warps[, programs per SM]))."""
     from kohakumoss_kernels.ops.gated_residual import triton as gr
     from kohakumoss_kernels.ops.norm_modulate import triton as nm
     from kohakumoss_kernels.ops.qk_norm_rope import triton as qk
@@ -58,8 +58,8 @@ def kernels() -> dict[str, tuple]:
     block = triton_utils.next_pow2(D_MODEL)
     bd = triton_utils.next_pow2(HEAD_DIM // 2)
     rows_fwd = triton_utils.row_configs(D_MODEL)
-    rows_bwd = sorted({c[:2] for c in triton_utils.backward_configs(block)})
-    heads_bwd = sorted({c[:2] for c in triton_utils.backward_configs(2 * bd, min_rows=2)})
+    rows_bwd = sorted(set(triton_utils.backward_configs(block)))  # (rows, warps, programs per SM)
+    heads_bwd = sorted(set(triton_utils.backward_configs(2 * bd, min_rows=2)))
     scalars = {"TS": "*i64", "RSTD": "*fp32", "T": "i32", "d": "i32", "eps": "fp32"}
     c = {
         "ROWS": "constexpr",
@@ -145,9 +145,12 @@ def aligned(sig: dict) -> dict:
     }
 
 
-def usage(fn, sig: dict, consts: dict, rows: int, warps: int, arch: int) -> tuple[int, int, int]:
+def usage(fn, sig: dict, consts: dict, cfg: tuple, arch: int) -> tuple[int, int, int]:
+    rows, warps, *per_sm = cfg
     src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "ROWS": rows}, attrs=aligned(sig))
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+    cap = triton_utils.register_cap(warps, per_sm[0]) if per_sm else None  # as register_budget passes it
+    options = {"num_warps": warps, "maxnreg": cap}
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
     return ptxas_usage(compiled.asm["ptx"], arch)
 
 
@@ -157,13 +160,19 @@ def main() -> None:
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"KERNELS: unknown {unknown}; known: {list(table)}")
-    lines = [f"{'kernel':<36} {'rows':>4} {'warps':>5} {'regs':>5} {'spill st/ld B':>14} {'programs/SM':>11}"]
+    lines = [
+        f"{'kernel':<36} {'rows':>4} {'warps':>5} {'per SM':>6} {'regs':>5} {'spill st/ld B':>14} {'programs/SM':>11}"
+    ]
     for name in names:
         fn, sig, consts, configs = table[name]
-        for rows, warps in configs:
-            regs, st, ld = usage(fn, sig, consts, rows, warps, ARCH)
+        for cfg in configs:
+            rows, warps, *per_sm = cfg
+            regs, st, ld = usage(fn, sig, consts, cfg, ARCH)
             fit = 65536 // (max(regs, 1) * 32 * warps)  # the register file's limit, before shared memory's
-            lines.append(f"{name:<36} {rows:>4} {warps:>5} {regs:>5} {f'{st}/{ld}':>14} {fit:>11}")
+            launched = per_sm[0] if per_sm else "-"
+            lines.append(
+                f"{name:<36} {rows:>4} {warps:>5} {launched:>6} {regs:>5} {f'{st}/{ld}':>14} {fit:>11}"
+            )
             print(lines[-1], flush=True)
     print(f"\nTriton {triton.__version__}, compiled for sm_{ARCH}, d = {D_MODEL}, head_dim = {HEAD_DIM}")
     print("\n".join(lines))

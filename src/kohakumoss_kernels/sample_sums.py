@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_utils import backward_configs, next_pow2, persistent_programs
+from .triton_utils import backward_configs, next_pow2, persistent_programs, register_budget
 
 # The second passes over the partials are latency-bound (a few MB, a loop over the programs' rows). The
 # per-sample finish: many narrow column blocks and few, wide row steps (before session 5, 16-32 rows x
@@ -246,5 +246,6 @@ class PerSampleBackward:
             ROWS=rows,
             BLOCK=next_pow2(d),
             num_warps=warps,
+            **register_budget(self.like, warps, per_sm),
         )
         self.sums = finish(p, first, last, acc, self.dtype) if self.need_sums else None

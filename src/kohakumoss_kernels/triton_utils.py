@@ -87,6 +87,26 @@ def backward_configs(block: int, min_rows: int = 1) -> list[tuple[int, int, int]
     ]  # 2 x 1024 threads fill an SM
 
 
+REGISTER_FILE = 65536  # 32-bit registers per SM on every NVIDIA card from sm70 to sm90
+
+
+def register_cap(warps: int, per_sm: int) -> int | None:
+    """The registers per thread (a multiple of 8) that let `per_sm` programs of `warps` warps fit an SM's
+    register file together; None where that is above the 255 a thread can have anyway."""
+    cap = REGISTER_FILE // (per_sm * warps * 32) // 8 * 8
+    return cap if cap < 255 else None
+
+
+def register_budget(x: torch.Tensor, warps: int, per_sm: int) -> dict[str, int]:
+    """register_cap as a launch option (maxnreg; {} where there is none, or off CUDA). Left to itself
+    ptxas takes up to its 128-register limit at 16 warps (norm_modulate's backward: 104), one program per
+    SM, which makes a persistent backward's second program per SM wait for the first."""
+    cap = register_cap(warps, per_sm)
+    if cap is None or x.device.type != "cuda" or interpreting():
+        return {}
+    return {"maxnreg": cap}
+
+
 def row_key(x: torch.Tensor, rows: int, d: int) -> tuple:
     """The picker's key of a row kernel: width, dtype, size bucket, device."""
     return (d, x.dtype, size_bucket(rows), x.device)

@@ -13,7 +13,15 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ...triton_utils import backward_configs, next_pow2, persistent_programs, pick, size_bucket, tile_configs
+from ...triton_utils import (
+    backward_configs,
+    next_pow2,
+    persistent_programs,
+    pick,
+    register_budget,
+    size_bucket,
+    tile_configs,
+)
 from ...triton_utils import supports as supports
 
 
@@ -212,6 +220,7 @@ class _QKNormRope(torch.autograd.Function):
             _qk_norm_rope_bwd[(grid,)](
                 dy, x, weight if has_w else x, cos, sin, rstd, dx, dw, R, H, D // 2,
                 triton.cdiv(tiles, grid), HAS_W=has_w, NEED_DW=need_dw, ROWS=rows, BD=bd, num_warps=warps,
+                **register_budget(x, warps, per_sm),
             )  # fmt: skip
             grads["dw"] = ss.sum_rows(dw, weight.dtype) if need_dw else None  # timed with the pick
 

@@ -18,6 +18,7 @@ from ...triton_utils import (
     next_pow2,
     persistent_programs,
     pick,
+    register_budget,
     row_configs,
     row_key,
     row_launch,
@@ -133,6 +134,7 @@ class _RMSNorm(torch.autograd.Function):
                 ROWS=rows,
                 BLOCK=block,
                 num_warps=warps,
+                **register_budget(x2, warps, per_sm),
             )
             # the partials' sum inside the picked launch: more programs per SM, more partials to add
             grads["dw"] = ss.sum_rows(part, weight.dtype) if need_dw else None

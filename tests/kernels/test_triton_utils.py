@@ -1,0 +1,42 @@
+"""The Triton backends' launch arithmetic, on the CPU: register budgets, backward candidates, finish tiles."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kohakumoss_kernels import sample_sums, triton_utils  # noqa: E402
+
+
+def test_register_cap_fits_the_programs_per_sm_in_the_register_file():
+    assert triton_utils.register_cap(16, 2) == 64  # 2 x 512 threads x 64 = 65536
+    assert triton_utils.register_cap(32, 1) == 64
+    assert triton_utils.register_cap(16, 4) == 32
+    assert triton_utils.register_cap(8, 3) == 80  # 85 rounded down to a multiple of 8
+    assert triton_utils.register_cap(4, 2) is None  # 256: above what a thread can have anyway
+    assert triton_utils.register_cap(16, 1) == 128
+
+
+def test_register_budget_is_a_cuda_launch_option_only():
+    assert triton_utils.register_budget(torch.zeros(1), 16, 2) == {}  # CPU (the interpreter)
+
+
+@pytest.mark.skipif(triton_utils.interpreting(), reason="the interpreter's candidate list is one config")
+def test_backward_candidates_add_32_warps_where_two_programs_can_fit():
+    cands = triton_utils.backward_configs(4096)
+    wide = [c for c in cands if c[1] == 32]
+    assert wide and all(c[2] in (1, 2) for c in wide)  # 4 x 1024 threads never fit an SM
+    assert all(c[0] * 4096 // (32 * 32) >= triton_utils.MIN_PER_THREAD_WIDE for c in wide)
+    assert len(set(cands)) == len(cands)
+
+
+@pytest.mark.parametrize(
+    ("programs", "d", "expected"),
+    [(264, 3072, (512, 16)), (528, 128, (1024, 8)), (1, 40, (1, 64)), (5000, 3072, (1024, 8))],
+)
+def test_sum_rows_takes_every_partial_row_in_one_tile(programs, d, expected):
+    block_g, block_c = sample_sums.sum_rows_blocks(programs, d)
+    assert (block_g, block_c) == expected
+    assert block_g * block_c <= max(sample_sums.SUM_TILE, block_g * sample_sums.SUM_MIN_COLS)
