@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
+from ... import stream
 from ...triton_utils import (
     backward_configs,
     next_pow2,
@@ -48,8 +49,8 @@ def _qk_norm_rope_fwd(
     mask = rmask[:, None] & cmask[None, :]
     loc = rid[:, None] * (2 * half) + cols[None, :]
     base = X + row0 * (2 * half)
-    x1 = tl.load(base + loc, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(base + loc + half, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(base + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    x2 = tl.load(base + loc + half, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
     c, s = _cos_sin(COS, SIN, row0, rid, H, half, cols, mask)
     rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
     n1 = x1 * rstd[:, None]
@@ -60,8 +61,10 @@ def _qk_norm_rope_fwd(
     n1 = n1.to(OUT.dtype.element_ty).to(tl.float32)  # the reference rounds between norm and rope
     n2 = n2.to(OUT.dtype.element_ty).to(tl.float32)
     out = OUT + row0 * (2 * half)
-    tl.store(out + loc, (n1 * c - n2 * s).to(OUT.dtype.element_ty), mask=mask)
-    tl.store(out + loc + half, (n2 * c + n1 * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(out + loc, (n1 * c - n2 * s).to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
+    tl.store(
+        out + loc + half, (n2 * c + n1 * s).to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE
+    )
     tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
@@ -75,8 +78,8 @@ def _qk_norm_rope_fwd_token(
     cols = tl.arange(0, BD)[None, :]
     mask = (heads < H) & (cols < half)
     base = t * H * 2 * half + heads * 2 * half + cols
-    x1 = tl.load(X + base, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(X + base + half, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(X + base, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    x2 = tl.load(X + base + half, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
     rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * half) + eps)
     n1 = x1 * rstd[:, None]
     n2 = x2 * rstd[:, None]
@@ -87,8 +90,10 @@ def _qk_norm_rope_fwd_token(
     n2 = n2.to(OUT.dtype.element_ty).to(tl.float32)
     c = tl.load(COS + t * half + cols, mask=cols < half, other=0.0)
     s = tl.load(SIN + t * half + cols, mask=cols < half, other=0.0)
-    tl.store(OUT + base, (n1 * c - n2 * s).to(OUT.dtype.element_ty), mask=mask)
-    tl.store(OUT + base + half, (n2 * c + n1 * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(OUT + base, (n1 * c - n2 * s).to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
+    tl.store(
+        OUT + base + half, (n2 * c + n1 * s).to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE
+    )
     tl.store(RSTD + t * H + tl.arange(0, BH), rstd, mask=tl.arange(0, BH) < H)
 
 
@@ -129,10 +134,10 @@ def _qk_norm_rope_bwd(
     row = start
     rmask = rid < end - row
     mask = rmask[:, None] & cmask[None, :]
-    x1n = tl.load(X + row * (2 * half) + loc, mask=mask, other=0.0)
-    x2n = tl.load(X + row * (2 * half) + loc + half, mask=mask, other=0.0)
-    d1n = tl.load(DY + row * (2 * half) + loc, mask=mask, other=0.0)
-    d2n = tl.load(DY + row * (2 * half) + loc + half, mask=mask, other=0.0)
+    x1n = tl.load(X + row * (2 * half) + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+    x2n = tl.load(X + row * (2 * half) + loc + half, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+    d1n = tl.load(DY + row * (2 * half) + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+    d2n = tl.load(DY + row * (2 * half) + loc + half, mask=mask, other=0.0, eviction_policy=stream.LOAD)
     rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
     for _ in range(0, n):
         x1 = x1n.to(tl.float32)
@@ -144,10 +149,10 @@ def _qk_norm_rope_bwd(
         row += ROWS  # issue the next tile's loads first
         rmask = rid < end - row
         mask = rmask[:, None] & cmask[None, :]
-        x1n = tl.load(X + row * (2 * half) + loc, mask=mask, other=0.0)
-        x2n = tl.load(X + row * (2 * half) + loc + half, mask=mask, other=0.0)
-        d1n = tl.load(DY + row * (2 * half) + loc, mask=mask, other=0.0)
-        d2n = tl.load(DY + row * (2 * half) + loc + half, mask=mask, other=0.0)
+        x1n = tl.load(X + row * (2 * half) + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+        x2n = tl.load(X + row * (2 * half) + loc + half, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+        d1n = tl.load(DY + row * (2 * half) + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+        d2n = tl.load(DY + row * (2 * half) + loc + half, mask=mask, other=0.0, eviction_policy=stream.LOAD)
         rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
         c, s = _cos_sin(COS, SIN, cur_row, rid, H, half, cols, cur_mask)
         dn1 = dy1 * c + dy2 * s
@@ -158,8 +163,18 @@ def _qk_norm_rope_bwd(
         g2 = dn2 * w2
         dot = (tl.sum(g1 * xh1, axis=1) + tl.sum(g2 * xh2, axis=1))[:, None] / (2 * half)
         dx = DX + cur_row * (2 * half)
-        tl.store(dx + loc, (rstd * (g1 - xh1 * dot)).to(DX.dtype.element_ty), mask=cur_mask)
-        tl.store(dx + loc + half, (rstd * (g2 - xh2 * dot)).to(DX.dtype.element_ty), mask=cur_mask)
+        tl.store(
+            dx + loc,
+            (rstd * (g1 - xh1 * dot)).to(DX.dtype.element_ty),
+            mask=cur_mask,
+            cache_modifier=stream.STORE,
+        )
+        tl.store(
+            dx + loc + half,
+            (rstd * (g2 - xh2 * dot)).to(DX.dtype.element_ty),
+            mask=cur_mask,
+            cache_modifier=stream.STORE,
+        )
         if NEED_DW:  # a frozen weight (LoRA training) needs no gradient: no sums, no partials
             dw1 += dn1 * xh1
             dw2 += dn2 * xh2

@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import stream
 from ...triton_utils import supports as supports
 
 
@@ -16,12 +17,14 @@ def _rope_rotate(X, COS, SIN, OUT, H, half, SIGN: tl.constexpr, BH: tl.constexpr
     cols = tl.arange(0, BD)[None, :]
     mask = (heads < H) & (cols < half)
     base = t * H * 2 * half + heads * 2 * half + cols
-    x1 = tl.load(X + base, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(X + base + half, mask=mask, other=0.0).to(tl.float32)
+    x1 = tl.load(X + base, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    x2 = tl.load(X + base + half, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
     c = tl.load(COS + t * half + cols, mask=cols < half, other=0.0)
     s = tl.load(SIN + t * half + cols, mask=cols < half, other=0.0) * SIGN
-    tl.store(OUT + base, (x1 * c - x2 * s).to(OUT.dtype.element_ty), mask=mask)
-    tl.store(OUT + base + half, (x2 * c + x1 * s).to(OUT.dtype.element_ty), mask=mask)
+    tl.store(OUT + base, (x1 * c - x2 * s).to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
+    tl.store(
+        OUT + base + half, (x2 * c + x1 * s).to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE
+    )
 
 
 def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) -> torch.Tensor:
