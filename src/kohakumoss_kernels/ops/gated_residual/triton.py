@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ... import stream
 from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
@@ -22,12 +21,10 @@ def _gated_residual_fwd(X, Y, GATE, TS, OUT, T, d, ROWS: tl.constexpr, BLOCK: tl
     mask = rmask[:, None] & (cols < d)[None, :]
     loc = rid[:, None] * d + cols[None, :]
     s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int64)
-    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
-    y = tl.load(Y + row0 * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + s[:, None] * d + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(
-        OUT + row0 * d + loc, (x + g * y).to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE
-    )
+    tl.store(OUT + row0 * d + loc, (x + g * y).to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -35,8 +32,8 @@ def _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d):
     """The tile of rows from `row` (masked to the chunk's end): its mask, dout, y, samples (-1 past it)."""
     rmask = rid < end - row
     mask = rmask[:, None] & cmask[None, :]
-    do = tl.load(DOUT + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
-    y = tl.load(Y + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+    do = tl.load(DOUT + row * d + loc, mask=mask, other=0.0)
+    y = tl.load(Y + row * d + loc, mask=mask, other=0.0)
     s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
     return mask, do, y, s
 
@@ -67,12 +64,7 @@ def _gated_residual_bwd(
         g = tl.load(
             GATE + tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :], mask=cur_mask, other=0.0
         )
-        tl.store(
-            DY + cur_row * d + loc,
-            (g.to(tl.float32) * do).to(DY.dtype.element_ty),
-            mask=cur_mask,
-            cache_modifier=stream.STORE,
-        )
+        tl.store(DY + cur_row * d + loc, (g.to(tl.float32) * do).to(DY.dtype.element_ty), mask=cur_mask)
         c = do * y  # d(gate) per sample: none for a frozen modulation (NEED_SUMS)
         acc, unused1, unused2, cur, seg = ss.add_tile(
             acc, acc, acc, c, c, c, s, cur, seg, rid, P, D, pid, d, cols, cmask, 1, ROWS, BLOCK, NEED_SUMS

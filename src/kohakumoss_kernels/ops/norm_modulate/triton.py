@@ -11,7 +11,6 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ... import stream
 from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
@@ -26,13 +25,13 @@ def _norm_modulate_fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constex
     mask = rmask[:, None] & (cols < d)[None, :]
     loc = rid[:, None] * d + cols[None, :]
     s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int32)
-    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     poff = s[:, None] * d + cols[None, :]
     sc = tl.load(SCALE + poff, mask=mask, other=0.0).to(tl.float32)
     sh = tl.load(SHIFT + poff, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
     y = x * rstd[:, None] * (1.0 + sc) + sh
-    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
+    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
@@ -42,10 +41,10 @@ def _load_tile(X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES: tl.
     (HAS_RES; else x again, unused), rstd, samples (-1 past it)."""
     rmask = rid < end - row
     mask = rmask[:, None] & cmask[None, :]
-    x = tl.load(X + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
-    dy = tl.load(DY + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+    x = tl.load(X + row * d + loc, mask=mask, other=0.0)
+    dy = tl.load(DY + row * d + loc, mask=mask, other=0.0)
     if HAS_RES:
-        dres = tl.load(DRES + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+        dres = tl.load(DRES + row * d + loc, mask=mask, other=0.0)
     else:
         dres = x
     rstd = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
@@ -90,9 +89,7 @@ def _norm_modulate_bwd(
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
         if HAS_RES:  # fork: the gradient x got through its other use (prefetched with the tile), added here
             dx += dres.to(tl.float32)
-        tl.store(
-            DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask, cache_modifier=stream.STORE
-        )
+        tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
         c_sc = dy * xhat  # d(scale), d(shift) per sample: none for a frozen modulation (NEED_SUMS)
         acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
             acc_sc, acc_sh, acc_sh, c_sc, dy, dy, s, cur, seg, rid, P, D, pid, d, cols, cmask, 2, ROWS, BLOCK,

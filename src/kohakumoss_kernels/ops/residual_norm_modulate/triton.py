@@ -9,7 +9,6 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ... import stream
 from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
@@ -26,17 +25,17 @@ def _residual_norm_modulate_fwd(
     loc = rid[:, None] * d + cols[None, :]
     s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int64)
     poff = s.to(tl.int32)[:, None] * d + cols[None, :]
-    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
-    y = tl.load(Y + row0 * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
+    y = tl.load(Y + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + poff, mask=mask, other=0.0).to(tl.float32)
     r = (x + g * y).to(R.dtype.element_ty)  # the residual stream is kept in the model dtype
-    tl.store(R + row0 * d + loc, r, mask=mask, cache_modifier=stream.STORE)
+    tl.store(R + row0 * d + loc, r, mask=mask)
     r = r.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(r * r, axis=1) / d + eps)
     sc = tl.load(SCALE + poff, mask=mask, other=0.0).to(tl.float32)
     sh = tl.load(SHIFT + poff, mask=mask, other=0.0).to(tl.float32)
     h = r * rstd[:, None] * (1.0 + sc) + sh
-    tl.store(H + row0 * d + loc, h.to(H.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
+    tl.store(H + row0 * d + loc, h.to(H.dtype.element_ty), mask=mask)
     tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
@@ -46,10 +45,10 @@ def _load_tile(R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d):
     (-1 past the end)."""
     rmask = rid < end - row
     mask = rmask[:, None] & cmask[None, :]
-    r = tl.load(R + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
-    y = tl.load(Y + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
-    dh = tl.load(DH + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
-    dr = tl.load(DR + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+    r = tl.load(R + row * d + loc, mask=mask, other=0.0)
+    y = tl.load(Y + row * d + loc, mask=mask, other=0.0)
+    dh = tl.load(DH + row * d + loc, mask=mask, other=0.0)
+    dr = tl.load(DR + row * d + loc, mask=mask, other=0.0)
     rstd = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
     s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
     return mask, r, y, dh, dr, rstd, s
@@ -93,15 +92,8 @@ def _residual_norm_modulate_bwd(
         rhat = r * rstd
         gn = dh * (1.0 + sc)
         dr += rstd * (gn - rhat * (tl.sum(gn * rhat, axis=1) / d)[:, None])
-        tl.store(
-            DX + cur_row * d + loc, dr.to(DX.dtype.element_ty), mask=cur_mask, cache_modifier=stream.STORE
-        )
-        tl.store(
-            DY + cur_row * d + loc,
-            (g * dr).to(DY.dtype.element_ty),
-            mask=cur_mask,
-            cache_modifier=stream.STORE,
-        )
+        tl.store(DX + cur_row * d + loc, dr.to(DX.dtype.element_ty), mask=cur_mask)
+        tl.store(DY + cur_row * d + loc, (g * dr).to(DY.dtype.element_ty), mask=cur_mask)
         c_g = dr * y  # d(gate), d(scale), d(shift) per sample: none for a frozen modulation (NEED_SUMS)
         c_sc = dh * rhat
         acc_g, acc_sc, acc_sh, cur, seg = ss.add_tile(

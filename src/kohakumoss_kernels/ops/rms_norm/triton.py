@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 
 from ... import sample_sums as ss
-from ... import stream
 from ...triton_utils import (
     backward_configs,
     next_pow2,
@@ -35,12 +34,12 @@ def _rms_norm_fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.conste
     rmask = rid < T - row0
     mask = rmask[:, None] & (cols < d)[None, :]
     loc = rid[:, None] * d + cols[None, :]  # int32 offsets inside the tile; the row base is one scalar
-    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
     y = x * rstd[:, None]
     if HAS_W:
         y = y * tl.load(W + cols, mask=cols < d, other=0.0).to(tl.float32)[None, :]
-    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
+    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask)
     tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
@@ -64,8 +63,8 @@ def _rms_norm_bwd(
     row = start
     rmask = rid < end - row
     mask = rmask[:, None] & cmask[None, :]
-    x_next = tl.load(X + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
-    dy_next = tl.load(DY + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+    x_next = tl.load(X + row * d + loc, mask=mask, other=0.0)
+    dy_next = tl.load(DY + row * d + loc, mask=mask, other=0.0)
     rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
     for _ in range(0, n):
         x = x_next.to(tl.float32)
@@ -75,15 +74,13 @@ def _rms_norm_bwd(
         row += ROWS  # issue the next tile's loads before this tile's reductions
         rmask = rid < end - row
         mask = rmask[:, None] & cmask[None, :]
-        x_next = tl.load(X + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
-        dy_next = tl.load(DY + row * d + loc, mask=mask, other=0.0, eviction_policy=stream.LOAD)
+        x_next = tl.load(X + row * d + loc, mask=mask, other=0.0)
+        dy_next = tl.load(DY + row * d + loc, mask=mask, other=0.0)
         rstd_next = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
         xhat = x * rstd
         g = dy * w
         dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
-        tl.store(
-            DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask, cache_modifier=stream.STORE
-        )
+        tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
         if NEED_DW:  # a frozen weight (LoRA training) needs no gradient: no sums, no partials
             dw += dy * xhat
     if NEED_DW:

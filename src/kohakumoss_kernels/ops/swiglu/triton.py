@@ -6,7 +6,6 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import stream
 from ...triton_utils import supports as supports
 
 BLOCK = 1024
@@ -17,14 +16,10 @@ def _swiglu_fwd(Hp, OUT, n_half, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_half
-    a = tl.load(Hp + row * 2 * n_half + cols, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(
-        tl.float32
-    )
-    b = tl.load(Hp + row * 2 * n_half + n_half + cols, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(
-        tl.float32
-    )
+    a = tl.load(Hp + row * 2 * n_half + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(Hp + row * 2 * n_half + n_half + cols, mask=mask, other=0.0).to(tl.float32)
     out = a * tl.sigmoid(a) * b
-    tl.store(OUT + row * n_half + cols, out.to(OUT.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
+    tl.store(OUT + row * n_half + cols, out.to(OUT.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -32,24 +27,15 @@ def _swiglu_bwd(DOUT, Hp, DH, n_half, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_half
-    a = tl.load(Hp + row * 2 * n_half + cols, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(
-        tl.float32
-    )
-    b = tl.load(Hp + row * 2 * n_half + n_half + cols, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(
-        tl.float32
-    )
-    do = tl.load(DOUT + row * n_half + cols, mask=mask, other=0.0, eviction_policy=stream.LOAD).to(tl.float32)
+    a = tl.load(Hp + row * 2 * n_half + cols, mask=mask, other=0.0).to(tl.float32)
+    b = tl.load(Hp + row * 2 * n_half + n_half + cols, mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DOUT + row * n_half + cols, mask=mask, other=0.0).to(tl.float32)
     sig = tl.sigmoid(a)
     silu = a * sig
     da = do * b * sig * (1.0 + a * (1.0 - sig))
     db = do * silu
-    tl.store(DH + row * 2 * n_half + cols, da.to(DH.dtype.element_ty), mask=mask, cache_modifier=stream.STORE)
-    tl.store(
-        DH + row * 2 * n_half + n_half + cols,
-        db.to(DH.dtype.element_ty),
-        mask=mask,
-        cache_modifier=stream.STORE,
-    )
+    tl.store(DH + row * 2 * n_half + cols, da.to(DH.dtype.element_ty), mask=mask)
+    tl.store(DH + row * 2 * n_half + n_half + cols, db.to(DH.dtype.element_ty), mask=mask)
 
 
 class _SwiGLU(torch.autograd.Function):
