@@ -43,9 +43,9 @@ DTYPE = "bfloat16"
 WARMUP = 3
 ITERS = 20
 GRAPH_REPS = 10  # calls captured back to back in one CUDA graph: the graph's launch latency spread over them
-OPS = (
-    "rms_norm,norm_modulate,norm_modulate_fork,gated_residual,residual_norm_modulate,apply_rope,qk_norm_rope,swiglu,"
-    "varlen_attention,varlen_attention_rope"
+OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as in LoRA training)
+    "rms_norm,norm_modulate,norm_modulate_fork,norm_modulate_frozen,norm_modulate_fork_frozen,gated_residual,"
+    "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,swiglu,varlen_attention,varlen_attention_rope"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
 ATTN_BACKENDS = "triton,sdpa_groups,sdpa_cudnn,torch_varlen,flex"
@@ -101,7 +101,54 @@ def ceilings() -> dict[str, float]:
     return {"copy_GBps": copy, "bf16_mm_TFLOPs": 2 * 8192**3 / mm_ms / 1e9}
 
 
+FROZEN = "_frozen"  # an op name's suffix: its parameters need no gradient (LoRA training's AdaLN, q/k norms)
+KNOWN_OPS = [
+    "rms_norm",
+    "norm_modulate",
+    "norm_modulate_fork",
+    "gated_residual",
+    "residual_norm_modulate",
+    "apply_rope",
+    "qk_norm_rope",
+    "swiglu",
+    "varlen_attention",
+    "varlen_attention_rope",
+]
+
+
+def base_op(op: str) -> tuple[str, bool, bool]:
+    """(the registry's op, fork, frozen) of a benchmark row's op name: `norm_modulate_fork_frozen` is
+    norm_modulate with fork=True and its shift / scale frozen."""
+    frozen = op.endswith(FROZEN)
+    op = op.removesuffix(FROZEN)
+    return op.removesuffix("_fork"), op.endswith("_fork"), frozen
+
+
+def check_ops(text: str) -> list[str]:
+    """OPS as a list, every name known (a row op may carry the `_frozen` suffix), before any timing."""
+    ops = [op.strip() for op in text.split(",") if op.strip()]
+    for op in ops:
+        name, fork, frozen = base_op(op)
+        key = name + ("_fork" if fork else "")
+        if key not in KNOWN_OPS or (frozen and key.startswith("varlen_attention")):
+            raise SystemExit(
+                f"OPS: unknown op '{op}'; known: {', '.join(KNOWN_OPS)} (row ops also with the suffix {FROZEN})"
+            )
+    return ops
+
+
 def inputs(op: str, dtype, g):
+    """(args, bytes forward, bytes backward) of a row. A `_frozen` row's parameters (every tensor not
+    of the tokens' length: AdaLN rows, norm weights) need no gradient, so the backward skips their sums."""
+    name, fork, frozen = base_op(op)
+    args, bytes_f, bytes_b = _inputs(name + ("_fork" if fork else ""), dtype, g)
+    if frozen:
+        T = SAMPLES * (IMAGE_TOKENS + TEXT_TOKENS)
+        args = tuple(a.detach() if isinstance(a, torch.Tensor) and a.shape[0] != T else a for a in args)
+    return args, bytes_f, bytes_b
+
+
+def _inputs(op: str, dtype, g):
     T = SAMPLES * (IMAGE_TOKENS + TEXT_TOKENS)
     L = IMAGE_TOKENS + TEXT_TOKENS
     d, B = D_MODEL, SAMPLES
@@ -191,12 +238,12 @@ def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
             if backend.startswith("rope+"):
                 fn = rope_then(registry.load_backend("varlen_attention", backend[5:], "sm90", dtype), dtype)
             elif backend == "eager":
-                fn = registry.eager_op(op.removesuffix("_fork"))
+                fn = registry.eager_op(base_op(op)[0])
             else:
-                fn = registry.load_backend(op.removesuffix("_fork"), backend, "sm90", dtype)
+                fn = registry.load_backend(base_op(op)[0], backend, "sm90", dtype)
             if fn is None:
                 raise RuntimeError("backend unavailable")
-            if op.endswith("_fork"):
+            if base_op(op)[1]:
                 fn = functools.partial(fn, fork=True)
             fwd, both = fwd_bwd(fn, args)
             row["call_fwd_ms"] = time_ms(fwd)
@@ -541,6 +588,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> None:
+    check_ops(OPS)
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     dtype = getattr(torch, DTYPE)
     ceil = ceilings()
@@ -548,7 +596,7 @@ def main() -> None:
         json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, **ceil}), flush=True
     )
     rows: list[dict] = []
-    for op in OPS.split(","):
+    for op in check_ops(OPS):
         bench_op(op, dtype, ceil, rows)
         torch.cuda.empty_cache()
     if LORA:

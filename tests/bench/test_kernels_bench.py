@@ -71,3 +71,30 @@ def test_bandwidth_table_sets_each_op_against_the_copy_ceiling_and_a_same_size_c
     cells = lines[-1].split()
     assert cells[2:6] == ["3000", "75", "3500", "88"] and "not met / met" in lines[-1]
     assert cells[-6:] == ["3750", "/", "3500", "80", "/", "100"]  # same-size copies, then % of them
+
+
+def test_ops_knob_is_checked_and_frozen_rows_freeze_only_parameters():
+    import pytest
+
+    bench = runpy.run_path(str(SCRIPT), run_name="bench")
+    glb = bench["inputs"].__globals__
+    glb.update(D_MODEL=16, HEADS=2, HEAD_DIM=8, MLP_HIDDEN=12, IMAGE_TOKENS=6, TEXT_TOKENS=2, DEVICE="cpu")
+    assert glb["check_ops"]("rms_norm, norm_modulate_fork_frozen,qk_norm_rope_frozen") == [
+        "rms_norm",
+        "norm_modulate_fork_frozen",
+        "qk_norm_rope_frozen",
+    ]
+    assert glb["check_ops"](bench["OPS"])  # the default list is valid
+    for bad in ("norm_modulat", "varlen_attention_frozen", "swiglu_fork"):
+        with pytest.raises(SystemExit, match="OPS: unknown op"):
+            glb["check_ops"](bad)
+    assert glb["base_op"]("norm_modulate_fork_frozen") == ("norm_modulate", True, True)
+
+    g = torch.Generator().manual_seed(0)
+    trained, _, _ = glb["inputs"]("norm_modulate", torch.float32, g)
+    frozen, fb, bb = glb["inputs"]("norm_modulate_frozen", torch.float32, g)
+    assert [getattr(a, "requires_grad", None) for a in trained[:3]] == [True, True, True]
+    assert [getattr(a, "requires_grad", None) for a in frozen[:3]] == [True, False, False]
+    assert (fb, bb) == glb["inputs"]("norm_modulate", torch.float32, g)[1:]  # the same bytes counted
+    q = glb["inputs"]("qk_norm_rope_frozen", torch.float32, g)[0]
+    assert q[0].requires_grad and not q[1].requires_grad  # x trains, the q/k norm weight does not
