@@ -134,24 +134,35 @@ def parse_usage(text: str) -> tuple[int, int, int]:
 ALIGNED_INTS = {"T": D_MODEL, "d": D_MODEL, "half": HEAD_DIM // 2, "R": 16}  # values at the bench shape
 
 
-def aligned(sig: dict) -> dict:
+def aligned(sig: dict, count_constexprs: bool = True) -> dict:
     """Triton's `tt.divisibility` hints as the launch gives them at the bench shape: every pointer (torch's
     allocations are 16-byte aligned) and the integers there divisible by 16; without them the compiler
-    cannot vectorise the loads, and the counts are not the device's."""
+    cannot vectorise the loads, and the counts are not the device's. Triton 3.6 numbers the arguments
+    with the constexprs among them, 3.8 without (count_constexprs=False)."""
+    args = [(n, ty) for n, ty in sig.items() if count_constexprs or ty != "constexpr"]
     return {
         (i,): [["tt.divisibility", 16]]
-        for i, (name, ty) in enumerate(sig.items())
+        for i, (name, ty) in enumerate(args)
         if ty.startswith("*") or ALIGNED_INTS.get(name, 1) % 16 == 0
     }
 
 
 def usage(fn, sig: dict, consts: dict, cfg: tuple, arch: int) -> tuple[int, int, int]:
     rows, warps, *per_sm = cfg
-    src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "ROWS": rows}, attrs=aligned(sig))
     cap = triton_utils.register_cap(warps, per_sm[0]) if per_sm else None  # as register_budget passes it
     options = {"num_warps": warps, "maxnreg": cap}
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-    return ptxas_usage(compiled.asm["ptx"], arch)
+    for count_constexprs in (True, False):  # the first numbering this Triton accepts (see `aligned`)
+        src = ASTSource(
+            fn=fn, signature=sig, constexprs={**consts, "ROWS": rows}, attrs=aligned(sig, count_constexprs)
+        )
+        try:
+            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+        except triton.CompilationError as e:
+            if count_constexprs and "argument index out of range" in str(e.error_message):
+                continue
+            raise
+        return ptxas_usage(compiled.asm["ptx"], arch)
+    raise RuntimeError("unreachable")
 
 
 def main() -> None:

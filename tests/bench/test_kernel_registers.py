@@ -36,6 +36,10 @@ def test_one_kernel_compiles_for_sm90_without_a_gpu():
         pytest.skip("Triton without its bundled ptxas")
     g = load()
     fn, sig, consts, configs = g["kernels"]()["rms_norm_fwd"]
-    regs, stores, loads = g["usage"](fn, sig, consts, 1, 16, 90)
+    regs, stores, loads = g["usage"](fn, sig, consts, (1, 16), 90)
     assert 0 < regs <= 255 and stores >= 0 and loads >= 0
     assert (1, 16) in configs  # the candidates the picker times at this width
+    # a backward candidate compiles under its register budget: 2 programs x 16 warps share 64K registers
+    fn, sig, consts, configs = g["kernels"]()["norm_modulate_bwd"]
+    assert (1, 16, 2) in configs
+    assert g["usage"](fn, sig, consts, (1, 16, 2), 90)[0] <= 64
