@@ -80,11 +80,10 @@ def backward_configs(block: int, min_rows: int = 1) -> list[tuple[int, int, int]
         return [(*tiles[0], 2)]
     tiles = [t for t in tiles if t[0] * block <= MAX_TILE // 2] or tiles[:1]
     # 32 warps, the most a program can have: half the registers per thread of 16 (the per-sample sums'
-    # backwards need 104-110 at 1 x 16, so one program fits an SM; at 1 x 32 they need 50-51)
+    # backwards take 104-110 at 1 x 16, one program per SM; 50-51 at 1 x 32). At most 2 x 1024 threads
+    # fit an SM, so no 4 programs per SM of them.
     wide = sorted({(r, 32) for r, _ in tiles if MIN_PER_THREAD_WIDE <= r * block // (32 * 32) <= 16})
-    return [
-        (*t, pps) for pps in (2, 1, 4) for t in tiles + (wide if pps < 4 else [])
-    ]  # 2 x 1024 threads fill an SM
+    return [(*t, pps) for pps in (2, 1, 4) for t in tiles] + [(*t, pps) for pps in (2, 1) for t in wide]
 
 
 REGISTER_FILE = 65536  # 32-bit registers per SM on every NVIDIA card from sm70 to sm90
