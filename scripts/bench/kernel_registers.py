@@ -151,18 +151,19 @@ def usage(fn, sig: dict, consts: dict, cfg: tuple, arch: int) -> tuple[int, int,
     rows, warps, *per_sm = cfg
     cap = triton_utils.register_cap(warps, per_sm[0]) if per_sm else None  # as register_budget passes it
     options = {"num_warps": warps, "maxnreg": cap}
-    for count_constexprs in (True, False):  # the first numbering this Triton accepts (see `aligned`)
-        src = ASTSource(
-            fn=fn, signature=sig, constexprs={**consts, "ROWS": rows}, attrs=aligned(sig, count_constexprs)
-        )
-        try:
-            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
-        except triton.CompilationError as e:
-            if count_constexprs and "argument index out of range" in str(e.error_message):
-                continue
+
+    def compile_with(count_constexprs: bool):
+        attrs = aligned(sig, count_constexprs)
+        src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "ROWS": rows}, attrs=attrs)
+        return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+    try:
+        compiled = compile_with(True)
+    except triton.CompilationError as e:  # a Triton that numbers arguments without the constexprs
+        if "argument index out of range" not in str(e.error_message):
             raise
-        return ptxas_usage(compiled.asm["ptx"], arch)
-    raise RuntimeError("unreachable")
+        compiled = compile_with(False)
+    return ptxas_usage(compiled.asm["ptx"], arch)
 
 
 def main() -> None:

@@ -102,18 +102,8 @@ def ceilings() -> dict[str, float]:
 
 
 FROZEN = "_frozen"  # an op name's suffix: its parameters need no gradient (LoRA training's AdaLN, q/k norms)
-KNOWN_OPS = [
-    "rms_norm",
-    "norm_modulate",
-    "norm_modulate_fork",
-    "gated_residual",
-    "residual_norm_modulate",
-    "apply_rope",
-    "qk_norm_rope",
-    "swiglu",
-    "varlen_attention",
-    "varlen_attention_rope",
-]
+LORA_OPS = ("lora_linear", "lora_group")  # the registry's ops benched in their own section (LORA), not per op
+FORK_OPS = ("norm_modulate",)  # ops with a fork=True form (the row name's `_fork`)
 
 
 def base_op(op: str) -> tuple[str, bool, bool]:
@@ -126,13 +116,18 @@ def base_op(op: str) -> tuple[str, bool, bool]:
 
 def check_ops(text: str) -> list[str]:
     """OPS as a list, every name known (a row op may carry the `_frozen` suffix), before any timing."""
+    known = [op for op in registry.available_ops() if op not in LORA_OPS]
     ops = [op.strip() for op in text.split(",") if op.strip()]
     for op in ops:
         name, fork, frozen = base_op(op)
-        key = name + ("_fork" if fork else "")
-        if key not in KNOWN_OPS or (frozen and key.startswith("varlen_attention")):
+        if (
+            name not in known
+            or (fork and name not in FORK_OPS)
+            or (frozen and name.startswith("varlen_attention"))
+        ):
             raise SystemExit(
-                f"OPS: unknown op '{op}'; known: {', '.join(KNOWN_OPS)} (row ops also with the suffix {FROZEN})"
+                f"OPS: unknown op '{op}'; known: {', '.join(known)}, {', '.join(f + '_fork' for f in FORK_OPS)} "
+                f"(row ops also with the suffix {FROZEN})"
             )
     return ops
 
