@@ -24,6 +24,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from kohakumoss_kernels import triton_utils  # noqa: E402
+from kohakumoss_kernels.row_chunks import row_chunks  # noqa: E402
 
 ARCH = 90  # compute capability to compile for (sm_90a: the H200)
 KERNELS = "all"  # comma-separated names from the table below, or "all"
@@ -60,6 +61,10 @@ def kernels() -> dict[str, tuple]:
     rows_fwd = triton_utils.row_configs(D_MODEL)
     rows_bwd = sorted(set(triton_utils.backward_configs(block)))  # (rows, warps, programs per SM)
     heads_bwd = sorted(set(triton_utils.backward_configs(2 * bd, min_rows=2)))
+    w, n_chunks = row_chunks(D_MODEL)
+    chunks = {"W": w, "C": n_chunks}  # norm_modulate: d as chunks (row_chunks)
+    wc = {"W": "constexpr", "C": "constexpr"}
+    nm_bwd = sorted(nm.backward_rows(D_MODEL))
     scalars = {"TS": "*i64", "RSTD": "*fp32", "T": "i32", "d": "i32", "eps": "fp32"}
     c = {
         "ROWS": "constexpr",
@@ -74,14 +79,14 @@ def kernels() -> dict[str, tuple]:
                          {"HAS_W": True, "BLOCK": block}, rows_fwd),
         "rms_norm_bwd": (rn._rms_norm_bwd, _sig("DY X W RSTD DX DW T d tiles_per_prog HAS_W NEED_DW ROWS BLOCK",
                                                 {**per_sample, "DW": "*fp32"}), {"HAS_W": True, "NEED_DW": True, "BLOCK": block}, rows_bwd),
-        "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD T d eps ROWS BLOCK", {**scalars, **c}),
-                              {"BLOCK": block}, rows_fwd),
+        "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD T d eps ROWS W C", {**scalars, **c, **wc}),
+                              chunks, rows_fwd),
         "norm_modulate_bwd": (nm._norm_modulate_bwd,
-                              _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK",
-                                   per_sample), {"HAS_RES": False, "NEED_SUMS": True, "BLOCK": block}, rows_bwd),
+                              _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS W C",
+                                   {**per_sample, **wc}), {"HAS_RES": False, "NEED_SUMS": True, **chunks}, nm_bwd),
         "norm_modulate_bwd_fork": (nm._norm_modulate_bwd,
-                                   _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK",
-                                        per_sample), {"HAS_RES": True, "NEED_SUMS": True, "BLOCK": block}, rows_bwd),
+                                   _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS W C",
+                                        {**per_sample, **wc}), {"HAS_RES": True, "NEED_SUMS": True, **chunks}, nm_bwd),
         "gated_residual_bwd": (gr._gated_residual_bwd,
                                _sig("DOUT Y GATE TS DY P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK", per_sample),
                                {"NEED_SUMS": True, "BLOCK": block}, rows_bwd),

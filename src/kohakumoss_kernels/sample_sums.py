@@ -201,7 +201,8 @@ def finish(
 
 class PerSampleBackward:
     """launch(cfg) for `triton_utils.pick` running a persistent per-sample backward
-    `kernel(*args, P, D, FIRST, LAST, T, d, tiles_per_prog, NEED_SUMS, ROWS, BLOCK)` over `like` [T, d]
+    `kernel(*args, P, D, FIRST, LAST, T, d, tiles_per_prog, NEED_SUMS, ROWS, **width)` over `like` [T, d]
+    (width: the row's constexprs, BLOCK = next_pow2(d) unless given)
     with cfg = (ROWS, num_warps, programs per SM), then the second pass over its partials (so the pick
     times both: more programs, more partials); `sums` then holds the per-sample sums [samples, K, d] in
     `dtype`. need_sums False (the parameters need no gradient: a frozen AdaLN modulation, as with LoRA
@@ -216,9 +217,11 @@ class PerSampleBackward:
         k: int,
         need_sums: bool,
         dtype: torch.dtype,
+        width: dict | None = None,
     ):
         self.kernel, self.args, self.like, self.samples, self.k = kernel, args, like, samples, k
         self.need_sums, self.dtype = need_sums, dtype
+        self.width = {"BLOCK": next_pow2(like.shape[1])} if width is None else width
         self.sums: torch.Tensor | None = None
 
     def configs(self) -> list[tuple[int, int, int]]:
@@ -244,7 +247,7 @@ class PerSampleBackward:
             triton.cdiv(tiles, grid),
             NEED_SUMS=self.need_sums,
             ROWS=rows,
-            BLOCK=next_pow2(d),
+            **self.width,
             num_warps=warps,
             **register_budget(self.like, warps, per_sm),
         )

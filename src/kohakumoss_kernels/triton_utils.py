@@ -116,14 +116,17 @@ def row_configs(d: int) -> list[tuple[int, int]]:
     return tile_configs(next_pow2(d), max_per_thread=64)
 
 
-def row_launch(kernel, rows: int, d: int, *args, **meta) -> Callable[[tuple], None]:
-    """launch(cfg) for `pick`: `kernel(*args, **meta, ROWS, BLOCK)` over `rows` rows of width d, one tile of
-    cfg = (ROWS, num_warps) rows per program; the candidates are `row_configs(d)`."""
-    block = next_pow2(d)
+def row_launch(
+    kernel, rows: int, d: int, *args, width: dict | None = None, **meta
+) -> Callable[[tuple], None]:
+    """launch(cfg) for `pick`: `kernel(*args, **meta, ROWS, **width)` over `rows` rows of width d, one tile
+    of cfg = (ROWS, num_warps) rows per program; the candidates are `row_configs(d)`. `width`: the row's
+    constexprs, BLOCK = next_pow2(d) unless given (row_chunks: W and C)."""
+    width = {"BLOCK": next_pow2(d)} if width is None else width
 
     def launch(cfg: tuple) -> None:
         tile, warps = cfg
-        kernel[((rows + tile - 1) // tile,)](*args, **meta, ROWS=tile, BLOCK=block, num_warps=warps)
+        kernel[((rows + tile - 1) // tile,)](*args, **meta, ROWS=tile, **width, num_warps=warps)
 
     return launch
 

@@ -1,7 +1,8 @@
 """norm_modulate in Triton: rms_norm(x) * (1 + scale[s]) + shift[s], a tile of ROWS rows per program.
 
-The backward walks a chunk of row tiles per program (next tile's loads issued first) and sums
-d(scale), d(shift) per sample in registers; per-program partials are added by sample_sums.finish.
+Rows are held as C chunks of W columns (row_chunks: d = 3072 is 3 x 1024, no padding to 4096). The
+backward walks a chunk of rows per program, one row at a time (the next row's loads issued first), and
+sums d(scale), d(shift) per sample in registers; per-program partials are added by sample_sums.finish.
 """
 
 from __future__ import annotations
@@ -10,94 +11,148 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import row_chunks as rc
 from ... import sample_sums as ss
-from ...triton_utils import pick, row_configs, row_key, row_launch
+from ...triton_utils import backward_configs, next_pow2, pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _norm_modulate_fwd(X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _norm_modulate_fwd(
+    X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr
+):  # fmt: skip
     # one int64 base per tile, int32 offsets within it: per-element int64 offsets cost registers
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
-    cols = tl.arange(0, BLOCK)
     rmask = rid < T - row0
-    mask = rmask[:, None] & (cols < d)[None, :]
-    loc = rid[:, None] * d + cols[None, :]
+    m0, m1, m2 = rc.masks(rmask[:, None], d, W, C)
+    loc = rid[:, None] * d + tl.arange(0, W)[None, :]
     s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int32)
-    x = tl.load(X + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
-    poff = s[:, None] * d + cols[None, :]
-    sc = tl.load(SCALE + poff, mask=mask, other=0.0).to(tl.float32)
-    sh = tl.load(SHIFT + poff, mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / d + eps)
-    y = x * rstd[:, None] * (1.0 + sc) + sh
-    tl.store(Y + row0 * d + loc, y.to(Y.dtype.element_ty), mask=mask)
-    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
+    x0, x1, x2 = rc.load(X + row0 * d, loc, m0, m1, m2, W, C)
+    x0, x1, x2 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
+    rstd = (1.0 / tl.sqrt(rc.row_sum(x0 * x0, x1 * x1, x2 * x2, C) / d + eps))[:, None]
+    poff = s[:, None] * d + tl.arange(0, W)[None, :]
+    c0, c1, c2 = rc.load(SCALE, poff, m0, m1, m2, W, C)
+    h0, h1, h2 = rc.load(SHIFT, poff, m0, m1, m2, W, C)
+    y0 = x0 * rstd * (1.0 + c0.to(tl.float32)) + h0.to(tl.float32)
+    y1 = x1 * rstd * (1.0 + c1.to(tl.float32)) + h1.to(tl.float32)
+    y2 = x2 * rstd * (1.0 + c2.to(tl.float32)) + h2.to(tl.float32)
+    rc.store(Y + row0 * d, loc, y0, y1, y2, m0, m1, m2, W, C)
+    tl.store(RSTD + row0 + rid, tl.sum(rstd, axis=1), mask=rmask)
 
 
 @triton.jit
-def _load_tile(X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES: tl.constexpr):
-    """The tile of rows from `row` (masked to the chunk's end): its mask, x, dy, the residual's gradient
-    (HAS_RES; else x again, unused), rstd, samples (-1 past it)."""
-    rmask = rid < end - row
-    mask = rmask[:, None] & cmask[None, :]
-    x = tl.load(X + row * d + loc, mask=mask, other=0.0)
-    dy = tl.load(DY + row * d + loc, mask=mask, other=0.0)
+def _load_row(X, DY, DRES, RSTD, TS, row, end, d, W: tl.constexpr, C: tl.constexpr, HAS_RES: tl.constexpr):
+    """Row `row` (masked past the chunk's end): x, dy and the residual's gradient (HAS_RES; else x again,
+    unused), each as C chunks, then rstd and the row's sample (-1 past the end)."""
+    ok = row < end
+    m0, m1, m2 = rc.masks(tl.full([1, 1], 1, tl.int1) & ok, d, W, C)
+    loc = tl.arange(0, W)[None, :]
+    x0, x1, x2 = rc.load(X + row * d, loc, m0, m1, m2, W, C)
+    g0, g1, g2 = rc.load(DY + row * d, loc, m0, m1, m2, W, C)
     if HAS_RES:
-        dres = tl.load(DRES + row * d + loc, mask=mask, other=0.0)
+        r0, r1, r2 = rc.load(DRES + row * d, loc, m0, m1, m2, W, C)
     else:
-        dres = x
-    rstd = tl.load(RSTD + row + rid, mask=rmask, other=0.0)
-    s = tl.load(TS + row + rid, mask=rmask, other=-1).to(tl.int64)
-    return mask, x, dy, dres, rstd, s
+        r0, r1, r2 = x0, x1, x2
+    rstd = tl.load(RSTD + row, mask=ok, other=0.0)
+    s = tl.load(TS + row, mask=ok, other=-1).to(tl.int64)
+    return x0, x1, x2, g0, g1, g2, r0, r1, r2, rstd, s
+
+
+@triton.jit
+def _sums_out(a0, a1, a2, P, D, pid, k, cur, seg, d, W: tl.constexpr, C: tl.constexpr, CLOSE: tl.constexpr):
+    """One parameter's chunked sums [1, W] x C: flushed at a sample boundary, or closed at the chunk's end."""
+    cols = tl.arange(0, W)
+    for i in tl.static_range(C):
+        acc = a0
+        if i == 1:
+            acc = a1
+        if i == 2:
+            acc = a2
+        at = cols + i * W
+        if CLOSE:
+            ss.close(acc, P, pid, k, 2, seg, d, at, at < d)
+        else:
+            ss.flush(acc, P, D, pid, k, 2, cur, seg, d, at, at < d)
 
 
 @triton.jit
 def _norm_modulate_bwd(
     DY, X, SCALE, TS, RSTD, DX, DRES, HAS_RES: tl.constexpr, P, D, FIRST, LAST, T, d, tiles_per_prog,
-    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
 ):  # fmt: skip
+    # ROWS is 1 (backward_rows): the row's sample is one scalar, a boundary test without a reduction
     pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    cmask = cols < d
-    rid = tl.arange(0, ROWS)
-    loc = rid[:, None] * d + cols[None, :]  # int32 within the tile; the tile's base row is one int64
-    start, end, n, first = ss.chunk(TS, pid, tiles_per_prog, T, ROWS)
+    start, end, n, first = ss.chunk(TS, pid, tiles_per_prog, T, 1)
     cur = first
     seg = pid * 0
-    acc_sc = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
-    acc_sh = tl.zeros([ROWS, BLOCK], dtype=tl.float32)
+    a0 = tl.zeros([1, W], dtype=tl.float32)  # d(scale) per chunk
+    a1 = tl.zeros([1, W], dtype=tl.float32)
+    a2 = tl.zeros([1, W], dtype=tl.float32)
+    b0 = tl.zeros([1, W], dtype=tl.float32)  # d(shift) per chunk
+    b1 = tl.zeros([1, W], dtype=tl.float32)
+    b2 = tl.zeros([1, W], dtype=tl.float32)
+    loc = tl.arange(0, W)[None, :]
     row = start
-    mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
-        X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
+    nx0, nx1, nx2, ng0, ng1, ng2, nr0, nr1, nr2, nrstd, ns = _load_row(
+        X, DY, DRES, RSTD, TS, row, end, d, W, C, HAS_RES
     )
     for _ in range(0, n):
-        x = x_next.to(tl.float32)
-        dy = dy_next.to(tl.float32)
-        dres = dres_next
-        rstd = rstd_next[:, None]
-        s = s_next  # -1: a row past the chunk (its contributions are zero)
-        cur_row, cur_mask = row, mask
-        row += ROWS  # issue the next tile's loads first
-        mask, x_next, dy_next, dres_next, rstd_next, s_next = _load_tile(
-            X, DY, DRES, RSTD, TS, row, end, rid, loc, cmask, d, HAS_RES
+        x0, x1, x2 = nx0.to(tl.float32), nx1.to(tl.float32), nx2.to(tl.float32)
+        g0, g1, g2 = ng0.to(tl.float32), ng1.to(tl.float32), ng2.to(tl.float32)
+        r0, r1, r2 = nr0, nr1, nr2
+        rstd = nrstd
+        s = ns  # -1: a row past the chunk (its contributions are zero)
+        cur_row = row
+        row += 1  # issue the next row's loads first
+        nx0, nx1, nx2, ng0, ng1, ng2, nr0, nr1, nr2, nrstd, ns = _load_row(
+            X, DY, DRES, RSTD, TS, row, end, d, W, C, HAS_RES
         )
-        poff = tl.maximum(s, 0).to(tl.int32)[:, None] * d + cols[None, :]
-        sc = tl.load(SCALE + poff, mask=cur_mask, other=0.0).to(tl.float32)
-        xhat = x * rstd
-        g = dy * (1.0 + sc)
-        dx = rstd * (g - xhat * (tl.sum(g * xhat, axis=1) / d)[:, None])
-        if HAS_RES:  # fork: the gradient x got through its other use (prefetched with the tile), added here
-            dx += dres.to(tl.float32)
-        tl.store(DX + cur_row * d + loc, dx.to(DX.dtype.element_ty), mask=cur_mask)
-        c_sc = dy * xhat  # d(scale), d(shift) per sample: none for a frozen modulation (NEED_SUMS)
-        acc_sc, acc_sh, unused, cur, seg = ss.add_tile(
-            acc_sc, acc_sh, acc_sh, c_sc, dy, dy, s, cur, seg, rid, P, D, pid, d, cols, cmask, 2, ROWS, BLOCK,
-            NEED_SUMS,
-        )  # fmt: skip
-    ss.close_chunk(
-        acc_sc, acc_sh, acc_sh, P, FIRST, LAST, pid, n, first, cur, seg, d, cols, cmask, 2, NEED_SUMS
-    )
+        m0, m1, m2 = rc.masks(tl.full([1, 1], 1, tl.int1) & (s >= 0), d, W, C)
+        c0, c1, c2 = rc.load(SCALE + tl.maximum(s, 0).to(tl.int32) * d, loc, m0, m1, m2, W, C)
+        h0, h1, h2 = x0 * rstd, x1 * rstd, x2 * rstd
+        e0 = g0 * (1.0 + c0.to(tl.float32))
+        e1 = g1 * (1.0 + c1.to(tl.float32))
+        e2 = g2 * (1.0 + c2.to(tl.float32))
+        k = (rc.row_sum(e0 * h0, e1 * h1, e2 * h2, C) / d)[:, None]
+        o0 = rstd * (e0 - h0 * k)
+        o1 = rstd * (e1 - h1 * k)
+        o2 = rstd * (e2 - h2 * k)
+        if HAS_RES:  # fork: the gradient x got through its other use (prefetched with the row), added here
+            o0 += r0.to(tl.float32)
+            o1 += r1.to(tl.float32)
+            o2 += r2.to(tl.float32)
+        rc.store(DX + cur_row * d, loc, o0, o1, o2, m0, m1, m2, W, C)
+        if NEED_SUMS:  # d(scale), d(shift) per sample: none for a frozen modulation
+            if (s != cur) & (s >= 0):  # a new sample's first row: the sums so far are the previous one's
+                _sums_out(a0, a1, a2, P, D, pid, 0, cur, seg, d, W, C, False)
+                _sums_out(b0, b1, b2, P, D, pid, 1, cur, seg, d, W, C, False)
+                a0, a1, a2 = a0 * 0.0, a1 * 0.0, a2 * 0.0
+                b0, b1, b2 = b0 * 0.0, b1 * 0.0, b2 * 0.0
+                seg += 1
+                cur = s
+            a0 += g0 * h0
+            a1 += g1 * h1
+            a2 += g2 * h2
+            b0 += g0
+            b1 += g1
+            b2 += g2
+    if NEED_SUMS:
+        _sums_out(a0, a1, a2, P, D, pid, 0, cur, seg, d, W, C, True)
+        _sums_out(b0, b1, b2, P, D, pid, 1, cur, seg, d, W, C, True)
+        ss.mark(FIRST, LAST, pid, n, first, cur, seg)
+
+
+def backward_rows(d: int) -> list[tuple[int, int, int]]:
+    """The backward's launch configs: one row per step (the kernel's form), at least 2 columns of each
+    chunk per thread (32 warps over a 1024-wide chunk would give 1)."""
+    w, _ = rc.row_chunks(d)
+    out = []
+    for _, warps, per_sm in backward_configs(next_pow2(d)):
+        cfg = (1, warps, per_sm)
+        if cfg not in out and (w >= 64 * warps or warps == 1):
+            out.append(cfg)
+    return out
 
 
 class _NormModulate(torch.autograd.Function):
@@ -108,7 +163,9 @@ class _NormModulate(torch.autograd.Function):
         T, d = x.shape
         y = torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        launch = row_launch(_norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps)
+        w, c = rc.row_chunks(d)
+        width = {"W": w, "C": c}
+        launch = row_launch(_norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps, width=width)
         if T:
             launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x, scale, ts, rstd)
@@ -127,10 +184,13 @@ class _NormModulate(torch.autograd.Function):
         res = (dx, 0) if dres is None else (dres.contiguous(), 1)
         args = (dy, x, scale, ts, rstd, dx, *res)
         need_sums = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # a trained modulation
-        launch = ss.PerSampleBackward(_norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums, scale.dtype)
+        w, c = rc.row_chunks(d)
+        launch = ss.PerSampleBackward(
+            _norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums, scale.dtype, {"W": w, "C": c}
+        )
         # each variant its own pick: the fork reads one more tensor, no sums need fewer registers
         name = "norm_modulate.bwd" + ("" if dres is None else "_fork") + ("" if need_sums else "_nosums")
-        launch(pick(name, row_key(x, T, d), launch.configs(), launch))
+        launch(pick(name, row_key(x, T, d), backward_rows(d), launch))
         out = launch.sums  # [B, (scale, shift), d]
         if out is None:
             return dx, None, None, None, None, None
