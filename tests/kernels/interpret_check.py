@@ -36,6 +36,7 @@ if __name__ == "__main__":
             compare(op, "triton", [4, 9, 3], torch.float32, "cpu", shuffle=True, d=40)
         if op == "norm_modulate":  # x's other use's gradient added in the backward's own pass
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", op_kwargs={"fork": True}, d=40)
+            compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=32)  # one chunk (row_chunks)
         if op in ("rms_norm", "qk_norm_rope"):
             compare(op, "triton", [2], torch.float32, "cpu", d=40, heads=3, head_dim=16)
         if op in (*PER_SAMPLE, "rms_norm", "qk_norm_rope"):  # frozen parameters: their sums skipped

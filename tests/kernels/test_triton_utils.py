@@ -40,3 +40,30 @@ def test_sum_rows_takes_every_partial_row_in_one_tile(programs, d, expected):
     block_g, block_c = sample_sums.sum_rows_blocks(programs, d)
     assert (block_g, block_c) == expected
     assert block_g * block_c <= max(sample_sums.SUM_TILE, block_g * sample_sums.SUM_MIN_COLS)
+
+
+@pytest.mark.parametrize(
+    "d, expected",
+    [(3072, (1024, 3)), (128, (128, 1)), (4096, (4096, 1)), (40, (16, 3)), (1536, (512, 3)), (1, (1, 1))],
+)
+def test_row_chunks_cover_the_width_with_the_least_padding(d, expected):
+    from kohakumoss_kernels.row_chunks import row_chunks
+
+    assert row_chunks(d) == expected
+
+
+def test_row_chunks_always_cover_the_row_in_at_most_three_power_of_two_chunks():
+    from kohakumoss_kernels.row_chunks import MAX_CHUNKS, row_chunks
+
+    for d in range(1, 5000):
+        w, c = row_chunks(d)
+        assert c <= MAX_CHUNKS and w & (w - 1) == 0 and c * w >= d and (c - 1) * w < d
+        assert c * w <= triton_utils.next_pow2(d)  # never more padding than one power-of-two tile
+
+
+def test_norm_modulate_backward_candidates_are_one_row_with_two_columns_per_thread_or_more():
+    from kohakumoss_kernels.ops.norm_modulate.triton import backward_rows
+
+    cfgs = backward_rows(3072)
+    assert cfgs and all(rows == 1 and 1024 // (32 * warps) >= 2 for rows, warps, _ in cfgs)
+    assert (1, 4, 4) in cfgs and len(set(cfgs)) == len(cfgs)
