@@ -27,7 +27,8 @@ def row_chunks(d: int) -> tuple[int, int]:
 
 @triton.jit
 def masks(rmask, d, W: tl.constexpr, C: tl.constexpr):
-    """Each chunk's mask of a [rows, W] tile: rows in `rmask` ([rows, 1]) and columns below d."""
+    """Each chunk's mask of a [rows, W] tile: rows in `rmask` ([rows, 1], or a scalar for one row) and
+    columns below d."""
     cols = tl.arange(0, W)[None, :]
     m0 = rmask & (cols < d)
     m1 = m0

@@ -46,7 +46,7 @@ def _load_row(X, DY, DRES, RSTD, TS, row, end, d, W: tl.constexpr, C: tl.constex
     """Row `row` (masked past the chunk's end): x, dy and the residual's gradient (HAS_RES; else x again,
     unused), each as C chunks, then rstd and the row's sample (-1 past the end)."""
     ok = row < end
-    m0, m1, m2 = rc.masks(tl.full([1, 1], 1, tl.int1) & ok, d, W, C)
+    m0, m1, m2 = rc.masks(ok, d, W, C)
     loc = tl.arange(0, W)[None, :]
     x0, x1, x2 = rc.load(X + row * d, loc, m0, m1, m2, W, C)
     g0, g1, g2 = rc.load(DY + row * d, loc, m0, m1, m2, W, C)
@@ -108,7 +108,7 @@ def _norm_modulate_bwd(
         nx0, nx1, nx2, ng0, ng1, ng2, nr0, nr1, nr2, nrstd, ns = _load_row(
             X, DY, DRES, RSTD, TS, row, end, d, W, C, HAS_RES
         )
-        m0, m1, m2 = rc.masks(tl.full([1, 1], 1, tl.int1) & (s >= 0), d, W, C)
+        m0, m1, m2 = rc.masks(s >= 0, d, W, C)
         c0, c1, c2 = rc.load(SCALE + tl.maximum(s, 0).to(tl.int32) * d, loc, m0, m1, m2, W, C)
         h0, h1, h2 = x0 * rstd, x1 * rstd, x2 * rstd
         e0 = g0 * (1.0 + c0.to(tl.float32))
