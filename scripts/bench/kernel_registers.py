@@ -23,8 +23,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kohakumoss_kernels import triton_utils  # noqa: E402
-from kohakumoss_kernels.row_chunks import row_chunks  # noqa: E402
+from kohakumoss_kernels import row_chunks, triton_utils  # noqa: E402
 
 ARCH = 90  # compute capability to compile for (sm_90a: the H200)
 KERNELS = "all"  # comma-separated names from the table below, or "all"
@@ -61,8 +60,7 @@ def kernels() -> dict[str, tuple]:
     rows_fwd = triton_utils.row_configs(D_MODEL)
     rows_bwd = sorted(set(triton_utils.backward_configs(block)))  # (rows, warps, programs per SM)
     heads_bwd = sorted(set(triton_utils.backward_configs(2 * bd, min_rows=2)))
-    w, n_chunks = row_chunks(D_MODEL)
-    chunks = {"W": w, "C": n_chunks}  # norm_modulate: d as chunks (row_chunks)
+    chunks = row_chunks.width(D_MODEL)  # norm_modulate: d as chunks
     wc = {"W": "constexpr", "C": "constexpr"}
     nm_bwd = sorted(nm.backward_rows(D_MODEL))
     scalars = {"TS": "*i64", "RSTD": "*fp32", "T": "i32", "d": "i32", "eps": "fp32"}

@@ -25,6 +25,12 @@ def row_chunks(d: int) -> tuple[int, int]:
     return w, c
 
 
+def width(d: int) -> dict[str, int]:
+    """row_chunks(d) as a kernel's constexprs: `width=` of triton_utils.row_launch and PerSampleBackward."""
+    w, c = row_chunks(d)
+    return {"W": w, "C": c}
+
+
 @triton.jit
 def masks(rmask, d, W: tl.constexpr, C: tl.constexpr):
     """Each chunk's mask of a [rows, W] tile: rows in `rmask` ([rows, 1], or a scalar for one row) and

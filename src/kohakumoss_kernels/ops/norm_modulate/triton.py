@@ -30,15 +30,16 @@ def _norm_modulate_fwd(
     s = tl.load(TS + row0 + rid, mask=rmask, other=0).to(tl.int32)
     x0, x1, x2 = rc.load(X + row0 * d, loc, m0, m1, m2, W, C)
     x0, x1, x2 = x0.to(tl.float32), x1.to(tl.float32), x2.to(tl.float32)
-    rstd = (1.0 / tl.sqrt(rc.row_sum(x0 * x0, x1 * x1, x2 * x2, C) / d + eps))[:, None]
+    rstd = 1.0 / tl.sqrt(rc.row_sum(x0 * x0, x1 * x1, x2 * x2, C) / d + eps)
+    r = rstd[:, None]
     poff = s[:, None] * d + tl.arange(0, W)[None, :]
     c0, c1, c2 = rc.load(SCALE, poff, m0, m1, m2, W, C)
     h0, h1, h2 = rc.load(SHIFT, poff, m0, m1, m2, W, C)
-    y0 = x0 * rstd * (1.0 + c0.to(tl.float32)) + h0.to(tl.float32)
-    y1 = x1 * rstd * (1.0 + c1.to(tl.float32)) + h1.to(tl.float32)
-    y2 = x2 * rstd * (1.0 + c2.to(tl.float32)) + h2.to(tl.float32)
+    y0 = x0 * r * (1.0 + c0.to(tl.float32)) + h0.to(tl.float32)
+    y1 = x1 * r * (1.0 + c1.to(tl.float32)) + h1.to(tl.float32)
+    y2 = x2 * r * (1.0 + c2.to(tl.float32)) + h2.to(tl.float32)
     rc.store(Y + row0 * d, loc, y0, y1, y2, m0, m1, m2, W, C)
-    tl.store(RSTD + row0 + rid, tl.sum(rstd, axis=1), mask=rmask)
+    tl.store(RSTD + row0 + rid, rstd, mask=rmask)
 
 
 @triton.jit
@@ -163,9 +164,9 @@ class _NormModulate(torch.autograd.Function):
         T, d = x.shape
         y = torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        w, c = rc.row_chunks(d)
-        width = {"W": w, "C": c}
-        launch = row_launch(_norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps, width=width)
+        launch = row_launch(
+            _norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps, width=rc.width(d)
+        )
         if T:
             launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x, scale, ts, rstd)
@@ -184,9 +185,8 @@ class _NormModulate(torch.autograd.Function):
         res = (dx, 0) if dres is None else (dres.contiguous(), 1)
         args = (dy, x, scale, ts, rstd, dx, *res)
         need_sums = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # a trained modulation
-        w, c = rc.row_chunks(d)
         launch = ss.PerSampleBackward(
-            _norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums, scale.dtype, {"W": w, "C": c}
+            _norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums, scale.dtype, rc.width(d)
         )
         # each variant its own pick: the fork reads one more tensor, no sums need fewer registers
         name = "norm_modulate.bwd" + ("" if dres is None else "_fork") + ("" if need_sums else "_nosums")
