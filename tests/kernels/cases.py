@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from unittest import mock
 
 import torch
 
+from kohakumoss_kernels import sample_sums
 from kohakumoss_kernels.registry import _OPS, eager_op
 
 TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (2e-2, 2e-2), torch.bfloat16: (6e-2, 6e-2)}
@@ -115,6 +117,17 @@ def compare_shuffled(op: str, backend: str, lengths: list[int], dtype, device, *
     compare(op, backend, lengths, dtype, device, shuffle=True, **dims)
 
 
+_FORWARD_ACC = sample_sums.forward_acc
+
+
+def _poisoned_forward_acc(*args, **kwargs):
+    """sample_sums.forward_acc with its buffer NaN until the op's forward kernel zeroes it."""
+    acc, kernel_args = _FORWARD_ACC(*args, **kwargs)
+    if acc is not None:
+        acc.fill_(float("nan"))
+    return acc, kernel_args
+
+
 def compare(
     op: str, backend: str, lengths: list[int], dtype, device, shuffle: bool = False, op_kwargs=None, **dims
 ) -> None:
@@ -134,7 +147,8 @@ def compare(
     with torch.no_grad():  # poison the allocator: fresh outputs must not inherit a correct answer
         for o in ref_out:
             torch.full_like(o, float("nan"), dtype=dtype)
-    out, grads = run(backend_fn(op, backend), args, kwargs)
+    with mock.patch.object(sample_sums, "forward_acc", _poisoned_forward_acc):
+        out, grads = run(backend_fn(op, backend), args, kwargs)
     atol, rtol = TOL[dtype]
     for i, (a, b) in enumerate(zip(out, ref_out)):
         assert a.dtype == dtype, f"{op}/{backend}: output {i} dtype {a.dtype}"

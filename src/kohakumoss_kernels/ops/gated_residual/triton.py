@@ -13,7 +13,7 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _gated_residual_fwd(X, Y, GATE, TS, OUT, T, d, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_residual_fwd(X, Y, GATE, TS, OUT, ACC, ACC_N, T, d, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -25,6 +25,7 @@ def _gated_residual_fwd(X, Y, GATE, TS, OUT, T, d, ROWS: tl.constexpr, BLOCK: tl
     y = tl.load(Y + row0 * d + loc, mask=mask, other=0.0).to(tl.float32)
     g = tl.load(GATE + s[:, None] * d + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     tl.store(OUT + row0 * d + loc, (x + g * y).to(OUT.dtype.element_ty), mask=mask)
+    ss.zero_acc(ACC, ACC_N, BLOCK)
 
 
 @triton.jit
@@ -78,7 +79,8 @@ class _GatedResidual(torch.autograd.Function):
         x, y, gate, ts = x.contiguous(), y.contiguous(), gate.contiguous(), token_sample.contiguous()
         T, d = x.shape
         out = torch.empty_like(x)
-        launch = row_launch(_gated_residual_fwd, T, d, x, y, gate, ts, out, T, d)
+        ctx.acc, acc_args = ss.forward_acc(ctx.needs_input_grad[2] and T > 0, gate.shape[0], 1, x)
+        launch = row_launch(_gated_residual_fwd, T, d, x, y, gate, ts, out, *acc_args, T, d)
         if T:
             launch(pick("gated_residual.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(y, gate, ts)
@@ -96,9 +98,11 @@ class _GatedResidual(torch.autograd.Function):
             return dx, dy, torch.zeros_like(gate), None
         need_sums = ctx.needs_input_grad[2]  # a trained modulation
         args = (dout, y, gate, ts, dy)
-        launch = ss.PerSampleBackward(_gated_residual_bwd, args, y, gate.shape[0], 1, need_sums, gate.dtype)
+        launch = ss.PerSampleBackward(
+            _gated_residual_bwd, args, y, gate.shape[0], 1, need_sums, gate.dtype, acc=ss.take(ctx)
+        )
         name = "gated_residual.bwd" + ("" if need_sums else "_nosums")
-        launch(pick(name, row_key(y, T, d), launch.configs(), launch))
+        launch.run(pick(name, row_key(y, T, d), launch.configs(), launch))
         out = launch.sums
         return dx, dy, None if out is None else out[:, 0], None
 

@@ -19,7 +19,7 @@ from ...triton_utils import supports as supports
 
 @triton.jit
 def _norm_modulate_fwd(
-    X, SHIFT, SCALE, TS, Y, RSTD, T, d, eps, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr
+    X, SHIFT, SCALE, TS, Y, RSTD, ACC, ACC_N, T, d, eps, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr
 ):  # fmt: skip
     # one int64 base per tile, int32 offsets within it: per-element int64 offsets cost registers
     row0 = tl.program_id(0).to(tl.int64) * ROWS
@@ -40,6 +40,7 @@ def _norm_modulate_fwd(
     y2 = x2 * r * (1.0 + c2.to(tl.float32)) + h2.to(tl.float32)
     rc.store(Y + row0 * d, loc, y0, y1, y2, m0, m1, m2, W, C)
     tl.store(RSTD + row0 + rid, rstd, mask=rmask)
+    ss.zero_acc(ACC, ACC_N, W)
 
 
 @triton.jit
@@ -164,8 +165,9 @@ class _NormModulate(torch.autograd.Function):
         T, d = x.shape
         y = torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
+        ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[1:3]) and T > 0, scale.shape[0], 2, x)
         launch = row_launch(
-            _norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, T, d, eps, width=rc.width(d)
+            _norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, *acc_args, T, d, eps, width=rc.width(d)
         )
         if T:
             launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
@@ -186,11 +188,11 @@ class _NormModulate(torch.autograd.Function):
         args = (dy, x, scale, ts, rstd, dx, *res)
         need_sums = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # a trained modulation
         launch = ss.PerSampleBackward(
-            _norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums, scale.dtype, rc.width(d)
+            _norm_modulate_bwd, args, x, scale.shape[0], 2, need_sums, scale.dtype, rc.width(d), ss.take(ctx)
         )
         # each variant its own pick: the fork reads one more tensor, no sums need fewer registers
         name = "norm_modulate.bwd" + ("" if dres is None else "_fork") + ("" if need_sums else "_nosums")
-        launch(pick(name, row_key(x, T, d), backward_rows(d), launch))
+        launch.run(pick(name, row_key(x, T, d), backward_rows(d), launch))
         out = launch.sums  # [B, (scale, shift), d]
         if out is None:
             return dx, None, None, None, None, None

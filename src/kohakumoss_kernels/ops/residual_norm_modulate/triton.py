@@ -15,7 +15,7 @@ from ...triton_utils import supports as supports
 
 @triton.jit
 def _residual_norm_modulate_fwd(
-    X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr
+    X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, ACC, ACC_N, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr
 ):
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
@@ -37,6 +37,7 @@ def _residual_norm_modulate_fwd(
     h = r * rstd[:, None] * (1.0 + sc) + sh
     tl.store(H + row0 * d + loc, h.to(H.dtype.element_ty), mask=mask)
     tl.store(RSTD + row0 + rid, rstd, mask=rmask)
+    ss.zero_acc(ACC, ACC_N, BLOCK)
 
 
 @triton.jit
@@ -113,8 +114,9 @@ class _ResidualNormModulate(torch.autograd.Function):
         T, d = x.shape
         r, h = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
+        ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[2:5]) and T > 0, gate.shape[0], 3, x)
         launch = row_launch(
-            _residual_norm_modulate_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, T, d, eps
+            _residual_norm_modulate_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, *acc_args, T, d, eps
         )
         if T:
             launch(pick("residual_norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
@@ -135,10 +137,10 @@ class _ResidualNormModulate(torch.autograd.Function):
         need_sums = any(ctx.needs_input_grad[2:5])  # gate, shift, scale: a trained modulation
         args = (dr, dh, r, y, gate, scale, ts, rstd, dx, dy)
         launch = ss.PerSampleBackward(
-            _residual_norm_modulate_bwd, args, r, gate.shape[0], 3, need_sums, scale.dtype
+            _residual_norm_modulate_bwd, args, r, gate.shape[0], 3, need_sums, scale.dtype, acc=ss.take(ctx)
         )
         name = "residual_norm_modulate.bwd" + ("" if need_sums else "_nosums")
-        launch(pick(name, row_key(r, T, d), launch.configs(), launch))
+        launch.run(pick(name, row_key(r, T, d), launch.configs(), launch))
         out = launch.sums  # [B, (gate, scale, shift), d]
         if out is None:
             return dx.to(x_dtype), dy, None, None, None, None, None
