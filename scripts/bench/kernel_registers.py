@@ -27,6 +27,7 @@ from kohakumoss_kernels import row_chunks, triton_utils  # noqa: E402
 
 ARCH = 90  # compute capability to compile for (sm_90a: the H200)
 KERNELS = "all"  # comma-separated names from the table below, or "all"
+PDL = True  # as launched on sm90+ (kohakumoss_kernels.pdl): griddepcontrol.wait first
 D_MODEL = 3072
 HEAD_DIM = 128
 
@@ -70,30 +71,33 @@ def kernels() -> dict[str, tuple]:
         "HAS_W": "constexpr",
         "HAS_RES": "constexpr",
         "BD": "constexpr",
+        "PDL": "constexpr",
+        "ACC": "*fp32",
+        "ACC_N": "i32",
     }
     per_sample = {**scalars, **_PER_SAMPLE, **c}
     table = {
-        "rms_norm_fwd": (rn._rms_norm_fwd, _sig("X W Y RSTD T d eps HAS_W ROWS BLOCK", {**scalars, **c}),
+        "rms_norm_fwd": (rn._rms_norm_fwd, _sig("X W Y RSTD T d eps HAS_W ROWS BLOCK PDL", {**scalars, **c}),
                          {"HAS_W": True, "BLOCK": block}, rows_fwd),
-        "rms_norm_bwd": (rn._rms_norm_bwd, _sig("DY X W RSTD DX DW T d tiles_per_prog HAS_W NEED_DW ROWS BLOCK",
+        "rms_norm_bwd": (rn._rms_norm_bwd, _sig("DY X W RSTD DX DW T d tiles_per_prog HAS_W NEED_DW ROWS BLOCK PDL",
                                                 {**per_sample, "DW": "*fp32"}), {"HAS_W": True, "NEED_DW": True, "BLOCK": block}, rows_bwd),
-        "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD T d eps ROWS W C", {**scalars, **c, **wc}),
+        "norm_modulate_fwd": (nm._norm_modulate_fwd, _sig("X SHIFT SCALE TS Y RSTD ACC ACC_N T d eps ROWS W C PDL", {**scalars, **c, **wc}),
                               chunks, rows_fwd),
         "norm_modulate_bwd": (nm._norm_modulate_bwd,
-                              _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS W C",
+                              _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS W C PDL",
                                    {**per_sample, **wc}), {"HAS_RES": False, "NEED_SUMS": True, **chunks}, nm_bwd),
         "norm_modulate_bwd_fork": (nm._norm_modulate_bwd,
-                                   _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS W C",
+                                   _sig("DY X SCALE TS RSTD DX DRES HAS_RES P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS W C PDL",
                                         {**per_sample, **wc}), {"HAS_RES": True, "NEED_SUMS": True, **chunks}, nm_bwd),
         "gated_residual_bwd": (gr._gated_residual_bwd,
-                               _sig("DOUT Y GATE TS DY P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK", per_sample),
+                               _sig("DOUT Y GATE TS DY P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK PDL", per_sample),
                                {"NEED_SUMS": True, "BLOCK": block}, rows_bwd),
         "residual_norm_modulate_bwd": (
             rnm._residual_norm_modulate_bwd,
-            _sig("DR DH R Y GATE SCALE TS RSTD DX DY P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK",
+            _sig("DR DH R Y GATE SCALE TS RSTD DX DY P D FIRST LAST T d tiles_per_prog NEED_SUMS ROWS BLOCK PDL",
                  per_sample), {"NEED_SUMS": True, "BLOCK": block}, rows_bwd),
         "qk_norm_rope_bwd": (qk._qk_norm_rope_bwd,
-                             _sig("DY X W COS SIN RSTD DX DW R H half tiles_per_prog HAS_W NEED_DW ROWS BD",
+                             _sig("DY X W COS SIN RSTD DX DW R H half tiles_per_prog HAS_W NEED_DW ROWS BD PDL",
                                   {**c, "COS": "*fp32", "SIN": "*fp32", "RSTD": "*fp32", "DW": "*fp32", "R": "i32",
                                    "H": "i32", "half": "i32", "tiles_per_prog": "i32"}),
                              {"HAS_W": True, "NEED_DW": True, "BD": bd}, heads_bwd),
@@ -157,7 +161,7 @@ def usage(fn, sig: dict, consts: dict, cfg: tuple, arch: int) -> tuple[int, int,
 
     def compile_with(count_constexprs: bool):
         attrs = aligned(sig, count_constexprs)
-        src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "ROWS": rows}, attrs=attrs)
+        src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "ROWS": rows, "PDL": PDL}, attrs=attrs)
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
     try:

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
 from .triton_utils import backward_configs, next_pow2, persistent_programs, register_budget
 
 # The second passes over the partials are latency-bound (a few MB, a loop over the programs' rows). The
@@ -123,7 +124,10 @@ def close_chunk(
 
 
 @triton.jit
-def _per_program_sum_rows(P, OUT, G, d, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr):
+def _per_program_sum_rows(
+    P, OUT, G, d, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl.wait_inputs(PDL)
     cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < d
     acc = tl.zeros([BLOCK_G, BLOCK_C], dtype=tl.float32)
@@ -150,15 +154,17 @@ def sum_rows(p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(d, device=p.device, dtype=dtype)
     block_g, block_c = sum_rows_blocks(g, d)
     _per_program_sum_rows[(triton.cdiv(d, block_c),)](
-        p, out, g, d, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=SUM_WARPS
+        p, out, g, d, BLOCK_G=block_g, BLOCK_C=block_c, num_warps=SUM_WARPS, **pdl.options(p)
     )
     return out
 
 
 @triton.jit
 def _per_sample_finish(
-    P, FIRST, LAST, D, OUT, G, d, K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr
-):
+    P, FIRST, LAST, D, OUT, G, d, K: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.wait_inputs(PDL)
     s = tl.program_id(0)
     k = tl.program_id(1)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -224,7 +230,18 @@ def finish(
     if samples and d:
         block_c = min(FINISH_COLS, triton.next_power_of_2(d))
         _per_sample_finish[(samples, k, triton.cdiv(d, block_c))](
-            p, first, last, acc, out, p.shape[0], d, K=k, BLOCK_G=FINISH_ROWS, BLOCK_C=block_c, num_warps=4
+            p,
+            first,
+            last,
+            acc,
+            out,
+            p.shape[0],
+            d,
+            K=k,
+            BLOCK_G=FINISH_ROWS,
+            BLOCK_C=block_c,
+            num_warps=4,
+            **pdl.options(p),
         )
     return out
 
@@ -290,5 +307,6 @@ class PerSampleBackward:
             **self.width,
             num_warps=warps,
             **register_budget(self.like, warps, per_sm),
+            **pdl.options(self.like),
         )
         self.sums = finish(p, first, last, acc, self.dtype) if self.need_sums else None

@@ -7,13 +7,17 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import pdl
 from ... import sample_sums as ss
 from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _gated_residual_fwd(X, Y, GATE, TS, OUT, ACC, ACC_N, T, d, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_residual_fwd(
+    X, Y, GATE, TS, OUT, ACC, ACC_N, T, d, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False
+):
+    pdl.wait_inputs(PDL)
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -42,8 +46,9 @@ def _load_tile(DOUT, Y, TS, row, end, rid, loc, cmask, d):
 @triton.jit
 def _gated_residual_bwd(
     DOUT, Y, GATE, TS, DY, P, D, FIRST, LAST, T, d, tiles_per_prog, NEED_SUMS: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_inputs(PDL)
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -80,7 +85,7 @@ class _GatedResidual(torch.autograd.Function):
         T, d = x.shape
         out = torch.empty_like(x)
         ctx.acc, acc_args = ss.forward_acc(ctx.needs_input_grad[2] and T > 0, gate.shape[0], 1, x)
-        launch = row_launch(_gated_residual_fwd, T, d, x, y, gate, ts, out, *acc_args, T, d)
+        launch = row_launch(_gated_residual_fwd, T, d, x, y, gate, ts, out, *acc_args, T, d, **pdl.options(x))
         if T:
             launch(pick("gated_residual.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(y, gate, ts)

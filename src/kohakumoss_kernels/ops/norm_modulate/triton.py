@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import pdl
 from ... import row_chunks as rc
 from ... import sample_sums as ss
 from ...triton_utils import backward_configs, next_pow2, pick, row_configs, row_key, row_launch
@@ -19,8 +20,10 @@ from ...triton_utils import supports as supports
 
 @triton.jit
 def _norm_modulate_fwd(
-    X, SHIFT, SCALE, TS, Y, RSTD, ACC, ACC_N, T, d, eps, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr
+    X, SHIFT, SCALE, TS, Y, RSTD, ACC, ACC_N, T, d, eps, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_inputs(PDL)
     # one int64 base per tile, int32 offsets within it: per-element int64 offsets cost registers
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
@@ -81,8 +84,9 @@ def _sums_out(a0, a1, a2, P, D, pid, k, cur, seg, d, W: tl.constexpr, C: tl.cons
 @triton.jit
 def _norm_modulate_bwd(
     DY, X, SCALE, TS, RSTD, DX, DRES, HAS_RES: tl.constexpr, P, D, FIRST, LAST, T, d, tiles_per_prog,
-    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr,
+    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, W: tl.constexpr, C: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_inputs(PDL)
     # ROWS is 1 (backward_rows): the row's sample is one scalar, a boundary test without a reduction
     pid = tl.program_id(0)
     start, end, n, first = ss.chunk(TS, pid, tiles_per_prog, T, 1)
@@ -167,7 +171,21 @@ class _NormModulate(torch.autograd.Function):
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
         ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[1:3]) and T > 0, scale.shape[0], 2, x)
         launch = row_launch(
-            _norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, *acc_args, T, d, eps, width=rc.width(d)
+            _norm_modulate_fwd,
+            T,
+            d,
+            x,
+            shift,
+            scale,
+            ts,
+            y,
+            rstd,
+            *acc_args,
+            T,
+            d,
+            eps,
+            width=rc.width(d),
+            **pdl.options(x),
         )
         if T:
             launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))

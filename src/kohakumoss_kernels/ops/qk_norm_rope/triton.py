@@ -12,8 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import pdl, stream
 from ... import sample_sums as ss
-from ... import stream
 from ...triton_utils import (
     backward_configs,
     next_pow2,
@@ -39,8 +39,10 @@ def _cos_sin(COS, SIN, row0, rid, H, half, cols, mask):
 
 @triton.jit
 def _qk_norm_rope_fwd(
-    X, W, COS, SIN, OUT, RSTD, R, H, half, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr
-):
+    X, W, COS, SIN, OUT, RSTD, R, H, half, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BD: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.wait_inputs(PDL)
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BD)
@@ -70,9 +72,11 @@ def _qk_norm_rope_fwd(
 
 @triton.jit
 def _qk_norm_rope_fwd_token(
-    X, W, COS, SIN, OUT, RSTD, H, half, eps, HAS_W: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr
-):
+    X, W, COS, SIN, OUT, RSTD, H, half, eps, HAS_W: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
     """The forward with one token (all its heads) per program: one cos/sin row shared by the heads."""
+    pdl.wait_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BH)[:, None]
     cols = tl.arange(0, BD)[None, :]
@@ -99,23 +103,10 @@ def _qk_norm_rope_fwd_token(
 
 @triton.jit
 def _qk_norm_rope_bwd(
-    DY,
-    X,
-    W,
-    COS,
-    SIN,
-    RSTD,
-    DX,
-    DW,
-    R,
-    H,
-    half,
-    tiles_per_prog,
-    HAS_W: tl.constexpr,
-    NEED_DW: tl.constexpr,
-    ROWS: tl.constexpr,
-    BD: tl.constexpr,
-):
+    DY, X, W, COS, SIN, RSTD, DX, DW, R, H, half, tiles_per_prog, HAS_W: tl.constexpr, NEED_DW: tl.constexpr,
+    ROWS: tl.constexpr, BD: tl.constexpr, PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.wait_inputs(PDL)
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BD)
@@ -200,12 +191,12 @@ class _QKNormRope(torch.autograd.Function):
             if rows == 0:  # one token per program
                 _qk_norm_rope_fwd_token[(T,)](
                     x, w, cos, sin, out, rstd, H, D // 2, eps,
-                    HAS_W=weight is not None, BH=next_pow2(H), BD=bd, num_warps=warps,
+                    HAS_W=weight is not None, BH=next_pow2(H), BD=bd, num_warps=warps, **pdl.options(x),
                 )  # fmt: skip
                 return
             _qk_norm_rope_fwd[(triton.cdiv(R, rows),)](
                 x, w, cos, sin, out, rstd, R, H, D // 2, eps,
-                HAS_W=weight is not None, ROWS=rows, BD=bd, num_warps=warps,
+                HAS_W=weight is not None, ROWS=rows, BD=bd, num_warps=warps, **pdl.options(x),
             )  # fmt: skip
 
         if R:
@@ -235,7 +226,7 @@ class _QKNormRope(torch.autograd.Function):
             _qk_norm_rope_bwd[(grid,)](
                 dy, x, weight if has_w else x, cos, sin, rstd, dx, dw, R, H, D // 2,
                 triton.cdiv(tiles, grid), HAS_W=has_w, NEED_DW=need_dw, ROWS=rows, BD=bd, num_warps=warps,
-                **register_budget(x, warps, per_sm),
+                **register_budget(x, warps, per_sm), **pdl.options(x),
             )  # fmt: skip
             grads["dw"] = ss.sum_rows(dw, weight.dtype) if need_dw else None  # timed with the pick
 

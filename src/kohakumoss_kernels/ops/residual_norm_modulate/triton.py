@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import pdl
 from ... import sample_sums as ss
 from ...triton_utils import pick, row_configs, row_key, row_launch
 from ...triton_utils import supports as supports
@@ -15,8 +16,10 @@ from ...triton_utils import supports as supports
 
 @triton.jit
 def _residual_norm_modulate_fwd(
-    X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, ACC, ACC_N, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr
-):
+    X, Y, GATE, SHIFT, SCALE, TS, R, H, RSTD, ACC, ACC_N, T, d, eps, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.wait_inputs(PDL)
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -58,8 +61,9 @@ def _load_tile(R, Y, DH, DR, RSTD, TS, row, end, rid, loc, cmask, d):
 @triton.jit
 def _residual_norm_modulate_bwd(
     DR, DH, R, Y, GATE, SCALE, TS, RSTD, DX, DY, P, D, FIRST, LAST, T, d, tiles_per_prog,
-    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    NEED_SUMS: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_inputs(PDL)
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -116,7 +120,23 @@ class _ResidualNormModulate(torch.autograd.Function):
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
         ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[2:5]) and T > 0, gate.shape[0], 3, x)
         launch = row_launch(
-            _residual_norm_modulate_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, *acc_args, T, d, eps
+            _residual_norm_modulate_fwd,
+            T,
+            d,
+            x,
+            y,
+            gate,
+            shift,
+            scale,
+            ts,
+            r,
+            h,
+            rstd,
+            *acc_args,
+            T,
+            d,
+            eps,
+            **pdl.options(x),
         )
         if T:
             launch(pick("residual_norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))

@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import pdl
 from ... import sample_sums as ss
 from ...triton_utils import (
     backward_configs,
@@ -27,7 +28,11 @@ from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _rms_norm_fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+def _rms_norm_fwd(
+    X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.wait_inputs(PDL)
     row0 = tl.program_id(0).to(tl.int64) * ROWS
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -46,8 +51,9 @@ def _rms_norm_fwd(X, W, Y, RSTD, T, d, eps, HAS_W: tl.constexpr, ROWS: tl.conste
 @triton.jit
 def _rms_norm_bwd(
     DY, X, W, RSTD, DX, DW, T, d, tiles_per_prog, HAS_W: tl.constexpr, NEED_DW: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):  # fmt: skip
+    pdl.wait_inputs(PDL)
     pid = tl.program_id(0)
     rid = tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK)
@@ -96,7 +102,9 @@ class _RMSNorm(torch.autograd.Function):
         y = torch.empty_like(x2)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
         w = weight.contiguous() if weight is not None else x2
-        launch = row_launch(_rms_norm_fwd, T, d, x2, w, y, rstd, T, d, eps, HAS_W=weight is not None)
+        launch = row_launch(
+            _rms_norm_fwd, T, d, x2, w, y, rstd, T, d, eps, HAS_W=weight is not None, **pdl.options(x)
+        )
         if T:
             launch(pick("rms_norm.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x2, weight, rstd)
@@ -135,6 +143,7 @@ class _RMSNorm(torch.autograd.Function):
                 BLOCK=block,
                 num_warps=warps,
                 **register_budget(x2, warps, per_sm),
+                **pdl.options(x2),
             )
             # the partials' sum inside the picked launch: more programs per SM, more partials to add
             grads["dw"] = ss.sum_rows(part, weight.dtype) if need_dw else None

@@ -6,12 +6,16 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import stream
+from ... import pdl, stream
 from ...triton_utils import supports as supports
 
 
 @triton.jit
-def _rope_rotate(X, COS, SIN, OUT, H, half, SIGN: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr):
+def _rope_rotate(
+    X, COS, SIN, OUT, H, half, SIGN: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
+    PDL: tl.constexpr = False,
+):  # fmt: skip
+    pdl.wait_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     heads = tl.arange(0, BH)[:, None]
     cols = tl.arange(0, BD)[None, :]
@@ -43,6 +47,7 @@ def _launch(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sign: float) 
             BH=triton.next_power_of_2(H),
             BD=triton.next_power_of_2(D // 2),
             num_warps=4,
+            **pdl.options(x),
         )
     return out
 

@@ -6,13 +6,15 @@ import torch
 import triton
 import triton.language as tl
 
+from ... import pdl
 from ...triton_utils import supports as supports
 
 BLOCK = 1024
 
 
 @triton.jit
-def _swiglu_fwd(Hp, OUT, n_half, BLOCK: tl.constexpr):
+def _swiglu_fwd(Hp, OUT, n_half, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_half
@@ -23,7 +25,8 @@ def _swiglu_fwd(Hp, OUT, n_half, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _swiglu_bwd(DOUT, Hp, DH, n_half, BLOCK: tl.constexpr):
+def _swiglu_bwd(DOUT, Hp, DH, n_half, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.wait_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_half
@@ -46,7 +49,9 @@ class _SwiGLU(torch.autograd.Function):
         T, n = h2.shape
         out = torch.empty(T, n // 2, device=h.device, dtype=h.dtype)
         if T:
-            _swiglu_fwd[(T, triton.cdiv(n // 2, BLOCK))](h2, out, n // 2, BLOCK=BLOCK, num_warps=4)
+            _swiglu_fwd[(T, triton.cdiv(n // 2, BLOCK))](
+                h2, out, n // 2, BLOCK=BLOCK, num_warps=4, **pdl.options(h2)
+            )
         ctx.save_for_backward(h2)
         ctx.shape = shape
         return out.reshape(*shape[:-1], n // 2)
@@ -58,7 +63,13 @@ class _SwiGLU(torch.autograd.Function):
         dh = torch.empty_like(h2)
         if T:
             _swiglu_bwd[(T, triton.cdiv(n // 2, BLOCK))](
-                dout.reshape(T, n // 2).contiguous(), h2, dh, n // 2, BLOCK=BLOCK, num_warps=4
+                dout.reshape(T, n // 2).contiguous(),
+                h2,
+                dh,
+                n // 2,
+                BLOCK=BLOCK,
+                num_warps=4,
+                **pdl.options(h2),
             )
         return dh.reshape(ctx.shape)
 
