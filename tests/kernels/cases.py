@@ -166,3 +166,20 @@ def compare(
             rtol=rtol,
             msg=lambda m, i=i: f"{op} grad{i}: {m}",
         )
+
+
+def backward_twice(op: str, backend: str, lengths: list[int], dtype, device, **dims) -> None:
+    """Two backwards through one retained graph give the same input gradients (the per-sample ops hand
+    their forward's zeroed sums buffer to the first backward only)."""
+    args, kwargs = make_inputs(op, lengths, dtype, device, **dims)
+    args = tuple(
+        a.detach().clone().requires_grad_(a.requires_grad) if isinstance(a, torch.Tensor) else a for a in args
+    )
+    leaves = _grad_leaves(args)
+    out = backend_fn(op, backend)(*args, **kwargs)
+    outs = out if isinstance(out, tuple) else (out,)
+    seeds = [torch.ones_like(o) for o in outs]
+    first = torch.autograd.grad(outs, leaves, seeds, retain_graph=True)
+    second = torch.autograd.grad(outs, leaves, seeds)
+    for i, (a, b) in enumerate(zip(first, second)):
+        torch.testing.assert_close(a, b, msg=lambda m, i=i: f"{op} grad{i}, second backward: {m}")

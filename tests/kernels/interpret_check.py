@@ -8,7 +8,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from cases import compare  # noqa: E402
+from cases import backward_twice, compare  # noqa: E402
 
 OPS = sys.argv[1:] or [
     "rms_norm",
@@ -33,6 +33,7 @@ if __name__ == "__main__":
         compare(op, "triton", [1, 5, 19], torch.float32, "cpu", **SMALL.get(op, {}))
         if op in PER_SAMPLE:  # a sample with no rows, a whole sample inside one chunk, unsorted rows
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40)
+            backward_twice(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40)
             compare(op, "triton", [4, 9, 3], torch.float32, "cpu", shuffle=True, d=40)
         if op == "norm_modulate":  # x's other use's gradient added in the backward's own pass
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", op_kwargs={"fork": True}, d=40)

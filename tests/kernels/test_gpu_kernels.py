@@ -95,6 +95,15 @@ def test_every_launch_config(op, monkeypatch):
         compare(op, "triton", [513, 1, 64, 1000, 7], torch.bfloat16, "cuda", **dims)
 
 
+def test_per_sample_ops_backward_twice_through_a_retained_graph():
+    """A 3-row sample inside one program's chunk of 8704 rows: its sums go through the atomics buffer,
+    which only the first backward takes from the forward."""
+    from .cases import backward_twice
+
+    for op in ("norm_modulate", "gated_residual", "residual_norm_modulate"):
+        backward_twice(op, "triton", [4000, 3, 4701], torch.bfloat16, "cuda", d=3072)
+
+
 def test_rows_not_grouped_by_sample():
     """Per-sample gradients stay right when token_sample is not sorted (atomics path)."""
     from .cases import compare_shuffled
