@@ -171,22 +171,9 @@ class _NormModulate(torch.autograd.Function):
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
         ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[1:3]) and T > 0, scale.shape[0], 2, x)
         launch = row_launch(
-            _norm_modulate_fwd,
-            T,
-            d,
-            x,
-            shift,
-            scale,
-            ts,
-            y,
-            rstd,
-            *acc_args,
-            T,
-            d,
-            eps,
-            width=rc.width(d),
+            _norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, *acc_args, T, d, eps, width=rc.width(d),
             **pdl.options(x),
-        )
+        )  # fmt: skip
         if T:
             launch(pick("norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(x, scale, ts, rstd)

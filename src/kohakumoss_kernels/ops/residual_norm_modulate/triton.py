@@ -120,24 +120,9 @@ class _ResidualNormModulate(torch.autograd.Function):
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
         ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[2:5]) and T > 0, gate.shape[0], 3, x)
         launch = row_launch(
-            _residual_norm_modulate_fwd,
-            T,
-            d,
-            x,
-            y,
-            gate,
-            shift,
-            scale,
-            ts,
-            r,
-            h,
-            rstd,
-            *acc_args,
-            T,
-            d,
-            eps,
-            **pdl.options(x),
-        )
+            _residual_norm_modulate_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, *acc_args, T, d,
+            eps, **pdl.options(x),
+        )  # fmt: skip
         if T:
             launch(pick("residual_norm_modulate.fwd", row_key(x, T, d), row_configs(d), launch))
         ctx.save_for_backward(r, y, gate, scale, ts, rstd)
