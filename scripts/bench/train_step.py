@@ -594,8 +594,13 @@ def device_kernels(events) -> list[tuple[str, float, int]]:
     ]
 
 
-def kinds_table(kernels: list[tuple[str, float]], steps: int) -> str:
-    """(kernel name, device ms summed over `steps`) -> ms per step and share by kind, largest first."""
+def kinds_table(
+    kernels: list[tuple[str, float]], steps: int, wall_ms: float | None = None, launches: int | None = None
+) -> str:
+    """(kernel name, device ms summed over `steps`) -> ms per step and share by kind, largest first; with
+    the steps' wall time (ms, summed) also the time per step the GPU ran no kernel, and with the number of
+    kernels, memsets and copies run (`launches`, summed) how many a step has: the gaps between them are
+    most of that idle time in a graphed step."""
     by: dict[str, float] = {}
     for name, ms in kernels:
         kind = kernel_kind(name)
@@ -603,7 +608,13 @@ def kinds_table(kernels: list[tuple[str, float]], steps: int) -> str:
     total = sum(by.values()) or 1.0
     lines = [f"{'kind':<20} {'ms/step':>9} {'share':>6}"]
     lines += [f"{k:<20} {v:9.2f} {v / total:6.1%}" for k, v in sorted(by.items(), key=lambda kv: -kv[1])]
-    return "\n".join(lines + [f"{'device time':<20} {total:9.2f}"])
+    lines.append(f"{'device time':<20} {total:9.2f}")
+    if wall_ms is not None:
+        wall = wall_ms / steps
+        lines.append(f"{'step (profiled)':<20} {wall:9.2f}  GPU idle {wall - total:.2f} ms per step")
+    if launches is not None:
+        lines.append(f"{'kernels per step':<20} {launches / steps:9.0f}")
+    return "\n".join(lines)
 
 
 # The bf16 [T, width] tensors one call of a row kernel must read and write once (as counted in
@@ -656,9 +667,12 @@ def profile_steps(
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=trace) as prof:
+        sync(device)
+        began = time.perf_counter()
         for i in range(start, start + count):
             step(i)
         sync(device)
+        wall_ms = (time.perf_counter() - began) * 1e3
     out_dir = os.environ.get("OUT")
     if trace and out_dir:
         raw = Path(out_dir, f"trace_{name.replace('/', '_')}.json")
@@ -673,7 +687,8 @@ def profile_steps(
     )
     if device.type == "cuda":  # kernels only (no CPU-side ranges): by kind, per step
         counted = device_kernels(events)
-        text += "\n" + kinds_table([(key, ms) for key, ms, _ in counted], count)
+        launches = sum(calls for _, _, calls in counted)
+        text += "\n" + kinds_table([(key, ms) for key, ms, _ in counted], count, wall_ms, launches)
         if shape and any(key in ROW_KERNEL_TENSORS for key, _, _ in counted):
             text += "\n" + row_kernel_table(counted, count, *shape, copy_gbs(device, gib=1.0))
     print(text, flush=True)

@@ -158,6 +158,11 @@ def test_kernels_are_grouped_by_kind_per_step():
     assert table[1].split()[:2] == ["GEMM", "20.00"]  # largest first, per step
     assert [line.split()[0] for line in table[2:5]] == ["attention", "Triton", "copies"]
     assert table[-1].split()[-1] == "33.33"
+    # with the profiled steps' wall time and kernel count: the GPU's idle time and kernels per step
+    table = ts.kinds_table(kernels, steps=3, wall_ms=120.0, launches=15).splitlines()
+    assert table[-3].split()[-1] == "33.33"
+    assert table[-2].split()[2] == "40.00" and "idle 6.67 ms" in table[-2]
+    assert table[-1].split()[-1] == "5"
 
 
 def test_row_kernels_bandwidth_per_call():
