@@ -193,9 +193,10 @@ def zero_acc(ACC, n, BLOCK: tl.constexpr):
 
 
 def forward_acc(needed: bool, samples: int, k: int, like: torch.Tensor) -> tuple[torch.Tensor | None, tuple]:
-    """The backward's atomics target D [samples, k, d] fp32, left for the forward kernel to zero, and the
-    forward kernel's (ACC, n) arguments: (like, 0) where no parameter needs a gradient."""
-    if not needed:
+    """The backward's atomics target D [samples, k, d] fp32 for `like` [T, d], left for the forward kernel
+    to zero, and that kernel's (ACC, n) arguments: (like, 0) where no parameter needs a gradient or T is 0
+    (no kernel runs)."""
+    if not needed or like.shape[0] == 0:
         return None, (like, 0)
     acc = torch.empty(samples, k, like.shape[1], device=like.device, dtype=torch.float32)
     return acc, (acc, acc.numel())

@@ -84,7 +84,7 @@ class _GatedResidual(torch.autograd.Function):
         x, y, gate, ts = x.contiguous(), y.contiguous(), gate.contiguous(), token_sample.contiguous()
         T, d = x.shape
         out = torch.empty_like(x)
-        ctx.acc, acc_args = ss.forward_acc(ctx.needs_input_grad[2] and T > 0, gate.shape[0], 1, x)
+        ctx.acc, acc_args = ss.forward_acc(ctx.needs_input_grad[2], gate.shape[0], 1, x)
         launch = row_launch(_gated_residual_fwd, T, d, x, y, gate, ts, out, *acc_args, T, d, **pdl.options(x))
         if T:
             launch(pick("gated_residual.fwd", row_key(x, T, d), row_configs(d), launch))

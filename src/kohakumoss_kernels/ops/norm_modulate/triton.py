@@ -169,7 +169,7 @@ class _NormModulate(torch.autograd.Function):
         T, d = x.shape
         y = torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[1:3]) and T > 0, scale.shape[0], 2, x)
+        ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[1:3]), scale.shape[0], 2, x)
         launch = row_launch(
             _norm_modulate_fwd, T, d, x, shift, scale, ts, y, rstd, *acc_args, T, d, eps, width=rc.width(d),
             **pdl.options(x),

@@ -118,7 +118,7 @@ class _ResidualNormModulate(torch.autograd.Function):
         T, d = x.shape
         r, h = torch.empty_like(x), torch.empty_like(x)
         rstd = torch.empty(T, device=x.device, dtype=torch.float32)
-        ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[2:5]) and T > 0, gate.shape[0], 3, x)
+        ctx.acc, acc_args = ss.forward_acc(any(ctx.needs_input_grad[2:5]), gate.shape[0], 3, x)
         launch = row_launch(
             _residual_norm_modulate_fwd, T, d, x, y, gate, shift, scale, ts, r, h, rstd, *acc_args, T, d,
             eps, **pdl.options(x),

@@ -63,14 +63,9 @@ class _SwiGLU(torch.autograd.Function):
         dh = torch.empty_like(h2)
         if T:
             _swiglu_bwd[(T, triton.cdiv(n // 2, BLOCK))](
-                dout.reshape(T, n // 2).contiguous(),
-                h2,
-                dh,
-                n // 2,
-                BLOCK=BLOCK,
-                num_warps=4,
+                dout.reshape(T, n // 2).contiguous(), h2, dh, n // 2, BLOCK=BLOCK, num_warps=4,
                 **pdl.options(h2),
-            )
+            )  # fmt: skip
         return dh.reshape(ctx.shape)
 
 
