@@ -29,7 +29,7 @@ from kohakumoss_common.timing import copy_gbs, median_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from kohakumoss_kernels import OpSet, registry, triton_utils  # noqa: E402
+from kohakumoss_kernels import OpSet, grad_sink, registry, triton_utils  # noqa: E402
 
 D_MODEL = 3072
 HEADS = 24
@@ -55,6 +55,9 @@ ROPE_ATTN_BACKENDS = (
 BLOCK = True
 LORA = True  # the LoRA linears at the block's shapes: each backend against the frozen GEMMs alone
 LORA_BACKENDS = "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"
+LORA_SINK = (
+    True  # as the training step: fp32 adapter weights whose gradients the ops add into .grad (grad_sink)
+)
 HOST_SYNC = (
     "eager",
     "compile",
@@ -332,9 +335,9 @@ def lora_cases(dtype, g) -> list[tuple[str, str, tuple, float]]:
     T = SAMPLES * (IMAGE_TOKENS + TEXT_TOKENS)
     r, e = LORA_RANK, 2
 
-    def w(o, i, grad=False, scale=None):
+    def w(o, i, grad=False, scale=None):  # trained ones: the adapter's masters (fp32 with LORA_SINK)
         t = torch.randn(o, i, device=DEVICE, generator=g) * (scale or 1 / math.sqrt(i))
-        return t.to(dtype).requires_grad_(grad)
+        return t.to(torch.float32 if grad and LORA_SINK else dtype).requires_grad_(grad)
 
     cases = []
     for name, (o, i) in {"o 3072>3072": (D_MODEL, D_MODEL), "gate_up 3072>16384": (2 * MLP_HIDDEN, D_MODEL),
@@ -373,7 +376,10 @@ def bench_lora(dtype, ceil: dict, rows: list[dict]) -> None:
             x.grad = None
 
         base_ms = time_graph_ms(base)
-        leaves = _group_leaves(args)
+        leaves = [t for t in _group_leaves(args) if t is not x]
+        sunk = leaves if LORA_SINK else []
+        for leaf in sunk:  # the step's fixed gradient buffers, which the ops accumulate into
+            leaf.grad = torch.zeros_like(leaf)
         for backend in LORA_BACKENDS.split(","):
             row = {"op": f"{op} {name}", "backend": backend, "base_fwd_bwd_ms": base_ms}
             try:
@@ -385,12 +391,15 @@ def bench_lora(dtype, ceil: dict, rows: list[dict]) -> None:
                 if fn is None:
                     raise RuntimeError("backend unavailable")
 
-                def both(fn=fn, args=args, leaves=leaves):
-                    out = fn(*args)
-                    outs = out if isinstance(out, tuple) else (out,)
-                    torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
-                    for leaf in leaves:
-                        leaf.grad = None
+                def both(fn=fn, args=args, x=x, leaves=leaves, sunk=sunk):
+                    with grad_sink.into(sunk):
+                        out = fn(*args)
+                        outs = out if isinstance(out, tuple) else (out,)
+                        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
+                    x.grad = None
+                    if not sunk:
+                        for leaf in leaves:
+                            leaf.grad = None
 
                 row["fwd_bwd_ms"] = time_graph_ms(both)
                 if row["fwd_bwd_ms"] and base_ms:

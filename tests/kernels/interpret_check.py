@@ -55,14 +55,18 @@ if __name__ == "__main__":
             )
         print(f"ok {op}", flush=True)
     if not sys.argv[1:]:  # the LoRA linear's rank-r Triton products, alone and inside the op
-        from kohakumoss_kernels.ops.lora_linear.lowrank import cols_mm, rows_mm
+        from kohakumoss_kernels.ops.lora_linear import lowrank
 
         g = torch.Generator().manual_seed(0)
-        for M, K, r in [(1, 7, 3), (67, 130, 32), (200, 64, 20)]:
+        for M, K, r in [(1, 7, 3), (67, 130, 32), (200, 64, 20), (256, 128, 16)]:
             a, w = torch.randn(M, K, generator=g), torch.randn(r, K, generator=g)
-            torch.testing.assert_close(rows_mm(a, w.t()), a @ w.t(), atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(lowrank.rows_mm(a, w.t(), 0.5), 0.5 * a @ w.t(), atol=1e-4, rtol=1e-4)
             b = torch.randn(M, r, generator=g)
-            torch.testing.assert_close(cols_mm(a, b), a.t() @ b, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(lowrank.mm(a.t(), b), a.t() @ b, atol=1e-4, rtol=1e-4)
+            prior = torch.randn(r, K, generator=g)  # the rank on the left, accumulated into a buffer
+            out = prior.clone()
+            lowrank.mm_into(out, b.t(), a, 2.0)
+            torch.testing.assert_close(out, prior + 2.0 * b.t() @ a, atol=1e-4, rtol=1e-4)
         compare("lora_linear", "addmm_lowrank", [1, 5, 19], torch.float32, "cpu")
         compare("lora_linear", "addmm_lowrank", [70, 3], torch.float32, "cpu", d=40)
         from kohakumoss_kernels.ops.lora_group.addmm_lowrank import lora_group
@@ -80,5 +84,23 @@ if __name__ == "__main__":
             torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
             results.append([*outs, x.grad, *(d.grad for d in downs), *(u.grad for u in ups)])
         for a, b in zip(*results, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        # inside a grad_sink window the adapter's gradients are added into .grad by the kernels' atomics
+        from kohakumoss_kernels import grad_sink
+        from kohakumoss_kernels.ops.lora_linear.addmm_lowrank import lora_linear
+
+        w, d0, u0 = (
+            torch.randn(19, 24, generator=g),
+            torch.randn(4, 24, generator=g),
+            torch.randn(19, 4, generator=g),
+        )
+        grads = []
+        for sink in (False, True):
+            d, u = d0.clone().requires_grad_(True), u0.clone().requires_grad_(True)
+            d.grad, u.grad = torch.ones_like(d), torch.ones_like(u)
+            with grad_sink.into([d, u] if sink else []):
+                lora_linear(x0, w, None, d, u, 0.5).sum().backward()
+            grads.append((d.grad, u.grad))
+        for a, b in zip(*grads, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         print("ok lowrank", flush=True)

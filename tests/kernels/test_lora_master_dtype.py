@@ -154,13 +154,25 @@ def test_grad_sink_accumulates_what_autograd_would_add(case):
     assert all(a.dtype == torch.float32 for a in got[1:])
 
 
+LOWRANK_SINK_CASES = {  # the Triton rank-r kernels add into .grad with atomics (CUDA, or the interpreter)
+    "linear_lowrank": (
+        lambda x, ws, bs, ds, us: lora_linear(x, ws[0], bs[0], ds[0], us[0], 0.7, True, lowrank=True),
+        {},
+    ),
+    "group_lowrank": (
+        lambda x, ws, bs, ds, us: lora_group(x, ws, bs, ds, us, (0.7, 1.0, 0.25), lowrank=True),
+        {"outs": (7, 7, 5), "ranks": (3, 2, 3)},
+    ),
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
 )
-@pytest.mark.parametrize("case", list(SINK_CASES))
+@pytest.mark.parametrize("case", [*SINK_CASES, *LOWRANK_SINK_CASES])
 def test_cuda_grad_sink_bf16_products_into_fp32_grads(case):
-    op, kw = SINK_CASES[case]
+    op, kw = {**SINK_CASES, **LOWRANK_SINK_CASES}[case]
     kw = {**kw, "d": 256}
     shapes = [
         t.shape

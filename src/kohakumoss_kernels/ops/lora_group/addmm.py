@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ... import grad_sink, side_stream
+from ... import side_stream
 from ...cast_cache import cast, cast_cat
-from ..lora_linear.addmm import all_sink, lora_out, master_grad, scaled_rows, weight_grad
+from ..lora_linear.addmm import all_sink, lora_out, master_grad, scaled_rows, sink_of, weight_grad
 
 
 class _LoraGroup(torch.autograd.Function):
@@ -68,7 +68,7 @@ class _LoraGroup(torch.autograd.Function):
             if need_down:
                 g_down = weight_grad(q.t(), x2, downs_m[0].dtype, lowrank)
                 parts = g_down.split(ranks)
-                sinks = [None if lowrank else grad_sink.target(m, m.shape) for m in downs_m]
+                sinks = [sink_of(m, m.shape, lowrank) for m in downs_m]
                 if all(t is not None and t.dtype == g_down.dtype for t in sinks):
                     torch._foreach_add_(sinks, parts)  # one launch for the members' .grad (grad_sink)
                 else:

@@ -29,8 +29,7 @@ def scaled_rows(a: torch.Tensor, b: torch.Tensor, scale: float, lowrank: bool) -
     if lowrank:
         from .lowrank import rows_mm
 
-        out = rows_mm(a, b)
-        return out if scale == 1.0 else out.mul_(scale)
+        return rows_mm(a, b, scale)
     # beta=0: the uninitialised output is never read (torch.addmm's documented contract)
     return torch.empty(a.shape[0], b.shape[1], dtype=a.dtype, device=a.device).addmm_(
         a, b, beta=0, alpha=scale
@@ -42,12 +41,10 @@ def weight_grad(
 ) -> torch.Tensor:
     """a_t @ b, the gradient of a parameter stored in `dtype`: on CUDA cuBLAS writes fp32 from bf16/fp16
     products directly (no cast kernel after it). a_t is usually a transposed view."""
-    if lowrank:  # its kernel wants the rank-r operand on the right: (b^T a_t^T)^T when b is the wide one
-        from .lowrank import cols_mm
+    if lowrank:
+        from . import lowrank as lr
 
-        small_right = b.shape[1] <= a_t.shape[0]
-        out = cols_mm(a_t.t(), b) if small_right else cols_mm(b, a_t.t()).t()
-        return out.to(dtype)
+        return lr.mm(a_t, b).to(dtype)
     if a_t.dtype == dtype:
         return torch.mm(a_t, b)
     if a_t.is_cuda and dtype == torch.float32:
@@ -60,9 +57,14 @@ def master_grad(
 ) -> torch.Tensor | None:
     """alpha * a_t @ b as `master`'s gradient: inside a grad_sink window accumulated into its .grad by the
     GEMM (None returned), else returned in master's dtype."""
-    sink = None if lowrank else grad_sink.target(master, (a_t.shape[0], b.shape[1]))
+    sink = sink_of(master, (a_t.shape[0], b.shape[1]), lowrank)
     if sink is not None:
-        grad_sink.mm_into(sink, a_t, b, alpha)
+        if lowrank:
+            from . import lowrank as lr
+
+            lr.mm_into(sink, a_t, b, alpha)
+        else:
+            grad_sink.mm_into(sink, a_t, b, alpha)
         return None
     g = weight_grad(a_t, b, master.dtype, lowrank)
     return g if alpha == 1.0 else g.mul_(alpha)
@@ -71,7 +73,13 @@ def master_grad(
 def all_sink(masters, lowrank: bool = False) -> bool:
     """Whether every master's gradient accumulates into its `.grad` (grad_sink) rather than returned:
     then nothing in the backward reads it, and its GEMMs may go to a side stream (side_stream)."""
-    return not lowrank and all(grad_sink.target(m, m.shape) is not None for m in masters)
+    return all(sink_of(m, m.shape, lowrank) is not None for m in masters)
+
+
+def sink_of(master: torch.Tensor, shape, lowrank: bool) -> torch.Tensor | None:
+    """grad_sink's target for `master`; the lowrank kernels accumulate into float32 ones only."""
+    sink = grad_sink.target(master, shape)
+    return None if sink is None or (lowrank and sink.dtype != torch.float32) else sink
 
 
 def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
