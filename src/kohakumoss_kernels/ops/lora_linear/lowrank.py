@@ -23,13 +23,15 @@ from ...triton_utils import supports as supports
 
 @triton.jit
 def _lowrank_rows(
-    A, B, C, M, K, R, sam, sak, sbk, sbr, alpha,
+    A, B, C, M, K, R, rows_per_program, sam, sak, sbk, sbr, alpha,
     BM: tl.constexpr, BK: tl.constexpr, BR: tl.constexpr, EVEN_K: tl.constexpr,
 ):  # fmt: skip
-    """C[M, R] = alpha * A[M, K] @ B[K, R] (fp32 accumulation, stored in C's dtype)."""
-    rows = tl.program_id(0).to(tl.int64) * BM + tl.arange(0, BM)
+    """C[M, R] = alpha * A[M, K] @ B[K, R] (fp32 accumulation, stored in C's dtype); each program owns
+    rows_per_program (<= BM) whole rows: masked rows are never loaded."""
+    start = tl.program_id(0).to(tl.int64) * rows_per_program
+    rows = start + tl.arange(0, BM)
     cr = tl.arange(0, BR)
-    rmask, crmask = rows < M, cr < R
+    rmask, crmask = (rows < start + rows_per_program) & (rows < M), cr < R
     acc = tl.zeros((BM, BR), dtype=tl.float32)
     for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
@@ -79,7 +81,11 @@ def _lowrank_cols_into(
     )
 
 
-ROWS_CONFIGS = [(64, 128, 4, 4), (64, 64, 4, 4), (32, 128, 4, 4), (64, 128, 3, 8), (128, 64, 3, 8)]
+# rows: (rows per program, or -k: the rows shared evenly by k programs per SM; BK, stages, warps). Even
+# shares keep every SM equally busy where fixed tiles leave a short last wave (8704 rows: 136 x 64 on 132 SMs)
+ROWS_CONFIGS = [(64, 128, 4, 4), (-1, 128, 4, 4), (-1, 64, 4, 4), (-2, 128, 4, 4), (-2, 64, 5, 4),
+                (32, 128, 4, 4), (-1, 128, 3, 8)]  # fmt: skip
+MAX_ROWS = 128  # rows of one rows_mm program (its [rows, BK] tile and [rows, r] accumulator)
 COLS_CONFIGS = [(128, 64, 4, 3, 2), (64, 64, 4, 3, 2), (128, 128, 8, 3, 2), (128, 64, 4, 4, 4)]
 
 
@@ -100,10 +106,13 @@ def rows_mm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tenso
         return c.zero_()
 
     def launch(cfg: tuple) -> None:
-        bm, bk, stages, warps = cfg
-        _lowrank_rows[(triton.cdiv(M, bm),)](
-            a, b, c, M, K, r, a.stride(0), a.stride(1), b.stride(0), b.stride(1), float(alpha),
-            BM=bm, BK=bk, BR=max(16, next_pow2(r)), EVEN_K=K % bk == 0, num_warps=warps, num_stages=stages,
+        share, bk, stages, warps = cfg
+        per = share if share > 0 else triton.cdiv(M, persistent_programs(a, 1 << 30, -share))
+        per = per if per <= MAX_ROWS else MAX_ROWS
+        _lowrank_rows[(triton.cdiv(M, per),)](
+            a, b, c, M, K, r, per, a.stride(0), a.stride(1), b.stride(0), b.stride(1), float(alpha),
+            BM=max(16, next_pow2(per)), BK=bk, BR=max(16, next_pow2(r)), EVEN_K=K % bk == 0,
+            num_warps=warps, num_stages=stages,
         )  # fmt: skip
 
     launch(pick("lowrank.rows", (K, r, a.dtype, size_bucket(M), a.device), ROWS_CONFIGS, launch))
