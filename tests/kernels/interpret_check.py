@@ -62,7 +62,9 @@ if __name__ == "__main__":
         for M, K, r in [(1, 7, 3), (67, 130, 32), (200, 64, 20), (256, 128, 16)]:
             a, w = torch.randn(M, K, generator=g), torch.randn(r, K, generator=g)
             b = torch.randn(M, r, generator=g)
-            for rows_cfg, cols_cfg in zip(lowrank.ROWS_CONFIGS, lowrank.COLS_CONFIGS * 2):  # each launch shape
+            for rows_cfg, cols_cfg in zip(
+                lowrank.ROWS_CONFIGS, lowrank.COLS_CONFIGS * 2
+            ):  # each launch shape
                 with mock.patch.object(lowrank, "ROWS_CONFIGS", [rows_cfg]):
                     torch.testing.assert_close(lowrank.rows_mm(a, w.t()), a @ w.t(), atol=1e-4, rtol=1e-4)
                 with mock.patch.object(lowrank, "COLS_CONFIGS", [cols_cfg]):
