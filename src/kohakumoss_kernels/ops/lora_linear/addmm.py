@@ -58,15 +58,17 @@ def master_grad(
     """alpha * a_t @ b as `master`'s gradient: inside a grad_sink window accumulated into its .grad by the
     GEMM (None returned), else returned in master's dtype."""
     sink = sink_of(master, (a_t.shape[0], b.shape[1]), lowrank)
-    if sink is not None:
-        if lowrank:
-            from . import lowrank as lr
+    if lowrank:  # one Triton launch, alpha inside: into the sink, or into a fresh float32 buffer
+        from . import lowrank as lr
 
-            lr.mm_into(sink, a_t, b, alpha)
-        else:
-            grad_sink.mm_into(sink, a_t, b, alpha)
+        if sink is None:
+            return lr.mm(a_t, b, alpha).to(master.dtype)
+        lr.mm_into(sink, a_t, b, alpha)
         return None
-    g = weight_grad(a_t, b, master.dtype, lowrank)
+    if sink is not None:
+        grad_sink.mm_into(sink, a_t, b, alpha)
+        return None
+    g = weight_grad(a_t, b, master.dtype)
     return g if alpha == 1.0 else g.mul_(alpha)
 
 

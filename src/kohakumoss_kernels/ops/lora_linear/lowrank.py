@@ -35,7 +35,7 @@ def _lowrank_rows(
     acc = tl.zeros((BM, BR), dtype=tl.float32)
     for k0 in range(0, K, BK):
         ks = k0 + tl.arange(0, BK)
-        kmask = (ks < K) | EVEN_K
+        kmask = (ks < K) | EVEN_K  # K a multiple of BK: the mask folds away, loads go unpredicated
         a = tl.load(
             A + rows[:, None] * sam + ks[None, :] * sak, mask=rmask[:, None] & kmask[None, :], other=0.0
         )
@@ -107,8 +107,7 @@ def rows_mm(a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tenso
 
     def launch(cfg: tuple) -> None:
         share, bk, stages, warps = cfg
-        per = share if share > 0 else triton.cdiv(M, persistent_programs(a, 1 << 30, -share))
-        per = per if per <= MAX_ROWS else MAX_ROWS
+        per = min(MAX_ROWS, share if share > 0 else triton.cdiv(M, persistent_programs(a, M, -share)))
         _lowrank_rows[(triton.cdiv(M, per),)](
             a, b, c, M, K, r, per, a.stride(0), a.stride(1), b.stride(0), b.stride(1), float(alpha),
             BM=max(16, next_pow2(per)), BK=bk, BR=max(16, next_pow2(r)), EVEN_K=K % bk == 0,
@@ -134,7 +133,8 @@ def cols_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, alpha: float 
     def launch(cfg: tuple, target: torch.Tensor = out) -> None:
         bn, bm, warps, stages, per_sm = cfg
         col_blocks = triton.cdiv(N, bn)
-        splits = max(1, min(triton.cdiv(M, bm), persistent_programs(a, 1 << 30, per_sm) // col_blocks))
+        row_steps = triton.cdiv(M, bm)
+        splits = max(1, persistent_programs(a, col_blocks * row_steps, per_sm) // col_blocks)
         rows_per_split = triton.cdiv(triton.cdiv(M, splits), bm) * bm
         _lowrank_cols_into[(col_blocks, triton.cdiv(M, rows_per_split))](
             a, b, target, M, N, r, rows_per_split, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
