@@ -187,3 +187,28 @@ def test_cuda_grad_sink_bf16_products_into_fp32_grads(case):
     ref = _returned_grads(op, torch.bfloat16, "cuda", prior, **kw)
     for a, r in zip(got, ref, strict=True):
         torch.testing.assert_close(a.float(), r.float(), atol=2e-2 * r.abs().max().item(), rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
+)
+def test_cuda_lowrank_runs_each_rank_r_product_as_one_launch():
+    """x down^T, gy up and the two weight gradients: one Triton kernel each, the gradients added into the
+    sunk `.grad` by that kernel (no split-K reduce, no zeroing, no add after it)."""
+    x, (w,), (b,), (d,), (u,) = _inputs(torch.bfloat16, "cuda", outs=(320,), ranks=(32,), d=256)
+    x = x.detach().repeat(64, 1).requires_grad_(True)  # 576 tokens: several row programs
+    d.grad, u.grad = torch.zeros_like(d), torch.zeros_like(u)
+    seed = torch.randn(x.shape[0], 320, device="cuda", dtype=torch.bfloat16)
+    lora_linear(x, w, b, d, u, 0.7, True, lowrank=True).backward(seed)  # compiles and picks outside
+    x.grad = None  # else autograd adds the next one into it
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        with grad_sink.into([d, u]):
+            lora_linear(x, w, b, d, u, 0.7, True, lowrank=True).backward(seed)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    assert sum(n.startswith("_lowrank_rows") for n in names) == 2, names
+    assert sum(n.startswith("_lowrank_cols_into") for n in names) == 2, names
+    extra = [n for n in names if "splitKreduce" in n or "elementwise" in n or "reduce_kernel" in n]
+    assert extra == [], extra
