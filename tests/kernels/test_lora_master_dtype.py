@@ -211,4 +211,4 @@ def test_cuda_lowrank_runs_each_rank_r_product_as_one_launch():
     assert sum(n.startswith("_lowrank_rows") for n in names) == 2, names
     assert sum(n.startswith("_lowrank_cols_into") for n in names) == 2, names
     extra = [n for n in names if "splitKreduce" in n or "elementwise" in n or "reduce_kernel" in n]
-    assert extra == [], extra
+    assert [n for n in extra if "copy_kernel" not in n] == [], extra  # the masters' casts aside (cast_once)
