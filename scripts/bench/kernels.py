@@ -55,9 +55,7 @@ ROPE_ATTN_BACKENDS = (
 BLOCK = True
 LORA = True  # the LoRA linears at the block's shapes: each backend against the frozen GEMMs alone
 LORA_BACKENDS = "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"
-LORA_SINK = (
-    True  # as the training step: fp32 adapter weights whose gradients the ops add into .grad (grad_sink)
-)
+LORA_SINK = True  # as the step: fp32 adapter weights, their gradients added into .grad (grad_sink)
 HOST_SYNC = (
     "eager",
     "compile",
