@@ -52,6 +52,7 @@ from kohakumoss.memory.estimate import estimate_peak  # noqa: E402
 from kohakumoss.memory.install import install_memory_plan  # noqa: E402
 from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
 from kohakumoss.memory.profiles import PROFILES  # noqa: E402
+from kohakumoss.precision import BASE_PRECISIONS, quantize_frozen_linears  # noqa: E402
 from kohakumoss.train.collector import StepCollector  # noqa: E402
 from kohakumoss.train.finite import arm_skip, skips_on_device  # noqa: E402
 from kohakumoss_common.timing import copy_gbs  # noqa: E402
@@ -84,6 +85,9 @@ BUILD_DEVICE = (
 )
 BASELINE_LORA_DTYPE = "float32"  # the baseline LoRA's weights: float32 (as the trainer) | bfloat16
 PLAN_KNOBS = ""  # JSON of MemoryPlan fields applied to every row's plan
+BASE_PRECISION = (
+    "same"  # LoRA rows' frozen block linears: same (bf16) | fp8 (fp8 GEMMs) | fp8_weight (storage)
+)
 ROW_TIMEOUT = 1200  # seconds per row subprocess
 SMI_INTERVAL = 0.2  # seconds between nvidia-smi readings (0: one reading at the row's end)
 SEED = 0
@@ -347,6 +351,7 @@ def estimate_knobs(spec: RowSpec, a, tokens: int) -> dict:
     """The training knobs the memory estimate and the catalog price this row with."""
     return {
         "PRECISION": "bf16",
+        "BASE_PRECISION": a.base_precision if spec.mode != "full" else "same",
         "ALGO": spec.mode,
         "RANK": a.rank,
         "TARGET_PRESET": "full",
@@ -820,6 +825,9 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     model.init_weights(std=0.02, generator=torch.Generator(device=fill).manual_seed(a.seed), via=fill)
     model.requires_grad_(full)
     n_params = sum(p.numel() for p in model.parameters())
+    if not full and a.base_precision != "same":  # as the trainer: quantized before the plan places it
+        n_fp8 = quantize_frozen_linears(model, a.base_precision, device)
+        notes.append(f"BASE_PRECISION {a.base_precision}: {n_fp8} block linears in fp8")
     engines = install_memory_plan(plan, model, device, compute_dtype=dtype, full_ft=full)
     network = None
     if not full:  # after the plan, as the trainer builds it (train/loop.build_trainable)
@@ -1053,7 +1061,7 @@ def run_row(a, name: str) -> dict:
 COMMON = (
     "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "target_preset", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
-    "plan_knobs", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
+    "plan_knobs", "base_precision", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
 FLAGS = ("profile_trace", "wgrad_stream")  # store_true options, passed on when set
 
@@ -1177,6 +1185,7 @@ def parse_args(argv=None):
     p.add_argument("--build-device", default=BUILD_DEVICE, choices=("auto", "cpu", "device"))
     p.add_argument("--baseline-lora-dtype", default=BASELINE_LORA_DTYPE, choices=("float32", "bfloat16"))
     p.add_argument("--plan-knobs", default=PLAN_KNOBS, help="JSON of MemoryPlan fields for every row")
+    p.add_argument("--base-precision", default=BASE_PRECISION, choices=BASE_PRECISIONS)
     p.add_argument("--row-timeout", type=float, default=ROW_TIMEOUT)
     p.add_argument("--smi-interval", type=float, default=SMI_INTERVAL)
     p.add_argument("--seed", type=int, default=SEED)

@@ -24,6 +24,9 @@ TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks only)
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
+BASE_PRECISION = (
+    "same"  # frozen block linears: same, fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (storage)
+)
 # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
 MEMORY_PROFILE = (
     "auto"  # auto (fastest catalog entry that fits the card), speed, balanced, low_vram, minimal, or c0042

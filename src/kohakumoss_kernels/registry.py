@@ -24,6 +24,7 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger, log_once
 
 from . import tuning
+from .fp8 import Fp8Weight
 from .shape_keys import shape_key
 
 log = get_logger("kohakumoss.kernels.registry")
@@ -41,6 +42,8 @@ _OPS: dict[str, str] = {
     "varlen_attention_rope": "varlen_attention_rope",
     "lora_linear": "lora_linear",
     "lora_group": "lora_group",
+    "lora_linear_fp8": "lora_linear_fp8",
+    "lora_group_fp8": "lora_group_fp8",
 }
 
 # The `torch` slot of a priority list expands to these, where the op has them.
@@ -249,7 +252,7 @@ def _exact_key(args: tuple, kwargs: dict) -> tuple:
     """Shapes and scalar values of one call: finer than the shape key, cheap to build."""
 
     def one(a):
-        if isinstance(a, torch.Tensor):
+        if isinstance(a, (torch.Tensor, Fp8Weight)):
             return (tuple(a.shape), a.dtype, a.device)
         if isinstance(a, (tuple, list)):  # an op over a group of tensors (lora_group)
             return tuple(one(b) for b in a)

@@ -58,6 +58,8 @@ _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "qk_norm_rope": _rope,
     "lora_linear": _lora,
     "lora_group": _lora_group,
+    "lora_linear_fp8": _lora,
+    "lora_group_fp8": _lora_group,
 }
 
 

@@ -14,7 +14,9 @@ from lycoris import LycorisNetwork
 from lycoris.modules.locon import LoConModule
 from torch import nn
 
+from kohakumoss.precision import base_dtype, frozen_weight
 from kohakumoss_kernels import cast_cache
+from kohakumoss_kernels.fp8 import Fp8Weight
 
 
 def eligible(module: nn.Module) -> bool:
@@ -36,11 +38,12 @@ def _dropping(module: LoConModule) -> bool:
 
 
 def _terms(module: LoConModule, scalar: float, dtype: torch.dtype) -> tuple:
-    """(weight, bias, down, up, scale) of a routed LoRA linear: the frozen base in the compute dtype, the
-    LoRA weights as stored (the op computes in x's dtype; its fast backends return fp32 grads directly)."""
+    """(weight, bias, down, up, scale) of a routed LoRA linear: the frozen base in the compute dtype (or its
+    fp8 form), the LoRA weights as stored (the op computes in x's dtype; its fast backends return fp32
+    grads directly)."""
     org = module.org_module[0]
     return (
-        org.weight.to(dtype),
+        frozen_weight(org, dtype),
         org.bias.to(dtype) if org.bias is not None else None,
         module.lora_down.weight,
         module.lora_up.weight,
@@ -60,7 +63,9 @@ def _forward(module: LoConModule, ops, scalar: float, x: torch.Tensor, *args, **
     with torch.autocast(
         x.device.type, enabled=False
     ):  # the op gets one dtype, whatever the caller's autocast
-        return ops.lora_linear(x.to(dtype), *_terms(module, scalar, dtype))
+        terms = _terms(module, scalar, dtype)
+        op = ops.lora_linear_fp8 if isinstance(terms[0], Fp8Weight) else ops.lora_linear
+        return op(x.to(dtype), *terms)
 
 
 def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: torch.Tensor) -> tuple:
@@ -71,7 +76,8 @@ def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: tor
     dtype = _compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         terms = [_terms(m, s, dtype) for m, s in zip(group, scalars, strict=True)]
-        return ops.lora_group(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
+        op = ops.lora_group_fp8 if isinstance(terms[0][0], Fp8Weight) else ops.lora_group
+        return op(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
 
 
 def _open_cast_window(model: nn.Module, groups: list[list[torch.Tensor]], modules: list, *args) -> None:
@@ -80,9 +86,9 @@ def _open_cast_window(model: nn.Module, groups: list[list[torch.Tensor]], module
     so the copies never outlive the saved tensors that hold them anyway."""
     if getattr(model, "block_runner", None) is not None or all(_dropping(m) for m in modules):
         return
-    base = modules[0].org_module[0].weight
-    device = base.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else base.dtype
+    base = modules[0].org_module[0]
+    device = base.weight.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else base_dtype(base)
     if groups[0][0].dtype != dtype:
         cast_cache.begin(groups, dtype)
 

@@ -25,6 +25,7 @@ GIB = 1 << 30
 # knobs the memory estimate reads: with a bad one, no estimate is attempted
 MEMORY_INPUTS = (
     "PRECISION",
+    "BASE_PRECISION",
     "RANK",
     "TOKENS_PER_STEP",
     "ALGO",

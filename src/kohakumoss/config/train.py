@@ -17,6 +17,7 @@ from kohakumoss.memory.plan import (
     OPTIMIZER_PLACEMENTS,
 )
 from kohakumoss.memory.profiles import profile_problem
+from kohakumoss.precision import BASE_PRECISIONS
 
 from .knobs import Knob, Schema
 
@@ -79,6 +80,12 @@ TRAIN_KNOBS = [
         "bf16",
         "compute precision (autocast); weights of the frozen base follow it",
         choices=PRECISIONS,
+    ),
+    Knob(
+        "BASE_PRECISION",
+        "same",
+        "frozen block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (fp8 storage)",
+        choices=BASE_PRECISIONS,
     ),
     # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
     Knob(

@@ -41,7 +41,7 @@ from kohakumoss_common.errors import ConfigError
 from . import calibration as cal
 from .estimate import (
     MemoryEstimate,
-    block_params,
+    block_weight_bytes,
     estimate_plan,
     saved_per_block,
     trainable_params,
@@ -136,7 +136,7 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     bwd = fwd * cal.BACKWARD_FACTOR["full" if full else "adapter"]
     streamed = plan.streamed_count(depth)
     gpu_masters = full and plan.optimizer == "gpu"
-    load = 0.0 if gpu_masters else block_params(config) * wb / cal.H2D_BYTES_PER_S
+    load = 0.0 if gpu_masters else block_weight_bytes(knobs, config) / cal.H2D_BYTES_PER_S
     moved_ckpt, moved_plain = offloaded_per_block(plan, knobs, config)
     n = trainable_params(knobs, config, params)
     grad_bytes = cal.GRAD_BYTES_FP32 if (plan.optimizer == "gpu" or not full) else wb

@@ -3,7 +3,8 @@
 Every constant is in `calibration.py`, tagged measured, derived or placeholder. The parts:
 
 - DiT weights: the non-streamed blocks and every non-block parameter in PRECISION, plus the streaming
-  ring (slots x one block). A full fine-tune with OPTIMIZER_PLACEMENT 'gpu' trains fp32 weights on the
+  ring (slots x one block); with BASE_PRECISION fp8 / fp8_weight the blocks' q, k, v, o and MLP
+  linears take one byte per parameter and a float32 scale per row (`block_weight_bytes`). A full fine-tune with OPTIMIZER_PLACEMENT 'gpu' trains fp32 weights on the
   card (today's trainer), so its weights are fp32 and streaming saves nothing;
 - trainable weights, grads and optimizer states: adapters RANK x (in + out) over the targeted linears
   (an upper bound for LoKr / IA3 / OFT, which train fewer), a full fine-tune every parameter; fp32
@@ -85,6 +86,18 @@ def block_params(config: Any) -> int:
     """Parameters of one block: its linears (the modulation included) and its norms."""
     norms = 2 * config.head_dim if config.qk_norm else 0
     return sum(i * o for i, o in _linear_sizes(config, "full")) + 6 * config.dim + norms
+
+
+def block_weight_bytes(knobs: dict[str, Any], config: Any) -> float:
+    """Bytes of one block's frozen weights: PRECISION's, the fp8-stored linears (BASE_PRECISION) at one
+    byte per parameter plus a float32 scale per output row."""
+    wb = cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
+    bp = block_params(config)
+    if knobs.get("BASE_PRECISION", "same") == "same" or knobs.get("ALGO", "lora") == "full":
+        return bp * wb
+    sizes = _linear_sizes(config, "attn-mlp")  # the linears precision/fp8_base.py quantizes
+    quantized = sum(i * o for i, o in sizes)
+    return (bp - quantized) * wb + quantized + 4 * sum(o for _, o in sizes)
 
 
 def nonblock_params(config: Any, params: int | None = None) -> int:
@@ -188,8 +201,9 @@ def estimate_plan(
     if full and gpu_opt:  # the trained fp32 weights compute on the card: nothing to stream
         est.parts["DiT weights (fp32)"] = (depth * bp + nb) * cal.MASTER_BYTES
     else:
-        est.parts["DiT weights"] = ((depth - streamed) * bp + nb) * wb
-        est.parts["streaming slots"] = slots * bp * wb
+        block = block_weight_bytes(knobs, config)
+        est.parts["DiT weights"] = (depth - streamed) * block + nb * wb
+        est.parts["streaming slots"] = slots * block
 
     # trainable state
     n = trainable_params(knobs, config, params)

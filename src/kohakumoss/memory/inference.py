@@ -13,7 +13,7 @@ import torch
 
 from . import calibration as cal
 from .catalog import card_budget
-from .estimate import block_params, encoder_file_bytes, nonblock_params
+from .estimate import block_weight_bytes, encoder_file_bytes, nonblock_params
 from .plan import MemoryPlan
 from .profiles import card_memory_gb
 
@@ -33,7 +33,7 @@ def inference_peak(k: dict[str, Any], config: Any, stream_blocks: int) -> float:
     wb = cal.WEIGHT_BYTES.get(k["PRECISION"], 2)
     plan = MemoryPlan(stream_blocks=stream_blocks, stream_slots=int(k["STREAM_SLOTS"]))
     streamed, slots = plan.streamed_count(config.depth), plan.slots(config.depth)
-    dit = ((config.depth - streamed + slots) * block_params(config) + nonblock_params(config)) * wb
+    dit = (config.depth - streamed + slots) * block_weight_bytes(k, config) + nonblock_params(config) * wb
     te, vae = encoder_file_bytes(k)
     encoders = (te if k["TEXT_ENCODER_PLACEMENT"] == "resident" else 0) + (
         vae if k["VAE_PLACEMENT"] == "resident" else 0

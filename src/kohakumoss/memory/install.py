@@ -18,6 +18,7 @@ from torch import nn
 
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
+from kohakumoss_kernels.fp8 import castable
 
 from .engines.activation_offload import ActivationOffload
 from .engines.checkpointing import CheckpointPolicy
@@ -75,7 +76,7 @@ def _move_resident(model: nn.Module, device: torch.device, streamed_ids: set[int
         for p in list(module.parameters(recurse=False)):
             if id(p) in streamed_ids:
                 continue
-            target = dtype if (dtype is not None and p.is_floating_point()) else p.dtype
+            target = dtype if (dtype is not None and castable(p)) else p.dtype
             if p.device != device or p.dtype != target:
                 p.data = p.data.to(device=device, dtype=target)
         for name, b in list(module.named_buffers(recurse=False)):

@@ -17,6 +17,7 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
+from kohakumoss.precision import quantize_frozen_linears
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
@@ -140,7 +141,14 @@ def build_components(k: dict[str, Any]) -> Components:
     masters_here = full_ft and plan.optimizer == "gpu"
     backbone = build_backbone(k, torch.device("cpu") if host_first else device, dtype, masters_here)
     if full_ft:
+        if k["BASE_PRECISION"] != "same":
+            raise ConfigError(
+                "BASE_PRECISION", f"'{k['BASE_PRECISION']}' is for adapters; ALGO='full' trains the base"
+            )
         backbone.requires_grad_(True)
+    n_fp8 = quantize_frozen_linears(backbone, k["BASE_PRECISION"], device)  # before streaming places it
+    if n_fp8:
+        log.info(f"BASE_PRECISION {k['BASE_PRECISION']}: {n_fp8} frozen block linears stored in fp8")
     engines = install_memory_plan(plan, backbone, device, compute_dtype=dtype, full_ft=full_ft)
     te_device = device if plan.text_encoder == "resident" else torch.device("cpu")
     vae_device = device if plan.vae == "resident" else torch.device("cpu")

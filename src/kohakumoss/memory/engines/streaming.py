@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from kohakumoss_common.log import get_logger
+from kohakumoss_kernels.fp8 import castable
 
 log = get_logger(__name__)
 ALIGN = 256  # bytes; every tensor in a slot starts on an aligned address
@@ -66,7 +67,7 @@ class WeightStreamer:
             params = [p for p in blocks[i].parameters() if trainable or not p.requires_grad]
             if dtype is not None:  # the streamed copy is stored in the compute dtype
                 for p in params:
-                    if p.is_floating_point() and p.dtype != dtype:
+                    if castable(p) and p.dtype != dtype:
                         p.data = p.data.to(dtype)
             offsets, total = [], 0
             for p in params:

@@ -16,9 +16,19 @@ from collections.abc import Sequence
 
 import torch
 
-from ... import side_stream
+from ... import fp8, side_stream
 from ...cast_cache import cast, cast_cat
-from ..lora_linear.addmm import all_sink, lora_out, master_grad, scaled_rows, sink_of, weight_grad
+from ..lora_linear.addmm import (
+    all_sink,
+    input_grad,
+    lora_out,
+    master_grad,
+    restored_weights,
+    saved_weights,
+    scaled_rows,
+    sink_of,
+    weight_grad,
+)
 
 
 class _LoraGroup(torch.autograd.Function):
@@ -32,11 +42,12 @@ class _LoraGroup(torch.autograd.Function):
         shared = len(set(scales)) == 1  # one scale: H carries it (alpha), the up GEMMs none
         h = scaled_rows(x2, down.t(), scales[0] if shared else 1.0, lowrank)
         hs = h.split(ranks, dim=1)
+        xq = fp8.quantize_rows(x2) if any(_fp8_compute(w) for w in weights) else None  # once for all
         outs = tuple(
-            lora_out(x2, w, b, hi, u, 1.0 if shared else s, lora_first)
+            lora_out(x2, w, b, hi, u, 1.0 if shared else s, lora_first, xq)
             for w, b, hi, u, s in zip(weights, biases, hs, ups_c, scales, strict=True)
         )
-        ctx.save_for_backward(x2, down, h, *weights, *ups_c)
+        ctx.save_for_backward(x2, down, h, *saved_weights(ctx, weights), *ups_c)
         ctx.n, ctx.scales, ctx.ranks, ctx.lowrank, ctx.shared = n, scales, ranks, lowrank, shared
         ctx.masters = (downs, ups)
         return outs
@@ -45,7 +56,7 @@ class _LoraGroup(torch.autograd.Function):
     def backward(ctx, *gys):
         n, scales, ranks, lowrank = ctx.n, ctx.scales, ctx.ranks, ctx.lowrank
         x2, down, h, *rest = ctx.saved_tensors
-        weights, ups = rest[:n], rest[n:]
+        weights, ups = restored_weights(ctx, rest[:n]), rest[n:]
         downs_m, ups_m = ctx.masters
         need = ctx.needs_input_grad[
             5:
@@ -90,13 +101,15 @@ class _LoraGroup(torch.autograd.Function):
             side_stream.run(x2.device, weight_grads, (q, x2, h, *gys))
         gx = None
         if need_x:
-            gx = torch.mm(q, down)
-            for g, w in zip(gys, weights, strict=True):
-                gx.addmm_(g, w)
+            gx = input_grad((q, down), gys, weights)
         g_downs, g_ups = (None, [None] * n) if aside else weight_grads()
         g_ws = [torch.mm(g.t(), x2) if nw else None for g, nw in zip(gys, need_w, strict=True)]
         g_bs = [g.sum(0) if nb else None for g, nb in zip(gys, need[n : 2 * n], strict=True)]
         return (gx, None, None, None, None, *g_ws, *g_bs, *(g_downs or [None] * n), *g_ups)
+
+
+def _fp8_compute(w) -> bool:
+    return isinstance(w, fp8.Fp8Weight) and w.compute
 
 
 def lora_group(

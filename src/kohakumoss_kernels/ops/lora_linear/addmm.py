@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import grad_sink, side_stream
+from ... import fp8, grad_sink, side_stream
 from ...cast_cache import cast
 
 
@@ -72,6 +72,28 @@ def master_grad(
     return g if alpha == 1.0 else g.mul_(alpha)
 
 
+def input_grad(lora: tuple, gys: list, weights: list) -> torch.Tensor:
+    """gx = sq down + sum_i gy_i W_i (lora = (sq, down)): the frozen products added in place onto the LoRA
+    part, or, for fp8 weights, the LoRA part onto their one fp8 GEMM."""
+    sq, down = lora
+    if isinstance(weights[0], fp8.Fp8Weight):
+        return fp8.grad_input(gys, weights).addmm_(sq, down)
+    gx = torch.mm(sq, down)
+    for g, w in zip(gys, weights, strict=True):
+        gx.addmm_(g, w)
+    return gx
+
+
+def saved_weights(ctx, weights) -> list:
+    """Frozen weights for the backward: tensors through save_for_backward (None here), fp8 ones on ctx."""
+    ctx.fp8_weights = [w if isinstance(w, fp8.Fp8Weight) else None for w in weights]
+    return [None if isinstance(w, fp8.Fp8Weight) else w for w in weights]
+
+
+def restored_weights(ctx, saved) -> list:
+    return [w if f is None else f for w, f in zip(saved, ctx.fp8_weights, strict=True)]
+
+
 def all_sink(masters, lowrank: bool = False) -> bool:
     """Whether every master's gradient accumulates into its `.grad` (grad_sink) rather than returned:
     then nothing in the backward reads it, and its GEMMs may go to a side stream (side_stream)."""
@@ -84,9 +106,12 @@ def sink_of(master: torch.Tensor, shape, lowrank: bool) -> torch.Tensor | None:
     return None if sink is None or (lowrank and sink.dtype != torch.float32) else sink
 
 
-def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool) -> torch.Tensor:
+def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool, xq=None) -> torch.Tensor:
     """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output in place, or
-    (lora_first) written first and read by the frozen GEMM's epilogue."""
+    (lora_first) written first and read by the frozen GEMM's epilogue. An fp8 weight (fp8.Fp8Weight)
+    takes the first order: its GEMM writes a fresh output (xq: x2 already quantized)."""
+    if isinstance(weight, fp8.Fp8Weight):
+        return fp8.linear(x2, weight, bias, xq).addmm_(h, up.t(), alpha=alpha)
     if lora_first:
         if bias is not None:  # the 1-D bias rides cuBLASLt's epilogue
             return torch.addmm(bias, h, up.t(), alpha=alpha).addmm_(x2, weight.t())
@@ -101,7 +126,7 @@ class _LoraLinear(torch.autograd.Function):
         down_c, up_c = cast(down, dtype), cast(up, dtype)  # the forward's cached copies, or cast here
         hs = scaled_rows(x2, down_c.t(), scale, lowrank)
         out = lora_out(x2, weight, bias, hs, up_c, 1.0, lora_first)
-        ctx.save_for_backward(x2, weight, down_c, up_c, hs)
+        ctx.save_for_backward(x2, *saved_weights(ctx, [weight]), down_c, up_c, hs)
         ctx.scale, ctx.lowrank = scale, lowrank
         ctx.masters = (down, up)
         return out
@@ -109,6 +134,7 @@ class _LoraLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy):
         x2, weight, down, up, hs = ctx.saved_tensors
+        (weight,) = restored_weights(ctx, [weight])
         need_x, need_w, need_b, need_down, need_up = ctx.needs_input_grad[:5]
         lowrank = ctx.lowrank
         gx = gw = gb = g_down = g_up = None
@@ -126,7 +152,7 @@ class _LoraLinear(torch.autograd.Function):
         if aside:
             side_stream.run(gy.device, weight_grads, (sq, x2, gy, hs))
         if need_x:
-            gx = torch.mm(sq, down).addmm_(gy, weight)
+            gx = input_grad((sq, down), [gy], [weight])
         if not aside:
             g_down, g_up = weight_grads()
         if need_w:

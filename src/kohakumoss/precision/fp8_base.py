@@ -1,0 +1,82 @@
+"""BASE_PRECISION: the DiT blocks' frozen linears (q, k, v, o and the MLP's) stored in float8 e4m3 with
+one scale per output row (`kohakumoss_kernels.fp8`), for adapter training and sampling.
+
+- `same`: the compute dtype (bf16 / fp16), as loaded.
+- `fp8`: fp8 storage and fp8 GEMMs (activations and gradients quantized per row on the fly), sm89+.
+- `fp8_weight`: fp8 storage, dequantized per call: the memory saving on any card, GEMMs as before.
+The per-sample modulation linears, the embedders and the final layer stay in the compute dtype (small,
+and they set every token's scale). A quantized linear keeps its nn.Linear (LyCORIS wraps it by name):
+its weight becomes an fp8 parameter beside a `weight_scale` buffer, its forward an fp8 linear.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_kernels import fp8
+
+BASE_PRECISIONS = ("same", "fp8", "fp8_weight")
+QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "up_proj", "down_proj")
+
+
+def _quantized_linears(model: nn.Module) -> list[nn.Linear]:
+    return [
+        m
+        for block in model.blocks
+        for name, m in block.named_modules()
+        if name.rsplit(".", 1)[-1] in QUANTIZED and type(m) is nn.Linear
+    ]
+
+
+def quantize_frozen_linears(model: nn.Module, mode: str, device: torch.device | None = None) -> int:
+    """Quantize the blocks' frozen linears of `model` per BASE_PRECISION `mode`; returns how many.
+    Call before the memory plan is installed (streaming then moves the fp8 bytes) and before LyCORIS
+    wraps the linears (it keeps their forward as the bypass's base)."""
+    if mode not in BASE_PRECISIONS:
+        raise ConfigError("BASE_PRECISION", f"'{mode}' is not one of {BASE_PRECISIONS}")
+    if mode == "same":
+        return 0
+    if mode == "fp8" and device is not None and not fp8.can_compute(device):
+        cap = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else None
+        raise ConfigError(
+            "BASE_PRECISION",
+            f"'fp8' computes in float8, which needs sm89+ (this card: sm{cap[0]}{cap[1]}); "
+            "use 'fp8_weight' (fp8 storage, GEMMs in the compute dtype)"
+            if cap
+            else f"'fp8' needs a CUDA card of sm89+ or the CPU, not {device}",
+        )
+    linears = _quantized_linears(model)
+    for lin in linears:
+        if lin.weight.requires_grad:
+            raise ConfigError(
+                "BASE_PRECISION", f"'{mode}' is for a frozen base (adapter training); the weights train here"
+            )
+        source = lin.weight.dtype
+        data, scale = fp8.quantize_weight(lin.weight)
+        lin.weight = nn.Parameter(data, requires_grad=False)
+        lin.register_buffer("weight_scale", scale)
+        lin.fp8_compute, lin.source_dtype = mode == "fp8", source
+        lin.forward = partial(_forward, lin)
+    return len(linears)
+
+
+def frozen_weight(lin: nn.Linear, dtype: torch.dtype) -> torch.Tensor | fp8.Fp8Weight:
+    """The linear's frozen weight for an op computing in `dtype`: a tensor, or its fp8 form."""
+    if hasattr(lin, "weight_scale"):
+        return fp8.Fp8Weight(lin.weight, lin.weight_scale, lin.fp8_compute)
+    return lin.weight.to(dtype)
+
+
+def base_dtype(lin: nn.Linear) -> torch.dtype:
+    """The dtype the linear computes in (its weight's, or the one it was quantized from)."""
+    return getattr(lin, "source_dtype", lin.weight.dtype)
+
+
+def _forward(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    w = frozen_weight(lin, x.dtype)
+    bias = lin.bias.to(x.dtype) if lin.bias is not None else None
+    return fp8.frozen_linear(x, w, bias)

@@ -1,0 +1,158 @@
+"""BASE_PRECISION fp8 / fp8_weight: the blocks' frozen linears stored in float8 with row scales
+(kohakumoss/precision/fp8_base.py over kohakumoss_kernels/fp8.py), checked against the float32 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from kohakumoss.adapters import build_adapter
+from kohakumoss.precision import quantize_frozen_linears
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_kernels import OpSet, fp8
+
+from ..adapters.helpers import flow_batch, flow_loss, tiny_model
+
+needs_cpu_scaled_mm = pytest.mark.skipif(
+    not hasattr(torch, "_scaled_mm"), reason="this torch has no _scaled_mm"
+)
+
+
+def _cpu_scaled_mm_runs() -> bool:
+    try:
+        a = torch.zeros(16, 16, dtype=fp8.E4M3)
+        torch._scaled_mm(a, a.t(), torch.ones(16, 1), torch.ones(1, 16), out_dtype=torch.float32)
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+cpu_fp8 = pytest.mark.skipif(not _cpu_scaled_mm_runs(), reason="no row-wise fp8 GEMM on this CPU build")
+
+
+def test_weight_quantization_error_is_within_e4m3_rounding():
+    w = torch.randn(48, 64) * torch.logspace(-3, 1, 48)[:, None]  # rows of very different ranges
+    data, scale = fp8.quantize_weight(w)
+    assert data.dtype == fp8.E4M3 and scale.shape == (48,)
+    back = fp8.Fp8Weight(data, scale).dequant(torch.float32)
+    # 3 mantissa bits: half an ulp is 2^-4 of the value; below e4m3's normal range the step is 2^-9 * scale
+    bound = w.abs() / 16 + scale[:, None] * 2.0**-9
+    assert ((back - w).abs() <= bound * 1.0001).all()
+    torch.testing.assert_close(back.abs().amax(1), w.abs().amax(1))  # each row's largest value: 448 * scale
+
+
+def test_quantize_rows_folds_column_scales_and_keeps_zero_rows_finite():
+    x = torch.randn(5, 32)
+    x[2] = 0
+    col = torch.rand(32) + 0.5
+    q, s = fp8.quantize_rows_eager(x, col)
+    assert q.dtype == fp8.E4M3 and s.shape == (5, 1) and torch.isfinite(s).all()
+    torch.testing.assert_close(q.float() * s, x * col, atol=0, rtol=2.0**-4)
+    assert q[2].float().abs().sum() == 0
+
+
+@cpu_fp8
+def test_fp8_gemms_equal_the_quantized_math():
+    """Forward x W^T and backward gy W as fp8 GEMMs: exactly the products of the quantized operands."""
+    torch.manual_seed(0)
+    x, gy, w = torch.randn(24, 64), torch.randn(24, 48), torch.randn(48, 64) * 0.1
+    wq = fp8.Fp8Weight(*fp8.quantize_weight(w))
+    xq, sx = fp8.quantize_rows_eager(x)
+    ref = (xq.float() * sx) @ wq.dequant(torch.float32).t()
+    torch.testing.assert_close(fp8.linear(x, wq), ref, atol=1e-5, rtol=1e-5)
+    gq, sg = fp8.quantize_rows_eager(gy, wq.scale)
+    ref_gx = (gq.float() * sg) @ wq.data.float()
+    torch.testing.assert_close(fp8.grad_input([gy], [wq]), ref_gx, atol=1e-5, rtol=1e-5)
+    # two members: one GEMM over the concatenated outputs, the sum of the members' products
+    w2 = fp8.Fp8Weight(*fp8.quantize_weight(torch.randn(16, 64)))
+    gy2 = torch.randn(24, 16)
+    both = fp8.grad_input([gy, gy2], [wq, w2])
+    gcat, scat = fp8.quantize_rows_eager(torch.cat([gy, gy2], 1), torch.cat([wq.scale, w2.scale]))
+    ref_both = (gcat.float() * scat) @ torch.cat([wq.data, w2.data]).float()
+    torch.testing.assert_close(both, ref_both, atol=1e-5, rtol=1e-5)
+
+
+def _lora_model(mode: str, backend: str):
+    model = tiny_model()
+    model.ops = OpSet(backend, tune="off")
+    model.requires_grad_(False)  # as the trainer builds it (train/components.py): the base frozen
+    n = quantize_frozen_linears(model, mode, torch.device("cpu")) if mode != "same" else 0
+    net = build_adapter(model, rank=4, alpha=4.0, preset="attn-mlp", bypass=True)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for m in net.loras:
+            m.lora_up.weight.copy_(torch.randn(m.lora_up.weight.shape, generator=g) * 0.1)
+    return model, net, n
+
+
+def _loss_grads(model, net):
+    loss = flow_loss(model, flow_batch())
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in net.parameters()]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("mode", ["fp8", "fp8_weight"])
+def test_lora_training_on_an_fp8_base_tracks_the_full_precision_one(mode):
+    if mode == "fp8" and not _cpu_scaled_mm_runs():
+        pytest.skip("no row-wise fp8 GEMM on this CPU build")
+    ref_loss, ref_grads = _loss_grads(*_lora_model("same", "addmm")[:2])
+    model, net, n = _lora_model(mode, "addmm")
+    blocks = len(model.blocks)
+    assert n == 6 * blocks  # q, k, v, o, gate_up, down
+    lin = model.blocks[0].attn.q_proj
+    assert (
+        lin.weight.dtype == fp8.E4M3
+        and not lin.weight.requires_grad
+        and lin.weight_scale.dtype == torch.float32
+    )
+    assert model.blocks[0].modulation.weight.dtype == torch.float32  # the per-sample linears stay
+    loss, grads = _loss_grads(model, net)
+    bound = {op for op, _, _ in model.ops._bound}
+    assert {"lora_group_fp8", "lora_linear_fp8"} <= bound and not {"lora_group", "lora_linear"} & bound
+    assert abs(float(loss - ref_loss)) < 0.02 * float(ref_loss)
+    errs = [_rel(g, r) for g, r in zip(grads, ref_grads, strict=True)]
+    assert max(errs) < 0.15, errs  # e4m3's rounding, through every block
+    assert all(g.abs().sum() > 0 for g in grads)
+
+
+def test_weight_only_fast_path_equals_the_dequantized_reference():
+    """fp8_weight through the cuBLAS forms (addmm) against the eager op over the dequantized weights."""
+    model, net, _ = _lora_model("fp8_weight", "addmm")
+    loss, grads = _loss_grads(model, net)
+    ref_model, ref_net, _ = _lora_model("fp8_weight", "eager")
+    ref_loss, ref_grads = _loss_grads(ref_model, ref_net)
+    torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-6, rtol=1e-5)
+
+
+@cpu_fp8
+def test_a_frozen_fp8_linear_without_lora_has_its_input_gradient():
+    torch.manual_seed(0)
+    lin = nn.Linear(64, 32).requires_grad_(False)
+    holder = nn.Module()
+    holder.blocks = nn.ModuleList([nn.Module()])
+    holder.blocks[0].o_proj = lin
+    ref_w = lin.weight.clone()
+    x = torch.randn(8, 64, requires_grad=True)
+    assert quantize_frozen_linears(holder, "fp8", torch.device("cpu")) == 1
+    y = lin(x)
+    y.square().sum().backward()
+    xr = x.detach().clone().requires_grad_(True)
+    yr = xr @ ref_w.t() + lin.bias
+    yr.square().sum().backward()
+    assert _rel(y.detach(), yr.detach()) < 0.08 and _rel(x.grad, xr.grad) < 0.12
+
+
+def test_bad_base_precision_and_a_trainable_base_are_refused_by_name():
+    model = tiny_model().requires_grad_(False)
+    with pytest.raises(ConfigError, match="BASE_PRECISION.*'fp16' is not one of"):
+        quantize_frozen_linears(model, "fp16")
+    model.requires_grad_(True)
+    with pytest.raises(ConfigError, match="BASE_PRECISION.*frozen base"):
+        quantize_frozen_linears(model, "fp8_weight")
