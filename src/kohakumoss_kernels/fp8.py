@@ -71,25 +71,39 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def quantize_rows_eager(
-    x: torch.Tensor, col_scale: torch.Tensor | None = None
+    xs: torch.Tensor | list[torch.Tensor], col_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference: (x * col_scale) per row -> (e4m3 [T, K], fp32 row scales [T, 1])."""
+    """The reference: (x * col_scale) per row -> (e4m3 [T, K], fp32 row scales [T, 1]); a list of
+    [T, K_i] is quantized as its concatenation. One reciprocal per row, a multiply per element."""
+    x = xs if isinstance(xs, torch.Tensor) else torch.cat(list(xs), dim=1)
     v = x.float() if col_scale is None else x.float() * col_scale.float()
-    s = v.abs().amax(dim=1, keepdim=True).clamp_min(_TINY) / E4M3_MAX
-    return (v / s).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3), s
+    s = v.abs().amax(dim=1, keepdim=True).clamp_min(_TINY) * (1.0 / E4M3_MAX)
+    return (v * (1.0 / s)).clamp_(-E4M3_MAX, E4M3_MAX).to(E4M3), s
+
+
+def _triton():
+    try:
+        from . import fp8_triton
+    except ImportError:  # no Triton: the references are correct, only slower
+        return None
+    return fp8_triton
 
 
 def quantize_rows(
-    x: torch.Tensor, col_scale: torch.Tensor | None = None
+    xs: torch.Tensor | list[torch.Tensor], col_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`quantize_rows_eager`, as one Triton pass over x on CUDA (eager elsewhere, or without Triton)."""
-    if x.is_cuda:
-        try:
-            from .fp8_triton import quantize_rows as fast
-        except ImportError:  # no Triton: the reference is correct, only slower
-            return quantize_rows_eager(x, col_scale)
-        return fast(x, col_scale)
-    return quantize_rows_eager(x, col_scale)
+    """`quantize_rows_eager`, as one Triton pass on CUDA (the sources read in place, no cat)."""
+    first = xs if isinstance(xs, torch.Tensor) else xs[0]
+    fast = _triton() if first.is_cuda else None
+    return fast.quantize_rows(xs, col_scale) if fast is not None else quantize_rows_eager(xs, col_scale)
+
+
+def transpose_cat(datas: list[torch.Tensor]) -> torch.Tensor:
+    """[O_i, I] -> [I, sum O_i] (row-major): the column-major operand of the input-gradient GEMM."""
+    fast = _triton() if datas[0].is_cuda else None
+    if fast is not None:
+        return fast.transpose_cat(datas)
+    return torch.cat(datas).t().contiguous()
 
 
 def _ones(n: int, device: torch.device) -> torch.Tensor:
@@ -114,12 +128,12 @@ def grad_input(gys: list[torch.Tensor], ws: list[Fp8Weight]) -> torch.Tensor:
         for g, w in zip(gys[1:], ws[1:], strict=True):
             out.addmm_(g, w.dequant(g.dtype))
         return out
-    gy = gys[0] if len(gys) == 1 else torch.cat(gys, dim=1)
     col = ws[0].scale if len(ws) == 1 else torch.cat([w.scale for w in ws])
-    q, s = quantize_rows(gy, col)  # W's row scales belong to gy's columns here
-    data = ws[0].data if len(ws) == 1 else torch.cat([w.data for w in ws])
-    w_t = data.t().contiguous()  # [I, O]: _scaled_mm's second operand must be column-major
-    return torch._scaled_mm(q, w_t.t(), scale_a=s, scale_b=_ones(w_t.shape[0], gy.device), out_dtype=gy.dtype)
+    q, s = quantize_rows(gys, col)  # W's row scales belong to gy's columns here
+    w_t = transpose_cat([w.data for w in ws])  # [I, sum O]: _scaled_mm's second operand is column-major
+    return torch._scaled_mm(
+        q, w_t.t(), scale_a=s, scale_b=_ones(w_t.shape[0], q.device), out_dtype=gys[0].dtype
+    )
 
 
 class _FrozenLinear(torch.autograd.Function):

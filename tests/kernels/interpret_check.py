@@ -114,3 +114,22 @@ if __name__ == "__main__":
         for a, b in zip(*grads, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         print("ok lowrank", flush=True)
+        # fp8 frozen bases' passes: scales and the transposed bytes (the interpreter's own fp32 -> e4m3
+        # cast rounds differently from the GPU's, so the quantized bytes are compared on the GPU only)
+        from kohakumoss_kernels import fp8, fp8_triton
+
+        parts = [
+            torch.randn(7, 40, generator=g) * 3,
+            torch.randn(7, 24, generator=g),
+            torch.randn(7, 8, generator=g),
+        ]
+        col = torch.rand(72, generator=g) + 0.5
+        for n in (1, 2, 3):  # a group's gradients read side by side
+            src = parts[0] if n == 1 else parts[:n]
+            c = col[: sum(p.shape[1] for p in parts[:n])]
+            _, s = fp8_triton.quantize_rows(src, c)
+            assert torch.equal(s, fp8.quantize_rows_eager(src, c)[1]), f"quantize_rows scales, {n} sources"
+        datas = [torch.randn(70, 50, generator=g).to(fp8.E4M3), torch.randn(30, 50, generator=g).to(fp8.E4M3)]
+        ref = torch.cat(datas).t().contiguous().view(torch.uint8)
+        assert torch.equal(fp8_triton.transpose_cat(datas).view(torch.uint8), ref), "transpose_cat"
+        print("ok fp8", flush=True)
