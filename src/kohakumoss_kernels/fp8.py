@@ -93,6 +93,8 @@ def quantize_rows(
     xs: torch.Tensor | list[torch.Tensor], col_scale: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`quantize_rows_eager`, as one Triton pass on CUDA (the sources read in place, no cat)."""
+    if not isinstance(xs, torch.Tensor) and len(xs) > 3:  # the kernel reads up to three sources
+        xs = torch.cat(list(xs), dim=1)
     first = xs if isinstance(xs, torch.Tensor) else xs[0]
     fast = _triton() if first.is_cuda else None
     return fast.quantize_rows(xs, col_scale) if fast is not None else quantize_rows_eager(xs, col_scale)

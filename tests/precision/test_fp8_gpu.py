@@ -28,7 +28,9 @@ def test_triton_quantize_rows_writes_the_reference_bytes(shape, with_cols):
     x = (torch.randn(*shape, device=DEV) * torch.rand(shape[0], 1, device=DEV) * 5).bfloat16()
     x[0] = 0  # a zero row keeps a finite scale
     col = torch.rand(shape[1], device=DEV) + 0.5 if with_cols else None
-    sources = [x] if shape[1] < 48 else [x, list(x.split(shape[1] // 3, dim=1))]  # and as a group's three
+    third = shape[1] // 3
+    parts = list(x.split([third, third, shape[1] - 2 * third], dim=1))
+    sources = [x] if shape[1] < 48 else [x, parts, parts + [x[:, :16]]]  # a group's three; four: one cat
     for src in sources:
         q, s = quantize_rows(src, col)
         q_ref, s_ref = fp8.quantize_rows_eager(src, col)
