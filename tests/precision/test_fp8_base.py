@@ -156,3 +156,40 @@ def test_bad_base_precision_and_a_trainable_base_are_refused_by_name():
     model.requires_grad_(True)
     with pytest.raises(ConfigError, match="BASE_PRECISION.*frozen base"):
         quantize_frozen_linears(model, "fp8_weight")
+
+
+@pytest.mark.parametrize(("mode", "bound"), [("fp8_weight", 2e-2), ("fp8", 3e-2)])
+def test_fp8_forward_error_against_the_float64_reference(mode, bound):
+    """docs/concepts/numerics.md's fp8 rows (`pytest -s -k float64_reference tests/precision`)."""
+    from kohakumoss.model import get_preset
+    from kohakumoss.model.reference import reference_forward
+
+    from ..model.helpers import random_batch, random_model
+    from ..model.test_parity import IMG_SIZES, TEXT_LENS, rel_err
+
+    if mode == "fp8" and not _cpu_scaled_mm_runs():
+        pytest.skip("no row-wise fp8 GEMM on this CPU build")
+    cfg = get_preset("tiny")
+    model = random_model(cfg, 0).requires_grad_(False)
+    quantize_frozen_linears(model, mode, torch.device("cpu"))
+    imgs, texts, sigma, seq = random_batch(cfg, TEXT_LENS, IMG_SIZES, 0, torch.float32)
+    with torch.no_grad():
+        packed = model(torch.cat(imgs), torch.cat(texts), sigma, seq)
+    ref_model = random_model(cfg, 0).double()
+    ref = reference_forward(
+        ref_model, [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double()
+    )
+    errors = [rel_err(p, r) for p, r in zip(torch.split(packed, list(seq.img_lens)), ref, strict=True)]
+    print(f"{mode}: per-sample error against float64 {[f'{e:.2e}' for e in errors]}")
+    assert max(errors) < bound and min(errors) > 1e-4  # fp8's rounding shows; nothing worse
+
+
+def test_a_linear_whose_width_fp8_gemms_cannot_take_is_dequantized_instead():
+    holder = nn.Module()
+    holder.blocks = nn.ModuleList([nn.Module()])
+    holder.blocks[0].o_proj = nn.Linear(40, 24).requires_grad_(False)  # 40: not a multiple of 16
+    holder.blocks[0].down_proj = nn.Linear(32, 48).requires_grad_(False)
+    quantize_frozen_linears(holder, "fp8", torch.device("cpu"))
+    assert not holder.blocks[0].o_proj.fp8_compute and holder.blocks[0].down_proj.fp8_compute
+    assert holder.blocks[0].o_proj.weight.dtype == fp8.E4M3
+    assert holder.blocks[0].o_proj(torch.randn(3, 40)).shape == (3, 24)

@@ -59,7 +59,9 @@ def quantize_frozen_linears(model: nn.Module, mode: str, device: torch.device | 
         data, scale = fp8.quantize_weight(lin.weight)
         lin.weight = nn.Parameter(data, requires_grad=False)
         lin.register_buffer("weight_scale", scale)
-        lin.fp8_compute, lin.source_dtype = mode == "fp8", source
+        # fp8 GEMMs take widths in multiples of 16; another linear keeps the storage, dequantized per call
+        gemm_ok = lin.in_features % 16 == 0 and lin.out_features % 16 == 0
+        lin.fp8_compute, lin.source_dtype = mode == "fp8" and gemm_ok, source
         lin.forward = partial(_forward, lin)
     return len(linears)
 
