@@ -33,6 +33,9 @@ OUT_DIR = "samples"  # where PNGs and the grid are written
 GRID = True  # also write grid.png of every image
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision
+BASE_PRECISION = (
+    "same"  # DiT block linears: same, fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (fp8 storage)
+)
 STREAM_BLOCKS = (
     None  # DiT blocks streamed from pinned host memory, -1: all (None: all when the card is too small)
 )
@@ -49,6 +52,7 @@ def run(k: dict) -> None:
     from kohakumoss.memory.engines.encoders import place_encoder
     from kohakumoss.memory.inference import inference_plan
     from kohakumoss.memory.install import install_memory_plan
+    from kohakumoss.precision import quantize_frozen_linears
     from kohakumoss.train.components import (
         PRECISION_DTYPES,
         build_backbone,
@@ -67,6 +71,7 @@ def run(k: dict) -> None:
     model = build_backbone(
         {**k, "OPS_BACKEND": "auto"}, host if streamed else device, dtype, fp32_masters=False
     )
+    quantize_frozen_linears(model, k["BASE_PRECISION"], device)  # LyCORIS files then wrap it in bypass
     networks = attach_adapters(k, model)
     install_memory_plan(plan, model, device)
     for network in networks:

@@ -193,3 +193,20 @@ def test_a_linear_whose_width_fp8_gemms_cannot_take_is_dequantized_instead():
     assert not holder.blocks[0].o_proj.fp8_compute and holder.blocks[0].down_proj.fp8_compute
     assert holder.blocks[0].o_proj.weight.dtype == fp8.E4M3
     assert holder.blocks[0].o_proj(torch.randn(3, 40)).shape == (3, 24)
+
+
+def test_fp8_linears_are_lycoris_weight_only_fp8_linears_and_survive_a_model_cast():
+    from lycoris.modules.base import is_weight_only_fp8_linear
+
+    from kohakumoss.precision import fp8_base
+
+    model = tiny_model().requires_grad_(False)
+    quantize_frozen_linears(model, "fp8_weight", torch.device("cpu"))
+    lin = model.blocks[1].mlp.down_proj
+    assert isinstance(lin, fp8_base.Fp8Linear) and is_weight_only_fp8_linear(lin)
+    before = lin.weight.detach().view(torch.uint8).clone(), lin.weight_scale.clone()
+    model.to(torch.bfloat16)  # a cast re-types the other weights, never the fp8 bytes or their scales
+    assert lin.weight.dtype == fp8.E4M3 and lin.weight_scale.dtype == torch.float32
+    assert torch.equal(lin.weight.view(torch.uint8), before[0]) and torch.equal(lin.weight_scale, before[1])
+    assert lin.source_dtype == torch.bfloat16 and model.blocks[1].modulation.weight.dtype == torch.bfloat16
+    assert lin(torch.randn(3, lin.in_features, dtype=torch.bfloat16)).dtype == torch.bfloat16

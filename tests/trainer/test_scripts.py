@@ -143,3 +143,27 @@ def test_sample_script_writes_pngs_with_settings_and_a_grid(trained, train_world
         s = torch.tensor(list(Image.open(tmp_path / name / pngs[0].name).tobytes()))
         ref = a if name == "lycoris" else c
         assert torch.equal(s, ref), name  # streaming every block moves the weights, not the picture
+
+
+def test_sample_script_on_an_fp8_base(trained, train_world, tmp_path, capsys):
+    """BASE_PRECISION fp8_weight: the LyCORIS file runs beside the fp8 base, the picture close to the
+    full-precision one; a ComfyUI file (merged into the weights) is refused by name."""
+    ns = load_script("scripts/sample/sample.py")
+    world = {k: v for k, v in train_world.items() if k in SAMPLE_SCHEMA.knobs}
+    lora = trained / "export" / "scripts-lycoris.safetensors"
+    base = {**ns, **world, "MODEL_PRESET": "tiny", "DEVICE": "cpu", "PRECISION": "fp32", "STEPS": 3,
+            "WIDTH": 48, "HEIGHT": 32, "PROMPT": "blue glass hexagons", "ADAPTERS": [[str(lora), 1.0]]}  # fmt: skip
+    pics = {}
+    for mode in ("same", "fp8_weight"):
+        out = tmp_path / mode
+        assert (
+            run_checked(SAMPLE_SCHEMA, {**base, "BASE_PRECISION": mode, "OUT_DIR": str(out)}, ns["run"], "s")
+            == 0
+        )
+        pics[mode] = torch.tensor(list(Image.open(out / "0000_seed0.png").tobytes())).float()
+    diff = (pics["fp8_weight"] - pics["same"]).abs()
+    assert 0 < diff.mean() < 8  # fp8's rounding moves pixels a little, not the picture
+    comfy = trained / "export" / "scripts-comfy.safetensors"
+    bad = {**base, "BASE_PRECISION": "fp8_weight", "ADAPTERS": [str(comfy)], "OUT_DIR": str(tmp_path / "c")}
+    assert run_checked(SAMPLE_SCHEMA, bad, ns["run"], "s") == 2
+    assert "BASE_PRECISION" in capsys.readouterr().err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kohakumoss.precision import BASE_PRECISIONS
+
 from .knobs import Knob, Schema
 from .train import ENCODER_KNOBS, PRECISIONS
 
@@ -29,6 +31,12 @@ SAMPLE_KNOBS = [
     Knob("GRID", True, "also write grid.png of every image"),
     Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),
     Knob("PRECISION", "bf16", "compute precision", choices=PRECISIONS),
+    Knob(
+        "BASE_PRECISION",
+        "same",
+        "DiT block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (fp8 storage)",
+        choices=BASE_PRECISIONS,
+    ),
     Knob(
         "STREAM_BLOCKS",
         None,

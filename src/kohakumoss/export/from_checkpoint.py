@@ -15,9 +15,10 @@ from torch import nn
 
 from kohakumoss.adapters import build_adapter, load_adapter
 from kohakumoss.model import MossBackbone
+from kohakumoss.precision.fp8_base import Fp8Linear
 from kohakumoss.train.checkpoint import load_checkpoint
 from kohakumoss.train.state import load_trainable_state
-from kohakumoss_common.errors import CheckpointError
+from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from .bundle import export_all
 from .comfy_apply import is_comfy_adapter, merge_comfy_adapter
@@ -36,6 +37,15 @@ def _ema_weights(ckpt, where: Path) -> dict[str, torch.Tensor]:
     return ckpt.ema["shadow"]
 
 
+def _refuse_fp8_merge(model: MossBackbone, source: str | Path) -> None:
+    if any(isinstance(m, Fp8Linear) for m in model.modules()):
+        raise ConfigError(
+            "BASE_PRECISION",
+            f"'{source}' is merged into the DiT's weights, which are stored in fp8 here; "
+            "use BASE_PRECISION='same' with it (LyCORIS files run beside an fp8 base)",
+        )
+
+
 def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multiplier: float = 1.0):
     """Put the adapter or full weights of `source` on `model`; returns (network or None, default name)."""
     folder = checkpoint_folder(source)
@@ -44,6 +54,7 @@ def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multi
             raise CheckpointError(source, "USE_EMA needs a checkpoint folder, not a bare adapter file")
         tensors = load_file(str(source))
         if is_comfy_adapter(tensors):  # the ComfyUI-format export: merged into the weights
+            _refuse_fp8_merge(model, source)
             merge_comfy_adapter(model, tensors, multiplier)
             return None, Path(source).stem
         return load_adapter(model, source, multiplier=multiplier), Path(source).stem
@@ -52,6 +63,7 @@ def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multi
     weights = _ema_weights(ckpt, folder) if use_ema else ckpt.trainable
     name = f"{k.get('RUN_NAME', 'moss')}-step{ckpt.step:05d}"
     if k.get("ALGO") == "full":
+        _refuse_fp8_merge(model, source)
         model.requires_grad_(True)
         load_trainable_state(model, {n: w for n, w in weights.items()}, folder)
         model.requires_grad_(False)

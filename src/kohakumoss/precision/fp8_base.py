@@ -5,13 +5,13 @@ one scale per output row (`kohakumoss_kernels.fp8`), for adapter training and sa
 - `fp8`: fp8 storage and fp8 GEMMs (activations and gradients quantized per row on the fly), sm89+.
 - `fp8_weight`: fp8 storage, dequantized per call: the memory saving on any card, GEMMs as before.
 The per-sample modulation linears, the embedders and the final layer stay in the compute dtype (small,
-and they set every token's scale). A quantized linear keeps its nn.Linear (LyCORIS wraps it by name):
-its weight becomes an fp8 parameter beside a `weight_scale` buffer, its forward an fp8 linear.
+and they set every token's scale). A quantized linear becomes an `Fp8Linear` in place (same object, its
+class swapped): an nn.Linear whose weight is an fp8 parameter beside a `weight_scale` buffer, which is
+LyCORIS's own weight-only fp8 linear convention: it wraps such a linear in bypass mode, dequantizes it
+where an algorithm needs the weight, and refuses to merge into it.
 """
 
 from __future__ import annotations
-
-from functools import partial
 
 import torch
 from torch import nn
@@ -62,13 +62,13 @@ def quantize_frozen_linears(model: nn.Module, mode: str, device: torch.device | 
         # fp8 GEMMs take widths in multiples of 16; another linear keeps the storage, dequantized per call
         gemm_ok = lin.in_features % 16 == 0 and lin.out_features % 16 == 0
         lin.fp8_compute, lin.source_dtype = mode == "fp8" and gemm_ok, source
-        lin.forward = partial(_forward, lin)
+        lin.__class__ = Fp8Linear
     return len(linears)
 
 
 def frozen_weight(lin: nn.Linear, dtype: torch.dtype) -> torch.Tensor | fp8.Fp8Weight:
     """The linear's frozen weight for an op computing in `dtype`: a tensor, or its fp8 form."""
-    if hasattr(lin, "weight_scale"):
+    if isinstance(lin, Fp8Linear):
         return fp8.Fp8Weight(lin.weight, lin.weight_scale, lin.fp8_compute)
     return lin.weight.to(dtype)
 
@@ -78,7 +78,22 @@ def base_dtype(lin: nn.Linear) -> torch.dtype:
     return getattr(lin, "source_dtype", lin.weight.dtype)
 
 
-def _forward(lin: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    w = frozen_weight(lin, x.dtype)
-    bias = lin.bias.to(x.dtype) if lin.bias is not None else None
-    return fp8.frozen_linear(x, w, bias)
+class Fp8Linear(nn.Linear):
+    """A frozen nn.Linear stored in float8: `weight` (e4m3) times `weight_scale` (one float32 per row)."""
+
+    fp8_compute: bool
+    source_dtype: torch.dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias.to(x.dtype) if self.bias is not None else None
+        return fp8.frozen_linear(x, frozen_weight(self, x.dtype), bias)
+
+    def _apply(self, fn, recurse: bool = True):
+        """A model cast (`.to(dtype)`, `.half()`) moves the fp8 bytes and their scales, never re-types them."""
+        data, scale = self.weight.data, self.weight_scale
+        super()._apply(fn, recurse)
+        if self.weight.dtype != data.dtype:
+            self.weight.data = data.to(self.weight.device)
+            self.weight_scale = scale.to(self.weight.device)
+        self.source_dtype = fn(torch.zeros((), dtype=self.source_dtype)).dtype  # the compute dtype follows
+        return self
