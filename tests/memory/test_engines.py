@@ -13,6 +13,7 @@ from kohakumoss.adapters import build_adapter
 from kohakumoss.memory.install import install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.model import get_preset
+from kohakumoss.precision import quantize_frozen_linears
 from kohakumoss_common.errors import ConfigError
 
 from ..model.helpers import random_batch, random_model
@@ -32,13 +33,14 @@ PLANS = {
 }
 
 
-def run(plan: MemoryPlan | None, adapter: bool, steps: int = 2):
+def run(plan: MemoryPlan | None, adapter: bool, steps: int = 2, base_precision: str = "same"):
     """Loss and grads of `steps` forward/backward passes (weights unchanged between them)."""
     torch.manual_seed(0)
     cfg = get_preset("tiny")
     model = random_model(cfg).train()
     if adapter:
         model.requires_grad_(False)
+        quantize_frozen_linears(model, base_precision, CPU)  # as the trainer: before plan and adapter
         net = build_adapter(model, algo="lora", rank=4, alpha=4.0, preset="attn-mlp", rank_dropout=0.3)
         with torch.no_grad():  # a non-zero up projection, so every LoRA weight gets a gradient
             for name, p in net.named_parameters():
@@ -81,6 +83,21 @@ def test_engines_match_the_plain_path(name, adapter):
         assert st.loads > st.num_slots or len(st.streamed) <= st.num_slots  # the ring really cycled
     if engines.offload is not None:
         assert engines.offload.offloaded_bytes > 0
+
+
+@pytest.mark.parametrize("name", ["stream all, 2 slots", "minimal"])
+@pytest.mark.parametrize("base", ["fp8", "fp8_weight"])
+def test_engines_move_an_fp8_base_as_they_move_a_plain_one(name, base):
+    """The fp8 bytes and their row scales stream through the ring (half a bf16 block's bytes), and the
+    engines give the fp8 plain path's loss and gradients."""
+    ref_losses, ref_grads, _ = run(None, True, base_precision=base)
+    losses, grads, engines = run(PLANS[name], True, base_precision=base)
+    for a, b in zip(losses, ref_losses, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
+    for key, g in ref_grads.items():
+        torch.testing.assert_close(grads[key], g, rtol=1e-5, atol=1e-7, msg=key)
+    lay = engines.streamer.layouts[0]
+    assert any(p.dtype == torch.float8_e4m3fn for p in lay.params) and engines.streamer.loads > 2
 
 
 def test_streamed_weights_live_on_the_host_between_uses():
