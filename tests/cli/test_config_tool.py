@@ -337,6 +337,8 @@ def _check(path: Path, body: str, capsys, *extra: str) -> tuple[int, str]:
             "DATASET: path '/no/such/data' does not exist",
         ),
         ("import x_no_such_module\n", "<file>: cannot load"),
+        ("BASE_PRECISION = 'fp4'\n", "BASE_PRECISION: 'fp4' is not one of"),
+        ("ALGO = 'full'\nBASE_PRECISION = 'fp8'\n", "BASE_PRECISION: 'fp8' stores a frozen base"),
     ],
 )
 def test_check_names_each_problem(good, capsys, body, expected):

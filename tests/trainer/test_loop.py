@@ -195,3 +195,19 @@ def test_next_step_is_prepared_before_this_one_is_read(train_world, monkeypatch)
     # step s's update queued, step s + 1's first micro-step drawn, then (its loss read) step s + 1 begins
     starts = [events[i - 2 : i] for i, e in enumerate(events) if e[0] == "step" and e[1] > 0]
     assert starts == [[("update", None), ("draw", 2 * s)] for s in (1, 2, 3)], events
+
+
+@pytest.mark.parametrize("base", ["fp8", "fp8_weight"])
+def test_lora_run_on_an_fp8_base_trains_resumes_and_is_refused_for_full(train_world, base):
+    """BASE_PRECISION through the trainer: the base's linears stored in fp8, the LoRA learns (losses
+    close to the full-precision run's, not equal), resume is exact; a full fine-tune is refused by name."""
+    plain = losses(train(tiny_knobs(train_world, f"{base}-ref", STEPS=4)))
+    run = train(tiny_knobs(train_world, base, STEPS=4, BASE_PRECISION=base))
+    assert f"BASE_PRECISION {base}:" in (run / "log.txt").read_text()
+    fp8_losses = losses(run)
+    assert fp8_losses != plain and fp8_losses == pytest.approx(plain, rel=0.05)
+    train(tiny_knobs(train_world, f"{base}-halves", STEPS=4, BASE_PRECISION=base, STOP_AT=2))
+    resumed = train(tiny_knobs(train_world, f"{base}-halves", STEPS=4, BASE_PRECISION=base, RESUME="latest"))
+    assert losses(resumed) == fp8_losses
+    with pytest.raises(ConfigError, match="BASE_PRECISION: '.*' stores a frozen base"):
+        train(tiny_knobs(train_world, f"{base}-full", STEPS=1, ALGO="full", BASE_PRECISION=base))

@@ -14,6 +14,7 @@ from typing import Any
 
 from kohakumoss.config.knobs import Schema
 from kohakumoss.memory.plan import PLAN_KNOBS
+from kohakumoss.precision import base_precision_problem
 from kohakumoss_common.errors import KohakuMossError
 
 from .config_dataset import check_dataset
@@ -135,6 +136,8 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
     merged = {**schema.defaults(), **{k: v for k, v in knobs.items() if k in schema.knobs}}
     if kind in ("train", "sample"):
         config, params = _model_files(merged, res)
+    if kind == "train" and (msg := base_precision_problem(merged["BASE_PRECISION"], merged["ALGO"])):
+        res.problems.append(("BASE_PRECISION", msg))
     if kind in ("train", "data") and "DATASET" in knobs and (msg := check_dataset(knobs["DATASET"])):
         res.problems.append(("DATASET", msg))
     if kind == "train" and not any(k in MEMORY_INPUTS for k, _ in res.problems):

@@ -15,7 +15,7 @@ from torch import nn
 
 from kohakumoss.adapters import build_adapter, load_adapter
 from kohakumoss.model import MossBackbone
-from kohakumoss.precision.fp8_base import Fp8Linear
+from kohakumoss.precision import Fp8Linear
 from kohakumoss.train.checkpoint import load_checkpoint
 from kohakumoss.train.state import load_trainable_state
 from kohakumoss_common.errors import CheckpointError, ConfigError

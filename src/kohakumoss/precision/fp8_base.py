@@ -23,6 +23,13 @@ BASE_PRECISIONS = ("same", "fp8", "fp8_weight")
 QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "up_proj", "down_proj")
 
 
+def base_precision_problem(mode: str, algo: str) -> str | None:
+    """Why BASE_PRECISION `mode` cannot run with ALGO `algo`, or None."""
+    if mode != "same" and algo == "full":
+        return f"'{mode}' stores a frozen base; ALGO='full' trains the base: use 'same'"
+    return None
+
+
 def _quantized_linears(model: nn.Module) -> list[nn.Linear]:
     return [
         m

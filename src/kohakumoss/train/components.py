@@ -17,7 +17,7 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
-from kohakumoss.precision import quantize_frozen_linears
+from kohakumoss.precision import base_precision_problem, quantize_frozen_linears
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
@@ -131,6 +131,8 @@ def build_components(k: dict[str, Any]) -> Components:
     full_ft = k["ALGO"] == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
+    if problem := base_precision_problem(k["BASE_PRECISION"], k["ALGO"]):  # before anything loads
+        raise ConfigError("BASE_PRECISION", problem)
     plan, why = build_plan(k, device)
     log.info(f"memory plan: {why}")
     if dtype == torch.float16 and plan.optimizer != "gpu":
@@ -141,10 +143,6 @@ def build_components(k: dict[str, Any]) -> Components:
     masters_here = full_ft and plan.optimizer == "gpu"
     backbone = build_backbone(k, torch.device("cpu") if host_first else device, dtype, masters_here)
     if full_ft:
-        if k["BASE_PRECISION"] != "same":
-            raise ConfigError(
-                "BASE_PRECISION", f"'{k['BASE_PRECISION']}' is for adapters; ALGO='full' trains the base"
-            )
         backbone.requires_grad_(True)
     n_fp8 = quantize_frozen_linears(backbone, k["BASE_PRECISION"], device)  # before streaming places it
     if n_fp8:
