@@ -113,10 +113,54 @@ def test_shape_mismatch_names_key_and_both_shapes(tmp_path):
 def test_unknown_quantization_scheme_is_named(tmp_path):
     state = LAYOUTS["comfy"].from_native(random_model(CFG).state_dict())
     state["layers.0.attention.qkv.weight"] = torch.zeros(3 * CFG.dim, CFG.dim, dtype=torch.int8)
-    state["layers.0.attention.qkv.comfy_quant"] = torch.tensor(list(b"int8_convrot"), dtype=torch.uint8)
+    marker = b'{"format": "int8_tensorwise", "convrot": true, "convrot_groupsize": 256}'
+    state["layers.0.attention.qkv.comfy_quant"] = torch.tensor(list(marker), dtype=torch.uint8)
+    state["layers.0.attention.qkv.weight_scale"] = torch.ones(())
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "q.safetensors"))
-    with pytest.raises(CheckpointError, match=r"unsupported quantization scheme.*comfy_quant"):
+    with pytest.raises(CheckpointError, match=r"qkv.comfy_quant.*ConvRot.*not supported"):
         load_backbone(tmp_path / "q.safetensors")
+    bnb = LAYOUTS["comfy"].from_native(random_model(CFG).state_dict())
+    bnb["layers.0.attention.qkv.absmax"] = torch.ones(4)  # bitsandbytes' state: not weight-only scaled
+    save_file({k: v.contiguous() for k, v in bnb.items()}, str(tmp_path / "bnb.safetensors"))
+    with pytest.raises(CheckpointError, match=r"unsupported quantization scheme.*absmax"):
+        load_backbone(tmp_path / "bnb.safetensors")
+
+
+@pytest.mark.parametrize("scheme", ["fp8_scaled", "int8_rows"])
+def test_weight_only_quantized_dit_file_loads_dequantized(tmp_path, scheme):
+    """A ComfyUI-layout DiT whose linears are scaled fp8 (per-tensor `scale_weight`, the legacy marker) or
+    int8 (per-row `weight_scale`, a `comfy_quant` marker) loads with every weight = q * scale."""
+    ref = random_model(CFG)
+    state = LAYOUTS["comfy"].from_native(ref.state_dict())
+    quantized = [
+        k for k, v in state.items() if k.startswith("layers.") and k.endswith(".weight") and v.dim() == 2
+    ]
+    for key in quantized:
+        w, stem = state[key], key.removesuffix(".weight")
+        if scheme == "fp8_scaled":
+            scale = w.abs().amax() / 448
+            state[key] = (w / scale).to(torch.float8_e4m3fn)
+            state[stem + ".scale_weight"] = scale.reshape(1)
+        else:
+            scale = w.abs().amax(1) / 127
+            state[key] = (w / scale[:, None]).round().to(torch.int8)
+            state[stem + ".weight_scale"] = scale
+            marker = b'{"format": "int8_tensorwise"}'
+            state[stem + ".comfy_quant"] = torch.tensor(list(marker), dtype=torch.uint8)
+    if scheme == "fp8_scaled":
+        state["scaled_fp8"] = torch.zeros(0, dtype=torch.float8_e4m3fn)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "q.safetensors"))
+    _, config, entries = inspect_checkpoint(tmp_path / "q.safetensors")
+    assert config == CFG and not any(
+        k.endswith(("scale_weight", "weight_scale", "comfy_quant")) for k in entries
+    )
+    model = load_backbone(tmp_path / "q.safetensors", dtype=torch.float32)
+    loaded, expected = model.state_dict(), ref.state_dict()
+    assert len(quantized) > 10
+    for key, w in loaded.items():
+        step = w.abs().max() / (16 if scheme == "fp8_scaled" else 254) + 1e-12  # half a quantization step
+        assert (w - expected[key]).abs().max() <= step, key
+    assert any(not torch.equal(loaded[k], expected[k]) for k in loaded)  # the rounding is there
 
 
 def test_not_a_checkpoint_and_unknown_layout(tmp_path):

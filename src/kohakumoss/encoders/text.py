@@ -19,10 +19,10 @@ from kohakumoss_common.errors import CheckpointError, ConfigError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.io import iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
+from kohakumoss_common.quant import dequantize, plan_quantization
 
 from . import text_layouts
 from .identity import files_identity, module_identity
-from .quant import dequantize, plan_quantization
 from .streaming import cast, check_keys, expected_shapes, meta_leftovers, set_tensor
 from .text_config import (
     PRESETS,

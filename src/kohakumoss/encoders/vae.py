@@ -19,11 +19,11 @@ from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.io import iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
+from kohakumoss_common.quant import dequantize, plan_quantization
 
 from . import vae_layouts
 from .identity import files_identity, module_identity
 from .latents import denormalize_latents, normalize_latents
-from .quant import dequantize, plan_quantization
 from .streaming import cast, check_keys, expected_shapes, meta_leftovers, set_tensor
 from .vae_config import infer_vae_config, with_block_types
 

@@ -15,10 +15,14 @@ import torch
 
 from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.io import iter_tensors, read_header, resolve_files, save_sharded, set_module_tensor
+from kohakumoss_common.log import get_logger
+from kohakumoss_common.quant import QuantPlan, dequantize, plan_quantization
 
 from .backbone import MossBackbone
 from .config import MossConfig
 from .layouts import LAYOUTS, KeyLayout
+
+log = get_logger(__name__)
 
 CONFIG_METADATA_KEY = "kohakumoss_config"
 LAYOUT_METADATA_KEY = "kohakumoss_layout"
@@ -140,26 +144,50 @@ def find_dit(path: str | Path) -> Path:
     return path
 
 
-def inspect_checkpoint(path: str | Path) -> tuple[KeyLayout, MossConfig, dict[str, tuple[str, list[int]]]]:
-    """(layout, config, {file key: (dtype, shape)}) from headers only; raises on quantized files."""
-    path = find_dit(path)
-    entries, metadata = read_header(path)
-    scheme = _quantization_scheme(entries, metadata)
+def _quant_plan(path: Path, entries: dict, metadata: dict[str, str]) -> QuantPlan:
+    """Weight-only scaled int8 / fp8 tensors (ComfyUI's formats) planned for dequantization at load;
+    any other scheme (bitsandbytes, GPTQ, ConvRot, block-wise scales) refused by name."""
+    plan = plan_quantization(path, entries)
+    rest = {k: v for k, v in entries.items() if k not in plan.dropped and k not in plan.scales}
+    scheme = _quantization_scheme(rest, {} if plan.scales else metadata)
     if scheme is not None:
         raise CheckpointError(
-            path, f"unsupported quantization scheme: {scheme}. Use a bf16/fp16/fp32 checkpoint."
+            path,
+            f"unsupported quantization scheme: {scheme}. Use a bf16/fp16/fp32 checkpoint, or a "
+            "weight-only int8 / fp8 one with per-tensor or per-row scales.",
         )
+    return plan
+
+
+def _inspect(path: Path) -> tuple[KeyLayout, MossConfig, dict[str, tuple[str, list[int]]], QuantPlan]:
+    entries, metadata = read_header(path)
+    plan = _quant_plan(path, entries, metadata)
+    entries = {k: v for k, v in entries.items() if k not in plan.dropped}  # scales and markers
     layout = LAYOUTS.get(metadata.get(LAYOUT_METADATA_KEY, "")) or detect_layout(set(entries))
     hints = _config_from_json_file(Path(path)) or {}
     if CONFIG_METADATA_KEY in metadata:
         hints.update(json.loads(metadata[CONFIG_METADATA_KEY]))
     shapes = layout.native_shapes({k: s for k, (_, s) in entries.items()})
-    config = infer_config(shapes, hints)
-    return layout, config, entries
+    return layout, infer_config(shapes, hints), entries, plan
 
 
-def _native_stream(path: str | Path, layout: KeyLayout) -> Iterator[tuple[str, torch.Tensor]]:
-    return layout.to_native(iter_tensors(path))
+def inspect_checkpoint(path: str | Path) -> tuple[KeyLayout, MossConfig, dict[str, tuple[str, list[int]]]]:
+    """(layout, config, {file key: (dtype, shape)}) from headers only; raises on unsupported quantization
+    (weight-only scaled int8 / fp8 files are read, their scale tensors left out of the entries)."""
+    return _inspect(find_dit(path))[:3]
+
+
+def _native_stream(
+    path: str | Path, layout: KeyLayout, plan: QuantPlan
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The file's tensors under native keys, quantized weights dequantized (float32) as they stream."""
+    scales = dict(iter_tensors(path, keys=set(plan.scales.values()))) if plan.scales else {}
+
+    def plain(key: str, t: torch.Tensor) -> torch.Tensor:
+        return dequantize(t, scales[plan.scales[key]], torch.float32) if key in plan.scales else t
+
+    stream = ((k, plain(k, t)) for k, t in iter_tensors(path) if k not in plan.dropped)
+    return layout.to_native(stream)
 
 
 def load_backbone(
@@ -172,13 +200,15 @@ def load_backbone(
 ) -> MossBackbone:
     """Load a backbone from a file, index json or folder in any known layout (or a models folder)."""
     path = find_dit(path)
-    layout, inferred, _ = inspect_checkpoint(path)
+    layout, inferred, _, quant = _inspect(path)
+    if quant.scales:
+        log.info(f"{path}: {len(quant.scales)} weight-only int8 / fp8 tensors, dequantized at load")
     config = config or inferred
     with torch.device("meta"):
         model = MossBackbone(config, ops=ops)
     expected = {k: tuple(p.shape) for k, p in model.named_parameters()}
     seen, unexpected = set(), []
-    for key, tensor in _native_stream(path, layout):
+    for key, tensor in _native_stream(path, layout, quant):
         if key not in expected and key.endswith("mlp.gate_up_proj.weight"):
             key = key.replace("gate_up_proj", "up_proj")  # layouts that name both MLP kinds alike
         if key not in expected:
