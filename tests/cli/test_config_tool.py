@@ -339,6 +339,11 @@ def _check(path: Path, body: str, capsys, *extra: str) -> tuple[int, str]:
         ("import x_no_such_module\n", "<file>: cannot load"),
         ("BASE_PRECISION = 'fp4'\n", "BASE_PRECISION: 'fp4' is not one of"),
         ("ALGO = 'full'\nBASE_PRECISION = 'fp8'\n", "BASE_PRECISION: 'fp8' stores a frozen base"),
+        (
+            "ALGO = 'dora'\nBASE_PRECISION = 'fp8_weight'\n",
+            "BASE_PRECISION: 'fp8_weight' with ALGO='dora' (DoRA)",
+        ),
+        ("ALGO = 'oft'\nBASE_PRECISION = 'fp8'\n", "the adapter reads the frozen weight"),
     ],
 )
 def test_check_names_each_problem(good, capsys, body, expected):

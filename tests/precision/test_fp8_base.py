@@ -210,3 +210,17 @@ def test_fp8_linears_are_lycoris_weight_only_fp8_linears_and_survive_a_model_cas
     assert torch.equal(lin.weight.view(torch.uint8), before[0]) and torch.equal(lin.weight_scale, before[1])
     assert lin.source_dtype == torch.bfloat16 and model.blocks[1].modulation.weight.dtype == torch.bfloat16
     assert lin(torch.randn(3, lin.in_features, dtype=torch.bfloat16)).dtype == torch.bfloat16
+
+
+def test_adapters_that_read_the_frozen_weight_are_refused_on_an_fp8_base():
+    from kohakumoss.adapters.algos import base_precision_check
+
+    ok = [{"ALGO": a, "BASE_PRECISION": "fp8"} for a in ("lora", "locon", "loha", "lokr", "glora")]
+    ok += [{"ALGO": "lokr", "ALGO_ARGS": {"dora_wd": True}, "BASE_PRECISION": "fp8"}]
+    ok += [{"ALGO": a, "BASE_PRECISION": "same"} for a in ("dora", "oft", "full")]
+    assert all(base_precision_check(k) is None for k in ok)
+    bad = [
+        {"ALGO": a, "BASE_PRECISION": "fp8_weight"} for a in ("dora", "oft", "boft", "ia3", "tlora", "full")
+    ]
+    bad += [{"ALGO": "lora", "ALGO_ARGS": {"dora_wd": True}, "BASE_PRECISION": "fp8"}]
+    assert all(base_precision_check(k) is not None for k in bad)

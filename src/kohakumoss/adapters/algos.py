@@ -38,3 +38,18 @@ def resolve_algo(name: str) -> tuple[str, Algo]:
     if key not in ALGOS:
         raise ConfigError("ALGO", f"unknown algorithm '{name}'; known: {sorted(ALGOS)}")
     return key, ALGOS[key]
+
+
+def base_precision_check(knobs: dict) -> str | None:
+    """precision.base_precision_problem for a config's BASE_PRECISION, ALGO and ALGO_ARGS."""
+    from kohakumoss.precision import base_precision_problem
+
+    mode, name = knobs.get("BASE_PRECISION", "same"), knobs.get("ALGO", "lora")
+    if mode == "same" or name == "full":
+        return base_precision_problem(mode, name)
+    key = ALIASES.get(str(name).lower(), str(name).lower())
+    algo = ALGOS.get(key)
+    if algo is None:
+        return None  # an unknown ALGO is named by its own check
+    dora = bool({**algo.fixed, **(knobs.get("ALGO_ARGS") or {})}.get("dora_wd"))
+    return base_precision_problem(mode, name, algo.lycoris, dora)

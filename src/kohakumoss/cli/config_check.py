@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.config.knobs import Schema
 from kohakumoss.memory.plan import PLAN_KNOBS
-from kohakumoss.precision import base_precision_problem
 from kohakumoss_common.errors import KohakuMossError
 
 from .config_dataset import check_dataset
@@ -136,7 +136,7 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
     merged = {**schema.defaults(), **{k: v for k, v in knobs.items() if k in schema.knobs}}
     if kind in ("train", "sample"):
         config, params = _model_files(merged, res)
-    if kind == "train" and (msg := base_precision_problem(merged["BASE_PRECISION"], merged["ALGO"])):
+    if kind == "train" and (msg := base_precision_check(merged)):
         res.problems.append(("BASE_PRECISION", msg))
     if kind in ("train", "data") and "DATASET" in knobs and (msg := check_dataset(knobs["DATASET"])):
         res.problems.append(("DATASET", msg))

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
@@ -17,7 +18,7 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
-from kohakumoss.precision import base_precision_problem, quantize_frozen_linears
+from kohakumoss.precision import quantize_frozen_linears
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
@@ -131,7 +132,7 @@ def build_components(k: dict[str, Any]) -> Components:
     full_ft = k["ALGO"] == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    if problem := base_precision_problem(k["BASE_PRECISION"], k["ALGO"]):  # before anything loads
+    if problem := base_precision_check(k):  # before anything loads
         raise ConfigError("BASE_PRECISION", problem)
     plan, why = build_plan(k, device)
     log.info(f"memory plan: {why}")
