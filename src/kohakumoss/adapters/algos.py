@@ -47,9 +47,9 @@ def base_precision_check(knobs: dict) -> str | None:
     mode, name = knobs.get("BASE_PRECISION", "same"), knobs.get("ALGO", "lora")
     if mode == "same" or name == "full":
         return base_precision_problem(mode, name)
-    key = ALIASES.get(str(name).lower(), str(name).lower())
-    algo = ALGOS.get(key)
-    if algo is None:
+    try:
+        _, algo = resolve_algo(str(name))
+    except ConfigError:
         return None  # an unknown ALGO is named by its own check
     dora = bool({**algo.fixed, **(knobs.get("ALGO_ARGS") or {})}.get("dora_wd"))
     return base_precision_problem(mode, name, algo.lycoris, dora)
