@@ -38,6 +38,7 @@ _OPS: dict[str, str] = {
     "apply_rope": "rope",
     "qk_norm_rope": "qk_norm_rope",
     "swiglu": "swiglu",
+    "situ_glu": "situ_glu",
     "varlen_attention": "varlen_attention",
     "varlen_attention_rope": "varlen_attention_rope",
     "lora_linear": "lora_linear",

@@ -28,7 +28,7 @@ def adapted(preset="attn-mlp", patterns=(), **kw):
 
 
 def grouped(model) -> list:
-    return [b.attn for b in model.blocks if isinstance(b.attn.__dict__.get("project_qkv"), partial)]
+    return [b.attn for b in model.layers if isinstance(b.attn.__dict__.get("project_qkv"), partial)]
 
 
 def loss_and_grads(model, net):
@@ -40,7 +40,7 @@ def loss_and_grads(model, net):
 def test_qkv_run_as_one_group_with_the_per_linear_results():
     model, net = adapted()
     attns = grouped(model)
-    assert len(attns) == len(model.blocks) and attns[0].project_qkv.func is _grouped_forward
+    assert len(attns) == len(model.layers) and attns[0].project_qkv.func is _grouped_forward
     loss, grads = loss_and_grads(model, net)
     bound = {op for op, _, _ in model.ops._bound}
     assert "lora_group" in bound and "lora_linear" in bound  # o, gate_up, down stay single
@@ -86,7 +86,7 @@ class _CastCount(TorchDispatchMode):
 def _bf16_step(model, net):
     """A bf16-autocast loss and backward: casts counted, the window's state seen from inside a block."""
     seen = []
-    hook = model.blocks[0].register_forward_pre_hook(lambda *a: seen.append(len(cast_cache._copies)))
+    hook = model.layers[0].register_forward_pre_hook(lambda *a: seen.append(len(cast_cache._copies)))
     with _CastCount() as count, torch.autocast("cpu", dtype=torch.bfloat16):
         loss, grads = loss_and_grads(model, net)
     hook.remove()
@@ -110,7 +110,7 @@ def test_lora_weights_cast_once_per_forward_with_the_per_call_results():
 
 def test_cast_window_closes_when_the_forward_raises():
     model, net = adapted()
-    model.blocks[1].register_forward_pre_hook(lambda *a: 1 / 0)
+    model.layers[1].register_forward_pre_hook(lambda *a: 1 / 0)
     with pytest.raises(ZeroDivisionError), torch.autocast("cpu", dtype=torch.bfloat16):
         flow_loss(model, flow_batch())
     assert not cast_cache._copies

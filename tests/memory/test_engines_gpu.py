@@ -102,7 +102,7 @@ def test_streaming_keeps_only_the_slots_on_the_device():
     base = torch.cuda.memory_allocated()
     model = random_model(CFG).requires_grad_(False)
     engines = install_memory_plan(MemoryPlan(stream_blocks=-1, stream_slots=2), model, dev)
-    block_bytes = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
+    block_bytes = sum(p.numel() * p.element_size() for p in model.layers[0].parameters())
     resident = torch.cuda.memory_allocated() - base
     assert resident < 3 * block_bytes + sum(
         p.numel() * p.element_size() for n, p in model.named_parameters() if not n.startswith("blocks.")

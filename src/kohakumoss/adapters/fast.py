@@ -98,7 +98,7 @@ def _close_cast_window(*args) -> None:
 
 
 def route_through_ops(network: LycorisNetwork, ops, model: nn.Module | None = None) -> int:
-    """Point every eligible wrapped linear's forward at `ops.lora_linear`, and every attention whose q, k
+    """Point every eligible wrapped linear's forward at `ops.lora_linear`, and every block whose q, k
     and v all qualify at one `ops.lora_group` (its `project_qkv`); returns how many linears. With the
     model given, its forward casts the routed LoRA weights once (`_open_cast_window`)."""
     n, routed, grouped = 0, {}, []
@@ -109,8 +109,8 @@ def route_through_ops(network: LycorisNetwork, ops, model: nn.Module | None = No
             routed[id(org)] = module
             n += 1
     for attn in model.modules() if model is not None else ():
-        projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
-        if hasattr(attn, "project_qkv") and all(id(p) in routed for p in projs):
+        projs = attn.qkv_linears() if hasattr(attn, "qkv_linears") else ()
+        if projs and hasattr(attn, "project_qkv") and all(id(p) in routed for p in projs):
             group = [routed[id(p)] for p in projs]
             attn.project_qkv = partial(_grouped_forward, group, ops, [float(m.scalar) for m in group])
             grouped.append(group)

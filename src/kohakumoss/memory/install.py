@@ -93,7 +93,7 @@ def install_memory_plan(
 ) -> MemoryEngines:
     """Place `model` (a MossBackbone, anywhere) per `plan` and set its block runner."""
     device = torch.device(device)
-    depth = len(model.blocks)
+    depth = len(model.layers)
     n_stream = plan.streamed_count(depth)
     if refusal := plan.refusal(full_ft, depth):
         raise ConfigError(*refusal)
@@ -102,7 +102,7 @@ def install_memory_plan(
     streamer = None
     if n_stream:
         streamer = WeightStreamer(
-            model.blocks,
+            model.layers,
             range(n_stream),
             plan.slots(depth),
             device,
@@ -132,7 +132,7 @@ CHUNK_BYTES = 64 << 20  # parameters outside the blocks (adapters) are stepped i
 
 def _block_chunks(model, params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
     """Trainable parameters grouped by the block that owns them; the rest in ~CHUNK_BYTES chunks."""
-    owner = {id(p): i for i, b in enumerate(model.blocks) for p in b.parameters()}
+    owner = {id(p): i for i, b in enumerate(model.layers) for p in b.parameters()}
     by_block: dict[int, list[nn.Parameter]] = {}
     loose: list[list[nn.Parameter]] = [[]]
     size = 0

@@ -1,36 +1,33 @@
-"""MossBackbone(img, text, sigma, seq) -> v: the single-stream DiT over one packed token axis.
+"""MossBackbone(img, text, sigma, seq) -> v: the MOSS-Image DiT over one packed token axis.
 
-img [T_img, in_channels] patchified latent tokens, text [T_text, text_dim] encoder hidden states,
+img [T_img, in_channels] patchified latent tokens, text [T_text, text_dim] text encoder hidden states,
 sigma [B] noise levels, seq the PackedSeq layout. Returns the predicted velocity per image token.
-No data loading, loss or sampler in here; attention stays within each sample; no padding.
+Module and parameter names are the released checkpoint's (HF `transformer/`), so the native layout is
+the HF one. No data loading, loss or sampler in here; attention stays within each sample; no padding.
+
+    time  = time_embedding(sinusoid(sigma * 1000))                  Linear, SiLU, Linear (no SiLU after)
+    mod   = shared_block_modulation(time)                           one [B, 6d] for all blocks
+    text  = text_embedder(text)                                     projection + 2 unmodulated refiner blocks
+    x     = [video_embedder(img), text] per sample                  image tokens first
+    x     = layers[i](x, mod) for every block (skip_layers left out: skip-layer guidance)
+    shift, scale = video_head_modulation(time)
+    v     = final_linear_video(final_norm_video(x_img) * (1 + scale) + shift)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
 
 from kohakumoss_kernels import OpSet
 
-from .blocks import MossBlock
+from .blocks import MossBlock, TextEmbedder, fold_norm_weight
 from .config import MossConfig
-from .embed import TimestepEmbed
-from .rope import rope_cos_sin
+from .embed import TimestepEmbedding
+from .rope import RotaryBands, rope_cos_sin
 from .seq import PackedSeq
-
-
-class FinalLayer(nn.Module):
-    def __init__(self, cfg: MossConfig):
-        super().__init__()
-        self.eps = cfg.norm_eps
-        self.modulation = nn.Linear(cfg.mod_dim, 2 * cfg.dim)
-        self.proj = nn.Linear(cfg.dim, cfg.in_channels)
-
-    def forward(self, x: torch.Tensor, mod_in: torch.Tensor, token_sample: torch.Tensor, ops) -> torch.Tensor:
-        shift, scale = self.modulation(mod_in).chunk(2, dim=-1)
-        return self.proj(ops.norm_modulate(x, shift, scale, token_sample, self.eps))
 
 
 class MossBackbone(nn.Module):
@@ -38,41 +35,64 @@ class MossBackbone(nn.Module):
         super().__init__()
         self.config = config
         self.ops = ops if ops is not None else OpSet("auto")
-        self.img_in = nn.Linear(config.in_channels, config.dim)
-        self.txt_norm = nn.RMSNorm(config.text_dim, eps=config.norm_eps) if config.text_norm else None
-        self.txt_in = nn.Linear(config.text_dim, config.dim)
-        self.time_embed = TimestepEmbed(config.time_freq_dim, config.mod_dim, config.time_scale)
-        self.blocks = nn.ModuleList(MossBlock(config) for _ in range(config.depth))
-        self.final = FinalLayer(config)
+        d = config.dim
+        self.video_embedder = nn.Linear(config.in_channels, d)
+        self.text_embedder = TextEmbedder(config)
+        self.time_embedding = TimestepEmbedding(config.time_freq_dim, d, config.time_scale)
+        self.shared_block_modulation = nn.Linear(d, 6 * d)
+        self.layers = nn.ModuleList(MossBlock(config) for _ in range(config.depth))
+        self.final_norm_video = nn.RMSNorm(d, eps=config.norm_eps)
+        self.video_head_modulation = nn.Linear(d, 2 * d)  # [shift, scale]
+        self.final_linear_video = nn.Linear(d, config.in_channels, bias=False)
+        self.rope = RotaryBands(config.head_dim, config.rope_theta)
         # how each block is called; memory engines (checkpointing, streaming) replace this wrapper
         self.block_runner: Callable[..., torch.Tensor] | None = None
 
-    def embed(self, img: torch.Tensor, text: torch.Tensor, seq: PackedSeq) -> torch.Tensor:
-        """Project both streams and interleave them onto the joint axis ([text, image] per sample)."""
-        ops = self.ops
-        txt = (
-            ops.rms_norm(text, self.txt_norm.weight, self.config.norm_eps)
-            if self.txt_norm is not None
-            else text
-        )
-        return torch.cat([self.txt_in(txt), self.img_in(img)], dim=0)[seq.joint_gather]
+    def modulations(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(block modulation [6, B, d], head modulation [2, B, d]) from sigma [B]; contiguous per chunk."""
+        time = self.time_embedding(sigma)
+        mod = self.shared_block_modulation(time.to(self.shared_block_modulation.weight.dtype))
+        head = self.video_head_modulation(time.to(self.video_head_modulation.weight.dtype))
+        B = sigma.shape[0]
+        return mod.view(B, 6, -1).transpose(0, 1).contiguous(), head.view(B, 2, -1).transpose(
+            0, 1
+        ).contiguous()
+
+    def embed(
+        self, img: torch.Tensor, text: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
+        """Both streams embedded (the text through its refiner) and laid out on the joint axis."""
+        text_rope = (rope[0][seq.text_index], rope[1][seq.text_index])
+        txt = self.text_embedder(text, seq, text_rope, self.ops)
+        vid = self.video_embedder(img.to(self.video_embedder.weight.dtype))
+        return torch.cat([vid, txt.to(vid.dtype)], dim=0)[seq.joint_gather]
 
     def forward(
-        self, img: torch.Tensor, text: torch.Tensor, sigma: torch.Tensor, seq: PackedSeq
+        self,
+        img: torch.Tensor,
+        text: torch.Tensor,
+        sigma: torch.Tensor,
+        seq: PackedSeq,
+        skip_layers: Collection[int] = (),
     ) -> torch.Tensor:
-        cfg = self.config
-        x = self.embed(img, text, seq)
-        mod_in = nn.functional.silu(self.time_embed(sigma))
-        rope = rope_cos_sin(seq.positions, cfg.rope_axes, cfg.rope_theta)
+        cfg, ops = self.config, self.ops
+        mod, head = self.modulations(sigma)
+        rope = rope_cos_sin(seq.positions, cfg.head_dim, cfg.rope_theta)
+        x = self.embed(img, text, seq, rope)
         run = self.block_runner
-        for block in self.blocks:
-            x = run(block, x, mod_in, seq, rope) if run is not None else block(x, mod_in, seq, rope, self.ops)
-        return self.final(x[seq.img_index], mod_in, seq.img_token_sample, self.ops)
+        for i, block in enumerate(self.layers):
+            if i in skip_layers:
+                continue
+            x = run(block, x, mod, seq, rope) if run is not None else block(x, mod, seq, rope, ops)
+        shift, scale = head.unbind(0)
+        scale = fold_norm_weight(self.final_norm_video.weight, scale)
+        y = ops.norm_modulate(x[seq.img_index], shift, scale, seq.img_token_sample, cfg.norm_eps)
+        return self.final_linear_video(y)
 
     def init_weights(
         self, std: float = 0.02, generator: torch.Generator | None = None, via: torch.device | None = None
     ) -> MossBackbone:
-        """Random weights (normal linears, unit norms): for tests and the random-weight benchmarks.
+        """Random weights (normal linears, norm weights 1 + normal): for tests and the random-weight benchmarks.
 
         via: draw the values on this device and copy them in (a GPU fills a host-built 5B model in
         seconds instead of minutes); `generator` must then live on `via`.
@@ -81,13 +101,13 @@ class MossBackbone(nn.Module):
             if p.device.type == "meta":
                 continue
             with torch.no_grad():
-                if p.ndim == 1 and not name.endswith("bias"):
-                    p.fill_(1.0)
-                elif via is None:
+                if via is None:
                     p.normal_(0.0, std, generator=generator)
                 else:
                     drawn = torch.empty(p.shape, dtype=p.dtype, device=via).normal_(
                         0.0, std, generator=generator
                     )
                     p.copy_(drawn)
+                if p.ndim == 1 and not name.endswith("bias"):  # norm weights around 1
+                    p.add_(1.0)
         return self

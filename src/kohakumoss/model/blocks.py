@@ -1,111 +1,142 @@
-"""The transformer block: AdaLN-modulated attention and MLP on the packed token axis.
+"""The transformer blocks of MOSS-Image, on the packed token axis. Parameter names are the released ones.
 
-    shift1, scale1, gate1, shift2, scale2, gate2 = modulation(silu(t_emb))     (per sample)
-    x = x + gate1 * attn(rms_norm(x) * (1 + scale1) + shift1)
-    x = x + gate2 * mlp(rms_norm(x) * (1 + scale2) + shift2)
+MossBlock (`layers.N`), modulated by the one shared block modulation (shift_a, scale_a, gate_a, shift_f,
+scale_f, gate_f, each per sample):
 
-Every elementwise op goes through `ops` (a kohakumoss_kernels.OpSet); the linears stay nn.Linear so
-LyCORIS can wrap them by name.
+    y = norm1(x) * (1 + scale_a) + shift_a            norm1, norm2: RMSNorm with weight, eps 1e-6
+    x = x + gate_a * o(attn(q_norm(q(y)), k_norm(k(y)), v(y)))      q_norm, k_norm per head, then RoPE
+    y = norm2(x) * (1 + scale_f) + shift_f
+    x = x + gate_f * ffn_down(situ_glu(ffn_up_gate(y)))
+
+TextRefinerBlock (`text_embedder.blocks.N`): the same without modulation, over each sample's text alone,
+with a fused qkv, biases, and separate ffn_gate / ffn_up / ffn_down.
+
+A norm's weight folds into the modulation's scale, rms(x) * w * (1 + s) = rms(x) * (1 + (w (1 + s) - 1)),
+so the fused norm_modulate ops serve the weighted norms unchanged. Every elementwise op goes through `ops`
+(a kohakumoss_kernels.OpSet); the linears stay nn.Linear so LyCORIS can wrap them by name.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .config import MossConfig
 from .seq import PackedSeq
 
-
-class Attention(nn.Module):
-    def __init__(self, cfg: MossConfig):
-        super().__init__()
-        self.num_heads, self.head_dim, self.eps = cfg.num_heads, cfg.head_dim, cfg.norm_eps
-        self.q_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(cfg.dim, cfg.dim, bias=cfg.qkv_bias)
-        self.o_proj = nn.Linear(cfg.dim, cfg.dim, bias=False)
-        if cfg.qk_norm:
-            self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-            self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-        else:
-            self.q_norm = self.k_norm = None
-
-    def project_qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v of h. adapters/fast.py may set a grouped version on the instance (one op for the
-        three LoRA linears that read h); it computes the same."""
-        return self.q_proj(h), self.k_proj(h), self.v_proj(h)
-
-    def forward(
-        self, h: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
-    ) -> torch.Tensor:
-        shape = (h.shape[0], self.num_heads, self.head_dim)
-        q, k, v = (t.view(shape) for t in self.project_qkv(h))
-        cos, sin = rope
-        if self.q_norm is not None:  # QK-norm and rotary in one pass
-            q = ops.qk_norm_rope(q, self.q_norm.weight, cos, sin, self.eps)
-            k = ops.qk_norm_rope(k, self.k_norm.weight, cos, sin, self.eps)
-        else:
-            q, k = ops.apply_rope(q, cos, sin), ops.apply_rope(k, cos, sin)
-        out = ops.varlen_attention(q, k, v, seq.cu_seqlens, seq.max_seqlen)
-        return self.o_proj(out.reshape(h.shape[0], -1))
+BLOCK_LINEARS = ("q", "k", "v", "o", "ffn_up_gate", "ffn_down")
 
 
-class MLP(nn.Module):
-    def __init__(self, cfg: MossConfig):
-        super().__init__()
-        self.act = cfg.mlp_act
-        if self.act == "swiglu":
-            self.gate_up_proj = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)
-        else:
-            self.up_proj = nn.Linear(cfg.dim, cfg.mlp_hidden, bias=False)
-        self.down_proj = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
+def fold_norm_weight(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The scale s' with rms(x) * (1 + s') == rms(x) * weight * (1 + scale): [B, d] float32."""
+    return weight.float() * (1.0 + scale.float()) - 1.0
 
-    def forward(self, h: torch.Tensor, ops) -> torch.Tensor:
-        if self.act == "swiglu":
-            return self.down_proj(ops.swiglu(self.gate_up_proj(h)))
-        return self.down_proj(F.gelu(self.up_proj(h), approximate="tanh"))
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_norm: nn.RMSNorm,
+    k_norm: nn.RMSNorm,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    num_heads: int,
+    eps: float,
+    ops,
+) -> torch.Tensor:
+    """[T, d] q, k, v -> per-head QK-norm and RoPE -> attention within each cu_seqlens run -> [T, d]."""
+    shape = (q.shape[0], num_heads, q.shape[-1] // num_heads)
+    q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
+    cos, sin = rope
+    q = ops.qk_norm_rope(q, q_norm.weight, cos, sin, eps)
+    k = ops.qk_norm_rope(k, k_norm.weight, cos, sin, eps)
+    return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen).reshape(q.shape[0], -1)
 
 
 class MossBlock(nn.Module):
     def __init__(self, cfg: MossConfig):
         super().__init__()
-        self.eps = cfg.norm_eps
-        self.modulation = nn.Linear(cfg.mod_dim, 6 * cfg.dim)
-        self.attn = Attention(cfg)
-        self.mlp = MLP(cfg)
+        self.num_heads, self.eps = cfg.num_heads, cfg.norm_eps
+        self.norm1 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.norm2 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.proj = nn.ModuleDict({name: nn.Linear(cfg.dim, cfg.dim, bias=False) for name in "qkvo"})
+        self.proj["ffn_up_gate"] = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)
+        self.proj["ffn_down"] = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
 
-    def attention_half(
-        self, x: torch.Tensor, mods: tuple[torch.Tensor, ...], seq: PackedSeq, rope, ops
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x -> (x + gate1 * attn(...), the MLP's AdaLN input): the residual add and the next modulate fused."""
-        shift1, scale1, gate1, shift2, scale2, _ = mods
-        ts = seq.token_sample
-        h, x = ops.norm_modulate(x, shift1, scale1, ts, self.eps, fork=True)  # x's two gradients in one pass
-        return ops.residual_norm_modulate(
-            x, self.attn(h, seq, rope, ops), gate1, shift2, scale2, ts, self.eps
-        )
+    def qkv_linears(self) -> tuple[nn.Module, nn.Module, nn.Module]:
+        return self.proj["q"], self.proj["k"], self.proj["v"]
 
-    def mlp_half(
-        self, x: torch.Tensor, h: torch.Tensor, mods: tuple[torch.Tensor, ...], seq: PackedSeq, ops
-    ) -> torch.Tensor:
-        return ops.gated_residual(x, self.mlp(h, ops), mods[5], seq.token_sample)
-
-    def modulations(self, mod_in: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """shift1, scale1, gate1, shift2, scale2, gate2, each [B, d] and contiguous: one copy of [6, B, d]
-        instead of a copy per chunk inside each op (chunks of [B, 6d] are strided when B > 1)."""
-        mod = self.modulation(mod_in)
-        return mod.view(mod.shape[0], 6, -1).transpose(0, 1).contiguous().unbind(0)
+    def project_qkv(self, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of y. adapters/fast.py may set a grouped version on the instance (one op for the
+        three LoRA linears that read y); it computes the same."""
+        return tuple(linear(y) for linear in self.qkv_linears())
 
     def forward(
         self,
         x: torch.Tensor,
-        mod_in: torch.Tensor,
+        mod: torch.Tensor,
         seq: PackedSeq,
         rope: tuple[torch.Tensor, torch.Tensor],
         ops,
     ) -> torch.Tensor:
-        mods = self.modulations(mod_in)
-        x, h = self.attention_half(x, mods, seq, rope, ops)
-        return self.mlp_half(x, h, mods, seq, ops)
+        """x [T, d]; mod [6, B, d] the shared modulation (shift_a, scale_a, gate_a, shift_f, scale_f, gate_f)."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mod.unbind(0)
+        ts, eps, p = seq.token_sample, self.eps, self.proj
+        scale_a = fold_norm_weight(self.norm1.weight, scale_a)
+        scale_f = fold_norm_weight(self.norm2.weight, scale_f)
+        y, x = ops.norm_modulate(x, shift_a, scale_a, ts, eps, fork=True)  # x's two gradients in one pass
+        q, k, v = self.project_qkv(y)
+        out = attention(
+            q, k, v, self.q_norm, self.k_norm, rope, seq.cu_seqlens, seq.max_seqlen, self.num_heads, eps, ops
+        )
+        x, y = ops.residual_norm_modulate(x, p["o"](out), gate_a, shift_f, scale_f, ts, eps)
+        return ops.gated_residual(x, p["ffn_down"](ops.situ_glu(p["ffn_up_gate"](y))), gate_f, ts)
+
+
+class TextRefinerBlock(nn.Module):
+    def __init__(self, cfg: MossConfig):
+        super().__init__()
+        self.num_heads, self.eps = cfg.num_heads, cfg.norm_eps
+        self.norm1 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.norm2 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)  # rows q; k; v
+        self.proj = nn.Linear(cfg.dim, cfg.dim)
+        self.ffn_gate = nn.Linear(cfg.dim, cfg.mlp_hidden)
+        self.ffn_up = nn.Linear(cfg.dim, cfg.mlp_hidden)
+        self.ffn_down = nn.Linear(cfg.mlp_hidden, cfg.dim)
+
+    def forward(
+        self, x: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
+    ) -> torch.Tensor:
+        """x [T_text, d] (the packed text tokens); rope: cos, sin of the text tokens."""
+        eps = self.eps
+        q, k, v = (t.contiguous() for t in self.qkv(ops.rms_norm(x, self.norm1.weight, eps)).chunk(3, -1))
+        out = attention(
+            q, k, v, self.q_norm, self.k_norm, rope, seq.text_cu_seqlens, seq.text_max_seqlen,
+            self.num_heads, eps, ops,
+        )  # fmt: skip
+        x = x + self.proj(out)
+        y = ops.rms_norm(x, self.norm2.weight, eps)
+        return x + self.ffn_down(ops.situ_glu(torch.cat([self.ffn_up(y), self.ffn_gate(y)], dim=-1)))
+
+
+class TextEmbedder(nn.Module):
+    """`text_embedder`: the text encoder's states projected to d, then the refiner blocks."""
+
+    def __init__(self, cfg: MossConfig):
+        super().__init__()
+        self.proj = nn.Linear(cfg.text_dim, cfg.dim)
+        self.blocks = nn.ModuleList(TextRefinerBlock(cfg) for _ in range(cfg.refiner_depth))
+
+    def forward(
+        self, text: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
+    ) -> torch.Tensor:
+        x = self.proj(text.to(self.proj.weight.dtype))
+        for block in self.blocks:
+            x = block(x, seq, rope, ops)
+        return x

@@ -1,9 +1,9 @@
 """Named MossConfig presets.
 
-moss-image-5b: 42 blocks (public), d 3072 = 24 heads x 128, SwiGLU 8192 (fused gate_up: 2 x 8192 rows),
-text 4096 (Qwen3.5-9B). Per block six large matrices: q, k, v, o, gate_up, down (37.7M + 75.5M) plus a
-256 -> 6d AdaLN modulation (4.7M): 118M per block, about 4.97B in all. docs/concepts/model.md says why.
-tiny: a few million parameters, for CPU tests and the demo (text_dim matches the tiny text encoder).
+moss-image-5b: the released MOSS-Image-Base / -SFT transformer: 42 blocks of d 3072 (24 heads x 128), SiTU-GLU
+8192, text 4096 (Qwen3.5-9B), two text refiner blocks, one shared block modulation: 463 tensors,
+5,082,308,608 parameters (docs/concepts/model.md).
+tiny: the same structure at small widths, for CPU tests and the demo (text_dim matches the tiny text encoder).
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ PRESETS: dict[str, MossConfig] = {
     "tiny": MossConfig(
         dim=256,
         depth=4,
-        num_heads=4,
-        head_dim=64,
+        num_heads=4,  # head_dim 64: 4 rotary axes x 8 bands
         mlp_hidden=512,
         text_dim=32,  # the tiny Qwen3.5 text encoder's hidden size
         time_freq_dim=64,
-        mod_dim=64,
-        rope_axes=(16, 24, 24),
     ),
 }
 

@@ -1,42 +1,62 @@
 """The padded reference forward: MOSS-Image written for clarity, one padded batch, no kernels.
 
-This is the ground truth the packed forward, every kernel and every memory engine are checked
-against. It reads the weights of a MossBackbone but none of its code paths: every op is spelled
-out here with plain torch on a [B, L_max, d] batch and a key-padding mask.
+This is the ground truth the packed forward, every kernel and every memory engine are checked against,
+and the one checked against an independent port of the released model (tests/model/test_port_parity.py).
+It reads the weights of a MossBackbone but none of its code paths: every op is spelled out here with plain
+torch on a [B, L_max, d] batch and a key-padding mask, following the released code's order of operations.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
+from torch import nn
 
 from .backbone import MossBackbone
+from .embed import timestep_features
+from .rope import rope_bands
+from .seq import sample_positions
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    out = x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps)
-    return out * weight if weight is not None else out
+def _rms(x: torch.Tensor, norm: nn.RMSNorm, eps: float) -> torch.Tensor:
+    """Normalised in float32, rounded to x's dtype, then times the weight (the released rounding order)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)).to(x.dtype) * norm.weight
 
 
-def _linear(x: torch.Tensor, layer: torch.nn.Linear) -> torch.Tensor:
+def _linear(x: torch.Tensor, layer: nn.Linear) -> torch.Tensor:
     out = x @ layer.weight.t()
     return out + layer.bias if layer.bias is not None else out
 
 
-def _positions(n_text: int, rows: int, cols: int) -> torch.Tensor:
-    """(text index, row, column) for [text tokens, image tokens in row-major order]."""
-    pos = [(j, 0, 0) for j in range(n_text)]
-    pos += [(n_text, r, c) for r in range(rows) for c in range(cols)]
-    return torch.tensor(pos, dtype=torch.float64)
+def _situ(hidden: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    return (4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate)) * (25.0 * torch.tanh(hidden / 25.0))
 
 
-def _rotate(x: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
-    """x [B, L, H, D]; angles [B, L, D/2]: rotate pair (i, i + D/2) by angle i."""
-    half = x.shape[-1] // 2
-    cos, sin = angles.cos()[:, :, None, :].to(x.dtype), angles.sin()[:, :, None, :].to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, L, H, D]; cos, sin [B, L, D/2]: rotate-half, pair (i, i + D/2) by frequency i."""
+    cos = torch.cat([cos, cos], -1)[:, :, None, :].to(x.dtype)
+    sin = torch.cat([sin, sin], -1)[:, :, None, :].to(x.dtype)
+    a, b = x.chunk(2, -1)
+    return x * cos + torch.cat([-b, a], -1) * sin
+
+
+def _attention(q, k, v, q_norm, k_norm, cos, sin, bias, heads: int, eps: float) -> torch.Tensor:
+    B, L, d = q.shape
+    D = d // heads
+    q = _rotate(_rms(q.view(B, L, heads, D), q_norm, eps), cos, sin)
+    k = _rotate(_rms(k.view(B, L, heads, D), k_norm, eps), cos, sin)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k.to(q.dtype)) / math.sqrt(D) + bias
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.view(B, L, heads, D)).reshape(B, L, d)
+
+
+def _pad_bias(lengths: list[int], L: int, dtype, device) -> torch.Tensor:
+    valid = torch.arange(L, device=device)[None, :] < torch.tensor(lengths, device=device)[:, None]
+    return torch.zeros(len(lengths), 1, 1, L, dtype=dtype, device=device).masked_fill(
+        ~valid[:, None, None, :], float("-inf")
+    )
 
 
 @torch.no_grad()
@@ -46,72 +66,68 @@ def reference_forward(
     texts: list[torch.Tensor],
     img_sizes: list[tuple[int, int]],
     sigma: torch.Tensor,
+    skip_layers: Collection[int] = (),
 ) -> list[torch.Tensor]:
     """Per sample: imgs[b] [rows*cols, in_channels], texts[b] [n_text, text_dim]. Returns v per sample."""
     cfg = model.config
-    B = len(imgs)
+    B, H, eps = len(imgs), cfg.num_heads, cfg.norm_eps
+    n_img = [i.shape[0] for i in imgs]
     n_text = [t.shape[0] for t in texts]
-    lengths = [n_text[b] + imgs[b].shape[0] for b in range(B)]
-    L = max(lengths)
-    dtype, device = imgs[0].dtype, imgs[0].device
+    lengths = [n_img[b] + n_text[b] for b in range(B)]
+    L, Lt = max(lengths), max(n_text)
+    dtype, device = model.video_embedder.weight.dtype, imgs[0].device
 
-    # embed both streams and lay each sample out as [text, image, padding]
+    # rotary phases in float32, per sample laid out as [image, text, padding]
+    bands = rope_bands(cfg.head_dim, cfg.rope_theta, device)
+    cos = torch.zeros(B, L, cfg.head_dim // 2, device=device)
+    sin = torch.zeros_like(cos)
+    for b in range(B):
+        pi, pt = sample_positions(n_text[b], *img_sizes[b])
+        phase = (torch.cat([pi, pt]).to(device)[:, :, None] * bands).flatten(1)
+        cos[b, : lengths[b]], sin[b, : lengths[b]] = phase.cos(), phase.sin()
+
+    # time -> shared block modulation and head modulation (no SiLU before either)
+    feats = timestep_features(sigma, cfg.time_freq_dim, cfg.time_scale).to(dtype)
+    te = model.time_embedding
+    time = _linear(nn.functional.silu(_linear(feats, te[0])), te[2])
+    mod = _linear(time, model.shared_block_modulation)[:, None, :].chunk(6, -1)
+    head_shift, head_scale = _linear(time, model.video_head_modulation)[:, None, :].chunk(2, -1)
+
+    # text: projection, then the refiner blocks over each sample's text alone (positions (0, j, 0, 0))
+    txt = torch.zeros(B, Lt, cfg.dim, dtype=dtype, device=device)
+    for b in range(B):
+        txt[b, : n_text[b]] = _linear(texts[b].to(dtype), model.text_embedder.proj)
+    _, text_pos = sample_positions(Lt, 1, 1)
+    t_phase = (text_pos.to(device)[:, :, None] * bands).flatten(1)
+    t_cos, t_sin = t_phase.cos().expand(B, -1, -1), t_phase.sin().expand(B, -1, -1)
+    t_bias = _pad_bias(n_text, Lt, dtype, device)
+    for blk in model.text_embedder.blocks:
+        q, k, v = _linear(_rms(txt, blk.norm1, eps), blk.qkv).chunk(3, -1)
+        txt = txt + _linear(
+            _attention(q, k, v, blk.q_norm, blk.k_norm, t_cos, t_sin, t_bias, H, eps), blk.proj
+        )
+        y = _rms(txt, blk.norm2, eps)
+        txt = txt + _linear(_situ(_linear(y, blk.ffn_up), _linear(y, blk.ffn_gate)), blk.ffn_down)
+
     x = torch.zeros(B, L, cfg.dim, dtype=dtype, device=device)
-    angles = torch.zeros(B, L, cfg.head_dim // 2, dtype=torch.float64, device=device)
     for b in range(B):
-        txt = _rms(texts[b], model.txt_norm.weight if model.txt_norm is not None else None, cfg.norm_eps)
-        x[b, : n_text[b]] = _linear(txt, model.txt_in)
-        x[b, n_text[b] : lengths[b]] = _linear(imgs[b], model.img_in)
-        pos = _positions(n_text[b], *img_sizes[b]).to(device)
-        parts, offset = [], 0
-        for axis, size in enumerate(cfg.rope_axes):
-            inv_freq = 1.0 / (
-                cfg.rope_theta ** (torch.arange(0, size, 2, dtype=torch.float64, device=device) / size)
-            )
-            parts.append(pos[:, axis : axis + 1] * inv_freq[None, :])
-            offset += size
-        angles[b, : lengths[b]] = torch.cat(parts, dim=1)
-    valid = torch.zeros(B, L, dtype=torch.bool, device=device)
-    for b in range(B):
-        valid[b, : lengths[b]] = True
-    attn_bias = torch.zeros(B, 1, 1, L, dtype=dtype, device=device).masked_fill(
-        ~valid[:, None, None, :], float("-inf")
-    )
+        x[b, : n_img[b]] = _linear(imgs[b].to(dtype), model.video_embedder)
+        x[b, n_img[b] : lengths[b]] = txt[b, : n_text[b]]
+    bias = _pad_bias(lengths, L, dtype, device)
 
-    # timestep embedding -> AdaLN input
-    half = cfg.time_freq_dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=device) / half)
-    args = (sigma.float() * cfg.time_scale)[:, None] * freqs[None, :]
-    t = torch.cat([torch.cos(args), torch.sin(args)], dim=-1).to(dtype)
-    t = _linear(torch.nn.functional.silu(_linear(t, model.time_embed.linear_1)), model.time_embed.linear_2)
-    mod_in = torch.nn.functional.silu(t)  # [B, mod_dim]
+    shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mod
+    for i, blk in enumerate(model.layers):
+        if i in skip_layers:
+            continue
+        p = blk.proj
+        y = _rms(x, blk.norm1, eps) * (1 + scale_a) + shift_a
+        out = _attention(_linear(y, p["q"]), _linear(y, p["k"]), _linear(y, p["v"]),
+                         blk.q_norm, blk.k_norm, cos, sin, bias, H, eps)  # fmt: skip
+        x = x + _linear(out, p["o"]) * gate_a
+        y = _rms(x, blk.norm2, eps) * (1 + scale_f) + shift_f
+        hidden, gate = _linear(y, p["ffn_up_gate"]).chunk(2, -1)
+        x = x + _linear(_situ(hidden, gate), p["ffn_down"]) * gate_f
 
-    H, D = cfg.num_heads, cfg.head_dim
-    for block in model.blocks:
-        mod = _linear(mod_in, block.modulation)[:, None, :]  # [B, 1, 6d]
-        shift1, scale1, gate1, shift2, scale2, gate2 = mod.chunk(6, dim=-1)
-
-        h = _rms(x, None, cfg.norm_eps) * (1 + scale1) + shift1
-        attn = block.attn
-        q = _linear(h, attn.q_proj).view(B, L, H, D)
-        k = _linear(h, attn.k_proj).view(B, L, H, D)
-        v = _linear(h, attn.v_proj).view(B, L, H, D)
-        if attn.q_norm is not None:
-            q, k = _rms(q, attn.q_norm.weight, cfg.norm_eps), _rms(k, attn.k_norm.weight, cfg.norm_eps)
-        q, k = _rotate(q, angles), _rotate(k, angles)
-        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D) + attn_bias
-        out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(dim=-1), v).reshape(B, L, H * D)
-        x = x + gate1 * _linear(out, attn.o_proj)
-
-        h = _rms(x, None, cfg.norm_eps) * (1 + scale2) + shift2
-        mlp = block.mlp
-        if cfg.mlp_act == "swiglu":
-            gate, up = _linear(h, mlp.gate_up_proj).chunk(2, dim=-1)
-            inner = torch.nn.functional.silu(gate) * up
-        else:
-            inner = torch.nn.functional.gelu(_linear(h, mlp.up_proj), approximate="tanh")
-        x = x + gate2 * _linear(inner, mlp.down_proj)
-
-    shift, scale = _linear(mod_in, model.final.modulation)[:, None, :].chunk(2, dim=-1)
-    out = _linear(_rms(x, None, cfg.norm_eps) * (1 + scale) + shift, model.final.proj)
-    return [out[b, n_text[b] : lengths[b]] for b in range(B)]
+    y = _rms(x, model.final_norm_video, eps) * (1 + head_scale) + head_shift
+    out = _linear(y, model.final_linear_video)
+    return [out[b, : n_img[b]] for b in range(B)]

@@ -1,9 +1,10 @@
-"""PackedSeq: where each sample's text and image tokens sit on the one flat token axis.
+"""PackedSeq: where each sample's image and text tokens sit on the one flat token axis.
 
-Per sample the layout is [text tokens, image tokens]. Inputs arrive as two packed tensors (all text
-tokens, all image tokens, each sample's run contiguous and in sample order); `text_index` / `img_index`
-say where each lands on the joint axis. Positions are (text index, row, column) per token:
-text token j -> (j, 0, 0); image token (r, c) -> (text_len, r, c).
+Per sample the layout is [image tokens, text tokens], as the released model orders them. Inputs arrive as
+two packed tensors (all image tokens, all text tokens, each sample's run contiguous and in sample order);
+`img_index` / `text_index` say where each lands on the joint axis. Rotary positions (r, t, h, w) per token:
+image token (row, col) -> (0, text_len, row - (rows - 1) / 2, col - (cols - 1) / 2); text token j -> (0, j, 0, 0).
+The text refiner attends within each sample's text alone: `text_cu_seqlens` over the packed text tokens.
 """
 
 from __future__ import annotations
@@ -16,18 +17,40 @@ import torch
 from kohakumoss_kernels.host_values import host_values, register_host_values
 
 
+def sample_positions(n_text: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(image positions [rows*cols, 4], text positions [n_text, 4]) float32, image tokens row-major."""
+    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+    img = torch.stack(
+        [torch.zeros(rows * cols), torch.full((rows * cols,), float(n_text)), r.flatten(), c.flatten()], 1
+    ).float()
+    img[:, 2] -= (rows - 1) / 2
+    img[:, 3] -= (cols - 1) / 2
+    text = torch.zeros(n_text, 4)
+    text[:, 1] = torch.arange(n_text)
+    return img, text
+
+
+def _cu(lens: Sequence[int]) -> torch.Tensor:
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    return register_host_values(torch.tensor(cu, dtype=torch.int32), cu)
+
+
 @dataclass(frozen=True)
 class PackedSeq:
     text_lens: tuple[int, ...]
     img_sizes: tuple[tuple[int, int], ...]  # (rows, cols) of each sample's token grid
     cu_seqlens: torch.Tensor  # [B + 1] int32, joint axis
+    text_cu_seqlens: torch.Tensor  # [B + 1] int32, over the packed text tokens (the refiner's attention)
     token_sample: torch.Tensor  # [T] long, sample id of each joint token
     img_token_sample: torch.Tensor  # [T_img] long
     text_index: torch.Tensor  # [T_text] long, joint positions of the text tokens
     img_index: torch.Tensor  # [T_img] long, joint positions of the image tokens
-    positions: torch.Tensor  # [T, 3] long, (text index, row, column)
-    joint_gather: torch.Tensor  # [T] long: cat(text_tokens, img_tokens)[joint_gather] is the joint axis
+    positions: torch.Tensor  # [T, 4] float32, (r, t, h, w)
+    joint_gather: torch.Tensor  # [T] long: cat(img_tokens, text_tokens)[joint_gather] is the joint axis
     max_seqlen: int
+    text_max_seqlen: int
 
     @property
     def num_samples(self) -> int:
@@ -55,7 +78,8 @@ class PackedSeq:
             for f in fields(self)
             for v in [getattr(self, f.name)]
         }
-        register_host_values(moved["cu_seqlens"], host_values(self.cu_seqlens))
+        for name in ("cu_seqlens", "text_cu_seqlens"):
+            register_host_values(moved[name], host_values(getattr(self, name)))
         return PackedSeq(**moved)
 
     @classmethod
@@ -74,32 +98,34 @@ class PackedSeq:
             raise ValueError(
                 f"every sample needs >= 1 text token and >= 1 image token: {text_lens}, {img_sizes}"
             )
-        text_index, img_index, sample, pos = [], [], [], []
-        cu = [0]
+        text_index, img_index, sample, img_pos, text_pos = [], [], [], [], []
+        start = 0
         for b, (n_text, (rows, cols)) in enumerate(zip(text_lens, img_sizes)):
-            start = cu[-1]
             n_img = rows * cols
-            text_index.append(torch.arange(start, start + n_text))
-            img_index.append(torch.arange(start + n_text, start + n_text + n_img))
-            sample.append(torch.full((n_text + n_img,), b))
-            text_pos = torch.zeros(n_text, 3, dtype=torch.long)
-            text_pos[:, 0] = torch.arange(n_text)
-            r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-            img_pos = torch.stack([torch.full((n_img,), n_text), r.flatten(), c.flatten()], dim=1)
-            pos += [text_pos, img_pos]
-            cu.append(start + n_text + n_img)
+            img_index.append(torch.arange(start, start + n_img))
+            text_index.append(torch.arange(start + n_img, start + n_img + n_text))
+            sample.append(torch.full((n_img + n_text,), b))
+            pi, pt = sample_positions(n_text, rows, cols)
+            img_pos.append(pi)
+            text_pos.append(pt)
+            start += n_img + n_text
         token_sample = torch.cat(sample).long()
         img_index_t = torch.cat(img_index).long()
         text_index_t = torch.cat(text_index).long()
+        joint_gather = torch.argsort(torch.cat([img_index_t, text_index_t]))
+        positions = torch.cat([torch.cat(img_pos), torch.cat(text_pos)])[joint_gather]
+        seq_lens = [t + h * w for t, (h, w) in zip(text_lens, img_sizes)]
         return cls(
             text_lens=text_lens,
             img_sizes=img_sizes,
-            cu_seqlens=register_host_values(torch.tensor(cu, dtype=torch.int32), cu),
+            cu_seqlens=_cu(seq_lens),
+            text_cu_seqlens=_cu(text_lens),
             token_sample=token_sample,
             img_token_sample=token_sample[img_index_t],
             text_index=text_index_t,
             img_index=img_index_t,
-            positions=torch.cat(pos).long(),
-            joint_gather=torch.argsort(torch.cat([text_index_t, img_index_t])),
-            max_seqlen=max(b - a for a, b in zip(cu[:-1], cu[1:])),
+            positions=positions,
+            joint_gather=joint_gather,
+            max_seqlen=max(seq_lens),
+            text_max_seqlen=max(text_lens),
         ).to(device)

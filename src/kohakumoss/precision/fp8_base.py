@@ -20,7 +20,7 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_kernels import fp8
 
 BASE_PRECISIONS = ("same", "fp8", "fp8_weight")
-QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "up_proj", "down_proj")
+QUANTIZED = ("q", "k", "v", "o", "ffn_up_gate", "ffn_down")
 
 
 # the LyCORIS algorithms that run beside a weight-only fp8 linear (bypass, no read of the weight itself);
@@ -45,7 +45,7 @@ def base_precision_problem(mode: str, algo: str, lycoris_algo: str = "", dora: b
 def _quantized_linears(model: nn.Module) -> list[nn.Linear]:
     return [
         m
-        for block in model.blocks
+        for block in model.layers
         for name, m in block.named_modules()
         if name.rsplit(".", 1)[-1] in QUANTIZED and type(m) is nn.Linear
     ]

@@ -89,7 +89,7 @@ class BlockRunner:
         self.policy = policy
         self.streamer = streamer
         self.offload = offload
-        self.index = {id(b): i for i, b in enumerate(model.blocks)}
+        self.index = {id(b): i for i, b in enumerate(model.layers)}
         self._anchor = torch.empty(0, requires_grad=True)  # makes the checkpoint node need a backward
 
     def _backward_start(self, i: int) -> None:
