@@ -18,17 +18,18 @@ def test_muon_takes_only_block_hidden_matrices():
     muon, decay, no_decay = split_full_ft_params(model)
     muon_names = {n for n, _ in muon}
     assert all(p.ndim == 2 for _, p in muon)
-    assert "blocks.0.attn.q_proj.weight" in muon_names and "blocks.3.mlp.down_proj.weight" in muon_names
-    assert len(muon_names) == 6 * 4
+    assert "layers.0.proj.q.weight" in muon_names and "layers.3.proj.ffn_down.weight" in muon_names
+    assert "text_embedder.blocks.1.qkv.weight" in muon_names
+    assert len(muon_names) == 6 * 4 + 5 * 2
     others = {n for n, _ in decay + no_decay}
     for name in (
-        "img_in.weight",
-        "txt_in.weight",
-        "blocks.0.modulation.weight",
-        "final.proj.weight",
-        "time_embed.linear_1.weight",
-        "blocks.0.attn.q_norm.weight",
-        "final.proj.bias",
+        "video_embedder.weight",
+        "text_embedder.proj.weight",
+        "shared_block_modulation.weight",
+        "final_linear_video.weight",
+        "time_embedding.0.weight",
+        "layers.0.q_norm.weight",
+        "text_embedder.blocks.0.qkv.bias",
     ):
         assert name in others, name
     assert all(p.ndim == 1 for _, p in no_decay)

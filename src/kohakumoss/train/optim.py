@@ -1,8 +1,8 @@
 """Optimizers: Muon for the blocks' hidden 2-D matrices and AdamW for the rest, as one object.
 
 Full fine-tune follows the MOSS recipe: `torch.optim.Muon` (2-D parameters only) takes the attention
-and MLP weight matrices of every block; AdamW takes embedders, norms, modulation, biases and the final
-layer. Muon's `adjust_lr_fn="match_rms_adamw"` scales its update to AdamW's RMS, so one LR fits both.
+and SiTU-GLU weight matrices of every block and text refiner block; AdamW takes embedders, norms, the
+modulations, biases and the final layer. Muon's `adjust_lr_fn="match_rms_adamw"` scales its update to AdamW's RMS, so one LR fits both.
 Adapters train with AdamW on LoRA+ groups. Every optimizer is wrapped in `CombinedOptimizer` so the
 trainer, the LR schedule and checkpoints see one interface.
 """
@@ -18,11 +18,14 @@ from torch.optim import AdamW, Muon, Optimizer
 
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
-_MUON_NAME = re.compile(r"^blocks\.\d+\.(attn|mlp)\.[a-z_]+_proj\.weight$")
+_MUON_NAME = re.compile(
+    r"^(layers\.\d+\.proj\.(q|k|v|o|ffn_up_gate|ffn_down)"
+    r"|text_embedder\.blocks\.\d+\.(qkv|proj|ffn_gate|ffn_up|ffn_down))\.weight$"
+)
 
 
 def is_muon_param(name: str, p: torch.Tensor) -> bool:
-    """A hidden weight matrix of a block (q/k/v/o, gate_up/up, down); never modulation, norms or biases."""
+    """A hidden weight matrix of a block or refiner block; never embedders, modulations, norms or biases."""
     return p.ndim == 2 and bool(_MUON_NAME.match(name))
 
 

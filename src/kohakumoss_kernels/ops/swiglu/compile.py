@@ -1,7 +1,0 @@
-"""swiglu under torch.compile: the eager reference, compiled on first call."""
-
-from ...compile_utils import compiled
-from ...compile_utils import supports as supports
-from .eager import swiglu as _eager
-
-swiglu = compiled(_eager)
