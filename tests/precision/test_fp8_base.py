@@ -102,15 +102,15 @@ def test_lora_training_on_an_fp8_base_tracks_the_full_precision_one(mode):
         pytest.skip("no row-wise fp8 GEMM on this CPU build")
     ref_loss, ref_grads = _loss_grads(*_lora_model("same", "addmm")[:2])
     model, net, n = _lora_model(mode, "addmm")
-    blocks = len(model.blocks)
-    assert n == 6 * blocks  # q, k, v, o, gate_up, down
-    lin = model.blocks[0].attn.q_proj
+    blocks = len(model.layers)
+    assert n == 6 * blocks  # q, k, v, o, ffn_up_gate, ffn_down
+    lin = model.layers[0].proj["q"]
     assert (
         lin.weight.dtype == fp8.E4M3
         and not lin.weight.requires_grad
         and lin.weight_scale.dtype == torch.float32
     )
-    assert model.blocks[0].modulation.weight.dtype == torch.float32  # the per-sample linears stay
+    assert model.shared_block_modulation.weight.dtype == torch.float32  # the per-sample linears stay
     loss, grads = _loss_grads(model, net)
     bound = {op for op, _, _ in model.ops._bound}
     assert {"lora_group_fp8", "lora_linear_fp8"} <= bound and not {"lora_group", "lora_linear"} & bound
@@ -136,8 +136,8 @@ def test_a_frozen_fp8_linear_without_lora_has_its_input_gradient():
     torch.manual_seed(0)
     lin = nn.Linear(64, 32).requires_grad_(False)
     holder = nn.Module()
-    holder.blocks = nn.ModuleList([nn.Module()])
-    holder.blocks[0].o_proj = lin
+    holder.layers = nn.ModuleList([nn.Module()])
+    holder.layers[0].o = lin
     ref_w = lin.weight.clone()
     x = torch.randn(8, 64, requires_grad=True)
     assert quantize_frozen_linears(holder, "fp8", torch.device("cpu")) == 1
@@ -186,13 +186,13 @@ def test_fp8_forward_error_against_the_float64_reference(mode, bound):
 
 def test_a_linear_whose_width_fp8_gemms_cannot_take_is_dequantized_instead():
     holder = nn.Module()
-    holder.blocks = nn.ModuleList([nn.Module()])
-    holder.blocks[0].o_proj = nn.Linear(40, 24).requires_grad_(False)  # 40: not a multiple of 16
-    holder.blocks[0].down_proj = nn.Linear(32, 48).requires_grad_(False)
+    holder.layers = nn.ModuleList([nn.Module()])
+    holder.layers[0].o = nn.Linear(40, 24).requires_grad_(False)  # 40: not a multiple of 16
+    holder.layers[0].ffn_down = nn.Linear(32, 48).requires_grad_(False)
     quantize_frozen_linears(holder, "fp8", torch.device("cpu"))
-    assert not holder.blocks[0].o_proj.fp8_compute and holder.blocks[0].down_proj.fp8_compute
-    assert holder.blocks[0].o_proj.weight.dtype == fp8.E4M3
-    assert holder.blocks[0].o_proj(torch.randn(3, 40)).shape == (3, 24)
+    assert not holder.layers[0].o.fp8_compute and holder.layers[0].ffn_down.fp8_compute
+    assert holder.layers[0].o.weight.dtype == fp8.E4M3
+    assert holder.layers[0].o(torch.randn(3, 40)).shape == (3, 24)
 
 
 def test_fp8_linears_are_lycoris_weight_only_fp8_linears_and_survive_a_model_cast():
@@ -202,13 +202,13 @@ def test_fp8_linears_are_lycoris_weight_only_fp8_linears_and_survive_a_model_cas
 
     model = tiny_model().requires_grad_(False)
     quantize_frozen_linears(model, "fp8_weight", torch.device("cpu"))
-    lin = model.blocks[1].mlp.down_proj
+    lin = model.layers[1].proj["ffn_down"]
     assert isinstance(lin, fp8_base.Fp8Linear) and is_weight_only_fp8_linear(lin)
     before = lin.weight.detach().view(torch.uint8).clone(), lin.weight_scale.clone()
     model.to(torch.bfloat16)  # a cast re-types the other weights, never the fp8 bytes or their scales
     assert lin.weight.dtype == fp8.E4M3 and lin.weight_scale.dtype == torch.float32
     assert torch.equal(lin.weight.view(torch.uint8), before[0]) and torch.equal(lin.weight_scale, before[1])
-    assert lin.source_dtype == torch.bfloat16 and model.blocks[1].modulation.weight.dtype == torch.bfloat16
+    assert lin.source_dtype == torch.bfloat16 and model.shared_block_modulation.weight.dtype == torch.bfloat16
     assert lin(torch.randn(3, lin.in_features, dtype=torch.bfloat16)).dtype == torch.bfloat16
 
 
