@@ -21,14 +21,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
-def packed_vs_reference(cfg, dtype=torch.float32, seed=0):
+def packed_vs_reference(cfg, dtype=torch.float32, seed=0, skip_layers=()):
     model = random_model(cfg, seed).to(dtype)
     imgs, texts, sigma, seq = random_batch(cfg, TEXT_LENS, IMG_SIZES, seed, dtype)
     with torch.no_grad():
-        packed = model(torch.cat(imgs), torch.cat(texts), sigma, seq)
+        packed = model(torch.cat(imgs), torch.cat(texts), sigma, seq, skip_layers=skip_layers)
     ref_model = random_model(cfg, seed).double()
     ref = reference_forward(
-        ref_model, [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double()
+        ref_model,
+        [i.double() for i in imgs],
+        [t.double() for t in texts],
+        IMG_SIZES,
+        sigma.double(),
+        skip_layers=skip_layers,
     )
     splits = torch.split(packed, list(seq.img_lens))
     return [rel_err(p, r) for p, r in zip(splits, ref)]
@@ -39,6 +44,17 @@ def test_parity_packed_vs_padded_reference_fp32():
     errors = packed_vs_reference(cfg)
     assert len(errors) == len(TEXT_LENS)
     assert max(errors) <= 1e-5, errors
+
+
+def test_parity_with_skipped_layers_and_skipping_changes_the_output():
+    cfg = get_preset("tiny")
+    assert max(packed_vs_reference(cfg, skip_layers={1, 2})) <= 1e-5
+    model = random_model(cfg)
+    imgs, texts, sigma, seq = random_batch(cfg, TEXT_LENS, IMG_SIZES)
+    with torch.no_grad():
+        full = model(torch.cat(imgs), torch.cat(texts), sigma, seq)
+        skipped = model(torch.cat(imgs), torch.cat(texts), sigma, seq, skip_layers={2})
+    assert rel_err(skipped, full) > 1e-3
 
 
 def test_parity_reference_in_fp32_matches_fp64():
