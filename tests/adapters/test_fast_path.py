@@ -28,7 +28,8 @@ def adapted(preset="attn-mlp", patterns=(), **kw):
 
 
 def grouped(model) -> list:
-    return [b.attn for b in model.layers if isinstance(b.attn.__dict__.get("project_qkv"), partial)]
+    """The blocks whose project_qkv hook adapters/fast.py replaced with the grouped op."""
+    return [b for b in model.layers if isinstance(b.__dict__.get("project_qkv"), partial)]
 
 
 def loss_and_grads(model, net):
@@ -39,14 +40,17 @@ def loss_and_grads(model, net):
 
 def test_qkv_run_as_one_group_with_the_per_linear_results():
     model, net = adapted()
-    attns = grouped(model)
-    assert len(attns) == len(model.layers) and attns[0].project_qkv.func is _grouped_forward
+    blocks = grouped(model)
+    assert len(blocks) == len(model.layers) and blocks[0].project_qkv.func is _grouped_forward
+    assert [m.lora_name for m in blocks[0].project_qkv.args[0]] == [
+        f"lycoris_layers_0_proj_{p}" for p in "qkv"
+    ]
     loss, grads = loss_and_grads(model, net)
     bound = {op for op, _, _ in model.ops._bound}
-    assert "lora_group" in bound and "lora_linear" in bound  # o, gate_up, down stay single
+    assert "lora_group" in bound and "lora_linear" in bound  # o, ffn_up_gate, ffn_down stay single
     net.zero_grad(set_to_none=True)
-    for attn in attns:  # back to the class's project_qkv: q, k, v one by one
-        del attn.project_qkv
+    for block in blocks:  # back to the class's project_qkv: q, k, v one by one
+        del block.project_qkv
     ref_loss, ref_grads = loss_and_grads(model, net)
     torch.testing.assert_close(loss, ref_loss, atol=1e-6, rtol=1e-6)
     for g, r in zip(grads, ref_grads, strict=True):
@@ -55,7 +59,7 @@ def test_qkv_run_as_one_group_with_the_per_linear_results():
 
 
 def test_no_group_unless_q_k_and_v_are_all_routed():
-    model, _ = adapted(preset="custom", patterns=(r"blocks\.\d+\.attn\.(q_proj|k_proj)",))
+    model, _ = adapted(preset="custom", patterns=(r"layers\.\d+\.proj\.(q|k)",))
     assert grouped(model) == []
     flow_loss(model, flow_batch()).backward()
     assert "lora_group" not in {op for op, _, _ in model.ops._bound}

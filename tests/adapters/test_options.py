@@ -25,7 +25,7 @@ from .helpers import flow_batch, forward, tiny_model
 def test_loraplus_puts_up_factors_in_their_own_group(monkeypatch, algo):
     monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
     net = build_adapter(
-        tiny_model(), algo, rank=4, alpha=4, preset="custom", patterns=[r"blocks\.0\.attn\.o_proj"]
+        tiny_model(), algo, rank=4, alpha=4, preset="custom", patterns=[r"layers\.0\.proj\.o"]
     )
     groups = adapter_param_groups(net, 1e-4, up_lr_ratio=16.0)
     assert [g["name"] for g in groups] == ["adapter", "adapter_up"]
@@ -107,7 +107,7 @@ def test_tlora_mask_follows_sigma(monkeypatch):
 def test_loading_onto_another_model_names_the_modules():
     net = build_adapter(tiny_model(), "lora", rank=4, preset="full")
     other = MossBackbone(get_preset("tiny").__class__(**{**get_preset("tiny").to_dict(), "depth": 2}))
-    with pytest.raises(CheckpointError, match="lycoris_blocks_2"):
+    with pytest.raises(CheckpointError, match="lycoris_layers_2"):
         load_adapter(other, adapter_state_dict(net))
 
 

@@ -1,4 +1,5 @@
-"""Targeting presets select exactly the intended MOSS linears; bad presets fail with named knobs."""
+"""Targeting presets select exactly the intended MOSS linears (the released names); bad presets fail
+with named knobs."""
 
 from __future__ import annotations
 
@@ -16,37 +17,55 @@ def _names(preset, patterns=None):
 
 
 def test_presets_select_the_intended_modules():
-    d = CFG.depth
-    attn = _names("attn")
-    assert len(attn) == 4 * d and all(".attn." in n and n.endswith("_proj") for n in attn)
-    mlp = _names("attn-mlp")
-    assert len(mlp) == 6 * d and "blocks.0.mlp.gate_up_proj" in mlp and "blocks.0.mlp.down_proj" in mlp
+    d, r = CFG.depth, CFG.refiner_depth
+    attn = set(_names("attn"))
+    assert attn == {f"layers.{i}.proj.{p}" for i in range(d) for p in "qkvo"}
+    mlp = set(_names("attn-mlp"))
+    assert mlp == attn | {f"layers.{i}.proj.{p}" for i in range(d) for p in ("ffn_up_gate", "ffn_down")}
     full = set(_names("full"))
-    extra = {
-        "img_in",
-        "txt_in",
-        "time_embed.linear_1",
-        "time_embed.linear_2",
-        "final.modulation",
-        "final.proj",
+    refiner = {"text_embedder.proj"} | {
+        f"text_embedder.blocks.{i}.{p}"
+        for i in range(r)
+        for p in ("qkv", "proj", "ffn_gate", "ffn_up", "ffn_down")
     }
-    assert extra <= full and {f"blocks.{i}.modulation" for i in range(d)} <= full
-    assert len(full) == 6 * d + d + len(extra)
+    rest = {
+        "video_embedder",
+        "time_embedding.0",
+        "time_embedding.2",
+        "shared_block_modulation",
+        "video_head_modulation",
+        "final_linear_video",
+    }
+    assert full == mlp | refiner | rest
+    assert len(full) == 6 * d + 1 + 5 * r + len(rest)  # every nn.Linear of the model
+
+
+def test_full_covers_every_linear_of_the_model():
+    from torch import nn
+
+    model = tiny_model()
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    assert set(_names("full")) == linears
 
 
 def test_custom_regex_and_glob():
-    assert _names("custom", [r"blocks\.0\.attn\.(q|v)_proj"]) == [
-        "blocks.0.attn.q_proj",
-        "blocks.0.attn.v_proj",
-    ]
-    assert len(_names("custom", ["blocks.*.mlp.down_proj"])) == CFG.depth
+    assert _names("custom", [r"layers\.0\.proj\.(q|v)"]) == ["layers.0.proj.q", "layers.0.proj.v"]
+    assert _names("custom", ["layers.*.proj.q"]) == [f"layers.{i}.proj.q" for i in range(CFG.depth)]
+    assert len(_names("custom", ["layers.*.proj.ffn_down"])) == CFG.depth
+    # a regex is anchored: the refiner's own `proj` is not text_embedder.proj
+    assert _names("custom", [r"text_embedder\.proj"]) == ["text_embedder.proj"]
 
 
 def test_network_wraps_exactly_the_preset():
     model = tiny_model()
-    net = build_adapter(model, "lora", rank=4, alpha=4, preset="custom", patterns=["final.proj", "img_in"])
-    assert sorted(m.lora_name for m in net.loras) == ["lycoris_final_proj", "lycoris_img_in"]
+    net = build_adapter(
+        model, "lora", rank=4, alpha=4, preset="custom", patterns=["final_linear_video", "video_embedder"]
+    )
+    assert sorted(m.lora_name for m in net.loras) == ["lycoris_final_linear_video", "lycoris_video_embedder"]
     assert not any(p.requires_grad for p in model.parameters())
+    net = build_adapter(tiny_model(), "lora", rank=4, preset="attn-mlp")
+    assert "lycoris_layers_0_proj_ffn_up_gate" in {m.lora_name for m in net.loras}
+    assert len(net.loras) == 6 * CFG.depth
 
 
 def test_bad_presets_name_the_knob():
@@ -56,6 +75,8 @@ def test_bad_presets_name_the_knob():
         target_patterns("custom", [])
     with pytest.raises(ConfigError, match="matches no"):
         build_adapter(tiny_model(), "lora", preset="custom", patterns=["nothing_here"])
+    with pytest.raises(ConfigError, match="matches no"):  # an old (pre-release) name
+        build_adapter(tiny_model(), "lora", preset="custom", patterns=[r"blocks\.\d+\.attn\.q_proj"])
     with pytest.raises(ConfigError, match="ALGO"):
         build_adapter(tiny_model(), "lorax")
     with pytest.raises(ConfigError, match="ALGO_ARGS"):

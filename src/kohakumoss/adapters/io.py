@@ -1,4 +1,6 @@
 """Adapter files in the LyCORIS format: written by `LycorisNetwork.save_weights`, read by lycoris's loader.
+LoRA files in the published kohya / PEFT / ComfyUI key styles are read too, turned into LyCORIS state
+dicts first (`foreign.py`).
 
 Two lycoris-lora 4.1.3 gaps are bridged here, nothing else:
 - DyLoRA trains with scale alpha / blocks_used but saves a plain LoRA that readers scale by
@@ -25,6 +27,7 @@ from torch import nn
 
 from kohakumoss_common.errors import CheckpointError
 
+from .foreign import is_lycoris_state, to_lycoris_state
 from .spec import SPEC_METADATA_KEY, AdapterSpec
 from .targets import module_name_map
 
@@ -117,13 +120,21 @@ def _ia3_modules(model: nn.Module, sd: dict, names: set[str], multiplier: float)
 
 
 def load_adapter(
-    model: nn.Module, source: AdapterSource, multiplier: float = 1.0, apply: bool = True
+    model: nn.Module,
+    source: AdapterSource,
+    multiplier: float = 1.0,
+    apply: bool = True,
+    strict: bool = True,
 ) -> LycorisNetwork:
-    """Rebuild a network from a LyCORIS file (or state dict, or a live network's state) onto `model`."""
+    """Rebuild a network from a LyCORIS file (or state dict, or a live network's state) onto `model`;
+    a kohya / PEFT / ComfyUI-fused LoRA file becomes LoCon modules (`strict`: its unusable keys are an
+    error, else a warning)."""
     if isinstance(source, LycorisNetwork):
         source = adapter_state_dict(source)
     sd, _ = read_adapter(source)
     where = source if isinstance(source, (str, Path)) else "<state dict>"
+    if not is_lycoris_state(sd):
+        sd = to_lycoris_state(model, sd, where, strict)
     prefixes = {k.split(".", 1)[0] for k in sd if "." in k}
     known = module_name_map(model)
     foreign = sorted(prefixes - set(known))

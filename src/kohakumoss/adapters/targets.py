@@ -1,7 +1,8 @@
 """Which MOSS modules an adapter wraps: named presets and custom patterns, as a LyCORIS preset dict.
 
+Module names are the released checkpoint's (`layers.N.proj.q`, `text_embedder.blocks.N.qkv`, ...).
 Patterns are full-name regexes (anchored at both ends) over `MossBackbone.named_modules()`; a custom
-preset may use globs instead (`blocks.*.attn.q_proj`). Only nn.Linear modules are ever adapted.
+preset may use globs instead (`layers.*.proj.q`). Only nn.Linear modules are ever adapted.
 """
 
 from __future__ import annotations
@@ -16,21 +17,21 @@ from kohakumoss_common.errors import ConfigError
 
 LORA_PREFIX = "lycoris"
 
-_ATTN = [r"blocks\.\d+\.attn\.(q_proj|k_proj|v_proj|o_proj)"]
-_MLP = [r"blocks\.\d+\.mlp\.(gate_up_proj|up_proj|down_proj)"]
+_ATTN = [r"layers\.\d+\.proj\.(q|k|v|o)"]
+_MLP = [r"layers\.\d+\.proj\.(ffn_up_gate|ffn_down)"]
+_REFINER = [r"text_embedder\.proj", r"text_embedder\.blocks\.\d+\.(qkv|proj|ffn_gate|ffn_up|ffn_down)"]
 _REST = [
-    r"img_in",
-    r"txt_in",
-    r"time_embed\.linear_[12]",
-    r"blocks\.\d+\.modulation",
-    r"final\.modulation",
-    r"final\.proj",
+    r"video_embedder",
+    r"time_embedding\.(0|2)",
+    r"shared_block_modulation",
+    r"video_head_modulation",
+    r"final_linear_video",
 ]
 
 TARGET_PRESETS: dict[str, list[str]] = {
     "attn": _ATTN,
-    "attn-mlp": _ATTN + _MLP,
-    "full": _ATTN + _MLP + _REST,
+    "attn-mlp": _ATTN + _MLP,  # the six block projections the published MOSS LoRAs train
+    "full": _ATTN + _MLP + _REFINER + _REST,
 }
 
 
@@ -72,7 +73,7 @@ def matched_modules(model: nn.Module, patterns: Sequence[str], use_fnmatch: bool
 
 
 def lycoris_name(module_name: str) -> str:
-    """LyCORIS's key prefix for a module: 'blocks.0.attn.q_proj' -> 'lycoris_blocks_0_attn_q_proj'."""
+    """LyCORIS's key prefix for a module: 'layers.0.proj.q' -> 'lycoris_layers_0_proj_q'."""
     return f"{LORA_PREFIX}_{module_name}".replace(".", "_")
 
 

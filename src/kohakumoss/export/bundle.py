@@ -1,9 +1,9 @@
 """One call that writes every export of a run or checkpoint into a folder.
 
 <name>-lycoris.safetensors   LyCORIS file (adapter runs)
-<name>-comfy.safetensors     ComfyUI-format adapter (adapter runs)
-merged/                      merged transformer, `merged_layout` keys (optional; always for full FT)
-transformer/                 diffusers-layout transformer + config.json (optional)
+<name>-comfy.safetensors     ComfyUI-format adapter, q/k/v fused as in Comfy-Org's DiT (adapter runs)
+merged/                      merged transformer in `merged_layout` (optional; always for full FT)
+transformer/                 the HF transformer/ folder: released names, config.json (optional)
 """
 
 from __future__ import annotations
@@ -23,12 +23,20 @@ from .merged import save_merged
 
 
 def save_comfy_adapter(
-    model: MossBackbone, network: LycorisNetwork | dict, path: str | Path, dtype: torch.dtype | None = None
+    model: MossBackbone,
+    network: LycorisNetwork | dict,
+    path: str | Path,
+    dtype: torch.dtype | None = None,
+    fused: bool = True,
 ) -> dict[str, str]:
-    """Write the ComfyUI-format adapter; returns {comfy module: format} (lora, loha, lokr or diff)."""
-    comfy = to_comfy_adapter(model, network, dtype)
+    """Write the ComfyUI-format adapter (`fused=False`: q, k, v apart, the published kohya key style);
+    returns {comfy module: format} (lora, loha, lokr or diff)."""
+    comfy = to_comfy_adapter(model, network, dtype, fused)
     meta = adapter_metadata(network) if isinstance(network, LycorisNetwork) else {}
-    meta.update(kohakumoss_format="comfy", kohakumoss_comfy_formats=json.dumps(comfy.formats, sort_keys=True))
+    meta.update(
+        kohakumoss_format="comfy" if fused else "kohya",
+        kohakumoss_comfy_formats=json.dumps(comfy.formats, sort_keys=True),
+    )
     save_safetensors(comfy.tensors, path, meta)
     return comfy.formats
 

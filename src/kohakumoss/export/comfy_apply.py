@@ -1,8 +1,9 @@
 """ComfyUI's LoRA / LoHa / LoKr / diff weight patching (comfy/weight_adapter), re-implemented.
 
-It reads only the ComfyUI-format file and ComfyUI-layout base weights, like ComfyUI does. The export
-tests check the ComfyUI-format files against it, and `merge_comfy_adapter` uses it to put such a
-file onto a native model (sampling with the default export).
+It reads only the ComfyUI-format file and ComfyUI-layout base weights (q, k, v fused), like ComfyUI does.
+The export tests check the ComfyUI-format files against it, and `merge_comfy_adapter` uses it to put
+such a file onto a native model when it holds more than plain LoRAs (LoHa, LoKr, diff entries; plain
+LoRA files load as LyCORIS networks instead, `adapters/foreign.py`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from collections import defaultdict
 
 import torch
 
-from kohakumoss.model.layouts import LAYOUTS
 from kohakumoss_common.errors import CheckpointError
 
-PREFIX = "diffusion_model."
+from .comfy_keys import COMFY_PREFIX, fuse_qkv, fused_members, split_qkv
+
+PREFIX = COMFY_PREFIX
+_DOTTED = ("lora_up.weight", "lora_down.weight", "lora_mid.weight")  # entry names that hold a dot
 
 
 def _alpha(entry: dict, dim: int | None) -> float:
@@ -43,10 +46,8 @@ def patch_delta(entry: dict, shape: torch.Size) -> torch.Tensor:
     return _alpha(entry, dim) * torch.kron(w1.float(), w2.float()).reshape(shape)
 
 
-def apply_comfy_adapter(
-    base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], strength: float = 1.0
-):
-    """Patched copy of ComfyUI-layout base weights (keys without the diffusion_model. prefix)."""
+def comfy_entries(adapter: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
+    """{ComfyUI module: {entry name: tensor}} of a ComfyUI-format adapter (keys `diffusion_model.*`)."""
     entries: dict[str, dict] = defaultdict(dict)
     for key, t in adapter.items():
         if not key.startswith(PREFIX):
@@ -54,15 +55,22 @@ def apply_comfy_adapter(
                 "<comfy adapter>", f"key '{key}' lacks the '{PREFIX}' prefix of ComfyUI adapters"
             )
         rest = key[len(PREFIX) :]
-        for suffix in ("lora_up.weight", "lora_down.weight", "diff_b"):
+        for suffix in _DOTTED:
             if rest.endswith("." + suffix):
                 entries[rest[: -len(suffix) - 1]][suffix] = t
                 break
         else:
             module, _, name = rest.rpartition(".")
             entries[module][name] = t
+    return dict(entries)
+
+
+def apply_comfy_adapter(
+    base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], strength: float = 1.0
+) -> dict[str, torch.Tensor]:
+    """Patched float32 copy of ComfyUI-layout base weights (keys without the diffusion_model. prefix)."""
     out = {k: v.float().clone() for k, v in base.items()}
-    for module, entry in entries.items():
+    for module, entry in comfy_entries(adapter).items():
         w = out[f"{module}.weight"]
         out[f"{module}.weight"] = w + strength * patch_delta(entry, w.shape)
         if "diff_b" in entry:
@@ -83,23 +91,18 @@ def merge_comfy_adapter(
     The touched weights go to the ComfyUI layout (q, k, v fused), are patched as ComfyUI would, and are
     split back.
     """
-    layout = LAYOUTS["comfy"]
-    touched = {
-        k[len(PREFIX) :].rsplit(".", 1)[0].rsplit(".lora_up", 1)[0].rsplit(".lora_down", 1)[0]
-        for k in adapter
-    }
-    comfy_base = {
-        k: v
-        for k, v in layout.from_native(dict(model.state_dict())).items()
-        if k.rsplit(".", 1)[0] in touched
-    }
-    missing = sorted(m for m in touched if f"{m}.weight" not in comfy_base)
+    state = model.state_dict()
+    touched, missing = {}, []
+    for module in comfy_entries(adapter):
+        for native in fused_members(module) or (module,):
+            keys = [f"{native}.{p}" for p in ("weight", "bias") if f"{native}.{p}" in state]
+            if not keys:
+                missing.append(module)
+            touched.update({k: state[k] for k in keys})
     if missing:
-        raise CheckpointError("<comfy adapter>", f"modules not in this model: {missing[:5]}")
-    patched = apply_comfy_adapter(comfy_base, adapter, strength)
-    changed = []
-    for key, tensor in layout.to_native(patched.items()):
+        raise CheckpointError("<comfy adapter>", f"modules not in this model: {sorted(set(missing))[:5]}")
+    patched = split_qkv(apply_comfy_adapter(fuse_qkv(touched), adapter, strength))
+    for key, tensor in patched.items():
         param = model.get_parameter(key)
         param.copy_(tensor.to(param.dtype))
-        changed.append(key)
-    return changed
+    return sorted(patched)

@@ -1,7 +1,9 @@
-"""Native module names -> ComfyUI module names, including ComfyUI's fused q/k/v groups.
+"""The ComfyUI (Comfy-Org/MOSS-Image) DiT layout, as the exporters need it: the released module names,
+with each block's q, k and v fused into one `layers.N.proj.qkv` (rows q; k; v). Keys of ComfyUI-format
+adapters carry the `diffusion_model.` prefix ComfyUI's generic LoRA key map expects.
 
-Both come from the comfy key layout (`model/layouts/comfy.py`): its renames for single modules and its
-fused rules ((q_proj, k_proj, v_proj) -> attention.qkv) for groups.
+Module-level only (adapter exports, and merging a ComfyUI-format adapter onto a native model); full
+checkpoint conversion is `model/layouts/comfy.py`'s.
 """
 
 from __future__ import annotations
@@ -9,38 +11,68 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from kohakumoss.model.layouts import LAYOUTS
+import torch
 
-COMFY = LAYOUTS["comfy"]
 COMFY_PREFIX = "diffusion_model."
+QKV = ("q", "k", "v")  # fused row order
+_MEMBER = re.compile(r"^(?P<block>layers\.\d+\.proj)\.(?P<part>q|k|v)$")
+_FUSED = re.compile(r"^(?P<block>layers\.\d+\.proj)\.qkv$")
 
 
 @dataclass(frozen=True)
 class FusedSlot:
-    target: str  # comfy module name of the fused matrix, e.g. layers.0.attention.qkv
+    target: str  # comfy module name of the fused matrix, e.g. layers.0.proj.qkv
     members: tuple[str, ...]  # native module names, in fused (row) order
     index: int  # this module's position among the members
 
 
-def _template_regex(template: str) -> re.Pattern:
-    return re.compile("^" + re.escape(template).replace(r"\{i\}", r"(?P<i>\d+)") + "$")
-
-
 def fused_slot(native_module: str) -> FusedSlot | None:
     """Where a native module sits in a ComfyUI fused weight (None when it is stored on its own)."""
-    key = f"{native_module}.weight"
-    for parts, target in COMFY.fused:
-        if not target.endswith(".weight"):
-            continue
-        for index, part in enumerate(parts):
-            m = _template_regex(part).match(key)
-            if m:
-                i = m.groupdict().get("i") or ""
-                members = tuple(p.replace("{i}", i)[: -len(".weight")] for p in parts)
-                return FusedSlot(target.replace("{i}", i)[: -len(".weight")], members, index)
-    return None
+    m = _MEMBER.match(native_module)
+    if m is None:
+        return None
+    block = m.group("block")
+    return FusedSlot(f"{block}.qkv", tuple(f"{block}.{p}" for p in QKV), QKV.index(m.group("part")))
+
+
+def fused_members(comfy_module: str) -> tuple[str, ...] | None:
+    """The native modules behind a ComfyUI fused module (`layers.N.proj.qkv`), else None."""
+    m = _FUSED.match(comfy_module)
+    return tuple(f"{m.group('block')}.{p}" for p in QKV) if m else None
 
 
 def comfy_module(native_module: str) -> str:
-    """ComfyUI module name of a native module that is stored on its own."""
-    return COMFY.key_from_native(f"{native_module}.weight")[: -len(".weight")]
+    """ComfyUI module name of a native module: the fused qkv for q, k, v; the same name otherwise."""
+    slot = fused_slot(native_module)
+    return slot.target if slot is not None else native_module
+
+
+def fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A native state dict (or part of one) in the ComfyUI layout: every complete q, k, v triple of
+    weights joined along the rows, the rest unchanged."""
+    out, used = {}, set()
+    for key in state:
+        module, _, param = key.rpartition(".")
+        slot = fused_slot(module)
+        if slot is None or slot.index != 0:
+            continue
+        names = [f"{m}.{param}" for m in slot.members]
+        if all(n in state for n in names):
+            out[f"{slot.target}.{param}"] = torch.cat([state[n] for n in names], 0)
+            used.update(names)
+    out.update({k: v for k, v in state.items() if k not in used})
+    return out
+
+
+def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The inverse of `fuse_qkv`: fused q, k, v tensors split into equal row thirds under native keys."""
+    out = {}
+    for key, tensor in state.items():
+        module, _, param = key.rpartition(".")
+        members = fused_members(module)
+        if members is None:
+            out[key] = tensor
+            continue
+        for name, part in zip(members, tensor.chunk(len(members), 0), strict=True):
+            out[f"{name}.{param}"] = part
+    return out

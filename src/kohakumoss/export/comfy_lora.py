@@ -1,6 +1,10 @@
-"""The ComfyUI-format adapter: LyCORIS keys on ComfyUI's MOSS module names, q/k/v repacked to fused qkv.
+"""The ComfyUI-format adapter: `diffusion_model.<module>.<lycoris key>` on the released module names
+(`diffusion_model.layers.N.proj.o.lora_down.weight`, `.lora_up.weight`, `.alpha`: the kohya style of the
+published MOSS LoRAs), with q/k/v repacked to Comfy-Org's fused `layers.N.proj.qkv` (`fused=True`, the
+default: ComfyUI's generic key map reaches the fused weight by its own name) or kept apart (`fused=False`,
+exactly the published files' keys).
 
-ComfyUI stores q, k, v as one matrix W_qkv = [W_q; W_k; W_v] (rows stacked). Per algorithm:
+Comfy-Org stores q, k, v as one matrix W_qkv = [W_q; W_k; W_v] (rows stacked). Per algorithm:
 
 - LoRA / LoCon / DyLoRA (saved at full rank): dW_i = s_i U_i D_i with s_i = alpha_i / r_i. Then
       dW_qkv = [s_q U_q D_q; s_k U_k D_k; s_v U_v D_v] = blockdiag(s_q U_q, s_k U_k, s_v U_v) @ [D_q; D_k; D_v]
@@ -25,12 +29,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from kohakumoss.adapters.foreign import is_lycoris_state, to_lycoris_state
 from kohakumoss.adapters.io import AdapterSource, adapter_state_dict, read_adapter
 from kohakumoss.adapters.merge import weight_diffs
 from kohakumoss.adapters.targets import module_name_map
 from kohakumoss_common.errors import CheckpointError
 
-from .comfy_keys import COMFY_PREFIX, comfy_module, fused_slot
+from .comfy_keys import COMFY_PREFIX, fused_slot
 
 LORA_KEYS = ("lora_up.weight", "lora_down.weight")
 LOHA_KEYS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
@@ -102,10 +107,13 @@ def _fuse(members: list[str], entries: dict[str, dict], out_dims: list[int], in_
 
 
 def to_comfy_adapter(
-    model: nn.Module, source: AdapterSource, dtype: torch.dtype | None = None
+    model: nn.Module, source: AdapterSource, dtype: torch.dtype | None = None, fused: bool = True
 ) -> ComfyAdapter:
-    """ComfyUI-format tensors for an adapter on `model` (weights are only read for `diff` fallbacks)."""
+    """ComfyUI-format tensors for an adapter on `model` (weights are only read for `diff` fallbacks);
+    `fused=False` keeps q, k, v as modules of their own (the published kohya key style)."""
     sd, _ = read_adapter(adapter_state_dict(source) if isinstance(source, nn.Module) else source)
+    if not is_lycoris_state(sd):  # a published-style LoRA: repacked like our own
+        sd = to_lycoris_state(model, sd)
     names = module_name_map(model)
     entries: dict[str, dict[str, torch.Tensor]] = defaultdict(dict)
     for key, t in sd.items():
@@ -116,7 +124,7 @@ def to_comfy_adapter(
     groups: dict[str, list[str]] = defaultdict(list)
     singles = []
     for name in entries:
-        slot = fused_slot(name)
+        slot = fused_slot(name) if fused else None
         if slot is None:
             singles.append(name)
         else:
@@ -125,7 +133,7 @@ def to_comfy_adapter(
     need_diff: dict[str, list[str]] = {}  # comfy module -> native members (one, or the fused group)
     for name in singles:
         kind = _kind(entries[name])
-        target = comfy_module(name)
+        target = name  # stored on its own: the native (released) name
         if kind == "diff":
             need_diff[target] = [name]
             continue
@@ -138,9 +146,9 @@ def to_comfy_adapter(
         if len(kinds) == 1 and kinds <= {"lora", "loha"}:
             kind = kinds.pop()
             weights = [model.get_submodule(m).weight for m in members]
-            fused = _fuse(members, entries, [w.shape[0] for w in weights], weights[0].shape[1], kind)
+            packed = _fuse(members, entries, [w.shape[0] for w in weights], weights[0].shape[1], kind)
             out.formats[target] = kind
-            out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in fused.items()})
+            out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in packed.items()})
         else:
             need_diff[target] = members
     if need_diff:

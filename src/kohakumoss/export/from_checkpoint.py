@@ -2,7 +2,9 @@
 
 A checkpoint folder carries its run's knobs (config.json), so its adapter is rebuilt with the same
 algorithm and targets and filled with the saved trainable weights (or the EMA ones). A bare LyCORIS
-file is rebuilt by lycoris from its own keys.
+file is rebuilt by lycoris from its own keys; a plain LoRA in the published kohya / PEFT / ComfyUI
+styles becomes LoCon modules the same way (`adapters/foreign.py`); a ComfyUI-format file holding LoHa,
+LoKr or diff entries is merged into the weights.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from kohakumoss.adapters import build_adapter, load_adapter
+from kohakumoss.adapters.foreign import is_lora_state
 from kohakumoss.model import MossBackbone
 from kohakumoss.precision import Fp8Linear
 from kohakumoss.train.checkpoint import load_checkpoint
@@ -53,7 +56,7 @@ def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multi
         if use_ema:
             raise CheckpointError(source, "USE_EMA needs a checkpoint folder, not a bare adapter file")
         tensors = load_file(str(source))
-        if is_comfy_adapter(tensors):  # the ComfyUI-format export: merged into the weights
+        if is_comfy_adapter(tensors) and not is_lora_state(tensors):  # LoHa / LoKr / diff entries
             _refuse_fp8_merge(model, source)
             merge_comfy_adapter(model, tensors, multiplier)
             return None, Path(source).stem
