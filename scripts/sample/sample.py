@@ -19,15 +19,18 @@ ADAPTERS = []  # adapter files or checkpoint folders; an entry may be [path, mul
 PROMPT = ""  # the prompt (or use PROMPT_FILE)
 PROMPT_FILE = ""  # a text file with one prompt per line
 NEGATIVE = ""  # negative prompt (the unconditional side of CFG)
-CFG = 3.0  # classifier-free guidance scale (1: no guidance)
-STEPS = 32  # sampler steps
+CFG = 3.0  # classifier-free guidance scale (1: no guidance; released 3, 3-6 works)
+STEPS = 50  # sampler steps (released 50; duplicate sigmas on the grid are dropped)
 SEED = 0  # first seed; image i of a prompt uses SEED + i
 SEEDS = []  # explicit seeds (override SEED and COUNT)
 COUNT = 1  # images per prompt
 WIDTH = 1024  # width in px (multiple of 16)
 HEIGHT = 1024  # height in px (multiple of 16)
-SHIFT = "resolution"  # sigma schedule shift
-STATIC_SHIFT = 3.0  # shift for SHIFT='static'
+SHIFT = 5.0  # schedule shift, sigmas snapped to the 1000-point training grid (released 5)
+UNCOND_SKIP_LAYERS = [22]  # blocks (0-indexed) the unconditional branch skips: skip-layer guidance ([]: off)
+SLG_START = 0.0  # skipping runs at steps i with SLG_START <= i/n < SLG_STOP
+SLG_STOP = 1.0  # end of that window (fraction of the steps, exclusive)
+MAX_TEXT_TOKENS = 4096  # tokens of the templated prompt kept (the rest truncated)
 BATCH = 4  # images per packed sampler call
 OUT_DIR = "samples"  # where PNGs and the grid are written
 GRID = True  # also write grid.png of every image
@@ -48,7 +51,7 @@ VAE_PLACEMENT = "resident"  # resident or streamed
 def run(k: dict) -> None:
     import torch
 
-    from kohakumoss.diffusion.sample_run import attach_adapters, sample_images
+    from kohakumoss.diffusion.sample_run import attach_adapters, sample_images, sampler_config
     from kohakumoss.memory.engines.encoders import place_encoder
     from kohakumoss.memory.inference import inference_plan
     from kohakumoss.memory.install import install_memory_plan
@@ -62,6 +65,7 @@ def run(k: dict) -> None:
         resolve_device,
     )
 
+    sampler_config(k, model_config(k).depth)  # bad sampler knobs stop here, before anything loads
     device, dtype = resolve_device(k["DEVICE"]), PRECISION_DTYPES[k["PRECISION"]]
     plan, why = inference_plan(k, model_config(k), device)
     print(f"memory: {why}")

@@ -1,24 +1,13 @@
-"""Flow matching: sigma sampling and shifts, targets, loss reductions, the CFG sampler."""
+"""Flow matching for training: sigma sampling and shifts, targets, loss reductions (sampler: test_sampler.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from kohakumoss.diffusion import (
-    SamplerConfig,
-    TimestepConfig,
-    draw_sigmas,
-    euler_sample,
-    flow_matching_loss,
-    make_flow_target,
-    sigma_schedule,
-)
+from kohakumoss.diffusion import TimestepConfig, draw_sigmas, flow_matching_loss, make_flow_target
 from kohakumoss.diffusion.timestep import shift_sigma
-from kohakumoss.model import PackedSeq, get_preset
 from kohakumoss_common.errors import ConfigError
-
-from ..model.helpers import random_model
 
 
 def test_uniform_and_logit_normal_sigma_statistics():
@@ -77,36 +66,3 @@ def test_loss_token_vs_sample_reduction():
     assert flow_matching_loss(pred, target, sigma, ts, reduction="sample").item() == pytest.approx(0.5)
     w = flow_matching_loss(pred, target, sigma, ts, weighting="cosmap").item()
     assert w == pytest.approx(0.25 * 2 / (torch.pi * 0.5))
-
-
-def test_sigma_schedule_monotone_from_one_to_zero():
-    s = sigma_schedule(10, 4096, TimestepConfig())
-    assert s[0] == 1.0 and s[-1] == 0.0 and bool((s[1:] < s[:-1]).all())
-
-
-def test_euler_cfg_sampler_one_packed_batch_and_seed_determinism():
-    cfg = get_preset("tiny")
-    model = random_model(cfg)
-    calls = []
-
-    def backbone(img, text, sigma, seq):
-        calls.append(seq.num_samples)
-        return model(img, text, sigma, seq)
-
-    g = torch.Generator().manual_seed(0)
-    cond = [torch.randn(5, cfg.text_dim, generator=g), torch.randn(2, cfg.text_dim, generator=g)]
-    uncond = [torch.randn(1, cfg.text_dim, generator=g)] * 2
-    sc = SamplerConfig(steps=3, cfg_scale=4.0)
-    out = euler_sample(backbone, cond, uncond, [(2, 3), (3, 3)], [11, 12], sc, cfg.in_channels)
-    assert calls == [4, 4, 4]  # cond + uncond of both samples in one call per step
-    assert [o.shape for o in out] == [(6, cfg.in_channels), (9, cfg.in_channels)]
-    # the same seed alone in a batch gives the same result for that sample
-    alone = euler_sample(model, cond[:1], uncond[:1], [(2, 3)], [11], sc, cfg.in_channels)
-    assert torch.allclose(alone[0], out[0], atol=1e-5)
-    other = euler_sample(model, cond[:1], uncond[:1], [(2, 3)], [99], sc, cfg.in_channels)
-    assert not torch.allclose(other[0], out[0])
-    no_cfg = euler_sample(
-        model, cond[:1], None, [(2, 3)], [11], SamplerConfig(steps=3, cfg_scale=1.0), cfg.in_channels
-    )
-    assert not torch.allclose(no_cfg[0], out[0])
-    assert PackedSeq.build([1], [(1, 1)]).total_tokens == 2

@@ -43,13 +43,12 @@ WORDS = [
     "assistant",
 ]
 SPECIALS = ["[PAD]", "[UNK]", "[EOS]", "<|im_start|>", "<|im_end|>"]
-TEMPLATE = "<|im_start|>user {caption}<|im_end|>"
+TEMPLATE = "<|im_start|>user {caption}<|im_end|>"  # a literal template (the default is the chat template)
 TOKENIZER = ""  # set per test by the `_tokenizer` fixtures
 
 
 def load_text_encoder(path, **kw) -> TextEncoder:
-    """A float32 TextEncoder with the test template and tokenizer unless told otherwise."""
-    kw.setdefault("template", TEMPLATE)
+    """A float32 TextEncoder with the test tokenizer (and its chat template) unless told otherwise."""
     kw.setdefault("tokenizer_path", TOKENIZER)
     kw.setdefault("dtype", "float32")
     return TextEncoder.load(TextEncoderConfig(path=str(path), **kw))

@@ -7,6 +7,13 @@ from kohakumoss.precision import BASE_PRECISIONS
 from .knobs import Knob, Schema
 from .train import ENCODER_KNOBS, PRECISIONS
 
+
+def _block_indices(value: list) -> str | None:
+    if all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        return None
+    return f"block indices are whole numbers >= 0, got {value!r}"
+
+
 SAMPLE_KNOBS = [
     Knob("WEIGHTS", "", "DiT checkpoint: file, index json or folder, any layout", path="any"),
     Knob("MODEL_PRESET", "", "with WEIGHTS empty: random weights of this preset (tests only)"),
@@ -17,15 +24,26 @@ SAMPLE_KNOBS = [
     Knob("PROMPT", "", "the prompt (or use PROMPT_FILE)"),
     Knob("PROMPT_FILE", "", "a text file with one prompt per line", path="file"),
     Knob("NEGATIVE", "", "negative prompt (the unconditional side of CFG)"),
-    Knob("CFG", 3.0, "classifier-free guidance scale (1: no guidance)", min=0.0),
-    Knob("STEPS", 32, "sampler steps", min=1),
+    Knob("CFG", 3.0, "classifier-free guidance scale (1: no guidance; released 3, 3-6 works)", min=0.0),
+    Knob("STEPS", 50, "sampler steps (released 50; duplicate sigmas on the grid are dropped)", min=1),
     Knob("SEED", 0, "first seed; image i of a prompt uses SEED + i"),
     Knob("SEEDS", [], "explicit seeds (override SEED and COUNT)", type=list),
     Knob("COUNT", 1, "images per prompt", min=1),
     Knob("WIDTH", 1024, "width in px (multiple of 16)", min=16),
     Knob("HEIGHT", 1024, "height in px (multiple of 16)", min=16),
-    Knob("SHIFT", "resolution", "sigma schedule shift", choices=("none", "static", "resolution")),
-    Knob("STATIC_SHIFT", 3.0, "shift for SHIFT='static'", min=1e-3),
+    Knob(
+        "SHIFT", 5.0, "schedule shift, sigmas snapped to the 1000-point training grid (released 5)", min=1e-3
+    ),
+    Knob(
+        "UNCOND_SKIP_LAYERS",
+        [22],
+        "blocks (0-indexed) the unconditional branch skips: skip-layer guidance ([]: off)",
+        type=list,
+        check=_block_indices,
+    ),
+    Knob("SLG_START", 0.0, "skipping runs at steps i with SLG_START <= i/n < SLG_STOP", min=0.0, max=1.0),
+    Knob("SLG_STOP", 1.0, "end of that window (fraction of the steps, exclusive)", min=0.0, max=1.0),
+    Knob("MAX_TEXT_TOKENS", 4096, "tokens of the templated prompt kept (the rest truncated)", min=1),
     Knob("BATCH", 4, "images per packed sampler call", min=1),
     Knob("OUT_DIR", "samples", "where PNGs and the grid are written"),
     Knob("GRID", True, "also write grid.png of every image"),

@@ -1,7 +1,8 @@
-"""Flow matching: sigma sampling and shifts, noise and velocity target, the loss, the Euler CFG sampler."""
+"""Flow matching: training sigmas, noise and velocity target, the loss; the released schedule and sampler."""
 
 from .objective import FlowTarget, flow_matching_loss, make_flow_target
-from .sampler import SamplerConfig, euler_sample, sigma_schedule
+from .sampler import SamplerConfig, euler_sample, initial_noise, released_uncond_skip_layers
+from .schedule import released_sigmas
 from .timestep import TimestepConfig, draw_sigmas
 
 __all__ = [
@@ -11,6 +12,8 @@ __all__ = [
     "draw_sigmas",
     "euler_sample",
     "flow_matching_loss",
+    "initial_noise",
     "make_flow_target",
-    "sigma_schedule",
+    "released_sigmas",
+    "released_uncond_skip_layers",
 ]

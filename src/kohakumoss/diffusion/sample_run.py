@@ -14,7 +14,6 @@ from kohakumoss_common.log import get_logger
 
 from .generate import GenerationRequest, generate
 from .sampler import SamplerConfig
-from .timestep import TimestepConfig
 
 log = get_logger(__name__)
 
@@ -64,6 +63,9 @@ def png_info(
         steps=k["STEPS"],
         cfg=k["CFG"],
         shift=k["SHIFT"],
+        uncond_skip_layers=list(k["UNCOND_SKIP_LAYERS"]),
+        slg_window=[k["SLG_START"], k["SLG_STOP"]],
+        max_text_tokens=k["MAX_TEXT_TOKENS"],
         weights=k["WEIGHTS"] or k["MODEL_PRESET"],
         adapters=adapters,
     )
@@ -85,6 +87,21 @@ def attach_adapters(k: dict[str, Any], model) -> list:
     return networks
 
 
+def sampler_config(k: dict[str, Any], depth: int | None = None) -> SamplerConfig:
+    """The sampler settings of the knobs; with `depth`, the skip indices checked against the model's blocks."""
+    config = SamplerConfig(
+        steps=int(k["STEPS"]),
+        cfg_scale=float(k["CFG"]),
+        shift=float(k["SHIFT"]),
+        uncond_skip_layers=tuple(k["UNCOND_SKIP_LAYERS"]),
+        slg_start=float(k["SLG_START"]),
+        slg_stop=float(k["SLG_STOP"]),
+    )
+    if depth is not None and config.guided:
+        config.check_depth(depth)
+    return config
+
+
 def sample_images(
     k: dict[str, Any], model, text_encoder, vae, device: torch.device, dtype: torch.dtype
 ) -> list[Path]:
@@ -93,9 +110,7 @@ def sample_images(
 
     adapters = adapter_entries(k)
     requests = requests_for(k, read_prompts(k))
-    config = SamplerConfig(
-        int(k["STEPS"]), float(k["CFG"]), TimestepConfig(shift=k["SHIFT"], static_shift=k["STATIC_SHIFT"])
-    )
+    config = sampler_config(k, model.config.depth)
     out = Path(k["OUT_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     paths, images = [], []

@@ -1,5 +1,7 @@
 """Sigma sampling for training: uniform or logit-normal, then an optional static or resolution shift.
 
+Sampling does not use these shifts: it follows the released schedule (schedule.py).
+
 Convention: sigma = 1 is pure noise, sigma = 0 is the clean image; x_t = (1 - sigma) x0 + sigma noise.
 """
 

@@ -2,11 +2,13 @@
 
 from .latents import denormalize_latents, normalize_latents, patchify, unpatchify
 from .text import TextEncoder
-from .text_config import QWEN_CHAT_TEMPLATE, TextEncoderConfig, tiny_text_encoder_config
+from .text_config import TextEncoderConfig, tiny_text_encoder_config
+from .text_template import CHAT_TEMPLATE, MAX_TEXT_TOKENS
 from .vae_config import tiny_vae_config
 
 __all__ = [
-    "QWEN_CHAT_TEMPLATE",
+    "CHAT_TEMPLATE",
+    "MAX_TEXT_TOKENS",
     "ImageVAE",
     "TextEncoder",
     "TextEncoderConfig",

@@ -1,8 +1,9 @@
-"""`TextEncoder`: Qwen3.5 (transformers' `qwen3_5`, text part) -> packed caption hidden states.
+"""`TextEncoder`: Qwen3.5 (transformers' `qwen3_5`, text part) -> packed prompt hidden states.
 
-`encode(captions) -> (hidden [sum_len, D'], lengths [B])`, one row per kept token, samples one after
-another. Prompts are right-padded within a micro-batch; the model is causal (attention and the
-Gated DeltaNet recurrence), so padding never changes a real token's state.
+`encode(captions) -> (hidden [sum_len, D'], lengths [B])`, one row per token of the templated prompt
+(template tokens included), samples one after another. As the released pipeline: one prompt per
+forward, unpadded (no padding ever enters the Gated DeltaNet state), `last_hidden_state` by default.
+A caption that occurs more than once in a call is encoded once.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from .text_config import (
     truncated,
     with_overrides,
 )
-from .text_template import PromptTokenizer, Tokenized
+from .text_template import PromptTokenizer
 
 log = get_logger(__name__)
 TOKENIZER_FILES = (
@@ -100,9 +101,7 @@ class TextEncoder:
         deepest = max(self.layer_indices)
         if deepest > len(model.layers) and deepest != full_config.num_hidden_layers:
             raise ConfigError("text_encoder.layers", f"layer {deepest} was pruned from the loaded model")
-        self.prompts = PromptTokenizer(
-            tokenizer, config.template, config.max_length, config.keep_template_tokens
-        )
+        self.prompts = PromptTokenizer(tokenizer, config.template, config.max_length)
         self._weights_identity = weights_identity or module_identity(model)
         self._tokenizer_identity = tokenizer_identity
 
@@ -151,7 +150,7 @@ class TextEncoder:
                 "weights": self._weights_identity,
                 "tokenizer": self._tokenizer_identity,
                 "template": self.config.template,
-                "keep_template_tokens": self.config.keep_template_tokens,
+                "prompt": "whole templated prompt, one per forward",
                 "layers": self.layer_indices,
                 "combine": self.config.combine,
                 "max_length": self.config.max_length,
@@ -163,7 +162,7 @@ class TextEncoder:
         self.model.to(device)
         return self
 
-    def tokenize(self, captions: list[str]) -> list[Tokenized]:
+    def tokenize(self, captions: list[str]) -> list[list[int]]:
         return [self.prompts(c) for c in captions]
 
     @torch.no_grad()
@@ -171,32 +170,26 @@ class TextEncoder:
         """Captions -> (hidden [sum(lengths), hidden_size] packed in caption order, lengths [B] long)."""
         if isinstance(captions, str):
             raise TypeError("encode takes a list of captions, not one string")
-        prompts = self.tokenize(list(captions))
-        order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i].ids))
-        pieces: list[torch.Tensor | None] = [None] * len(prompts)
-        for chunk_start in range(0, len(order), self.config.micro_batch):
-            chunk = order[chunk_start : chunk_start + self.config.micro_batch]
-            for i, hidden in zip(chunk, self._forward([prompts[i] for i in chunk])):
-                pieces[i] = hidden
-        lengths = torch.tensor([p.end - p.start for p in prompts], dtype=torch.long)
+        captions = list(captions)
+        done: dict[str, torch.Tensor] = {}
+        for caption in captions:
+            if caption not in done:
+                done[caption] = self._forward(self.prompts(caption))
+        pieces = [done[c] for c in captions]
+        lengths = torch.tensor([p.shape[0] for p in pieces], dtype=torch.long)
         if not pieces:
             return torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), lengths
         return torch.cat(pieces), lengths
 
-    def _forward(self, prompts: list[Tokenized]) -> list[torch.Tensor]:
-        longest = max(len(p.ids) for p in prompts)
-        ids = torch.full((len(prompts), longest), self.prompts.fallback, dtype=torch.long)
-        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
-        for row, p in enumerate(prompts):
-            ids[row, : len(p.ids)] = torch.tensor(p.ids)
-            mask[row, : len(p.ids)] = 1
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """One prompt's hidden states [len(ids), hidden_size]."""
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         capture = _Capture(self.model, self.layer_indices, self.full_config.num_hidden_layers)
         try:
-            self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=False)
+            self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False)
         finally:
             capture.close()
-        hidden = self._combine([capture.states[i] for i in self.layer_indices])
-        return [hidden[row, p.start : p.end] for row, p in enumerate(prompts)]
+        return self._combine([capture.states[i] for i in self.layer_indices])[0]
 
     def _combine(self, states: list[torch.Tensor]) -> torch.Tensor:
         if len(states) == 1:

@@ -19,7 +19,8 @@ from transformers.models.qwen3_5 import Qwen3_5TextConfig
 
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
-QWEN_CHAT_TEMPLATE = "<|im_start|>user\n{caption}<|im_end|>\n<|im_start|>assistant\n"
+from .text_template import CHAT_TEMPLATE, MAX_TEXT_TOKENS, check_template
+
 COMBINE = ("mean", "concat")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,11 +58,13 @@ class TextEncoderConfig:
     path: HF folder (config.json + safetensors + tokenizer) or one ComfyUI-style safetensors file.
     tokenizer_path: tokenizer folder (defaults to `path` when that is a folder).
     layers: hidden-state index or indices, HF convention: 0 = embeddings, k = output of block k,
-        -1 = the final normed output, -2 = the output of the second-to-last block.
+        -1 = the final normed output (`last_hidden_state`, what MOSS-Image reads), -2 = the output of
+        the second-to-last block.
     combine: how several layers merge: "mean" (width D) or "concat" (width D * len(layers)).
-    template: text around the caption, with one "{caption}" placeholder (no str.format escaping).
-    keep_template_tokens: False keeps only the caption's tokens in the output.
-    max_length: most caption tokens kept (the template comes on top).
+    template: "chat" (the released one: the tokenizer's chat template, generation prompt, thinking on),
+        or a literal text with one "{caption}" placeholder (no str.format escaping). Every token of
+        the templated prompt is returned.
+    max_length: most tokens of the templated prompt kept (truncated on the right, as released: 4096).
     preset: model config for a single file ("qwen3.5-9b"); None infers it from the tensor shapes.
     layout: "auto", "hf" or "comfy" key names.
     prune_unused_layers: do not load or run blocks after the deepest layer asked for.
@@ -73,14 +76,12 @@ class TextEncoderConfig:
     tokenizer_path: str | None = None
     layers: int | list[int] | tuple[int, ...] = -1
     combine: str = "mean"
-    template: str = QWEN_CHAT_TEMPLATE
-    keep_template_tokens: bool = False
-    max_length: int = 1024
+    template: str = CHAT_TEMPLATE
+    max_length: int = MAX_TEXT_TOKENS
     dtype: str = "bfloat16"
     device: str = "cpu"
     preset: str | None = None
     layout: str = "auto"
-    micro_batch: int = 8
     prune_unused_layers: bool = True
     model_overrides: dict[str, Any] | None = None
 
@@ -90,10 +91,11 @@ class TextEncoderConfig:
             raise ConfigError("text_encoder.layers", f"need one int or a list of ints, got {self.layers!r}")
         if self.combine not in COMBINE:
             raise ConfigError("text_encoder.combine", f"{self.combine!r} is not one of {COMBINE}")
-        if self.template.count("{caption}") != 1:
-            raise ConfigError("text_encoder.template", "must contain '{caption}' exactly once")
-        if self.max_length < 1 or self.micro_batch < 1:
-            raise ConfigError("text_encoder.max_length", "max_length and micro_batch must be >= 1")
+        check_template(self.template)
+        if isinstance(self.max_length, bool) or not isinstance(self.max_length, int) or self.max_length < 1:
+            raise ConfigError(
+                "text_encoder.max_length", f"must be a whole number >= 1, got {self.max_length!r}"
+            )
         if self.dtype not in DTYPES:
             raise ConfigError("text_encoder.dtype", f"{self.dtype!r} is not one of {sorted(DTYPES)}")
         if self.preset is not None and self.preset not in PRESETS:

@@ -1,6 +1,7 @@
 """Qwen3.5 text-encoder key names -> `transformers` `Qwen3_5TextModel` names. Every key name lives here.
 
-HF layout (checked against transformers' own Qwen3.5 classes, not a released file):
+HF layout (checked against transformers' own Qwen3.5 classes): `language_model.*` (Qwen3_5Model: the
+released MOSS-Image `text_encoder/`, which also carries the vision tower `visual.*`),
 `model.language_model.*` (Qwen3_5ForConditionalGeneration), `model.*` (Qwen3_5ForCausalLM) or bare
 (Qwen3_5TextModel); the vision tower, `lm_head` and the multi-token-prediction head are skipped.
 
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-HF_PREFIXES = ("model.language_model.", "model.")
+HF_PREFIXES = ("model.language_model.", "language_model.", "model.")
 COMFY_WRAPPERS = (r"^text_encoders\.[^.]+\.transformer\.", r"^transformer\.")
 SKIPPED = (r"^(model\.)?visual\.", r"^lm_head\.", r"^mtp\.", r"^model\.mtp\.")
 TEXT_ROOTS = ("embed_tokens.", "layers.", "norm.")

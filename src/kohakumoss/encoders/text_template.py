@@ -1,34 +1,27 @@
-"""Prompt template and tokenization: template tokens around the caption, and the span that is kept.
+"""Prompt formatting and tokenization, as the released MOSS-Image pipeline does them.
 
-The prefix, the caption and the suffix are tokenized separately and joined, so the caption's token
-span is exact (no offset guessing). A caption with no tokens keeps one template token (the first of
-the suffix, else the last of the prefix), or, without a template, the tokenizer's end/pad token:
-every sample yields at least one text token.
+`CHAT_TEMPLATE` (the default) is the tokenizer's own chat template over one user turn:
+`apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True,
+enable_thinking=True)`; for Qwen3.5 that ends in `<|im_start|>assistant\\n<think>\\n`. A literal template
+with one `{caption}` placeholder is the alternative (no str.format escaping). Either way the whole
+formatted text is tokenized in one call, truncated at `max_length` tokens, and every token is kept:
+the encoder returns the template's tokens with the caption's. An empty prompt is the template alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kohakumoss_common.errors import ConfigError
 
+CHAT_TEMPLATE = "chat"  # the tokenizer's chat template, generation prompt, thinking on
 PLACEHOLDER = "{caption}"
+MAX_TEXT_TOKENS = 4096  # the released cap on the templated prompt's tokens
 
 
-@dataclass(frozen=True)
-class Tokenized:
-    """Token ids of one prompt and the [start, end) span of them that the encoder returns."""
-
-    ids: list[int]
-    start: int
-    end: int
-
-
-def split_template(template: str) -> tuple[str, str]:
-    if template.count(PLACEHOLDER) != 1:
-        raise ConfigError("text_encoder.template", f"must contain {PLACEHOLDER!r} exactly once")
-    prefix, suffix = template.split(PLACEHOLDER)
-    return prefix, suffix
+def check_template(template: str) -> None:
+    if template != CHAT_TEMPLATE and template.count(PLACEHOLDER) != 1:
+        raise ConfigError(
+            "text_encoder.template", f"must be {CHAT_TEMPLATE!r} or contain {PLACEHOLDER!r} exactly once"
+        )
 
 
 def fallback_token(tokenizer) -> int:
@@ -42,28 +35,33 @@ def fallback_token(tokenizer) -> int:
 
 
 class PromptTokenizer:
-    """Turns captions into `Tokenized` prompts with a fixed template."""
+    """Captions -> token ids of the whole templated prompt (at least one token, at most max_length)."""
 
-    def __init__(self, tokenizer, template: str, max_length: int, keep_template_tokens: bool):
+    def __init__(self, tokenizer, template: str, max_length: int = MAX_TEXT_TOKENS):
+        check_template(template)
+        if template == CHAT_TEMPLATE and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(
+                "text_encoder.template",
+                f"the tokenizer has no chat template; give a literal template with {PLACEHOLDER}",
+            )
+        if max_length < 1:
+            raise ConfigError("text_encoder.max_length", f"must be >= 1, got {max_length}")
         self.tokenizer = tokenizer
+        self.template = template
         self.max_length = max_length
-        self.keep_template_tokens = keep_template_tokens
-        prefix, suffix = split_template(template)
-        self.prefix = self._ids(prefix)
-        self.suffix = self._ids(suffix)
         self.fallback = fallback_token(tokenizer)
 
-    def _ids(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+    def format(self, caption: str) -> str:
+        if self.template != CHAT_TEMPLATE:
+            return self.template.replace(PLACEHOLDER, caption)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": caption}],
+            tokenize=False,
+            add_generation_prompt=True,
+            enable_thinking=True,
+        )
 
-    def __call__(self, caption: str) -> Tokenized:
-        caption_ids = self._ids(caption)[: self.max_length]
-        ids = self.prefix + caption_ids + self.suffix
-        if not ids:
-            return Tokenized([self.fallback], 0, 1)
-        if self.keep_template_tokens:
-            return Tokenized(ids, 0, len(ids))
-        start, end = len(self.prefix), len(self.prefix) + len(caption_ids)
-        if start == end:
-            start, end = (start, start + 1) if self.suffix else (start - 1, start)
-        return Tokenized(ids, start, end)
+    def __call__(self, caption: str) -> list[int]:
+        text = self.format(caption)
+        ids = self.tokenizer(text, truncation=True, max_length=self.max_length)["input_ids"] if text else []
+        return list(ids) or [self.fallback]

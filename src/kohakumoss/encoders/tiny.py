@@ -23,7 +23,17 @@ from .vae import ImageVAE
 from .vae_config import tiny_vae_config
 
 SPECIALS = ("[PAD]", "[UNK]", "[EOS]", "<|im_start|>", "<|im_end|>")
-TINY_TEMPLATE = "<|im_start|>user {caption}<|im_end|>"
+CHAT_TAIL = ("assistant", "<think>", "</think>")  # the chat template's tokens, after the words (ids kept)
+# Qwen3.5's chat template in miniature: ChatML turns; the generation prompt opens a think block when
+# thinking is on (`<|im_start|>assistant\n<think>\n`) and closes an empty one when it is off.
+TINY_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}"
+    "{%- else %}{{- '<think>\n' }}{%- endif %}{%- endif %}"
+)
 
 
 def words_of(texts: Iterable[str]) -> list[str]:
@@ -33,7 +43,9 @@ def words_of(texts: Iterable[str]) -> list[str]:
 def write_word_tokenizer(folder: str | Path, texts: Iterable[str]) -> Path:
     """A whitespace word-level tokenizer over the words of `texts`, saved as a fast tokenizer folder."""
     folder = Path(folder)
-    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *words_of(texts)])}
+    words = words_of(texts)
+    tail = [t for t in CHAT_TAIL if t not in words]
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *words, *tail])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     from tokenizers import normalizers
@@ -44,8 +56,9 @@ def write_word_tokenizer(folder: str | Path, texts: Iterable[str]) -> Path:
         unk_token="[UNK]",
         pad_token="[PAD]",
         eos_token="[EOS]",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+        additional_special_tokens=["<|im_start|>", "<|im_end|>", *CHAT_TAIL[1:]],
     )
+    fast.chat_template = TINY_CHAT_TEMPLATE
     fast.save_pretrained(str(folder))
     return folder
 
@@ -69,9 +82,7 @@ def write_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int 
         {f"model.language_model.{k}": v for k, v in model.state_dict().items()},
         model_dir / "model.safetensors",
     )
-    return TextEncoderConfig(
-        path=str(model_dir), tokenizer_path=str(tokenizer), template=TINY_TEMPLATE, dtype="float32"
-    )
+    return TextEncoderConfig(path=str(model_dir), tokenizer_path=str(tokenizer), dtype="float32")
 
 
 def load_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int = 0) -> TextEncoder:

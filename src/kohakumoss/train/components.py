@@ -109,6 +109,8 @@ def build_text_encoder(
         kwargs["tokenizer_path"] = k["TOKENIZER"]
     if k["TEXT_TEMPLATE"]:
         kwargs["template"] = k["TEXT_TEMPLATE"]
+    if "MAX_TEXT_TOKENS" in k:  # the sample script's knob; otherwise the encoder's default (4096)
+        kwargs["max_length"] = int(k["MAX_TEXT_TOKENS"])
     return TextEncoder.load(TextEncoderConfig(**kwargs))
 
 

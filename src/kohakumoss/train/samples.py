@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
-from kohakumoss.diffusion import SamplerConfig, TimestepConfig
+from kohakumoss.diffusion import SamplerConfig, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
 
 
@@ -25,9 +25,13 @@ def sample_requests(k: dict) -> list[GenerationRequest]:
     ]
 
 
-def sampler_config(k: dict) -> SamplerConfig:
-    shift = TimestepConfig(shift=k["TIMESTEP_SHIFT"], static_shift=k["STATIC_SHIFT"])
-    return SamplerConfig(steps=int(k["SAMPLE_STEPS"]), cfg_scale=float(k["SAMPLE_CFG"]), shift=shift)
+def sampler_config(k: dict, depth: int) -> SamplerConfig:
+    """The released sampler at SAMPLE_STEPS / SAMPLE_CFG; the uncond branch skips block 22 where it exists."""
+    return SamplerConfig(
+        steps=int(k["SAMPLE_STEPS"]),
+        cfg_scale=float(k["SAMPLE_CFG"]),
+        uncond_skip_layers=released_uncond_skip_layers(depth),
+    )
 
 
 @torch.no_grad()
@@ -41,7 +45,7 @@ def draw_row(model, text_encoder, vae, k: dict, device, dtype) -> list[Image.Ima
                 text_encoder,
                 vae,
                 sample_requests(k),
-                sampler_config(k),
+                sampler_config(k, model.config.depth),
                 model.config.in_channels,
                 device,
             )
