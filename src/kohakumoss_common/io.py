@@ -5,6 +5,7 @@ Loading is per tensor (`iter_tensors`), so a 5B model never needs a full fp32 co
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -92,7 +93,11 @@ def save_sharded(
     max_shard_bytes: int = 5 << 30,
     metadata: dict[str, str] | None = None,
 ) -> list[Path]:
-    """Write `prefix.safetensors`, or `prefix-0000i-of-0000n.safetensors` shards plus the HF index file."""
+    """Write `prefix.safetensors`, or `prefix-0000i-of-0000n.safetensors` shards plus the HF index file.
+
+    Each file is written atomically; files of an earlier save under the same prefix that this one did
+    not write (other shard counts, a stale index) are removed afterwards, so the folder reads as this save.
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, torch.Tensor]] = [{}]
@@ -106,6 +111,7 @@ def save_sharded(
     if len(shards) == 1:
         path = directory / f"{prefix}.safetensors"
         save_safetensors(shards[0], path, metadata)
+        _remove_stale(directory, prefix, {path})
         return [path]
     paths, weight_map = [], {}
     for i, shard in enumerate(shards):
@@ -118,7 +124,19 @@ def save_sharded(
         directory / f"{prefix}{INDEX_SUFFIX}",
         {"metadata": {"total_size": total, **(metadata or {})}, "weight_map": weight_map},
     )
+    _remove_stale(directory, prefix, {*paths, directory / f"{prefix}{INDEX_SUFFIX}"})
     return paths
+
+
+def _remove_stale(directory: Path, prefix: str, written: set[Path]) -> None:
+    """Remove `prefix`'s single file, shards and index that this save did not write."""
+    own = [directory / f"{prefix}.safetensors", directory / f"{prefix}{INDEX_SUFFIX}"]
+    own += directory.glob(
+        f"{glob.escape(prefix)}-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors"
+    )
+    for path in own:
+        if path not in written and path.exists():
+            path.unlink()
 
 
 def resolve_files(path: str | Path) -> list[Path]:

@@ -1,13 +1,15 @@
-"""Checkpoint key layouts, one small module each: native, hf (diffusers-style), comfy (ComfyUI, fused qkv).
+"""Checkpoint key layouts, one small module each: hf (the released names, MossBackbone's own) and comfy
+(ComfyUI: q, k, v fused, optional prefix).
 
-Fixing a key name later is a one-file change. `LAYOUTS` maps a name to its KeyLayout.
+`LAYOUTS` maps a name to its KeyLayout; "native" is another name for "hf" (the model's names are the
+released ones), kept for configs and callers that say native.
 """
 
 from .base import KeyLayout
 from .comfy import LAYOUT as COMFY
 from .hf import LAYOUT as HF
-from .native import LAYOUT as NATIVE
 
-LAYOUTS: dict[str, KeyLayout] = {layout.name: layout for layout in (NATIVE, HF, COMFY)}
+LAYOUTS: dict[str, KeyLayout] = {"hf": HF, "native": HF, "comfy": COMFY}
+DETECTION_ORDER: tuple[KeyLayout, ...] = (HF, COMFY)
 
-__all__ = ["LAYOUTS", "KeyLayout"]
+__all__ = ["DETECTION_ORDER", "LAYOUTS", "KeyLayout"]
