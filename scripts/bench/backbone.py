@@ -5,7 +5,8 @@
 
 Two samples packed at 1 MP (4096 image + 256 text tokens each) by default. Times forward and
 forward + backward (all parameters trainable) through the op registry's eager and auto backends,
-prints a table and writes results.json under $OUT when set.
+prints a table (TF/s by kohakumoss.memory.flops.step_flops, every weight trained) and writes
+backbone_bench.json under $OUT when set.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 
 import torch
 
+from kohakumoss.memory.flops import step_flops
 from kohakumoss.model import MossBackbone, PackedSeq, get_preset
 from kohakumoss_common.timing import median_ms
 from kohakumoss_kernels import OpSet
@@ -74,11 +76,9 @@ def main() -> None:
             print(f"{backend}: failed: {type(e).__name__}: {e}")
             continue
         model.zero_grad(set_to_none=True)
-        T = seq.total_tokens
-        flops_fwd = (
-            2 * (n_params - cfg.depth * 6 * cfg.dim * cfg.mod_dim) * T
-            + 4 * sum(L * L for L in seq.seq_lens) * cfg.dim * cfg.depth
-        )
+        lens = ([IMAGE_TOKENS] * SAMPLES, [TEXT_TOKENS] * SAMPLES)
+        flops_fwd = step_flops(cfg, *lens, full=True, backward=False)
+        flops_fwd_bwd = step_flops(cfg, *lens, full=True)
         rows.append(
             dict(
                 backend=backend,
@@ -87,7 +87,7 @@ def main() -> None:
                 fwd_peak_gib=fwd_peak,
                 fwd_bwd_peak_gib=fb_peak,
                 fwd_tflops=flops_fwd / fwd / 1e9,
-                fwd_bwd_tflops=3 * flops_fwd / fb / 1e9,
+                fwd_bwd_tflops=flops_fwd_bwd / fb / 1e9,
             )
         )
     print(

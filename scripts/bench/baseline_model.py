@@ -1,9 +1,12 @@
-"""The plain baseline for scripts/bench/train_step.py: MOSS-Image's block math in plain torch, padded.
+"""The plain baseline for scripts/bench/train_step.py: the released MOSS-Image in plain torch, padded.
 
-No op registry, no memory engines, no LyCORIS: a [B, L, d] padded batch, torch RMSNorm
-(F.rms_norm), rotary in plain torch, F.scaled_dot_product_attention, and every linear wrapped in a
-tiny LoRA module (frozen base Linear + down/up). Shapes come from a MossConfig; the math is
-MossBlock's (kohakumoss/model/blocks.py, reference.py). Imported by train_step.py; not a script.
+No op registry, no memory engines, no LyCORIS: a [B, L, d] batch of equal-length samples (image tokens,
+then text), torch RMSNorm with weight (F.rms_norm), the 4-axis rotate-half rotary of
+kohakumoss.model.rope, F.scaled_dot_product_attention, SiTU-GLU as its formula, one shared block
+modulation, the two unmodulated text refiner blocks over the text tokens, and every linear wrapped in a
+tiny LoRA module (frozen base Linear + down/up). Parameter shapes are the product's (MossBackbone's), so
+its FLOPs are the same; the math is MossBlock's (kohakumoss/model/blocks.py, reference.py). Imported by
+train_step.py; not a script.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from kohakumoss.model import MossConfig
+from kohakumoss.model.embed import timestep_features
+from kohakumoss.model.rope import rope_cos_sin
+from kohakumoss.model.seq import sample_positions
 
 
 class PlainLoRA(nn.Module):
@@ -34,62 +40,91 @@ class PlainLoRA(nn.Module):
         return self.base(x) + self.up(self.down(x)) * self.scale
 
 
-def rms(x: torch.Tensor, width: int, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """torch's RMSNorm, back in x's dtype (autocast may compute it in float32)."""
-    return F.rms_norm(x, (width,), weight, eps).to(x.dtype)
+def norm_weight(width: int, dtype: torch.dtype) -> nn.Parameter:
+    return nn.Parameter(torch.ones(width, dtype=dtype), requires_grad=False)
 
 
-class PlainBlock(nn.Module):
-    def __init__(self, cfg: MossConfig, lin, dtype: torch.dtype):
-        super().__init__()
-        d, self.heads, self.head_dim, self.eps = cfg.dim, cfg.num_heads, cfg.head_dim, cfg.norm_eps
-        self.modulation = lin(cfg.mod_dim, 6 * d, True)
-        self.q_proj, self.k_proj = lin(d, d, cfg.qkv_bias), lin(d, d, cfg.qkv_bias)
-        self.v_proj, self.o_proj = lin(d, d, cfg.qkv_bias), lin(d, d, False)
-        self.q_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype), requires_grad=False)
-        self.k_norm = nn.Parameter(torch.ones(cfg.head_dim, dtype=dtype), requires_grad=False)
-        self.gate_up_proj = lin(d, 2 * cfg.mlp_hidden, False)
-        self.down_proj = lin(cfg.mlp_hidden, d, False)
+def rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch's RMSNorm with weight, back in x's dtype (autocast may compute it in float32)."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps).to(x.dtype)
 
-    def forward(self, x: torch.Tensor, mod_in: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        B, L, d = x.shape
-        shift1, scale1, gate1, shift2, scale2, gate2 = self.modulation(mod_in)[:, None, :].chunk(6, dim=-1)
-        h = rms(x, d, None, self.eps) * (1 + scale1) + shift1
-        shape = (B, L, self.heads, self.head_dim)
-        q, k, v = self.q_proj(h).view(shape), self.k_proj(h).view(shape), self.v_proj(h).view(shape)
-        q = rotate(rms(q, self.head_dim, self.q_norm, self.eps), cos, sin).to(v.dtype)
-        k = rotate(rms(k, self.head_dim, self.k_norm, self.eps), cos, sin).to(v.dtype)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        x = x + gate1 * self.o_proj(out.transpose(1, 2).reshape(B, L, d))
-        h = rms(x, d, None, self.eps) * (1 + scale2) + shift2
-        gate, up = self.gate_up_proj(h).chunk(2, dim=-1)
-        return x + gate2 * self.down_proj(F.silu(gate) * up)
+
+def situ_glu(h: torch.Tensor) -> torch.Tensor:
+    """[hidden | gate] -> (4 tanh(gate / 4) sigmoid(gate)) * (25 tanh(hidden / 25))."""
+    hidden, gate = h.chunk(2, dim=-1)
+    return (4.0 * torch.tanh(gate / 4.0) * torch.sigmoid(gate)) * (25.0 * torch.tanh(hidden / 25.0))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, L, H, D]; cos, sin [B, L, D/2]: rotate pair (i, i + D/2) by angle i."""
-    half = x.shape[-1] // 2
-    c, s = cos[:, :, None, :].to(x.dtype), sin[:, :, None, :].to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+    """x [B, L, H, D]; cos, sin [B, L, D/2]: rotate-half, pair (i, i + D/2) by frequency i."""
+    c = torch.cat([cos, cos], -1)[:, :, None, :].to(x.dtype)
+    s = torch.cat([sin, sin], -1)[:, :, None, :].to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * c + torch.cat([-x2, x1], dim=-1) * s
+
+
+def attention(q, k, v, q_norm, k_norm, cos, sin, heads: int, eps: float) -> torch.Tensor:
+    """[B, L, d] q, k, v -> per-head RMSNorm, rotary, SDPA over the whole sample -> [B, L, d]."""
+    B, L, d = q.shape
+    shape = (B, L, heads, d // heads)
+    q = rotate(rms(q.view(shape), q_norm, eps), cos, sin)
+    k = rotate(rms(k.view(shape), k_norm, eps), cos, sin)
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.view(shape).transpose(1, 2))
+    return out.transpose(1, 2).reshape(B, L, d)
+
+
+class PlainBlock(nn.Module):
+    """`layers.N`: modulated by the shared modulation, bias-free q, k, v, o, ffn_up_gate, ffn_down."""
+
+    def __init__(self, cfg: MossConfig, lin, dtype: torch.dtype):
+        super().__init__()
+        d, h = cfg.dim, cfg.mlp_hidden
+        self.heads, self.eps = cfg.num_heads, cfg.norm_eps
+        self.norm1, self.norm2 = norm_weight(d, dtype), norm_weight(d, dtype)
+        self.q_norm, self.k_norm = norm_weight(cfg.head_dim, dtype), norm_weight(cfg.head_dim, dtype)
+        self.q, self.k, self.v, self.o = (lin(d, d, False) for _ in range(4))
+        self.ffn_up_gate, self.ffn_down = lin(d, 2 * h, False), lin(h, d, False)
+
+    def forward(self, x: torch.Tensor, mod: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, L, d]; mod [6, B, 1, d]: shift_a, scale_a, gate_a, shift_f, scale_f, gate_f."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mod
+        y = rms(x, self.norm1, self.eps) * (1 + scale_a) + shift_a
+        out = attention(
+            self.q(y), self.k(y), self.v(y), self.q_norm, self.k_norm, cos, sin, self.heads, self.eps
+        )
+        x = x + gate_a * self.o(out)
+        y = rms(x, self.norm2, self.eps) * (1 + scale_f) + shift_f
+        return x + gate_f * self.ffn_down(situ_glu(self.ffn_up_gate(y)))
+
+
+class PlainRefinerBlock(nn.Module):
+    """`text_embedder.blocks.N`: no modulation, fused qkv, biases, separate ffn_gate / ffn_up / ffn_down."""
+
+    def __init__(self, cfg: MossConfig, lin, dtype: torch.dtype):
+        super().__init__()
+        d, h = cfg.dim, cfg.mlp_hidden
+        self.heads, self.eps = cfg.num_heads, cfg.norm_eps
+        self.norm1, self.norm2 = norm_weight(d, dtype), norm_weight(d, dtype)
+        self.q_norm, self.k_norm = norm_weight(cfg.head_dim, dtype), norm_weight(cfg.head_dim, dtype)
+        self.qkv, self.proj = lin(d, 3 * d, True), lin(d, d, True)
+        self.ffn_gate, self.ffn_up, self.ffn_down = lin(d, h, True), lin(d, h, True), lin(h, d, True)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(rms(x, self.norm1, self.eps)).chunk(3, dim=-1)
+        x = x + self.proj(attention(q, k, v, self.q_norm, self.k_norm, cos, sin, self.heads, self.eps))
+        y = rms(x, self.norm2, self.eps)
+        return x + self.ffn_down(situ_glu(torch.cat([self.ffn_up(y), self.ffn_gate(y)], dim=-1)))
 
 
 def rope_angles(cfg: MossConfig, n_text: int, rows: int, cols: int, device) -> tuple[torch.Tensor, ...]:
-    """cos, sin [L, head_dim/2] for one sample laid out as [text, image] (positions as PackedSeq's)."""
-    text = torch.stack([torch.arange(n_text), torch.zeros(n_text), torch.zeros(n_text)], dim=1)
-    r, c = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
-    img = torch.stack([torch.full((rows * cols,), n_text), r.flatten(), c.flatten()], dim=1)
-    pos = torch.cat([text, img]).double()
-    parts = []
-    for axis, size in enumerate(cfg.rope_axes):
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, size, 2, dtype=torch.float64) / size))
-        parts.append(pos[:, axis : axis + 1] * inv[None, :])
-    angles = torch.cat(parts, dim=1)
-    return angles.cos().float().to(device), angles.sin().float().to(device)
+    """cos, sin [L, head_dim/2] for one sample laid out as [image, text] (positions as PackedSeq's)."""
+    img, text = sample_positions(n_text, rows, cols)
+    cos, sin = rope_cos_sin(torch.cat([img, text]), cfg.head_dim, cfg.rope_theta)
+    return cos.to(device), sin.to(device)
 
 
 class PlainDiT(nn.Module):
-    """MOSS-Image on a padded batch of equal-length samples, LoRA on every linear."""
+    """MOSS-Image on a batch of equal-length samples, LoRA on every linear (as TARGET_PRESET 'full')."""
 
     def __init__(self, cfg: MossConfig, rank: int, dtype: torch.dtype, lora_dtype: torch.dtype):
         super().__init__()
@@ -99,15 +134,16 @@ class PlainDiT(nn.Module):
             return PlainLoRA(fan_in, fan_out, rank, bias, dtype, lora_dtype)
 
         d = cfg.dim
-        self.img_in, self.txt_in = lin(cfg.in_channels, d, True), lin(cfg.text_dim, d, True)
-        self.txt_norm = nn.Parameter(torch.ones(cfg.text_dim, dtype=dtype), requires_grad=False)
-        self.time_1, self.time_2 = (
-            lin(cfg.time_freq_dim, cfg.mod_dim, True),
-            lin(cfg.mod_dim, cfg.mod_dim, True),
-        )
-        self.blocks = nn.ModuleList(PlainBlock(cfg, lin, dtype) for _ in range(cfg.depth))
-        self.final_mod, self.final_proj = lin(cfg.mod_dim, 2 * d, True), lin(d, cfg.in_channels, True)
-        self.block_fns = list(self.blocks)  # what forward calls per block (compiled copies replace these)
+        self.video_embedder = lin(cfg.in_channels, d, True)
+        self.text_proj = lin(cfg.text_dim, d, True)
+        self.refiner = nn.ModuleList(PlainRefinerBlock(cfg, lin, dtype) for _ in range(cfg.refiner_depth))
+        self.time_1, self.time_2 = lin(cfg.time_freq_dim, d, True), lin(d, d, True)
+        self.shared_block_modulation = lin(d, 6 * d, True)
+        self.layers = nn.ModuleList(PlainBlock(cfg, lin, dtype) for _ in range(cfg.depth))
+        self.final_norm_video = norm_weight(d, dtype)
+        self.video_head_modulation = lin(d, 2 * d, True)
+        self.final_linear_video = lin(d, cfg.in_channels, False)
+        self.block_fns = list(self.layers)  # what forward calls per block (compiled copies replace these)
 
     def init_frozen(self, std: float = 0.02) -> PlainDiT:
         with torch.no_grad():
@@ -125,28 +161,28 @@ class PlainDiT(nn.Module):
         for knob in ("cache_size_limit", "recompile_limit"):  # never fall back to eager after 8 blocks
             if hasattr(torch._dynamo.config, knob):
                 setattr(
-                    torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 2 * len(self.blocks))
+                    torch._dynamo.config, knob, max(getattr(torch._dynamo.config, knob), 2 * len(self.layers))
                 )
-        self.block_fns = [torch.compile(b) for b in self.blocks]
+        self.block_fns = [torch.compile(b) for b in self.layers]
 
     def forward(self, img, text, sigma, cos, sin) -> torch.Tensor:
-        """img [B, N_img, C], text [B, N_text, text_dim], sigma [B]; cos/sin [B, L, D/2]. Returns [B, N_img, C]."""
+        """img [B, N_img, C], text [B, N_text, text_dim], sigma [B]; cos/sin [B, L, D/2] of [image, text].
+        Returns [B, N_img, C]."""
         cfg = self.cfg
-        n_text = text.shape[1]
-        txt = rms(text, cfg.text_dim, self.txt_norm, cfg.norm_eps)
-        x = torch.cat([self.txt_in(txt), self.img_in(img)], dim=1)
-        half = cfg.time_freq_dim // 2
-        freqs = torch.exp(
-            -math.log(10000.0) * torch.arange(half, dtype=torch.float32, device=x.device) / half
-        )
-        args = (sigma.float() * cfg.time_scale)[:, None] * freqs[None, :]
-        t = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-        mod_in = F.silu(self.time_2(F.silu(self.time_1(t))))
+        B, n_img = img.shape[:2]
+        dtype = self.time_1.base.weight.dtype
+        feats = timestep_features(sigma, cfg.time_freq_dim, cfg.time_scale).to(dtype)
+        time = self.time_2(F.silu(self.time_1(feats)))  # no SiLU before the modulations
+        mod = self.shared_block_modulation(time).view(B, 6, 1, -1).transpose(0, 1)
+        shift, scale = self.video_head_modulation(time).view(B, 2, 1, -1).transpose(0, 1)
+        txt = self.text_proj(text)
+        for block in self.refiner:  # over the text tokens alone, at their joint positions (0, j, 0, 0)
+            txt = block(txt, cos[:, n_img:], sin[:, n_img:])
+        x = torch.cat([self.video_embedder(img), txt.to(dtype)], dim=1)
         for block in self.block_fns:
-            x = block(x, mod_in, cos, sin)
-        shift, scale = self.final_mod(mod_in)[:, None, :].chunk(2, dim=-1)
-        x = x[:, n_text:]
-        return self.final_proj(rms(x, cfg.dim, None, cfg.norm_eps) * (1 + scale) + shift)
+            x = block(x, mod, cos, sin)
+        y = rms(x[:, :n_img], self.final_norm_video, cfg.norm_eps) * (1 + scale) + shift
+        return self.final_linear_video(y)
 
     def trainable(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

@@ -3,7 +3,8 @@
     python scripts/bench/fit_step_cost.py          # prints the fitted constants and every profile's cost
 
 Each constant solves one row of scripts/bench/train_step.py (MEASURED below, from docs/performance/
-memory.md), taken as a ratio to the LoRA `speed` row of the same session and scaled to REFERENCE_SPEED_S,
+memory.md; every row ran the pre-release block, as kohakumoss/memory/calibration.py says), taken as a
+ratio to the LoRA `speed` row of the same session and scaled to REFERENCE_SPEED_S,
 so rows of sessions with different kernels can be combined. The constants are solved in the order of
 FITS, the whole pass repeated until they settle (a later row depends on the earlier constants). Copy the
 printed values into calibration.py; tests/memory/test_cost_fit.py checks they agree.
@@ -15,7 +16,6 @@ from collections.abc import Callable
 
 from kohakumoss.memory import calibration as cal
 from kohakumoss.memory.catalog import find_entry, step_seconds
-from kohakumoss.memory.estimate import trainable_params
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import PROFILES
 from kohakumoss.model import get_preset
@@ -37,7 +37,8 @@ MEASURED = {
 # 4 GiB cap it runs ~1.6x slower than the model says, while offload alone on an uncapped block costs what
 # the model says (memory_calibrate.py), so the excess is not put on any one engine (that run's host AdamW
 # was still the foreach kernel, ~9x slower than the fused one on the CI box: likely part of it).
-FUSED_ADAMW_S = 0.953e-3  # session 5 profile of lora/speed: torch's fused AdamW per step
+FUSED_ADAMW_S = 0.953e-3  # session 5 profile of lora/speed: torch's fused AdamW per step ...
+FUSED_ADAMW_PARAMS = 99_434_496  # ... over that row's LoRA parameters (r32, pre-release block structure)
 
 
 def _set(table: str, key: str) -> Callable[[float], None]:
@@ -87,7 +88,7 @@ def solve(setter, plan, knobs, config, target: float, lo: float, hi: float) -> f
 def fit(rounds: int = 8) -> dict[str, float]:
     """Set the fitted constants in `calibration` (this process only) and return them by name."""
     config = get_preset("moss-image-5b")
-    cal.GPU_OPT_S_PER_PARAM["adamw"] = FUSED_ADAMW_S / trainable_params(LORA, config)
+    cal.GPU_OPT_S_PER_PARAM["adamw"] = FUSED_ADAMW_S / FUSED_ADAMW_PARAMS
     out = {'GPU_OPT_S_PER_PARAM["adamw"]': cal.GPU_OPT_S_PER_PARAM["adamw"]}
     for _ in range(rounds):
         for name, setter, plan, knobs, row, (lo, hi) in FITS:

@@ -8,7 +8,8 @@ its backward (saved-tensor hooks, deduplicated by storage, weights excluded) and
 one block's forward + backward above what it keeps (its working set). Also the pinned host<->device
 copy rate and one block's forward / forward + backward time per mode (the catalog's cost model).
 Everything is per token and per model dim where it scales so, as kohakumoss/memory/calibration.py
-stores it.
+stores it; the block's kept bytes and the text refiner's share of the fixed part are printed beside
+calibration.py's DERIVED counts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 import torch
 
 from kohakumoss.adapters import build_adapter
+from kohakumoss.memory.estimate import refiner_saved
 from kohakumoss.memory.install import install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.model import MossBackbone, PackedSeq, get_preset
@@ -139,8 +141,8 @@ def main() -> None:
     results: dict = {"preset": PRESET, "tokens": T, "dim": d, "blocks": BLOCKS, "rank": RANK, "modes": {}}
 
     model, net = build(cfg, dev)
-    block_bytes = sum(p.numel() * p.element_size() for p in model.blocks[0].parameters())
-    blocks = model.blocks
+    block_bytes = sum(p.numel() * p.element_size() for p in model.layers[0].parameters())
+    blocks = model.layers
     for mode in MODES:
         for offload in ("none", "on"):
             plan = MemoryPlan(checkpointing=mode, activation_offload=offload)
@@ -149,9 +151,9 @@ def main() -> None:
                 engines.offload.keep_tensors(net.parameters())
             sizes = {}
             for nb in (1, BLOCKS):
-                model.blocks = torch.nn.ModuleList(blocks[:nb])
+                model.layers = torch.nn.ModuleList(blocks[:nb])
                 sizes[nb] = measure(model, net, inputs)
-            model.blocks = blocks
+            model.layers = blocks
 
             def step():
                 with torch.autocast("cuda", torch.bfloat16):
@@ -204,6 +206,23 @@ def main() -> None:
             f"{r['kept_fixed_bytes'] / 2**20:>10.1f} {r['working_per_token_dim']:>14.2f} "
             f"{r['block_fwd_ms']:>8.2f} {r['block_fwd_bwd_ms']:>8.2f}"
         )
+    derived = (12 * d + 3 * cfg.mlp_hidden) * 2 / d  # calibration.py's DERIVED count of what a block saves
+    refiner = refiner_saved(
+        {
+            "TARGET_PRESET": "full",
+            "TOKENS_PER_STEP": T,
+            "AREA": IMAGE_TOKENS * 256,
+            "MAX_TEXT_TOKENS": TEXT_TOKENS,
+        },
+        cfg,
+    )
+    fixed = results["modes"]["none"]["kept_fixed_bytes"]
+    results["derived"] = {"block_kept_per_token_dim": derived, "refiner_saved_bytes": refiner}
+    print(
+        f"derived: a block keeps {derived:.2f} B/(tok*d) (12 d + 3 h bf16 values); outside the blocks the "
+        f"refiner keeps {refiner / 2**20:.1f} MiB of the measured 'none' fixed {fixed / 2**20:.1f} MiB: "
+        f"FIXED_PER_TOKEN_DIM = {(fixed - refiner) / (T * d):.2f}"
+    )
     if results["graphed"] is not None:
         print(f"none, CUDA-graphed step: f+b {results['graphed']:.2f} ms per block")
     print("backends chosen: " + json.dumps(results["chosen"]))

@@ -49,6 +49,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_model.py sits beside this script
 
 from kohakumoss.memory.estimate import estimate_peak  # noqa: E402
+from kohakumoss.memory.flops import step_flops  # noqa: E402
 from kohakumoss.memory.install import install_memory_plan  # noqa: E402
 from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
 from kohakumoss.memory.profiles import PROFILES  # noqa: E402
@@ -64,7 +65,7 @@ SAMPLES = 2  # samples packed per step
 IMAGE_TOKENS = 0  # image tokens per sample (a square grid); 0: 4096 (1024 x 1024 px), 64 for the tiny preset
 TEXT_TOKENS = 0  # text tokens per sample; 0: 256, 8 for the tiny preset
 RANK = 32  # LoRA rank (alpha = rank)
-TARGET_PRESET = "full"  # LoRA on every DiT linear (AdaLN modulations too); the trainer's default is attn-mlp
+TARGET_PRESET = "full"  # LoRA on every DiT linear (refiner, embedders, modulations too); the trainer's default is attn-mlp
 LR = 1e-4  # learning rate (AdamW; Muon for full fine-tune)
 GRAD_CLIP = 1.0  # gradient norm clip
 FULL_OPTIMIZER = (
@@ -126,11 +127,13 @@ GROUPS["default"] = GROUPS["main"] + GROUPS["baseline"] + GROUPS["cache"] + GROU
 GROUPS["cpu"] = [*(f"{m}/{p}/latent_text" for m in ("lora", "full") for p in PROFILE_NAMES), *GROUPS["cache"]]
 GROUPS["cpu"].append("baseline/eager")
 FLOP_FORMULA = (
-    "MFU = FLOPs / step time / PEAK_TFLOPS; FLOPs = 4 x P x T (frozen base: forward + input grads) or "
-    "6 x P x T (full fine-tune), + 14 x sum_s(T_s^2) x d x L (attention); P = weights of the linears applied "
-    "per token (blocks' q/k/v/o/gate_up/down, img_in, txt_in, final.proj; AdaLN modulations run once per "
-    "sample and adapters are not counted), T = image + text tokens, T_s per sample, d = dim, L = depth; "
-    "encoder FLOPs (cache 'latent'/'none') are not counted"
+    "MFU = FLOPs / step time / PEAK_TFLOPS; FLOPs (kohakumoss.memory.flops.step_flops) = 2 x multiply-adds x "
+    "(1 forward + 1 input grad, + 1 weight grad in a full fine-tune) over the blocks' q/k/v/o/ffn_up_gate/"
+    "ffn_down on every token, the text refiner and text_embedder.proj on the text tokens, video_embedder and "
+    "final_linear_video on the image tokens (embedders: no input grad), the time embedding and modulations "
+    "per sample; + (4 + 10) x L^2 x d per block and sample of L tokens (attention; the refiner's over the "
+    "text); outside the blocks only the head's backward unless TARGET_PRESET 'full' or a full fine-tune; "
+    "adapter and encoder FLOPs (cache 'latent'/'none') are not counted"
 )
 GIB = 1 << 30
 GPU_BASE_MIB: list[float | None] = [None]  # nvidia-smi's used memory at the row's start
@@ -188,18 +191,12 @@ def expand_rows(text: str) -> list[str]:
 # ---------------------------------------------------------------- FLOPs, memory, nvidia-smi
 
 
-def per_token_params(cfg) -> int:
-    """Weights of the linears applied per token (see FLOP_FORMULA)."""
-    d, h = cfg.dim, cfg.mlp_hidden
-    mlp = 3 * d * h if cfg.mlp_act == "swiglu" else 2 * d * h
-    block = 4 * d * d + mlp
-    return cfg.depth * block + cfg.in_channels * d + cfg.text_dim * d + d * cfg.in_channels
-
-
-def step_flops(cfg, seq_lens: list[int], full: bool) -> float:
-    tokens = sum(seq_lens)
-    attention = 14 * sum(s * s for s in seq_lens) * cfg.dim * cfg.depth
-    return (6 if full else 4) * per_token_params(cfg) * tokens + attention
+def row_flops(a, cfg, seq_lens: list[int], full: bool) -> float:
+    """The step's FLOPs (FLOP_FORMULA) for samples of seq_lens tokens, each with the row's text tokens."""
+    n_text = token_layout(a)[2]
+    text = [n_text] * len(seq_lens)
+    image = [n - n_text for n in seq_lens]
+    return step_flops(cfg, image, text, full, outside_trains=a.target_preset == "full")
 
 
 class SmiPoller:
@@ -354,7 +351,7 @@ def estimate_knobs(spec: RowSpec, a, tokens: int) -> dict:
         "BASE_PRECISION": a.base_precision if spec.mode != "full" else "same",
         "ALGO": spec.mode,
         "RANK": a.rank,
-        "TARGET_PRESET": "full",
+        "TARGET_PRESET": a.target_preset,
         "USE_MUON": a.full_optimizer == "muon",
         "TOKENS_PER_STEP": tokens,
         "TEXT_ENCODE": "auto" if spec.cache in ("latent", "none") else "cache",
@@ -574,7 +571,7 @@ def partial_row(name: str, progress: Path, warmup: int, samples: int, why: str) 
 KERNEL_KINDS = (  # (kind, substrings of a kernel name), first match wins
     ("attention", ("sdpa", "flash", "fmha", "_attention_", "attn")),
     ("Triton row ops", ("_norm_modulate_", "_gated_residual_", "_qk_norm_rope_", "_rms_norm_", "_rope_",
-                        "_swiglu_", "_per_sample_", "_per_program_", "_lowrank_")),
+                        "_situ_glu_", "_per_sample_", "_per_program_", "_lowrank_")),
     ("GEMM", ("nvjet", "gemm", "cutlass", "xmma", "splitkreduce")),
     ("optimizer", ("adam", "multi_tensor")),
     ("copies and fills", ("copy", "memcpy", "memset", "fill")),
@@ -632,7 +629,7 @@ ROW_KERNEL_TENSORS = {
     "_residual_norm_modulate_fwd": (4, "d"), "_residual_norm_modulate_bwd": (6, "d"),
     "_gated_residual_fwd": (3, "d"), "_gated_residual_bwd": (3, "d"),
     "_qk_norm_rope_fwd": (2, "d"), "_qk_norm_rope_fwd_token": (2, "d"), "_qk_norm_rope_bwd": (3, "d"),
-    "_swiglu_fwd": (3, "h"), "_swiglu_bwd": (5, "h"),
+    "_situ_glu_fwd": (3, "h"), "_situ_glu_bwd": (5, "h"),
 }  # fmt: skip
 
 
@@ -721,7 +718,7 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         shape = (sum(seq_lens), cfg.dim, cfg.mlp_hidden)
         profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace, shape)
     row = summarize(
-        a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, step_flops(cfg, seq_lens, full)
+        a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, row_flops(a, cfg, seq_lens, full)
     )
     row["timing"] = first
     if back_to_back is not None:
@@ -1152,8 +1149,8 @@ def parse_args(argv=None):
     p.add_argument(
         "--target-preset",
         default=TARGET_PRESET,
-        help="the adapter's TARGET_PRESET: full (every DiT linear, the AdaLN modulations too) or the trainer's "
-        "default attn-mlp (modulations frozen)",
+        help="the adapter's TARGET_PRESET: full (every DiT linear: the refiner, embedders and modulations too) "
+        "or the trainer's default attn-mlp (the six block linears)",
     )
     p.add_argument("--lr", type=float, default=LR)
     p.add_argument("--grad-clip", type=float, default=GRAD_CLIP)

@@ -27,17 +27,22 @@ def load_script():
 
 
 def test_flops_of_the_5b_preset():
+    """The bench's MFU divides by kohakumoss.memory.flops.step_flops over the row's image and text tokens."""
+    from kohakumoss.memory.flops import step_flops
     from kohakumoss.model import get_preset
 
     ts = load_script()
-    cfg = get_preset("moss-image-5b")
-    d, h, L = 3072, 8192, 42
-    p = L * (4 * d * d + 3 * d * h) + 128 * d + 4096 * d + d * 128
-    assert ts.per_token_params(cfg) == p
+    cfg, a = get_preset("moss-image-5b"), ts.parse_args([])
+    assert ts.token_layout(a)[1:] == (4096, 256)
     lens = [4352, 4352]
-    attention = 14 * (2 * 4352**2) * d * L
-    assert ts.step_flops(cfg, lens, full=False) == 4 * p * 8704 + attention
-    assert ts.step_flops(cfg, lens, full=True) == 6 * p * 8704 + attention
+    for full in (False, True):
+        got = ts.row_flops(a, cfg, lens, full)
+        assert got == step_flops(cfg, [4096, 4096], [256, 256], full, outside_trains=True)
+    a.target_preset = "attn-mlp"  # the refiner, embedders and modulations frozen: no backward there
+    assert ts.row_flops(a, cfg, lens, False) == step_flops(
+        cfg, [4096] * 2, [256] * 2, False, outside_trains=False
+    )
+    assert ts.row_flops(a, cfg, lens, False) < step_flops(cfg, [4096] * 2, [256] * 2, False)
 
 
 def test_row_specs():
@@ -169,19 +174,22 @@ def test_row_kernels_bandwidth_per_call():
     """GB/s from the bytes each call must move ([T, width] bf16 tensors read + written) over its device time."""
     ts = load_script()
     tokens, dim, hidden = 8704, 3072, 8192
+    # the MLP activation's forward: the one forward kernel over [T, h] tensors, whatever its name
+    act = next(k for k, (_, w) in ts.ROW_KERNEL_TENSORS.items() if w == "h" and k.endswith("_fwd"))
+    n_act = ts.ROW_KERNEL_TENSORS[act][0]
     kernels = [  # (name, ms summed over 2 steps, calls)
         ("_norm_modulate_bwd", 62.2e-3 * 86, 86),  # 4 tensors of [T, d] in 62.2 us
-        ("_swiglu_fwd", 99.8e-3 * 84, 84),  # 3 tensors of [T, h]
+        (act, 99.8e-3 * 84, 84),  # tensors of [T, h]
         ("nvjet_sm90_tst_192x192", 400.0, 840),  # not a row kernel
     ]
     lines = ts.row_kernel_table(kernels, 2, tokens, dim, hidden, ceiling_gbs=4159.0).splitlines()
     assert "4159 GB/s" in lines[0] and len(lines) == 4
-    swiglu, norm = lines[2].split(), lines[3].split()  # largest device time first
-    assert swiglu[0] == "_swiglu_fwd" and norm[0] == "_norm_modulate_bwd"
+    mlp, norm = lines[2].split(), lines[3].split()  # largest device time first
+    assert mlp[0] == act and norm[0] == "_norm_modulate_bwd"
     assert float(norm[1]) == 43.0 and float(norm[2]) == 62.2
     assert abs(float(norm[3]) - 4 * tokens * dim * 2 / 62.2e-6 / 1e9) < 1  # 3439 GB/s
     assert norm[4] == "82.7%"
-    assert abs(float(swiglu[3]) - 3 * tokens * hidden * 2 / 99.8e-6 / 1e9) < 1
+    assert abs(float(mlp[3]) - n_act * tokens * hidden * 2 / 99.8e-6 / 1e9) < 1
     assert ts.row_kernel_table(kernels[2:], 2, tokens, dim, hidden, 4159.0) == ""
 
 
@@ -291,3 +299,53 @@ def test_copy_bandwidth_is_bytes_read_and_written_over_time():
 
     gbs = copy_gbs("cpu", gib=1 / 64)
     assert 0.1 < gbs < 1e4  # a plausible host memcpy rate, counted both ways
+
+
+def test_the_baseline_computes_the_released_model():
+    """PlainDiT with a MossBackbone's weights (LoRA ups at zero) gives the backbone's velocity: the plain
+    baseline is the same model, so the two rows' FLOPs are the same work."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    from baseline_model import PlainDiT, rope_angles
+
+    from kohakumoss.model import MossBackbone, PackedSeq, get_preset
+
+    cfg = get_preset("tiny")
+    torch.manual_seed(0)
+    moss = MossBackbone(cfg).init_weights(std=0.05, generator=torch.Generator().manual_seed(0)).eval()
+    plain = PlainDiT(cfg, 4, torch.float32, torch.float32)
+    names = {  # PlainDiT name -> MossBackbone name, where they differ
+        "text_proj": "text_embedder.proj",
+        "refiner": "text_embedder.blocks",
+        "time_1": "time_embedding.0",
+        "time_2": "time_embedding.2",
+    }
+    block_linears = ("q", "k", "v", "o", "ffn_up_gate", "ffn_down")
+    ours = dict(moss.named_parameters())
+    copied = set()
+    with torch.no_grad():
+        for name, p in plain.named_parameters():
+            if ".down." in name or ".up." in name:
+                continue
+            key = name.replace(".base.", ".")
+            for a, b in names.items():
+                key = key.replace(a, b, 1) if key.startswith(a) else key
+            parts = key.split(".")
+            if parts[0] == "layers" and parts[2] in block_linears:
+                key = ".".join([*parts[:2], "proj", *parts[2:]])
+            if parts[-1] in ("norm1", "norm2", "q_norm", "k_norm", "final_norm_video"):
+                key += ".weight"  # nn.RMSNorm's parameter; the baseline holds the bare weight
+            assert ours[key].shape == p.shape, key
+            p.copy_(ours[key])
+            copied.add(key)
+    assert copied == set(ours)  # every parameter of the product, with its shape
+
+    B, side, n_text = 2, 4, 5
+    g = torch.Generator().manual_seed(1)
+    img = torch.randn(B, side * side, cfg.in_channels, generator=g)
+    text = torch.randn(B, n_text, cfg.text_dim, generator=g)
+    sigma = torch.rand(B, generator=g)
+    seq = PackedSeq.build([n_text] * B, [(side, side)] * B)
+    want = moss(img.flatten(0, 1), text.flatten(0, 1), sigma, seq).view(B, side * side, -1)
+    cos, sin = rope_angles(cfg, n_text, side, side, "cpu")
+    got = plain(img, text, sigma, cos.expand(B, -1, -1), sin.expand(B, -1, -1))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from kohakumoss.config.sample import SAMPLE_SCHEMA
-from kohakumoss.memory.calibration import GIB
-from kohakumoss.memory.inference import inference_peak, inference_plan
+from kohakumoss.memory.calibration import ALLOCATOR_SLACK, GIB
+from kohakumoss.memory.estimate import block_weight_bytes
+from kohakumoss.memory.inference import inference_peak, inference_plan, sampler_tokens
 from kohakumoss.model import get_preset
 
 MOSS = get_preset("moss-image-5b")
@@ -17,16 +18,31 @@ def knobs(**over):
     return SAMPLE_SCHEMA.validate({"MODEL_PRESET": "moss-image-5b", "PROMPT": "x", "DEVICE": "cpu", **over})
 
 
+PROMPT = 256  # templated prompt tokens of a typical caption
+
+
 @pytest.mark.parametrize("card, streamed", [(8, True), (12, True), (16, False), (80, False)])
 def test_auto_streams_only_when_the_card_is_too_small(card, streamed):
-    plan, why = inference_plan(knobs(CARD_GB=card), MOSS, torch.device("cuda"))
+    plan, why = inference_plan(knobs(CARD_GB=card), MOSS, torch.device("cuda"), text_tokens=PROMPT)
     assert (plan.stream_blocks == -1) == streamed, why
     assert plan.text_encoder == "streamed" and plan.vae == "resident"
 
 
 def test_streamed_peak_is_a_couple_of_blocks():
     k = knobs()
-    assert inference_peak(k, MOSS, -1) < 4 * GIB < 9 * GIB < inference_peak(k, MOSS, 0)
+    streamed, resident = inference_peak(k, MOSS, -1, PROMPT), inference_peak(k, MOSS, 0, PROMPT)
+    assert streamed < 4 * GIB < 9 * GIB < resident
+    # what stays resident is everything but the blocks: the refiner, the shared modulation, the rest
+    blocks = MOSS.depth * block_weight_bytes(k, MOSS)
+    assert resident - streamed == pytest.approx((blocks - 2 * block_weight_bytes(k, MOSS)) * ALLOCATOR_SLACK)
+
+
+def test_unknown_prompts_are_priced_at_max_text_tokens():
+    k = {**knobs(), "MAX_TEXT_TOKENS": 1024}  # the sample schema's truncation knob
+    assert sampler_tokens(k) == k["BATCH"] * 2 * (4096 + 1024)
+    assert sampler_tokens(k, PROMPT) == k["BATCH"] * 2 * (4096 + PROMPT)
+    assert sampler_tokens(k, 5000) == sampler_tokens(k)  # never above the truncation
+    assert inference_peak(k, MOSS, 0, PROMPT) < inference_peak(k, MOSS, 0)
 
 
 def test_cpu_and_explicit_knob():

@@ -19,26 +19,26 @@ STEPS, ACCUM, CLIP = 4, 3, 0.5
 
 
 class Tiny(nn.Module):
-    """Names that build_full_ft_optimizer splits: blocks.N.{attn,mlp}.*_proj.weight go to Muon."""
+    """Names that build_full_ft_optimizer splits: layers.N.proj.{q,ffn_down}.weight go to Muon."""
 
     def __init__(self, dim: int = 8, depth: int = 2):
         super().__init__()
         self.embed = nn.Linear(4, dim)
-        self.blocks = nn.ModuleList()
+        self.layers = nn.ModuleList()
         for _ in range(depth):
             block = nn.Module()
-            block.attn, block.mlp = nn.Module(), nn.Module()
-            block.attn.q_proj = nn.Linear(dim, dim, bias=False)
-            block.mlp.down_proj = nn.Linear(dim, dim)
-            self.blocks.append(block)
+            block.proj = nn.ModuleDict(
+                {"q": nn.Linear(dim, dim, bias=False), "ffn_down": nn.Linear(dim, dim)}
+            )
+            self.layers.append(block)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, 3)
         self.unused = nn.Linear(2, 2)  # never gets a grad: must not be stepped (weight decay would move it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)
-        for b in self.blocks:
-            x = x + b.mlp.down_proj(torch.tanh(b.attn.q_proj(x)))
+        for b in self.layers:
+            x = x + b.proj["ffn_down"](torch.tanh(b.proj["q"](x)))
         return self.head(self.norm(x))
 
 
@@ -73,7 +73,7 @@ def place(opt, model, placement, offload=False, write_back=None, chunked=True):
         return PlacedOptimizer(opt, "gpu")
     params = opt.params()
     go = GradOffload(params) if offload else None
-    chunks = [list(b.parameters()) for b in model.blocks] if chunked else None
+    chunks = [list(b.parameters()) for b in model.layers] if chunked else None
     return PlacedOptimizer(
         opt, placement, grad_offload=go, write_back=write_back, chunk_params=chunks, chunk_bytes=256
     )
@@ -127,7 +127,7 @@ def test_placement_matches_the_plain_path(kind, placement, offload):
     assert norms == pytest.approx(ref_norms, rel=1e-6)
     assert ref_norms[0] > CLIP  # the clip was active
     start = make_model()
-    assert not torch.equal(start.blocks[0].attn.q_proj.weight, model.blocks[0].attn.q_proj.weight)
+    assert not torch.equal(start.layers[0].proj["q"].weight, model.layers[0].proj["q"].weight)
     torch.testing.assert_close(model.unused.weight, start.unused.weight, atol=0, rtol=0)  # no grad, no step
     for p, m in zip(po.params(), po.master_params(), strict=True):
         assert m.device.type == "cpu" and m.dtype == torch.float32 and m is not p

@@ -2,8 +2,15 @@
 
 MEASURED: a value taken from a run of this project (the run is named next to it).
 DERIVED:  computed from a measured value and the block's structure (the arithmetic is in the comment).
+FITTED:   solved from measured rows by scripts/bench/fit_step_cost.py.
 PLACEHOLDER: a reasonable guess, to be calibrated on the H200 (`scripts/bench/*`); replace it with the
 measured value and change its tag.
+
+"Pre-release block": the block of sessions 1-15, before the model took the released MOSS-Image structure.
+Its linears had the shapes of today's (q, k, v, o d x d, a fused [2h, d] MLP input, [d, h] output), its
+ops saved the same tensors (a SwiGLU op saved its [T, 2h] input as situ_glu does), and it ran a 256 -> 6d
+modulation per block (per sample, not per token); it had no text refiner. A value measured or fitted on it
+says so; re-measure it on the released block with the command named there.
 """
 
 from __future__ import annotations
@@ -17,11 +24,15 @@ GIB = 1 << 30
 #   working: the extra peak while that block runs its backward (recompute included), above what it
 #            keeps; only one block is in its backward at a time, so it counts once per step.
 #
-# MEASURED (all of them): `python3 scripts/bench/memory_calibrate.py` on the H200 (docs/performance/
-# memory.md): one moss-image-5b block at 8704 tokens (2 x 1 MP), bf16, LoRA r32 on every linear through
-# the registry's lora_linear; per-block figures are the difference between a 3-block and a 1-block stack.
-# With activation offload, "kept" is what stays on the GPU per block and "working" includes the
-# prefetched activations of the block below.
+# MEASURED on the pre-release block (all of them): `python3 scripts/bench/memory_calibrate.py` on the H200
+# (docs/performance/memory.md): one moss-image-5b block at 8704 tokens (2 x 1 MP), bf16, LoRA r32 on every
+# linear through the registry's lora_linear; per-block figures are the difference between a 3-block and a
+# 1-block stack. With activation offload, "kept" is what stays on the GPU per block and "working" includes
+# the prefetched activations of the block below. DERIVED for the released block: it saves the same
+# tensors per token, x and y (norm_modulate), q, k before and after qk_norm_rope, v, the attention output,
+# o's output (its gate's gradient), x and y again (residual_norm_modulate), ffn_up_gate's output [2h],
+# SiTU-GLU's output [h], ffn_down's output: 12 d + 3 h values, (12 + 3 x 8192 / 3072) x 2 = 40 bytes per
+# token and dim in bf16 against the measured 40.69. Re-measure: scripts/bench/memory_calibrate.py.
 _BF16 = {  # mode: (kept, working)
     "none": (40.69, 8.85),
     "full": (2.02, 47.18),
@@ -34,9 +45,17 @@ _BF16_OFFLOAD = {
     "attn": (10.70, 31.91),
     "mlp": (0.16, 86.38),
 }
-# Outside the blocks (embedders, final layer, loss, rotary tables): MEASURED ~110 MiB at 8704 tokens
-# x 3072 (same run) = ~4.3 bytes per token and model dim.
+# Outside the blocks (embedders, final layer, loss, rotary tables): MEASURED on the pre-release structure
+# (no text refiner) ~110 MiB at 8704 tokens x 3072 (same run) = ~4.3 bytes per token and model dim.
+# PLACEHOLDER for the released one (its embedders and head are the same widths); re-measure with
+# scripts/bench/memory_calibrate.py (its "fixed" column, less REFINER_SAVED's share).
 FIXED_PER_TOKEN_DIM = 4.3
+# The text refiner (refiner_depth blocks over the text tokens only) keeps, per text token and block, this
+# many (d-wide, mlp_hidden-wide) values in the compute precision when it runs a backward (a full
+# fine-tune, or an adapter on it): DERIVED from TextRefinerBlock's ops: x and its rms_norm, q, k before and
+# after qk_norm_rope, v, the attention output, x and its rms_norm again (10 d); the [up | gate]
+# concatenation SiTU-GLU reads (2 h) and its output (h). A frozen refiner keeps nothing.
+REFINER_SAVED = (10, 3)
 ACTIVATIONS: dict[tuple[str, str], dict[str, float]] = {
     (mode, precision): {"kept": kept * scale, "working": working * scale}
     for mode, (kept, working) in _BF16.items()
@@ -76,6 +95,10 @@ CARD_MARGIN = 0.05
 CUDA_CONTEXT_BYTES = 1.6 * GIB
 
 # --- cost model (the catalog's relative step cost) -------------------------------------------------
+# Every row and block time below was measured on the pre-release block (module docstring): same block
+# linears and ops, so the same multiply-adds per token; the released model adds the text refiner's compute
+# over the text tokens (~0.3% of a 2 x 1 MP step's; the cost model counts it apart, at the same rate).
+# Re-measure the rows with scripts/bench/train_step.py and refit.
 # FITTED (session 5): each constant below solves one measured H200 row of scripts/bench/train_step.py
 # (moss-image-5b, 2 x 4352 tokens, latent + text cache; LoRA r32 on every linear, or full fine-tune with
 # Muon), as a ratio to the LoRA `speed` row of the same session, scaled to session 5's 0.479 s:
@@ -90,20 +113,20 @@ CUDA_CONTEXT_BYTES = 1.6 * GIB
 # Achieved throughput by the model's block multiply-adds (graphed, tuned kernels: MFU by the bench's own
 # formula was 62%), and pinned-copy bandwidth each way: MEASURED (memory_calibrate.py, H200) 55.3 GB/s
 # host->device, 55.1 GB/s back.
-EFFECTIVE_FLOPS = 554.5e12
+EFFECTIVE_FLOPS = 555.7e12
 H2D_BYTES_PER_S = 55.3e9
 D2H_BYTES_PER_S = 55.1e9
 # Activation offload moves many tensors of a few MiB to tens of MiB, not one block: MEASURED effective
 # rate each way (memory_calibrate.py): 'none' + offload moves 29.8 bytes per token and dim (0.80 GB) per
 # block and took 39.19 ms forward + backward, i.e. ~19.6 ms per direction = ~41 GB/s.
 ACT_OFFLOAD_BYTES_PER_S = 41e9
-# Backward time / forward time of a block. adapter: MEASURED (memory_calibrate.py, eager block:
-# (15.05 - 5.80) / 5.80 ms); full: DERIVED (weight grads double the backward's matmuls).
+# Backward time / forward time of a block. adapter: MEASURED on the pre-release block (memory_calibrate.py,
+# eager block: (15.05 - 5.80) / 5.80 ms); full: DERIVED (weight grads double the backward's matmuls).
 BACKWARD_FACTOR = {"adapter": 1.59, "full": 2.6}
 # Extra time of a checkpointed block / its forward, per mode. full: FITTED (above). attn, mlp: the eager
-# block's MEASURED shares (memory_calibrate.py: attn 1.42, mlp 0.63, full 1.57) scaled by the fitted
-# full / measured full (1.071 / 1.57): DERIVED.
-_RECOMPUTE_FULL = 1.071
+# pre-release block's MEASURED shares (memory_calibrate.py: attn 1.42, mlp 0.63, full 1.57) scaled by the
+# fitted full / measured full (1.073 / 1.57): DERIVED.
+_RECOMPUTE_FULL = 1.073
 RECOMPUTE_SHARE: dict[str, float | None] = {
     "none": 0.0,
     "full": _RECOMPUTE_FULL,
@@ -116,19 +139,19 @@ RECOMPUTE_SHARE: dict[str, float | None] = {
 # ACT_OFFLOAD_BYTES_PER_S). lora/minimal/cap4, every engine at once under a 4 GiB cap, measured ~1.6x the
 # model's step; not fitted to any one engine (fit_step_cost.py prints it against the prediction): that
 # run's host AdamW was still the foreach kernel (~9x the fused one on the CI box), a likely part of it.
-STREAM_LOAD_OVERHEAD_S = 2.23e-3
+STREAM_LOAD_OVERHEAD_S = 2.578e-3
 ACT_OFFLOAD_OVERHEAD_S = 0.5e-3
-HOST_GRAD_SUM_S_PER_PARAM = 0.348e-9
+HOST_GRAD_SUM_S_PER_PARAM = 0.3328e-9
 # A full fine-tune's streamed (trainable) block, per step. FITTED to the one row that ran it: catalog c0261
 # (11 blocks streamed, optimizer streamed, no grad offload) took 147 and 139 s for its first two steps under
 # a 24 GiB cap (session 6: KOHAKUMOSS_TUNE=off TRAIN_ROWS=full/auto/latent_text/cap24 .ci/gpu; the row
 # timed out), ~60x its prediction. Not yet profiled: which part of streaming trainable weights costs this
 # is open; the term keeps `auto` off such plans until it is known.
-FULL_STREAM_BLOCK_S = 13.19
+FULL_STREAM_BLOCK_S = 13.18
 # The optimizer update on the GPU per trained parameter. adamw: MEASURED (session 5 profile of the speed
 # row: torch's fused AdamW 0.953 ms per step for 99.4M LoRA parameters); muon: FITTED (above; Muon's
 # Newton-Schulz iterations on every weight matrix dominate a full fine-tune's update).
-GPU_OPT_S_PER_PARAM = {"adamw": 9.58e-12, "muon": 1.058e-10}
+GPU_OPT_S_PER_PARAM = {"adamw": 9.58e-12, "muon": 1.034e-10}
 # Host (CPU) optimizer update time per trained parameter (fused AdamW on a desktop CPU). PLACEHOLDER:
 # the CI box (2 cores) MEASURED 0.62 ns (fused, 111M params in 0.070 s; foreach 5.6 ns), a desktop has more cores.
 HOST_OPT_S_PER_PARAM = 1.0e-9

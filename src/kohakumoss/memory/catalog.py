@@ -16,6 +16,9 @@ copies the next block while this one computes), summed over the blocks:
   x the forward (1x for a frozen base: input grads only; 2x for a full fine-tune), plus the recompute
   of a checkpointed block (RECOMPUTE_SHARE: the whole forward, or its attention or MLP half by their
   share of the multiply-adds);
+- outside the blocks, once per step and the same in every plan: the text refiner and text projection
+  over the text tokens (their backward only when they train: estimate.refiner_trains), the video
+  embedder and head over the image tokens (flops.py has the model's whole count, for MFU);
 - transfers at H2D_BYTES_PER_S / D2H_BYTES_PER_S (the two ways are separate): a streamed block's
   weights come in for the forward and again for the backward, offloaded activations go out in the
   forward and come back (sharing the way in with the weights) in the backward, offloaded grads go out
@@ -39,10 +42,12 @@ from typing import Any
 from kohakumoss_common.errors import ConfigError
 
 from . import calibration as cal
+from . import flops
 from .estimate import (
     MemoryEstimate,
     block_weight_bytes,
     estimate_plan,
+    refiner_trains,
     saved_per_block,
     trainable_params,
 )
@@ -100,14 +105,32 @@ def catalog_plans(depth: int) -> list[tuple[str, MemoryPlan]]:
     return out
 
 
+def sample_tokens(knobs: dict[str, Any]) -> tuple[int, int]:
+    """(image, text) tokens of one sample: AREA / 256 and MAX_TEXT_TOKENS."""
+    return int(knobs.get("AREA", 1 << 20)) // 256, int(knobs.get("MAX_TEXT_TOKENS", 256))
+
+
 def block_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
-    """Multiply-adds per token of one block's (attention half, MLP half)."""
-    d, h = config.dim, config.mlp_hidden
-    mlp = 3 * d * h if config.mlp_act == "swiglu" else 2 * d * h
+    """Multiply-adds per token of one block's (attention half, MLP half): q, k, v, o and attention within
+    the sample; ffn_up_gate and ffn_down (flops.block_macs is their sum without attention)."""
+    d = config.dim
     tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
-    per_sample = int(knobs.get("AREA", 1 << 20)) // 256 + int(knobs.get("MAX_TEXT_TOKENS", 256))
-    seq = min(tokens, per_sample)  # attention stays within each sample
-    return 4 * d * d + 2 * seq * d, float(mlp)
+    seq = min(tokens, sum(sample_tokens(knobs)))  # attention stays within each sample
+    attn = 4 * d * d + 2 * seq * d
+    mlp = flops.block_macs(config) - 4 * d * d
+    return float(attn), float(mlp)
+
+
+def outside_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
+    """Multiply-adds of one step's forward outside the blocks: (text side: the text projection and the
+    refiner blocks over the text tokens, attention within each sample's text; image side: the video
+    embedder and the head over the image tokens)."""
+    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    image, text = sample_tokens(knobs)
+    n_text = tokens * text / (image + text)
+    d, c = config.dim, config.in_channels
+    refiner = config.refiner_depth * (flops.refiner_macs(config) + 2 * min(text, tokens) * d)
+    return n_text * (refiner + config.text_dim * d), (tokens - n_text) * 2 * c * d
 
 
 def offloaded_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tuple[float, float]:
@@ -129,11 +152,12 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
     attn, mlp = block_macs(config, knobs)
     fwd = 2 * tokens * (attn + mlp) / cal.EFFECTIVE_FLOPS
+    backward = cal.BACKWARD_FACTOR["full" if full else "adapter"]
     share = cal.RECOMPUTE_SHARE.get(plan.checkpointing)
     if share is None:  # not calibrated: the half's share of the multiply-adds
         share = attn / (attn + mlp) if plan.checkpointing == "attn" else mlp / (attn + mlp)
     recompute = fwd * share
-    bwd = fwd * cal.BACKWARD_FACTOR["full" if full else "adapter"]
+    bwd = fwd * backward
     streamed = plan.streamed_count(depth)
     gpu_masters = full and plan.optimizer == "gpu"
     load = 0.0 if gpu_masters else block_weight_bytes(knobs, config) / cal.H2D_BYTES_PER_S
@@ -141,7 +165,11 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     n = trainable_params(knobs, config, params)
     grad_bytes = cal.GRAD_BYTES_FP32 if (plan.optimizer == "gpu" or not full) else wb
     grad_out = n / depth * grad_bytes / cal.D2H_BYTES_PER_S if plan.grad_offload else 0.0
-    total = 0.0
+    # outside the blocks (never streamed, checkpointed or offloaded): the same in every plan; a frozen
+    # refiner runs no backward
+    text_macs, image_macs = outside_macs(config, knobs)
+    text_passes = 1 + backward if refiner_trains(knobs) else 1
+    total = 2 * (text_macs * text_passes + image_macs * (1 + backward)) / cal.EFFECTIVE_FLOPS
     for i in range(depth):
         is_ckpt = plan.checkpointing != "none" and i % int(plan.checkpoint_every) == 0
         is_streamed = i < streamed
@@ -234,7 +262,9 @@ def card_budget(card_bytes: float, margin: float = cal.CARD_MARGIN) -> float:
 
 
 def fits(entry: CatalogEntry, card_bytes: float, margin: float = cal.CARD_MARGIN) -> bool:
-    return entry.peak <= card_budget(card_bytes, margin)
+    """entry.peak <= card_budget(card_bytes, margin), with the context added on the left (no rounding at
+    an exact fit)."""
+    return entry.peak + cal.CUDA_CONTEXT_BYTES <= card_bytes * (1.0 - margin)
 
 
 def fastest_fit(

@@ -2,10 +2,13 @@
 
 Every constant is in `calibration.py`, tagged measured, derived or placeholder. The parts:
 
-- DiT weights: the non-streamed blocks and every non-block parameter in PRECISION, plus the streaming
-  ring (slots x one block); with BASE_PRECISION fp8 / fp8_weight the blocks' q, k, v, o and MLP
-  linears take one byte per parameter and a float32 scale per row (`block_weight_bytes`). A full fine-tune with OPTIMIZER_PLACEMENT 'gpu' trains fp32 weights on the
-  card (today's trainer), so its weights are fp32 and streaming saves nothing;
+- DiT weights: the non-streamed blocks (`layers`: six linears and four norms each, `block_params`) and
+  every non-block parameter in PRECISION, plus the streaming ring (slots x one block). Streaming moves
+  only `layers`: the text embedder with its two refiner blocks (~2 x 113M in moss-image-5b), the shared
+  block modulation (56.6M), the embedders and the head stay resident (`nonblock_params`). With
+  BASE_PRECISION fp8 / fp8_weight the blocks' six linears take one byte per parameter and a float32
+  scale per row (`block_weight_bytes`). A full fine-tune with OPTIMIZER_PLACEMENT 'gpu' trains fp32
+  weights on the card (today's trainer), so its weights are fp32 and streaming saves nothing;
 - trainable weights, grads and optimizer states: adapters RANK x (in + out) over the targeted linears
   (an upper bound for LoKr / IA3 / OFT, which train fewer), a full fine-tune every parameter; fp32
   weights and grads with the optimizer on the GPU, PRECISION copies with host masters; AdamW keeps
@@ -15,6 +18,8 @@ Every constant is in `calibration.py`, tagged measured, derived or placeholder. 
 - saved activations: TOKENS_PER_STEP x dim x ACTIVATIONS[mode, precision]['kept'] per block
   (checkpointed blocks keep less), all blocks' on the card, or with ACTIVATION_OFFLOAD only a window
   of blocks;
+- outside the blocks: FIXED_PER_TOKEN_DIM per token and dim (embedders, head, loss, rotary tables), and
+  what the text refiner keeps over the text tokens when it runs a backward (REFINER_SAVED);
 - the backward working set: the extra peak of one block's backward (a checkpointed block re-creates
   what it did not keep), ACTIVATIONS[...]['working'], counted once;
 - the text encoder and the VAE when they run in the step (TEXT_ENCODE / VAE_ENCODE not 'cache') and
@@ -70,60 +75,110 @@ class MemoryEstimate:
         return [*rows, f"  {slack:<24} {self.total / GIB:7.2f} GiB"]
 
 
-def _linear_sizes(config: Any, target_preset: str) -> list[tuple[int, int]]:
-    """(in, out) of the linears of one block an adapter wraps (attention; attention + MLP; all)."""
+def block_linears(config: Any, target_preset: str = "attn-mlp") -> list[tuple[int, int]]:
+    """(in, out) of the linears of one block (`layers.N.proj`) an adapter wraps: q, k, v, o ('attn'),
+    and ffn_up_gate, ffn_down (every other preset)."""
     d, h = config.dim, config.mlp_hidden
-    attn = [(d, d)] * 4  # q, k, v, o
-    mlp = [(d, 2 * h), (h, d)] if config.mlp_act == "swiglu" else [(d, h), (h, d)]
-    if target_preset == "attn":
-        return attn
-    if target_preset == "full":
-        return [*attn, *mlp, (config.mod_dim, 6 * config.dim)]
-    return attn + mlp
+    attn = [(d, d)] * 4
+    return attn if target_preset == "attn" else [*attn, (d, 2 * h), (h, d)]
+
+
+def outside_linears(config: Any, target_preset: str = "full") -> list[tuple[int, int]]:
+    """(in, out) of the linears outside the blocks an adapter wraps: none but for TARGET_PRESET 'full'
+    (the text embedder and its refiner blocks, the embedders, the time embedding, both modulations, the head)."""
+    if target_preset != "full":
+        return []
+    d, h, c = config.dim, config.mlp_hidden, config.in_channels
+    refiner = [(d, 3 * d), (d, d), (d, h), (d, h), (h, d)]  # qkv, proj, ffn_gate, ffn_up, ffn_down
+    return [
+        (config.text_dim, d),  # text_embedder.proj
+        *refiner * config.refiner_depth,
+        (c, d),  # video_embedder
+        (config.time_freq_dim, d),  # time_embedding.0
+        (d, d),  # time_embedding.2
+        (d, 6 * d),  # shared_block_modulation
+        (d, 2 * d),  # video_head_modulation
+        (d, c),  # final_linear_video
+    ]
 
 
 def block_params(config: Any) -> int:
-    """Parameters of one block: its linears (the modulation included) and its norms."""
-    norms = 2 * config.head_dim if config.qk_norm else 0
-    return sum(i * o for i, o in _linear_sizes(config, "full")) + 6 * config.dim + norms
+    """Parameters of one block (`layers.N`): its six bias-free linears, norm1 and norm2 (d each), q_norm and
+    k_norm (head_dim each). The modulation is shared by every block and lives outside them."""
+    return sum(i * o for i, o in block_linears(config)) + 2 * config.dim + 2 * config.head_dim
+
+
+def refiner_block_params(config: Any) -> int:
+    """Parameters of one text refiner block: fused qkv, proj, ffn_gate, ffn_up, ffn_down (all with bias), and
+    norm1, norm2, q_norm, k_norm."""
+    d, h = config.dim, config.mlp_hidden
+    linears = (d + 1) * 3 * d + (d + 1) * d + 2 * (d + 1) * h + (h + 1) * d
+    return linears + 2 * d + 2 * config.head_dim
+
+
+def nonblock_params(config: Any, params: int | None = None) -> int:
+    """Parameters outside the blocks: the measured rest of `params`, else from the config (the text
+    embedder with its refiner blocks, the video embedder, time embedding, shared block modulation, head)."""
+    if params is not None:
+        return max(int(params) - config.depth * block_params(config), 0)
+    d, c = config.dim, config.in_channels
+    text = (config.text_dim + 1) * d + config.refiner_depth * refiner_block_params(config)
+    time = (config.time_freq_dim + 1) * d + (d + 1) * d  # Linear, SiLU, Linear
+    head = d + (d + 1) * 2 * d + d * c  # final_norm_video, video_head_modulation, final_linear_video
+    return (c + 1) * d + text + time + (d + 1) * 6 * d + head
+
+
+def model_params(config: Any) -> int:
+    """Every parameter of the backbone."""
+    return config.depth * block_params(config) + nonblock_params(config)
 
 
 def block_weight_bytes(knobs: dict[str, Any], config: Any) -> float:
-    """Bytes of one block's frozen weights: PRECISION's, the fp8-stored linears (BASE_PRECISION) at one
-    byte per parameter plus a float32 scale per output row."""
+    """Bytes of one block's frozen weights (what streaming moves per block): PRECISION's, the fp8-stored
+    linears (BASE_PRECISION) at one byte per parameter plus a float32 scale per output row."""
     wb = cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
     bp = block_params(config)
     if knobs.get("BASE_PRECISION", "same") == "same" or knobs.get("ALGO", "lora") == "full":
         return bp * wb
-    sizes = _linear_sizes(config, "attn-mlp")  # the linears precision/fp8_base.py quantizes
+    sizes = block_linears(config)  # the linears precision/fp8_base.py quantizes
     quantized = sum(i * o for i, o in sizes)
     return (bp - quantized) * wb + quantized + 4 * sum(o for _, o in sizes)
-
-
-def nonblock_params(config: Any, params: int | None = None) -> int:
-    """Parameters outside the blocks: the measured rest of `params`, else from the config."""
-    if params is not None:
-        return max(int(params) - config.depth * block_params(config), 0)
-    d, m = config.dim, config.mod_dim
-    embed = config.in_channels * d + config.text_dim * d + config.time_freq_dim * m + m * m
-    final = m * 2 * d + d * config.in_channels
-    return embed + final
 
 
 def trainable_params(knobs: dict[str, Any], config: Any, params: int | None = None) -> int:
     """Trained parameters: every one for a full fine-tune, else RANK x (in + out) over the targets."""
     if knobs.get("ALGO", "lora") == "full":
-        return (
-            int(params)
-            if params is not None
-            else config.depth * block_params(config) + nonblock_params(config)
-        )
+        return int(params) if params is not None else model_params(config)
     rank = int(knobs.get("RANK", 16))
-    return (
-        rank
-        * sum(i + o for i, o in _linear_sizes(config, knobs.get("TARGET_PRESET", "attn-mlp")))
-        * config.depth
-    )
+    preset = knobs.get("TARGET_PRESET", "attn-mlp")
+    per_block = sum(i + o for i, o in block_linears(config, preset))
+    return rank * (per_block * config.depth + sum(i + o for i, o in outside_linears(config, preset)))
+
+
+def refiner_trains(knobs: dict[str, Any]) -> bool:
+    """Whether the text refiner runs a backward (and so keeps activations): a full fine-tune, or an adapter
+    on it (TARGET_PRESET 'full', or custom patterns naming text_embedder)."""
+    if knobs.get("ALGO", "lora") == "full" or knobs.get("TARGET_PRESET", "attn-mlp") == "full":
+        return True
+    patterns = knobs.get("TARGET_PATTERNS") or ()
+    return knobs.get("TARGET_PRESET") == "custom" and any("text_embedder" in str(p) for p in patterns)
+
+
+def text_tokens(knobs: dict[str, Any]) -> float:
+    """Text tokens of a step: TOKENS_PER_STEP x the text share of a sample of AREA and MAX_TEXT_TOKENS."""
+    image = int(knobs.get("AREA", 1 << 20)) // 256
+    text = int(knobs.get("MAX_TEXT_TOKENS", 256))
+    return int(knobs.get("TOKENS_PER_STEP", 8192)) * text / (image + text)
+
+
+def refiner_saved(knobs: dict[str, Any], config: Any) -> float:
+    """Bytes the text refiner keeps for the backward over the step's text tokens (0 when it is frozen)."""
+    if not refiner_trains(knobs):
+        return 0.0
+    vb = cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
+    wide_d, wide_h = cal.REFINER_SAVED
+    per_token = (wide_d * config.dim + wide_h * config.mlp_hidden) * vb
+    return config.refiner_depth * text_tokens(knobs) * per_token
 
 
 def activation(mode: str, precision: str, offload: bool = False) -> dict[str, float]:
@@ -228,7 +283,8 @@ def estimate_plan(
     c = checkpointed_blocks(plan, depth)
     est.parts["saved activations"] = c * ckpt + (depth - c) * plain
     tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
-    est.parts["outside the blocks"] = tokens * config.dim * cal.FIXED_PER_TOKEN_DIM * (wb / 2)
+    fixed = tokens * config.dim * cal.FIXED_PER_TOKEN_DIM * (wb / 2)
+    est.parts["outside the blocks"] = fixed + refiner_saved(knobs, config)
     est.parts["backward working set"] = working_set(plan, knobs, config)
 
     # encoders

@@ -18,17 +18,23 @@ from .plan import MemoryPlan
 from .profiles import card_memory_gb
 
 # bytes per token and model dim the sampler's forward holds at once (no saved activations); a
-# DERIVED bound: the widest block intermediate (SwiGLU's 2 x mlp_hidden in bf16 ~ 11 per dim) twice
+# DERIVED bound: the widest block intermediate (ffn_up_gate's 2 x mlp_hidden in bf16 ~ 11 per dim) twice
 INFERENCE_WORKING_PER_TOKEN_DIM = 24.0
 
 
-def sampler_tokens(k: dict[str, Any]) -> int:
-    """Tokens of one packed sampler call: BATCH images, conditional and unconditional."""
+def sampler_tokens(k: dict[str, Any], text_tokens: int | None = None) -> int:
+    """Tokens of one packed sampler call: BATCH images, conditional and unconditional, each with
+    `text_tokens` (the longest templated prompt's, when known) or MAX_TEXT_TOKENS (a bound) text tokens."""
     image = int(k["WIDTH"]) * int(k["HEIGHT"]) // 256
-    return int(k["BATCH"]) * 2 * (image + int(k.get("MAX_TEXT_TOKENS", 256)))
+    text = int(k.get("MAX_TEXT_TOKENS", 256))
+    if text_tokens is not None:
+        text = min(int(text_tokens), text)
+    return int(k["BATCH"]) * 2 * (image + text)
 
 
-def inference_peak(k: dict[str, Any], config: Any, stream_blocks: int) -> float:
+def inference_peak(
+    k: dict[str, Any], config: Any, stream_blocks: int, text_tokens: int | None = None
+) -> float:
     """Predicted peak bytes of sampling with `stream_blocks` streamed (-1: all)."""
     wb = cal.WEIGHT_BYTES.get(k["PRECISION"], 2)
     plan = MemoryPlan(stream_blocks=stream_blocks, stream_slots=int(k["STREAM_SLOTS"]))
@@ -38,17 +44,20 @@ def inference_peak(k: dict[str, Any], config: Any, stream_blocks: int) -> float:
     encoders = (te if k["TEXT_ENCODER_PLACEMENT"] == "resident" else 0) + (
         vae if k["VAE_PLACEMENT"] == "resident" else 0
     )
-    work = sampler_tokens(k) * config.dim * INFERENCE_WORKING_PER_TOKEN_DIM
+    work = sampler_tokens(k, text_tokens) * config.dim * INFERENCE_WORKING_PER_TOKEN_DIM
     return (dit + encoders + work) * cal.ALLOCATOR_SLACK
 
 
-def inference_plan(k: dict[str, Any], config: Any, device: torch.device) -> tuple[MemoryPlan, str]:
-    """The sampling plan for these knobs on `device`, and one line saying why."""
+def inference_plan(
+    k: dict[str, Any], config: Any, device: torch.device, text_tokens: int | None = None
+) -> tuple[MemoryPlan, str]:
+    """The sampling plan for these knobs on `device`, and one line saying why; `text_tokens`: the longest
+    templated prompt's tokens when known (else MAX_TEXT_TOKENS, an upper bound, prices every prompt)."""
     stream = k["STREAM_BLOCKS"]
     why = f"STREAM_BLOCKS={stream}"
     if stream is None:
         card = card_memory_gb(k, device) if device.type != "cpu" else None
-        resident = inference_peak(k, config, 0)
+        resident = inference_peak(k, config, 0, text_tokens)
         if card is None or resident <= card_budget(card * cal.GIB):
             stream = 0
             why = "the DiT stays on the card" + (
@@ -56,7 +65,7 @@ def inference_plan(k: dict[str, Any], config: Any, device: torch.device) -> tupl
             )
         else:
             stream = -1
-            peak = inference_peak(k, config, -1)
+            peak = inference_peak(k, config, -1, text_tokens)
             why = (
                 f"every block streamed: resident would need {resident / cal.GIB:.1f} GiB of the card's {card:g}; "
                 f"streamed {peak / cal.GIB:.1f} GiB"

@@ -2,8 +2,8 @@
 stream, and comes back, prefetched one block ahead, when the backward reaches it.
 
 Installed per block through `torch.autograd.graph.saved_tensors_hooks`. Weights (parameters, the
-streaming slots) and the block's shared inputs (rotary tables, the packed layout, the modulation
-input) are never copied out; neither are tensors under MIN_BYTES, which cost more to move than keep.
+streaming slots) and the block's shared inputs (rotary tables, the packed layout, the shared
+block modulation) are never copied out; neither are tensors under MIN_BYTES, which cost more to move than keep.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """How each block is called under a memory plan: the one `MossBackbone.block_runner` that composes
 weight streaming, activation checkpointing and activation offload.
 
-Two autograd barriers frame a streamed or offloaded block. `_Join` on its inputs (x, modulation
-input) makes every backward node of the block finish before the gradient leaves it, so a slot or a
+Every block gets the shared block modulation [6, B, d] as its `mod` (computed once per forward; it
+requires grad only in a full fine-tune, where its gradient sums over the blocks' backwards).
+Two autograd barriers frame a streamed or offloaded block. `_Join` on its inputs (x, the shared
+modulation) makes every backward node of the block finish before the gradient leaves it, so a slot or a
 host buffer is reused only after its last reader. `_BackwardStart` on its output runs first in the
 block's backward: it loads the block's weights, prefetches the blocks below and their activations.
 A fully checkpointed block with offload runs as one `_OffloadedCheckpoint` node: forward without
@@ -23,8 +25,8 @@ from .streaming import WeightStreamer
 
 class _Join(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, mod_in: torch.Tensor):
-        return x.view_as(x), mod_in.view_as(mod_in)
+    def forward(ctx, x: torch.Tensor, mod: torch.Tensor):
+        return x.view_as(x), mod.view_as(mod)
 
     @staticmethod
     def backward(ctx, gx, gm):
@@ -45,23 +47,23 @@ class _BackwardStart(torch.autograd.Function):
 
 class _OffloadedCheckpoint(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, run, offload: ActivationOffload, index: int, x, mod_in, _grad_anchor):
+    def forward(ctx, run, offload: ActivationOffload, index: int, x, mod, _grad_anchor):
         device = x.device
         ctx.run, ctx.device = run, device
         ctx.autocast = (torch.is_autocast_enabled(device.type), torch.get_autocast_dtype(device.type))
         ctx.cpu_rng = torch.get_rng_state()
         ctx.dev_rng = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
-        ctx.needs = (x.requires_grad, mod_in.requires_grad)
+        ctx.needs = (x.requires_grad, mod.requires_grad)
         with torch.no_grad():
-            out = run(x, mod_in)
+            out = run(x, mod)
         ctx.offload, ctx.x = offload, offload.stash(x.detach(), index)
-        ctx.mod_in = mod_in.detach()
+        ctx.mod = mod.detach()
         return out
 
     @staticmethod
     def backward(ctx, g):
         x = ctx.offload.fetch(ctx.x).detach().requires_grad_(ctx.needs[0])
-        m = ctx.mod_in.requires_grad_(ctx.needs[1])
+        m = ctx.mod.requires_grad_(ctx.needs[1])
         device = ctx.device
         devices = [device] if device.type == "cuda" else []
         enabled, dtype = ctx.autocast
@@ -101,16 +103,16 @@ class BlockRunner:
             self.offload.prefetch(i)
             self.offload.prefetch(i - 1)
 
-    def _run(self, block, i: int, x, mod_in, seq, rope):
+    def _run(self, block, i: int, x, mod, seq, rope):
         mode = self.policy.mode if self.policy.applies_to(i) else "none"
         if mode == "full" and self.offload is not None:
             ops = self.ops
             return _OffloadedCheckpoint.apply(
-                lambda a, m: block(a, m, seq, rope, ops), self.offload, i, x, mod_in, self._anchor
+                lambda a, m: block(a, m, seq, rope, ops), self.offload, i, x, mod, self._anchor
             )
-        return run_block(block, mode, x, mod_in, seq, rope, self.ops)
+        return run_block(block, mode, x, mod, seq, rope, self.ops)
 
-    def __call__(self, block, x: torch.Tensor, mod_in: torch.Tensor, seq, rope) -> torch.Tensor:
+    def __call__(self, block, x: torch.Tensor, mod: torch.Tensor, seq, rope) -> torch.Tensor:
         i = self.index[id(block)]
         grad = torch.is_grad_enabled()
         st = self.streamer if self.streamer is not None and self.streamer.is_streamed(i) else None
@@ -119,14 +121,14 @@ class BlockRunner:
             st.prefetch(i, +1)
         framed = grad and (st is not None or self.offload is not None)
         if framed:
-            x, mod_in = _Join.apply(x, mod_in)
+            x, mod = _Join.apply(x, mod)
         if grad and self.offload is not None:
-            shared = (mod_in, *rope, *(v for v in vars(seq).values() if isinstance(v, torch.Tensor)))
+            shared = (mod, *rope, *(v for v in vars(seq).values() if isinstance(v, torch.Tensor)))
             context = self.offload.block(i, shared)
         else:
             context = nullcontext()
         with context:
-            out = self._run(block, i, x, mod_in, seq, rope)
+            out = self._run(block, i, x, mod, seq, rope)
         if framed:
             out = _BackwardStart.apply(lambda: self._backward_start(i), out)
         return out
