@@ -3,8 +3,9 @@
     kogine run scripts/bench/kernel_registers.py [--set ARCH=90 --set KERNELS=norm_modulate_bwd]
 
 No GPU needed: each kernel is compiled for ARCH (Triton's bundled ptxas, `-v`), at the moss-image-5b
-width (d = 3072, 24 heads x 128). A config that spills registers to local memory, or needs so many that
-few programs fit on an SM, is why a launch config loses on the device; this says which, before a GPU call.
+width (d = 3072, 24 heads x 128, MLP hidden 8192). A config that spills registers to local memory, or
+needs so many that few programs fit on an SM, is why a launch config loses on the device; this says
+which, before a GPU call.
 Prints a table last.
 """
 
@@ -55,6 +56,7 @@ def kernels() -> dict[str, tuple]:
     from kohakumoss_kernels.ops.qk_norm_rope import triton as qk
     from kohakumoss_kernels.ops.residual_norm_modulate import triton as rnm
     from kohakumoss_kernels.ops.rms_norm import triton as rn
+    from kohakumoss_kernels.ops.situ_glu import triton as sg
 
     block = triton_utils.next_pow2(D_MODEL)
     bd = triton_utils.next_pow2(HEAD_DIM // 2)
@@ -101,11 +103,18 @@ def kernels() -> dict[str, tuple]:
                                   {**c, "COS": "*fp32", "SIN": "*fp32", "RSTD": "*fp32", "DW": "*fp32", "R": "i32",
                                    "H": "i32", "half": "i32", "tiles_per_prog": "i32"}),
                              {"HAS_W": True, "NEED_DW": True, "BD": bd}, heads_bwd),
+        # one launch config: BLOCK columns of one row per program, 4 warps
+        "situ_glu_fwd": (sg._situ_glu_fwd, _sig("Hp OUT n_half BLOCK PDL", {**c, "n_half": "i32"}),
+                         {"BLOCK": sg.BLOCK}, [(1, 4)]),
+        "situ_glu_bwd": (sg._situ_glu_bwd, _sig("DOUT Hp DH n_half BLOCK PDL", {**c, "n_half": "i32"}),
+                         {"BLOCK": sg.BLOCK}, [(1, 4)]),
     }  # fmt: skip
     # the same backwards where the parameters need no gradient (LoRA training: frozen norms and AdaLN)
     frozen = {"NEED_DW": False} | {"NEED_SUMS": False}
     for name in [n for n in table if n.endswith("_bwd") or n.endswith("_bwd_fork")]:
         fn, sig, consts, configs = table[name]
+        if not frozen.keys() & consts.keys():  # no parameters (situ_glu)
+            continue
         table[name + "_frozen"] = (
             fn,
             sig,
@@ -138,7 +147,13 @@ def parse_usage(text: str) -> tuple[int, int, int]:
     return int(regs.group(1)), stores, loads
 
 
-ALIGNED_INTS = {"T": D_MODEL, "d": D_MODEL, "half": HEAD_DIM // 2, "R": 16}  # values at the bench shape
+ALIGNED_INTS = {
+    "T": D_MODEL,
+    "d": D_MODEL,
+    "half": HEAD_DIM // 2,
+    "R": 16,
+    "n_half": 8192,
+}  # at the bench shape
 
 
 def aligned(sig: dict, count_constexprs: bool = True) -> dict:
@@ -161,7 +176,8 @@ def usage(fn, sig: dict, consts: dict, cfg: tuple, arch: int) -> tuple[int, int,
 
     def compile_with(count_constexprs: bool):
         attrs = aligned(sig, count_constexprs)
-        src = ASTSource(fn=fn, signature=sig, constexprs={**consts, "ROWS": rows, "PDL": PDL}, attrs=attrs)
+        rows_arg = {"ROWS": rows} if "ROWS" in sig else {}  # a kernel of one row per program has none
+        src = ASTSource(fn=fn, signature=sig, constexprs={**consts, **rows_arg, "PDL": PDL}, attrs=attrs)
         return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
     try:

@@ -34,7 +34,7 @@ from kohakumoss_kernels import OpSet, grad_sink, registry, triton_utils  # noqa:
 D_MODEL = 3072
 HEADS = 24
 HEAD_DIM = 128
-MLP_HIDDEN = 8192  # fused gate_up width 2 * 8192
+MLP_HIDDEN = 8192  # fused [hidden | gate] projection width 2 * 8192
 IMAGE_TOKENS = 4096
 TEXT_TOKENS = 256
 SAMPLES = 2
@@ -45,7 +45,7 @@ ITERS = 20
 GRAPH_REPS = 10  # calls captured back to back in one CUDA graph: the graph's launch latency spread over them
 OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as in LoRA training)
     "rms_norm,norm_modulate,norm_modulate_fork,norm_modulate_frozen,norm_modulate_fork_frozen,gated_residual,"
-    "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,swiglu,varlen_attention,varlen_attention_rope"
+    "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention,varlen_attention_rope"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
 ATTN_BACKENDS = "triton,sdpa_groups,sdpa_cudnn,torch_varlen,flex"
@@ -149,8 +149,11 @@ def _inputs(op: str, dtype, g):
     L = IMAGE_TOKENS + TEXT_TOKENS
     d, B = D_MODEL, SAMPLES
 
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(dtype).requires_grad_(True)
+    def rnd(*shape, scale=1.0, dt=dtype):
+        return (torch.randn(*shape, device=DEVICE, generator=g) * scale).to(dt).requires_grad_(True)
+
+    def folded(*shape):  # the AdaLN scale as the model passes it: the norm weight folded in, float32
+        return rnd(*shape, scale=0.1, dt=torch.float32)
 
     ts = torch.arange(B, device=DEVICE).repeat_interleave(L)
     cu = torch.arange(B + 1, device=DEVICE, dtype=torch.int32) * L
@@ -162,25 +165,25 @@ def _inputs(op: str, dtype, g):
     table = {  # op: (args, bytes forward, bytes backward)
         "rms_norm": ((rnd(T, d), rnd(d), 1e-6), 2 * rows, 3 * rows),
         "norm_modulate": (
-            (rnd(T, d), rnd(B, d, scale=0.1), rnd(B, d, scale=0.1), ts, 1e-6),
+            (rnd(T, d), rnd(B, d, scale=0.1), folded(B, d), ts, 1e-6),
             2 * rows,
             3 * rows,
         ),
         # as the model's block: x also returned for the residual, whose gradient the backward adds
         "norm_modulate_fork": (
-            (rnd(T, d), rnd(B, d, scale=0.1), rnd(B, d, scale=0.1), ts, 1e-6),
+            (rnd(T, d), rnd(B, d, scale=0.1), folded(B, d), ts, 1e-6),
             2 * rows,
             4 * rows,
         ),
         "gated_residual": ((rnd(T, d), rnd(T, d), rnd(B, d), ts), 3 * rows, 3 * rows),
         "residual_norm_modulate": (
-            (rnd(T, d), rnd(T, d), rnd(B, d), rnd(B, d, scale=0.1), rnd(B, d, scale=0.1), ts, 1e-6),
+            (rnd(T, d), rnd(T, d), rnd(B, d), rnd(B, d, scale=0.1), folded(B, d), ts, 1e-6),
             4 * rows,
             6 * rows,
         ),
         "apply_rope": ((rnd(T, HEADS, HEAD_DIM), cos, sin), 2 * heads, 2 * heads),
         "qk_norm_rope": ((rnd(T, HEADS, HEAD_DIM), rnd(HEAD_DIM), cos, sin, 1e-6), 2 * heads, 3 * heads),
-        "swiglu": ((rnd(T, 2 * MLP_HIDDEN),), 3 * T * MLP_HIDDEN * e, 5 * T * MLP_HIDDEN * e),
+        "situ_glu": ((rnd(T, 2 * MLP_HIDDEN),), 3 * T * MLP_HIDDEN * e, 5 * T * MLP_HIDDEN * e),
         "varlen_attention": (
             (rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), cu, L),
             None,
@@ -338,7 +341,7 @@ def lora_cases(dtype, g) -> list[tuple[str, str, tuple, float]]:
         return t.to(torch.float32 if grad and LORA_SINK else dtype).requires_grad_(grad)
 
     cases = []
-    for name, (o, i) in {"o 3072>3072": (D_MODEL, D_MODEL), "gate_up 3072>16384": (2 * MLP_HIDDEN, D_MODEL),
+    for name, (o, i) in {"o 3072>3072": (D_MODEL, D_MODEL), "up_gate 3072>16384": (2 * MLP_HIDDEN, D_MODEL),
                          "down 8192>3072": (D_MODEL, MLP_HIDDEN)}.items():  # fmt: skip
         x = (torch.randn(T, i, device=DEVICE, generator=g)).to(dtype).requires_grad_(True)
         args = (x, w(o, i), None, w(r, i, True), w(o, r, True, 0.01), 1.0)
@@ -444,7 +447,7 @@ def block_params(dtype, g):
         "k": (d, d),
         "v": (d, d),
         "o": (d, d),
-        "gate_up": (2 * MLP_HIDDEN, d),
+        "up_gate": (2 * MLP_HIDDEN, d),
         "down": (d, MLP_HIDDEN),
     }
     p = {}
@@ -459,8 +462,8 @@ def block_params(dtype, g):
 
 def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
     """norm_modulate -> q, k, v (one lora_group, as the model's attention) -> qk-norm + rope -> attention
-    -> o -> gated residual + norm_modulate -> gate_up -> swiglu -> down -> gated residual; every linear
-    frozen with its own LoRA r32 bypass."""
+    -> o -> gated residual + norm_modulate -> up_gate -> situ_glu -> down -> gated residual; every linear
+    frozen with its own LoRA r32 bypass. The scales come in float32 (the model folds the norm weights in)."""
     T, d = x.shape
     s = 1.0
 
@@ -479,7 +482,7 @@ def block(ops, p, x, mod, ts, cu, max_len, cos, sin):
     k = ops.qk_norm_rope(k, p["k_norm"], cos, sin, 1e-6)
     a = ops.varlen_attention(q, k, v, cu, max_len)
     x, h = ops.residual_norm_modulate(x, lin(a.reshape(T, d), "o"), gate1, shift2, scale2, ts, 1e-6)
-    y = lin(ops.swiglu(lin(h, "gate_up")), "down")
+    y = lin(ops.situ_glu(lin(h, "up_gate")), "down")
     return ops.gated_residual(x, y, gate2, ts)
 
 
@@ -497,9 +500,11 @@ def bench_block(dtype, rows: list[dict]) -> None:
     p = block_params(dtype, g)
     x = (torch.randn(T, D_MODEL, device=DEVICE, generator=g)).to(dtype).requires_grad_(True)
     mod = [
-        (torch.randn(SAMPLES, D_MODEL, device=DEVICE, generator=g) * 0.1).to(dtype).requires_grad_(True)
-        for _ in range(6)
-    ]  # the AdaLN modulation is trained (it comes from the timestep MLP)
+        (torch.randn(SAMPLES, D_MODEL, device=DEVICE, generator=g) * 0.1)
+        .to(torch.float32 if i in (1, 4) else dtype)
+        .requires_grad_(True)
+        for i in range(6)
+    ]  # trained (it comes from the timestep MLP); the scales in float32, the norm weights folded in
     ts = torch.arange(SAMPLES, device=DEVICE).repeat_interleave(L)
     cu = torch.arange(SAMPLES + 1, device=DEVICE, dtype=torch.int32) * L
     ang = torch.rand(T, HEAD_DIM // 2, device=DEVICE, generator=g) * 6.28

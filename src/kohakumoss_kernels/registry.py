@@ -37,7 +37,6 @@ _OPS: dict[str, str] = {
     "residual_norm_modulate": "residual_norm_modulate",
     "apply_rope": "rope",
     "qk_norm_rope": "qk_norm_rope",
-    "swiglu": "swiglu",
     "situ_glu": "situ_glu",
     "varlen_attention": "varlen_attention",
     "varlen_attention_rope": "varlen_attention_rope",

@@ -43,3 +43,18 @@ def test_one_kernel_compiles_for_sm90_without_a_gpu():
     fn, sig, consts, configs = g["kernels"]()["norm_modulate_bwd"]
     assert (1, 16, 2) in configs
     assert g["usage"](fn, sig, consts, (1, 16, 2), 90)[0] <= 64
+
+
+def test_situ_glu_kernels_compile_for_sm90():
+    """The interpreter runs no code generation: both kernels must also compile for the H200."""
+    import triton
+
+    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas").exists():
+        pytest.skip("Triton without its bundled ptxas")
+    g = load()
+    table = g["kernels"]()
+    for name in ("situ_glu_fwd", "situ_glu_bwd"):
+        fn, sig, consts, configs = table[name]
+        assert configs == [(1, 4)]
+        assert 0 < g["usage"](fn, sig, consts, configs[0], 90)[0] <= 255
+    assert "situ_glu_bwd_frozen" not in table  # no parameters, no frozen variant

@@ -85,7 +85,7 @@ def test_ops_knob_is_checked_and_frozen_rows_freeze_only_parameters():
         "qk_norm_rope_frozen",
     ]
     assert glb["check_ops"](bench["OPS"])  # the default list is valid
-    for bad in ("norm_modulat", "varlen_attention_frozen", "swiglu_fork"):
+    for bad in ("norm_modulat", "varlen_attention_frozen", "situ_glu_fork"):
         with pytest.raises(SystemExit, match="OPS: unknown op"):
             glb["check_ops"](bad)
     assert glb["base_op"]("norm_modulate_fork_frozen") == ("norm_modulate", True, True)

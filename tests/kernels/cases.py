@@ -8,6 +8,8 @@ from unittest import mock
 import torch
 
 from kohakumoss_kernels import sample_sums
+from kohakumoss_kernels.ops.norm_modulate import eager as norm_modulate_eager
+from kohakumoss_kernels.ops.rms_norm import eager as rms_norm_eager
 from kohakumoss_kernels.registry import _OPS, eager_op
 
 TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (2e-2, 2e-2), torch.bfloat16: (6e-2, 6e-2)}
@@ -30,9 +32,11 @@ def make_inputs(
     head_dim: int = 32,
     seed: int = 0,
     frozen: bool = False,
+    spread: float = 1.0,
 ) -> tuple[tuple, dict]:
     """(args, kwargs) for one call of `op`; float tensors that take gradients require them. frozen: the
-    norm weights and per-sample AdaLN parameters do not (LoRA training), so the backwards skip them."""
+    norm weights and per-sample AdaLN parameters do not (LoRA training), so the backwards skip them.
+    spread: the standard deviation of situ_glu's input."""
     g = torch.Generator().manual_seed(seed)
     p = not frozen  # the parameters' requires_grad
 
@@ -63,8 +67,8 @@ def make_inputs(
         return (rnd(T, heads, head_dim), cos, sin), {}
     if op == "qk_norm_rope":
         return (rnd(T, heads, head_dim), rnd(head_dim, grad=p), cos, sin, 1e-6), {}
-    if op == "swiglu":
-        return (rnd(T, 2 * d),), {}
+    if op == "situ_glu":  # [hidden | gate]; a spread of 30-100 reaches the soft caps
+        return (rnd(T, 2 * d, scale=spread),), {}
     if op == "varlen_attention":
         return (rnd(T, heads, head_dim), rnd(T, heads, head_dim), rnd(T, heads, head_dim), cu, max_len), {}
     if op == "varlen_attention_rope":
@@ -183,3 +187,87 @@ def backward_twice(op: str, backend: str, lengths: list[int], dtype, device, **d
     second = torch.autograd.grad(outs, leaves, seeds)
     for i, (a, b) in enumerate(zip(first, second)):
         torch.testing.assert_close(a, b, msg=lambda m, i=i: f"{op} grad{i}, second backward: {m}")
+
+
+# The per-sample parameters' positions in the AdaLN ops' arguments.
+PER_SAMPLE_PARAMS = {
+    "norm_modulate": {"shift": 1, "scale": 2},
+    "residual_norm_modulate": {"gate": 2, "shift": 3, "scale": 4},
+    "gated_residual": {"gate": 2},
+}
+# Per dtype of the compared tensor, after dividing by max(1, |reference|): a 16-bit one within a few of its
+# ulps (two float32 computations rounded once each), a float32 one tight, so a float32 parameter gradient
+# that passed through a 16-bit buffer (2^-9 relative) fails.
+MIXED_TOL = {torch.float32: 2e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}
+
+
+def mixed_inputs(
+    op: str, lengths: list[int], dtype, device, scale_dtype, trained: tuple[str, ...], d: int = 40
+) -> tuple[tuple, dict]:
+    """make_inputs' tensors in `dtype` except the modulation's scale, in `scale_dtype` (the model folds the
+    norm weight into it in float32, so it is not rounded to `dtype`); of the per-sample parameters only
+    those named in `trained` require a gradient. The others are quarters in [-2, 2], so x + gate * y is
+    exact in bf16: the interpreter truncates float32 to bf16 where the GPU rounds to nearest."""
+    args, kwargs = make_inputs(op, lengths, torch.float32, device, d=d)
+    names = {i: n for n, i in PER_SAMPLE_PARAMS[op].items()}
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.is_floating_point():
+            if names.get(i) == "scale":
+                a = a.detach().to(scale_dtype)
+            else:
+                a = (a.detach() * 4).round().clamp(-8, 8).div(4).to(dtype)
+            a.requires_grad_(names[i] in trained if i in names else True)
+        out.append(a)
+    return tuple(out), kwargs
+
+
+def _rms_norm_f32(x: torch.Tensor, weight=None, eps: float = 1e-6) -> torch.Tensor:
+    return rms_norm_eager.rms_norm(x.float(), weight, eps)
+
+
+def compare_mixed(
+    op: str,
+    backend: str,
+    lengths: list[int],
+    dtype,
+    device,
+    scale_dtype,
+    trained: tuple[str, ...],
+    op_kwargs=None,
+    d: int = 40,
+    tol: dict | None = None,
+) -> None:
+    """Assert backend == eager on the same inputs of mixed dtypes (`mixed_inputs`): each output in the
+    eager op's dtype, each gradient in its input's dtype. Against the eager op within MIXED_TOL of the
+    compute dtype; and, each tensor within MIXED_TOL of its own dtype, against the eager op with the
+    normalised rows kept in float32 as the kernels keep them (the eager op rounds them to x's dtype
+    first, the released rounding order: a 2^-9 that would hide a float32 gradient taken through bf16)."""
+    tol = {**MIXED_TOL, **(tol or {})}
+    args, kwargs = mixed_inputs(op, lengths, dtype, device, scale_dtype, trained, d=d)
+    kwargs = {**kwargs, **(op_kwargs or {})}
+    leaves = _grad_leaves(args)
+    ref_out, ref_grads = run(eager_op(op), args, kwargs)
+    with mock.patch.object(norm_modulate_eager, "rms_norm", _rms_norm_f32):
+        f32_out, f32_grads = run(eager_op(op), args, kwargs)
+    with mock.patch.object(sample_sums, "forward_acc", _poisoned_forward_acc):
+        out, grads = run(backend_fn(op, backend), args, kwargs)
+    assert len(out) == len(ref_out) and len(grads) == len(ref_grads) == len(leaves)
+    case = f"{op}/{backend} ({dtype}, scale {scale_dtype}, trained {trained})"
+    pairs = [(f"out{i}", *abc, abc[1].dtype) for i, abc in enumerate(zip(out, ref_out, f32_out))]
+    pairs += [
+        (f"grad{i}", a, b, c, leaf.dtype)
+        for i, (a, b, c, leaf) in enumerate(zip(grads, ref_grads, f32_grads, leaves))
+    ]
+    for name, a, b, c, want in pairs:
+        assert a is not None, f"{case}: {name} missing"
+        assert a.dtype == want == b.dtype, f"{case}: {name} is {a.dtype}, expected {want}"
+        for ref, t, which in ((b, tol[dtype], "eager"), (c, tol[want], "eager, float32 rows")):
+            scale = max(1.0, ref.abs().max().item())
+            torch.testing.assert_close(
+                a.float() / scale,
+                ref.float() / scale,
+                atol=t,
+                rtol=t,
+                msg=lambda m, n=name, w=which: f"{case} {n} against {w}: {m}",
+            )

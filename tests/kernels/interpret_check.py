@@ -11,6 +11,8 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 from cases import backward_twice, compare  # noqa: E402
 
+from kohakumoss_kernels.registry import eager_op  # noqa: E402
+
 OPS = sys.argv[1:] or [
     "rms_norm",
     "norm_modulate",
@@ -18,7 +20,7 @@ OPS = sys.argv[1:] or [
     "residual_norm_modulate",
     "apply_rope",
     "qk_norm_rope",
-    "swiglu",
+    "situ_glu",
     "varlen_attention",
     "varlen_attention_rope",
 ]
@@ -27,6 +29,28 @@ SMALL = {
     "varlen_attention_rope": {"heads": 2, "head_dim": 32},
 }
 PER_SAMPLE = ("norm_modulate", "gated_residual", "residual_norm_modulate")
+
+
+def check_situ_glu() -> None:
+    """Widths below, at and above one 1024-column program (not powers of two), inputs whose soft caps
+    saturate (|h| ~ 30-100), bf16; near zero, float32's relative precision (2 sigmoid(2x) - 1 would lose
+    it); an odd width refused."""
+    from kohakumoss_kernels.ops.situ_glu.triton import situ_glu
+
+    for d in (40, 1000, 1500):
+        for spread in (1.0, 40.0):
+            compare("situ_glu", "triton", [2, 3], torch.float32, "cpu", d=d, spread=spread)
+    compare("situ_glu", "triton", [1, 5, 19], torch.float32, "cpu", spread=100.0)
+    compare("situ_glu", "triton", [1, 5, 19], torch.bfloat16, "cpu", d=1000, spread=40.0)
+    h = torch.randn(7, 600, generator=torch.Generator().manual_seed(2)) * 1e-2
+    torch.testing.assert_close(situ_glu(h), eager_op("situ_glu")(h), atol=0.0, rtol=1e-5)
+    try:
+        situ_glu(torch.randn(2, 5))
+    except ValueError as e:
+        assert "odd" in str(e), e
+    else:
+        raise AssertionError("situ_glu took an odd width")
+
 
 if __name__ == "__main__":
     torch.manual_seed(0)
@@ -39,6 +63,8 @@ if __name__ == "__main__":
         if op == "norm_modulate":  # x's other use's gradient added in the backward's own pass
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", op_kwargs={"fork": True}, d=40)
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=32)  # one chunk (row_chunks)
+        if op == "situ_glu":
+            check_situ_glu()
         if op in ("rms_norm", "qk_norm_rope"):
             compare(op, "triton", [2], torch.float32, "cpu", d=40, heads=3, head_dim=16)
         if op in (*PER_SAMPLE, "rms_norm", "qk_norm_rope"):  # frozen parameters: their sums skipped
@@ -80,7 +106,6 @@ if __name__ == "__main__":
         compare("lora_linear", "addmm_lowrank", [1, 5, 19], torch.float32, "cpu")
         compare("lora_linear", "addmm_lowrank", [70, 3], torch.float32, "cpu", d=40)
         from kohakumoss_kernels.ops.lora_group.addmm_lowrank import lora_group
-        from kohakumoss_kernels.registry import eager_op
 
         x0 = torch.randn(37, 24, generator=g)
         members = [(torch.randn(o, 24, generator=g) * 0.2, torch.randn(r, 24, generator=g) * 0.2,

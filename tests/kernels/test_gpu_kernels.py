@@ -10,7 +10,7 @@ import torch
 
 from kohakumoss_kernels import OpSet, registry, triton_utils, tuning
 
-from .cases import compare
+from .cases import compare, compare_mixed
 
 pytestmark = pytest.mark.gpu
 
@@ -23,7 +23,7 @@ def default_launch_configs(monkeypatch):
 
 LENGTHS = [[1], [1, 77, 300, 129], [513, 1, 64, 1000]]
 DTYPES = [torch.bfloat16, torch.float16]
-ROW_OPS = ["rms_norm", "norm_modulate", "gated_residual", "residual_norm_modulate", "swiglu"]
+ROW_OPS = ["rms_norm", "norm_modulate", "gated_residual", "residual_norm_modulate", "situ_glu"]
 HEAD_OPS = ["apply_rope", "qk_norm_rope"]
 
 
@@ -40,6 +40,39 @@ def test_triton_row_ops(op, d, lengths, dtype):
 @pytest.mark.parametrize("backend", ["triton", "onehot"])
 def test_norm_modulate_fork(backend, lengths, dtype):
     compare("norm_modulate", backend, lengths, dtype, "cuda", op_kwargs={"fork": True}, d=3072)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("spread", [40.0, 100.0])
+@pytest.mark.parametrize("d", [1000, 8192])
+def test_situ_glu_soft_caps(d, spread, dtype):
+    """Inputs where 25 tanh(h / 25) and 4 tanh(g / 4) saturate (the MLP's width 8192 among them)."""
+    compare("situ_glu", "triton", [1, 77, 300], dtype, "cuda", d=d, spread=spread)
+
+
+MIXED = [  # (x, shift, gate dtype; the folded norm scale's dtype)
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.float32),
+]
+TRAINED = {
+    "norm_modulate": [("shift", "scale"), ("scale",), ("shift",), ()],
+    "residual_norm_modulate": [("gate", "shift", "scale"), ("scale",), ("gate", "shift"), ()],
+    "gated_residual": [("gate",), ()],
+}
+
+
+@pytest.mark.parametrize("dtypes", MIXED, ids=str)
+@pytest.mark.parametrize(
+    "op, trained, fork",
+    [(op, t, False) for op, ts in TRAINED.items() for t in ts]
+    + [("norm_modulate", t, True) for t in TRAINED["norm_modulate"]],
+    ids=str,
+)
+def test_adaln_ops_take_the_models_mixed_dtypes(op, trained, fork, dtypes):
+    """The model's call: bf16 activations and shift / gate, the norm weight folded into a float32 scale."""
+    dtype, scale_dtype = dtypes
+    kwargs = {"fork": True} if fork else {}
+    compare_mixed(op, "triton", [513, 1, 64, 1000], dtype, "cuda", scale_dtype, trained, kwargs, d=3072)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -142,7 +175,7 @@ def test_lora_linear(backend, dtype):
     compare("lora_linear", backend, [1, 77, 300], dtype, "cuda", d=256)
 
 
-@pytest.mark.parametrize("op", ["rms_norm", "swiglu", "norm_modulate"])
+@pytest.mark.parametrize("op", ["rms_norm", "situ_glu", "norm_modulate"])
 def test_compile_backend(op):
     compare(op, "compile", [1, 77, 300], torch.bfloat16, "cuda", d=512)
 

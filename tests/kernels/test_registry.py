@@ -100,7 +100,7 @@ def test_builtin_ops_resolve_on_cpu_to_eager_only():
         "norm_modulate",
         "gated_residual",
         "apply_rope",
-        "swiglu",
+        "situ_glu",
         "varlen_attention",
         "qk_norm_rope",
         "residual_norm_modulate",

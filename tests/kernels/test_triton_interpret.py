@@ -14,17 +14,30 @@ import pytest
 HERE = Path(__file__).parent
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_triton_kernels_match_eager_in_the_interpreter():
+def _interpret(script: str) -> str:
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     src = str(HERE.parents[1] / "src")
     env["PYTHONPATH"] = os.pathsep.join([src, env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, str(HERE / "interpret_check.py")],
+        [sys.executable, str(HERE / script)],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("ok ") == 11, proc.stdout  # nine ops, the LoRA rank-r products, the fp8 passes
+    return proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_triton_kernels_match_eager_in_the_interpreter():
+    out = _interpret("interpret_check.py")
+    assert out.count("ok ") == 11, out  # nine ops, the LoRA rank-r products, the fp8 passes
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
+def test_adaln_kernels_take_the_models_mixed_dtypes_in_the_interpreter():
+    """bf16 activations with the float32 folded norm scale (and all float32), each parameter trained or
+    frozen: outputs and gradients as the eager op's, each gradient in its input's dtype."""
+    out = _interpret("interpret_mixed_dtypes.py")
+    assert out.split() == ["ok", "norm_modulate", "ok", "residual_norm_modulate", "ok", "gated_residual"], out
