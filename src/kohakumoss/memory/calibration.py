@@ -24,32 +24,33 @@ GIB = 1 << 30
 #   working: the extra peak while that block runs its backward (recompute included), above what it
 #            keeps; only one block is in its backward at a time, so it counts once per step.
 #
-# MEASURED on the pre-release block (all of them): `python3 scripts/bench/memory_calibrate.py` on the H200
-# (docs/performance/memory.md): one moss-image-5b block at 8704 tokens (2 x 1 MP), bf16, LoRA r32 on every
-# linear through the registry's lora_linear; per-block figures are the difference between a 3-block and a
-# 1-block stack. With activation offload, "kept" is what stays on the GPU per block and "working" includes
-# the prefetched activations of the block below. DERIVED for the released block: it saves the same
-# tensors per token, x and y (norm_modulate), q, k before and after qk_norm_rope, v, the attention output,
-# o's output (its gate's gradient), x and y again (residual_norm_modulate), ffn_up_gate's output [2h],
-# SiTU-GLU's output [h], ffn_down's output: 12 d + 3 h values, (12 + 3 x 8192 / 3072) x 2 = 40 bytes per
-# token and dim in bf16 against the measured 40.69. Re-measure: scripts/bench/memory_calibrate.py.
+# MEASURED (all of them, session 16, the released block): `AREAS="" BENCH=calibrate bash .ci/gpu` on the
+# H200 (scripts/bench/memory_calibrate.py): one moss-image-5b block at 8704 tokens (2 x 1 MP), bf16, LoRA
+# r32 on every linear (TARGET_PRESET 'full') through the registry's lora_linear; per-block figures are the
+# difference between a 3-block and a 1-block stack. With activation offload, "kept" is what stays on the
+# GPU per block and "working" includes the prefetched activations of the block below. The pre-release
+# block measured within 0.05 of every "kept" (none 40.69, full 2.02, attn 22.21, mlp 22.26). What a plain
+# block keeps matches its ops' saved tensors: x (norm_modulate), y (q/k/v's input), q and k before and after
+# qk_norm_rope, v, the attention output, o's output (its gate's gradient), x and y again
+# (residual_norm_modulate), ffn_up_gate's output [2h], SiTU-GLU's output [h], ffn_down's output: 12 d + 3 h
+# values, (12 + 3 x 8192 / 3072) x 2 = 40.00 bytes per token and dim in bf16 (+ LoRA's rank-32 states).
 _BF16 = {  # mode: (kept, working)
-    "none": (40.69, 8.85),
-    "full": (2.02, 47.18),
-    "attn": (22.21, 8.77),
-    "mlp": (22.26, 26.88),
+    "none": (40.72, 6.77),
+    "full": (2.04, 45.29),
+    "attn": (22.24, 6.70),
+    "mlp": (22.41, 24.85),
 }
 _BF16_OFFLOAD = {
-    "none": (10.86, 80.82),
-    "full": (0.0, 53.64),
-    "attn": (10.70, 31.91),
-    "mlp": (0.16, 86.38),
+    "none": (10.92, 70.59),
+    "full": (0.0, 53.89),
+    "attn": (10.75, 29.68),
+    "mlp": (0.16, 76.09),
 }
-# Outside the blocks (embedders, final layer, loss, rotary tables): MEASURED on the pre-release structure
-# (no text refiner) ~110 MiB at 8704 tokens x 3072 (same run) = ~4.3 bytes per token and model dim.
-# PLACEHOLDER for the released one (its embedders and head are the same widths); re-measure with
-# scripts/bench/memory_calibrate.py (its "fixed" column, less REFINER_SAVED's share).
-FIXED_PER_TOKEN_DIM = 4.3
+# Outside the blocks (embedders, head, loss, rotary tables, and the text refiner when it trains): MEASURED
+# (same run) 246.1 MiB at 8704 tokens x 3072 with the refiner under LoRA. Of it REFINER_SAVED's count (below)
+# is 108.0 MiB; the rest, 5.42 bytes per token and model dim, is this constant: DERIVED (the split between
+# the two is the count's, not measured; memory_calibrate.py prints both).
+FIXED_PER_TOKEN_DIM = 5.42
 # The text refiner (refiner_depth blocks over the text tokens only) keeps, per text token and block, this
 # many (d-wide, mlp_hidden-wide) values in the compute precision when it runs a backward (a full
 # fine-tune, or an adapter on it): DERIVED from TextRefinerBlock's ops: x and its rms_norm, q, k before and
@@ -91,34 +92,37 @@ CARD_MARGIN = 0.05
 # What the process holds on the card beyond torch's allocated peak: the CUDA context, cuBLAS / Triton
 # workspaces and the caching allocator's reserve. MEASURED (docs/performance/memory.md): nvidia-smi
 # minus the step's max_memory_allocated was 1.6 GiB for `minimal` under a 6 GiB cap and 2.5 GiB for
-# `speed`; the smaller, capped figure is what a small card pays (its allocator has no room to cache).
+# `speed` (pre-release block); the smaller, capped figure is what a small card pays (its allocator has no
+# room to cache). Session 16 (released block, `TRAIN_ROWS=lora/speed/latent_text,lora/minimal/latent_text/
+# cap6 BENCH=train_step bash .ci/gpu`): 1.65 GiB for `speed`, 2.62 for `minimal` under 6 GiB, of which
+# 1.49 GiB was the allocator's cache (reserved 4.45 against 2.96 allocated: room the cap still left it).
 CUDA_CONTEXT_BYTES = 1.6 * GIB
 
 # --- cost model (the catalog's relative step cost) -------------------------------------------------
-# Every row and block time below was measured on the pre-release block (module docstring): same block
-# linears and ops, so the same multiply-adds per token; the released model adds the text refiner's compute
-# over the text tokens (~0.3% of a 2 x 1 MP step's; the cost model counts it apart, at the same rate).
-# Re-measure the rows with scripts/bench/train_step.py and refit.
-# FITTED (session 5): each constant below solves one measured H200 row of scripts/bench/train_step.py
-# (moss-image-5b, 2 x 4352 tokens, latent + text cache; LoRA r32 on every linear, or full fine-tune with
-# Muon), as a ratio to the LoRA `speed` row of the same session, scaled to session 5's 0.479 s:
-#   lora/speed 0.479 s (session 5)                      -> EFFECTIVE_FLOPS
+# FITTED: each constant below solves one measured H200 row of scripts/bench/train_step.py (moss-image-5b,
+# 2 x 4352 tokens, latent + text cache; LoRA r32 on every linear, or full fine-tune with Muon), as a ratio
+# to the LoRA `speed` row of the same session, scaled to session 16's speed row (0.472 s, the released
+# block; the other rows ran the pre-release block, the module docstring says what that means: the same
+# block linears and ops, so the same multiply-adds per token; re-measure them and refit):
+#   lora/speed 0.472 s (session 16)                     -> EFFECTIVE_FLOPS
 #   lora/balanced 0.743 / speed 0.526 s (session 3)      -> RECOMPUTE_SHARE["full"]
 #   lora/low_vram/cap8 1.020 / 0.526 s (session 3)       -> STREAM_LOAD_OVERHEAD_S
 #   full/speed 1.307 / 0.526 s (session 3)               -> GPU_OPT_S_PER_PARAM["muon"]
-#   full/c0252/cap24 4.92 s (session 5)                  -> HOST_GRAD_SUM_S_PER_PARAM
+#   full/c0252/cap24 4.92 / 0.479 s (session 5)          -> HOST_GRAD_SUM_S_PER_PARAM
 #   full/c0261/cap24 ~140 s / speed 0.463 s (session 6)   -> FULL_STREAM_BLOCK_S
 # solved in that order, repeated until they settle (the later rows depend on the earlier constants):
 # scripts/bench/fit_step_cost.py does it and prints them; tests/memory/test_cost_fit.py checks they agree.
-# Achieved throughput by the model's block multiply-adds (graphed, tuned kernels: MFU by the bench's own
-# formula was 62%), and pinned-copy bandwidth each way: MEASURED (memory_calibrate.py, H200) 55.3 GB/s
-# host->device, 55.1 GB/s back.
-EFFECTIVE_FLOPS = 555.7e12
+# The text refiner's compute over the text tokens is counted apart at the same rate (catalog.outside_macs).
+# Achieved throughput by the model's multiply-adds (graphed, tuned kernels: MFU by memory/flops.py was
+# 62.9% in that row), and pinned-copy bandwidth each way: MEASURED (memory_calibrate.py, H200) 55.3 GB/s
+# host->device, 55.1 GB/s back (session 16's calibration: 55.1 and 55.2).
+EFFECTIVE_FLOPS = 564.0e12
 H2D_BYTES_PER_S = 55.3e9
 D2H_BYTES_PER_S = 55.1e9
 # Activation offload moves many tensors of a few MiB to tens of MiB, not one block: MEASURED effective
-# rate each way (memory_calibrate.py): 'none' + offload moves 29.8 bytes per token and dim (0.80 GB) per
-# block and took 39.19 ms forward + backward, i.e. ~19.6 ms per direction = ~41 GB/s.
+# rate each way (memory_calibrate.py, pre-release block): 'none' + offload moves 29.8 bytes per token and
+# dim (0.80 GB) per block and took 39.19 ms forward + backward, i.e. ~19.6 ms per direction = ~41 GB/s
+# (session 16, released block: the same 29.8 bytes in 36.80 ms).
 ACT_OFFLOAD_BYTES_PER_S = 41e9
 # Backward time / forward time of a block. adapter: MEASURED on the pre-release block (memory_calibrate.py,
 # eager block: (15.05 - 5.80) / 5.80 ms); full: DERIVED (weight grads double the backward's matmuls).
@@ -139,19 +143,19 @@ RECOMPUTE_SHARE: dict[str, float | None] = {
 # ACT_OFFLOAD_BYTES_PER_S). lora/minimal/cap4, every engine at once under a 4 GiB cap, measured ~1.6x the
 # model's step; not fitted to any one engine (fit_step_cost.py prints it against the prediction): that
 # run's host AdamW was still the foreach kernel (~9x the fused one on the CI box), a likely part of it.
-STREAM_LOAD_OVERHEAD_S = 2.578e-3
+STREAM_LOAD_OVERHEAD_S = 2.52e-3
 ACT_OFFLOAD_OVERHEAD_S = 0.5e-3
-HOST_GRAD_SUM_S_PER_PARAM = 0.3328e-9
+HOST_GRAD_SUM_S_PER_PARAM = 0.3226e-9
 # A full fine-tune's streamed (trainable) block, per step. FITTED to the one row that ran it: catalog c0261
 # (11 blocks streamed, optimizer streamed, no grad offload) took 147 and 139 s for its first two steps under
 # a 24 GiB cap (session 6: KOHAKUMOSS_TUNE=off TRAIN_ROWS=full/auto/latent_text/cap24 .ci/gpu; the row
 # timed out), ~60x its prediction. Not yet profiled: which part of streaming trainable weights costs this
 # is open; the term keeps `auto` off such plans until it is known.
-FULL_STREAM_BLOCK_S = 13.18
+FULL_STREAM_BLOCK_S = 12.99
 # The optimizer update on the GPU per trained parameter. adamw: MEASURED (session 5 profile of the speed
 # row: torch's fused AdamW 0.953 ms per step for 99.4M LoRA parameters); muon: FITTED (above; Muon's
 # Newton-Schulz iterations on every weight matrix dominate a full fine-tune's update).
-GPU_OPT_S_PER_PARAM = {"adamw": 9.58e-12, "muon": 1.034e-10}
+GPU_OPT_S_PER_PARAM = {"adamw": 9.58e-12, "muon": 1.019e-10}
 # Host (CPU) optimizer update time per trained parameter (fused AdamW on a desktop CPU). PLACEHOLDER:
 # the CI box (2 cores) MEASURED 0.62 ns (fused, 111M params in 0.070 s; foreach 5.6 ns), a desktop has more cores.
 HOST_OPT_S_PER_PARAM = 1.0e-9
