@@ -74,6 +74,30 @@ class MossBlock(nn.Module):
         three LoRA linears that read y); it computes the same."""
         return tuple(linear(y) for linear in self.qkv_linears())
 
+    def attention_half(
+        self, x: torch.Tensor, mod: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x after the attention residual, and the MLP's modulated input y (the next norm fused in)."""
+        shift_a, scale_a, gate_a, shift_f, scale_f, _ = mod.unbind(0)
+        ts, eps = seq.token_sample, self.eps
+        scale_a = fold_norm_weight(self.norm1.weight, scale_a)
+        scale_f = fold_norm_weight(self.norm2.weight, scale_f)
+        y, x = ops.norm_modulate(x, shift_a, scale_a, ts, eps, fork=True)  # x's two gradients in one pass
+        q, k, v = self.project_qkv(y)
+        out = attention(
+            q, k, v, self.q_norm, self.k_norm, rope, seq.cu_seqlens, seq.max_seqlen, self.num_heads, eps, ops
+        )
+        return ops.residual_norm_modulate(x, self.proj["o"](out), gate_a, shift_f, scale_f, ts, eps)
+
+    def mlp_half(
+        self, x: torch.Tensor, y: torch.Tensor, mod: torch.Tensor, seq: PackedSeq, ops
+    ) -> torch.Tensor:
+        """x after the SiTU-GLU residual."""
+        p = self.proj
+        return ops.gated_residual(
+            x, p["ffn_down"](ops.situ_glu(p["ffn_up_gate"](y))), mod[5], seq.token_sample
+        )
+
     def forward(
         self,
         x: torch.Tensor,
@@ -82,18 +106,10 @@ class MossBlock(nn.Module):
         rope: tuple[torch.Tensor, torch.Tensor],
         ops,
     ) -> torch.Tensor:
-        """x [T, d]; mod [6, B, d] the shared modulation (shift_a, scale_a, gate_a, shift_f, scale_f, gate_f)."""
-        shift_a, scale_a, gate_a, shift_f, scale_f, gate_f = mod.unbind(0)
-        ts, eps, p = seq.token_sample, self.eps, self.proj
-        scale_a = fold_norm_weight(self.norm1.weight, scale_a)
-        scale_f = fold_norm_weight(self.norm2.weight, scale_f)
-        y, x = ops.norm_modulate(x, shift_a, scale_a, ts, eps, fork=True)  # x's two gradients in one pass
-        q, k, v = self.project_qkv(y)
-        out = attention(
-            q, k, v, self.q_norm, self.k_norm, rope, seq.cu_seqlens, seq.max_seqlen, self.num_heads, eps, ops
-        )
-        x, y = ops.residual_norm_modulate(x, p["o"](out), gate_a, shift_f, scale_f, ts, eps)
-        return ops.gated_residual(x, p["ffn_down"](ops.situ_glu(p["ffn_up_gate"](y))), gate_f, ts)
+        """x [T, d]; mod [6, B, d] the shared modulation (shift_a, scale_a, gate_a, shift_f, scale_f, gate_f).
+        Memory engines may checkpoint either half alone (memory/engines/checkpointing.py)."""
+        x, y = self.attention_half(x, mod, seq, rope, ops)
+        return self.mlp_half(x, y, mod, seq, ops)
 
 
 class TextRefinerBlock(nn.Module):
