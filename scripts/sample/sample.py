@@ -51,7 +51,13 @@ VAE_PLACEMENT = "resident"  # resident or streamed
 def run(k: dict) -> None:
     import torch
 
-    from kohakumoss.diffusion.sample_run import attach_adapters, sample_images, sampler_config
+    from kohakumoss.diffusion.sample_run import (
+        attach_adapters,
+        longest_prompt_tokens,
+        sample_images,
+        sampler_config,
+    )
+    from kohakumoss.encoders.text import load_prompt_tokenizer
     from kohakumoss.memory.engines.encoders import place_encoder
     from kohakumoss.memory.inference import inference_plan
     from kohakumoss.memory.install import install_memory_plan
@@ -63,11 +69,16 @@ def run(k: dict) -> None:
         build_vae,
         model_config,
         resolve_device,
+        text_encoder_config,
     )
 
     sampler_config(k, model_config(k).depth)  # bad sampler knobs stop here, before anything loads
     device, dtype = resolve_device(k["DEVICE"]), PRECISION_DTYPES[k["PRECISION"]]
-    plan, why = inference_plan(k, model_config(k), device)
+    text_tokens = None  # priced at MAX_TEXT_TOKENS unless the prompts can be counted (a real tokenizer)
+    if k["TEXT_ENCODER"] and k["TEXT_ENCODER"] != "synthetic":
+        tokenizer = load_prompt_tokenizer(text_encoder_config(k, torch.device("cpu"), device))
+        text_tokens = longest_prompt_tokens(k, tokenizer)
+    plan, why = inference_plan(k, model_config(k), device, text_tokens)
     print(f"memory: {why}")
     host = torch.device("cpu")
     streamed = plan.stream_blocks != 0

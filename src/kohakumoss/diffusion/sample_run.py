@@ -40,6 +40,12 @@ def requests_for(k: dict[str, Any], prompts: list[str]) -> list[GenerationReques
     ]
 
 
+def longest_prompt_tokens(k: dict[str, Any], prompt_tokenizer) -> int:
+    """Tokens of the longest templated prompt or negative the knobs ask for: what the sampling plan prices."""
+    texts = {t for r in requests_for(k, read_prompts(k)) for t in (r.prompt, r.negative)}
+    return max(len(prompt_tokenizer(t)) for t in texts)
+
+
 def adapter_entries(k: dict[str, Any]) -> list[tuple[str, float]]:
     out = []
     for entry in k["ADAPTERS"]:

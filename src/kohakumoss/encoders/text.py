@@ -199,6 +199,12 @@ class TextEncoder:
         return torch.stack([s.float() for s in states]).mean(0).to(states[0].dtype)
 
 
+def load_prompt_tokenizer(config: TextEncoderConfig) -> PromptTokenizer:
+    """The encoder's prompt tokenizer alone (no weights read): to count a prompt's tokens before loading."""
+    tokenizer = _load_tokenizer(_tokenizer_path(Path(config.path), config))
+    return PromptTokenizer(tokenizer, config.template, config.max_length)
+
+
 def _tokenizer_path(path: Path, config: TextEncoderConfig) -> Path:
     if config.tokenizer_path is not None:
         return Path(config.tokenizer_path)

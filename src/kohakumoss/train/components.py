@@ -89,16 +89,8 @@ def build_backbone(
     return model
 
 
-def build_text_encoder(
-    k: dict[str, Any], device: torch.device, text_dim: int, compute: torch.device | None = None
-) -> TextEncoder | None:
-    """Loaded on `device`; its dtype follows `compute` (where it will run: bf16 on a GPU, fp32 on a CPU)."""
-    compute = compute or device
-    if not k["TEXT_ENCODER"]:
-        return None
-    if k["TEXT_ENCODER"] == "synthetic":
-        log.warning("TEXT_ENCODER='synthetic': fixed random word vectors, for benchmarks and smoke runs only")
-        return SyntheticTextEncoder(text_dim, int(k["SEED"]), device)
+def text_encoder_config(k: dict[str, Any], device: torch.device, compute: torch.device) -> TextEncoderConfig:
+    """The knobs' real text encoder (TEXT_ENCODER a path): loaded on `device`, in `compute`'s dtype."""
     kwargs: dict[str, Any] = dict(
         path=k["TEXT_ENCODER"],
         layers=tuple(k["TEXT_LAYERS"]),
@@ -111,7 +103,20 @@ def build_text_encoder(
         kwargs["template"] = k["TEXT_TEMPLATE"]
     if "MAX_TEXT_TOKENS" in k:  # the sample script's knob; otherwise the encoder's default (4096)
         kwargs["max_length"] = int(k["MAX_TEXT_TOKENS"])
-    return TextEncoder.load(TextEncoderConfig(**kwargs))
+    return TextEncoderConfig(**kwargs)
+
+
+def build_text_encoder(
+    k: dict[str, Any], device: torch.device, text_dim: int, compute: torch.device | None = None
+) -> TextEncoder | None:
+    """Loaded on `device`; its dtype follows `compute` (where it will run: bf16 on a GPU, fp32 on a CPU)."""
+    compute = compute or device
+    if not k["TEXT_ENCODER"]:
+        return None
+    if k["TEXT_ENCODER"] == "synthetic":
+        log.warning("TEXT_ENCODER='synthetic': fixed random word vectors, for benchmarks and smoke runs only")
+        return SyntheticTextEncoder(text_dim, int(k["SEED"]), device)
+    return TextEncoder.load(text_encoder_config(k, device, compute))
 
 
 def build_vae(
