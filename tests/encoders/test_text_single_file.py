@@ -117,10 +117,43 @@ def test_int8_per_row_is_dequantized(tmp_path, text_model):
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_convrot_is_refused_by_name(tmp_path, text_model):
-    file, _ = int8_file(tmp_path, text_model, conf={"format": "int8_tensorwise", "convrot": True})
-    with pytest.raises(CheckpointError, match="ConvRot"):
-        conftest.load_text_encoder(file)
+def _hadamard(size: int) -> torch.Tensor:
+    """ConvRot's regular Hadamard (Kronecker powers of comfy-kitchen's H4), normalised: built here on its own."""
+    h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
+    h = h4
+    while h.shape[0] < size:
+        h = torch.kron(h, h4)
+    return h / size**0.5
+
+
+def test_convrot_int8_file_is_unrotated_and_dequantized(tmp_path, text_model):
+    """A ConvRot file as the published format writes it (W @ H^T per group of 16 input columns, then int8
+    per row) loads as the dequantized, un-rotated weights."""
+    group = 16
+    h = _hadamard(group)
+    tensors, dequant = {}, {}
+    for key, value in text_model.state_dict().items():
+        name = model_to_comfy(key)
+        if value.dim() == 2 and key.endswith("proj.weight"):
+            o, i = value.shape
+            rotated = (value.double().reshape(o, i // group, group) @ h.T).reshape(o, i).float()
+            q, s = quantize_rows(rotated)
+            tensors[name], tensors[name.replace(".weight", ".weight_scale")] = q, s
+            tensors[name.replace(".weight", ".comfy_quant")] = _marker(
+                {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": group}
+            )
+            back = (q.double() * s.double()).reshape(o, i // group, group) @ h.T  # H symmetric, H @ H = I
+            dequant[key] = back.reshape(o, i).float()
+            assert (dequant[key] - value).abs().max() < 0.02 * value.abs().max()  # int8 rounding only
+        else:
+            tensors[name] = dequant[key] = value
+    file = write(tmp_path, tensors, "te_convrot.safetensors")
+    reference = conftest.random_text_model()
+    reference.load_state_dict(dequant)
+    folder = write_hf_folder(tmp_path / "dq", reference, prefix="model.")
+    got = conftest.load_text_encoder(file, model_overrides=ROPE).encode(CAPTIONS)[0]
+    want = conftest.load_text_encoder(folder).encode(CAPTIONS)[0]
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_unknown_scheme_is_named(tmp_path, text_model):

@@ -20,7 +20,7 @@ from kohakumoss_common.errors import CheckpointError, ConfigError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.io import iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
-from kohakumoss_common.quant import dequantize, plan_quantization
+from kohakumoss_common.quant import QuantPlan, plan_quantization
 
 from . import text_layouts
 from .identity import files_identity, module_identity
@@ -231,7 +231,7 @@ def _model_config(path: Path, config: TextEncoderConfig, shapes: dict) -> Qwen3_
 
 def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel, Qwen3_5TextConfig]:
     header, _ = read_header(path)
-    quant = plan_quantization(path, header)
+    quant = plan_quantization(path, header, rotations=True)  # ConvRot files are un-rotated as they stream
     keys = [k for k in header if k not in quant.dropped]
     layout = text_layouts.detect_layout(list(header)) if config.layout == "auto" else config.layout
     names = {k: n for k in keys if (n := text_layouts.text_key(layout, k)) is not None}
@@ -243,7 +243,7 @@ def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel
     with torch.device("meta"):
         model = Qwen3_5TextModel(truncated(full, keep) if keep < full.num_hidden_layers else full)
     check_keys(path, expected_shapes(model), shapes)
-    _stream(model, path, names, quant.scales, config)
+    _stream(model, path, names, quant, config)
     model.rotary_emb = Qwen3_5TextRotaryEmbedding(config=model.config).to(config.device)
     if left := meta_leftovers(model):
         raise CheckpointError(path, f"nothing loaded these tensors: {left}")
@@ -264,9 +264,10 @@ def _pruned(name: str, keep: int) -> bool:
     return parts[0] == "layers" and int(parts[1]) >= keep
 
 
-def _stream(model: nn.Module, path: Path, names: dict[str, str], scales: dict[str, str], config) -> None:
+def _stream(model: nn.Module, path: Path, names: dict[str, str], quant: QuantPlan, config) -> None:
+    scales = quant.scales
     scale_values = dict(iter_tensors(path, keys=set(scales.values()))) if scales else {}
     for key, tensor in iter_tensors(path, keys=set(names)):
         if key in scales:
-            tensor = dequantize(tensor, scale_values[scales[key]], config.torch_dtype)
+            tensor = quant.dequantize(key, tensor, scale_values[scales[key]], config.torch_dtype)
         set_tensor(model, names[key], cast(tensor, config.torch_dtype, config.device))

@@ -19,7 +19,7 @@ from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.io import iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
-from kohakumoss_common.quant import dequantize, plan_quantization
+from kohakumoss_common.quant import plan_quantization
 
 from . import vae_layouts
 from .identity import files_identity, module_identity
@@ -40,7 +40,7 @@ class _Source:
         self.path = path
         self.files = resolve_files(path)
         header, _ = read_header(path)
-        self.quant = plan_quantization(path, header)
+        self.quant = plan_quantization(path, header, rotations=True)
         dropped = self.quant.dropped
         keys = [k for k in header if k not in dropped]
         self.bfl = vae_layouts.is_bfl(keys)
@@ -65,7 +65,7 @@ class _Source:
         for key, tensor in iter_tensors(self.path, keys=set(self.names)):
             name = self.names[key]
             if key in scales:
-                tensor = dequantize(tensor, scale_values[scales[key]], torch.float32)
+                tensor = self.quant.dequantize(key, tensor, scale_values[scales[key]], torch.float32)
             yield name, vae_layouts.bfl_tensor(name, tensor) if self.bfl else tensor
 
 
