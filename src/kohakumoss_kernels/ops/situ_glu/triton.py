@@ -13,8 +13,8 @@ Triton has no tanh that also runs in its interpreter, so tanh is Cephes' tanhf: 
 2 sigmoid(2x) - 1 loses all relative precision near 0). The gate's tanh and sigmoid share one exp and
 one reciprocal: with q = exp(-|g| / 2), tanh(|g| / 4) = (1 - q) / (1 + q) and sigmoid(|g|) = 1 / (1 + q^2)
 (sigmoid(-|g|) = q^2 / (1 + q^2), with no 1 - sigmoid cancellation), so an element takes two exps and two
-reciprocals. The kernels are bound by instruction issue, not memory: ~70 SASS instructions per element,
-the range checks of the non-ftz exp and division among them (docs/internals/kernels.md).
+reciprocals. The forward is bound by instruction issue, not memory (~72 SASS instructions per element,
+the range checks of the non-ftz exp and division among them; docs/internals/kernels.md).
 """
 
 from __future__ import annotations
