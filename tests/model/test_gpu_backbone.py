@@ -57,6 +57,9 @@ def test_moss_image_5b_forward_backward_at_1mp_and_bf16_error():
     err = rel_err(low, ref)
     print(f"moss-image-5b bf16 vs fp32 forward rel err: {err:.3e}")
     assert err < 0.1
+    # the eager ops keep float32 intermediates for the backward: at 1 MP they outgrow the card's 139 GiB,
+    # so the full-size backward runs through the registry's kernels
+    model.ops = OpSet("auto")
     torch.cuda.reset_peak_memory_stats()
     out = model(img.bfloat16(), text.bfloat16(), sigma, seq)
     assert out.shape == (2 * 4096, cfg.in_channels) and torch.isfinite(out).all()
