@@ -18,22 +18,11 @@ import torch
 from kohakumoss.adapters.io import AdapterSource
 from kohakumoss.adapters.merge import merged_state_dict
 from kohakumoss.model import MossBackbone, MossConfig
-from kohakumoss.model.io import CONFIG_METADATA_KEY, LAYOUT_METADATA_KEY
+from kohakumoss.model.io import hf_config_json, save_backbone
+from kohakumoss.model.layouts import LAYOUTS
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_common.io import atomic_write_json, save_safetensors, save_sharded
 
-from .comfy_keys import fuse_qkv
-
-HF_CLASS_NAME = "MOSSImageTransformer"  # transformer/config.json `_class_name` of the release
-HF_PREFIX = "diffusion_pytorch_model"
-COMFY_FILE = "moss_image.safetensors"
-COMFY_SAVE_PREFIX = "model.diffusion_model."  # what ComfyUI's own checkpoint saver writes
-LAYOUTS = ("hf", "native", "comfy")
-
-
-def hf_config_json(config: MossConfig) -> dict:
-    """The released transformer/config.json for `config`."""
-    return {"_class_name": HF_CLASS_NAME, **config.hf_config()}
+__all__ = ["hf_config_json", "save_merged", "save_state"]
 
 
 def save_state(
@@ -46,20 +35,8 @@ def save_state(
 ) -> list[Path]:
     """Write a full native state dict in `layout` (see the module docstring); returns the files."""
     if layout not in LAYOUTS:
-        raise ConfigError("MERGED_LAYOUT", f"unknown layout '{layout}'; known: {list(LAYOUTS)}")
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    directory = Path(directory)
-    name = "hf" if layout == "native" else layout  # one layout under two names
-    metadata = {CONFIG_METADATA_KEY: config.to_json(), LAYOUT_METADATA_KEY: name, "format": "pt"}
-    if layout == "comfy":
-        fused = {COMFY_SAVE_PREFIX + k: v for k, v in fuse_qkv(state).items()}
-        path = directory / COMFY_FILE
-        save_safetensors(fused, path, metadata)  # one file: ComfyUI loads a single file
-        return [path]
-    paths = save_sharded(state, directory, HF_PREFIX, max_shard_bytes, metadata)
-    atomic_write_json(directory / "config.json", hf_config_json(config))
-    return paths
+        raise ConfigError("MERGED_LAYOUT", f"unknown layout '{layout}'; known: {sorted(LAYOUTS)}")
+    return save_backbone(state, directory, layout, config, dtype, max_shard_bytes=max_shard_bytes)
 
 
 def save_merged(
