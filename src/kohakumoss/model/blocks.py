@@ -54,7 +54,9 @@ def attention(
     return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen).reshape(q.shape[0], -1)
 
 
-class MossBlock(nn.Module):
+class _NormedBlock(nn.Module):
+    """The weights both block kinds share: norm1, norm2 (width d) and the per-head q_norm, k_norm."""
+
     def __init__(self, cfg: MossConfig):
         super().__init__()
         self.num_heads, self.eps = cfg.num_heads, cfg.norm_eps
@@ -62,6 +64,11 @@ class MossBlock(nn.Module):
         self.norm2 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
         self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+
+
+class MossBlock(_NormedBlock):
+    def __init__(self, cfg: MossConfig):
+        super().__init__(cfg)
         self.proj = nn.ModuleDict({name: nn.Linear(cfg.dim, cfg.dim, bias=False) for name in "qkvo"})
         self.proj["ffn_up_gate"] = nn.Linear(cfg.dim, 2 * cfg.mlp_hidden, bias=False)
         self.proj["ffn_down"] = nn.Linear(cfg.mlp_hidden, cfg.dim, bias=False)
@@ -112,14 +119,9 @@ class MossBlock(nn.Module):
         return self.mlp_half(x, y, mod, seq, ops)
 
 
-class TextRefinerBlock(nn.Module):
+class TextRefinerBlock(_NormedBlock):
     def __init__(self, cfg: MossConfig):
-        super().__init__()
-        self.num_heads, self.eps = cfg.num_heads, cfg.norm_eps
-        self.norm1 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.norm2 = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
-        self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps)
+        super().__init__(cfg)
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)  # rows q; k; v
         self.proj = nn.Linear(cfg.dim, cfg.dim)
         self.ffn_gate = nn.Linear(cfg.dim, cfg.mlp_hidden)
