@@ -16,8 +16,10 @@ TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's defau
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file
 ADAPTERS = []  # adapter files or checkpoint folders; an entry may be [path, multiplier]
-PROMPT = ""  # the prompt (or use PROMPT_FILE)
-PROMPT_FILE = ""  # a text file with one prompt per line
+PROMPT = ""  # the prompt (or use PROMPT_FILE); kohya flags as in PROMPT_FILE
+PROMPT_FILE = (
+    ""  # one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps (# comments)
+)
 NEGATIVE = ""  # negative prompt (the unconditional side of CFG)
 CFG = 3.0  # classifier-free guidance scale (1: no guidance; released 3, 3-6 works)
 STEPS = 50  # sampler steps (released 50; duplicate sigmas on the grid are dropped)

@@ -133,7 +133,10 @@ RESUME = ""  # '' (fresh run), 'latest' or a checkpoint folder
 STOP_AT = 0  # stop this invocation at this step with a checkpoint (0: run to STEPS); resume later
 LOG_EVERY = 1  # metrics line every N steps
 SAMPLE_EVERY = 0  # sample grid every N steps (0: only at the end, if prompts are set)
-SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each)
+SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE
+SAMPLE_PROMPTS_FILE = (
+    ""  # more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)
+)
 SAMPLE_SEEDS = []  # one seed per prompt (default: 0, 1, 2, ...)
 SAMPLE_NEGATIVE = ""  # negative prompt of the samples
 SAMPLE_STEPS = 20  # sampler steps

@@ -8,6 +8,12 @@ from .knobs import Knob, Schema
 from .train import ENCODER_KNOBS, PRECISIONS
 
 
+def _prompt_file(value: str) -> str | None:
+    from kohakumoss.diffusion.prompts import prompt_file_problem
+
+    return prompt_file_problem(value, "PROMPT_FILE")
+
+
 def _block_indices(value: list) -> str | None:
     if all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
         return None
@@ -21,8 +27,14 @@ SAMPLE_KNOBS = [
     Knob(
         "ADAPTERS", [], "adapter files or checkpoint folders; an entry may be [path, multiplier]", type=list
     ),
-    Knob("PROMPT", "", "the prompt (or use PROMPT_FILE)"),
-    Knob("PROMPT_FILE", "", "a text file with one prompt per line", path="file"),
+    Knob("PROMPT", "", "the prompt (or use PROMPT_FILE); kohya flags as in PROMPT_FILE"),
+    Knob(
+        "PROMPT_FILE",
+        "",
+        "one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps (# comments)",
+        path="file",
+        check=_prompt_file,
+    ),
     Knob("NEGATIVE", "", "negative prompt (the unconditional side of CFG)"),
     Knob("CFG", 3.0, "classifier-free guidance scale (1: no guidance; released 3, 3-6 works)", min=0.0),
     Knob("STEPS", 50, "sampler steps (released 50; duplicate sigmas on the grid are dropped)", min=1),

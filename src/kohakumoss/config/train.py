@@ -9,6 +9,7 @@ from __future__ import annotations
 from kohakumoss.adapters.algos import ALGOS
 from kohakumoss.adapters.targets import TARGET_PRESETS
 from kohakumoss.diffusion.objective import REDUCTIONS, WEIGHTINGS
+from kohakumoss.diffusion.prompts import prompt_file_problem, prompt_list_problem
 from kohakumoss.diffusion.timestep import SHIFT_MODES, SIGMA_MODES
 from kohakumoss.memory.plan import (
     ACTIVATION_OFFLOAD_MODES,
@@ -286,7 +287,20 @@ TRAIN_KNOBS = [
     ),
     Knob("LOG_EVERY", 1, "metrics line every N steps", min=1),
     Knob("SAMPLE_EVERY", 0, "sample grid every N steps (0: only at the end, if prompts are set)", min=0),
-    Knob("SAMPLE_PROMPTS", [], "prompts of the sample grid (one column each)", type=list),
+    Knob(
+        "SAMPLE_PROMPTS",
+        [],
+        "prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE",
+        type=list,
+        check=lambda v: prompt_list_problem(v, "SAMPLE_PROMPTS"),
+    ),
+    Knob(
+        "SAMPLE_PROMPTS_FILE",
+        "",
+        "more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)",
+        path="file",
+        check=lambda v: prompt_file_problem(v, "SAMPLE_PROMPTS_FILE"),
+    ),
     Knob("SAMPLE_SEEDS", [], "one seed per prompt (default: 0, 1, 2, ...)", type=list),
     Knob("SAMPLE_NEGATIVE", "", "negative prompt of the samples"),
     Knob("SAMPLE_STEPS", 20, "sampler steps", min=1),

@@ -6,7 +6,7 @@ The glue between the encoders, the sampler and the VAE; no state of its own.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -27,6 +27,14 @@ class GenerationRequest:
     width: int = 1024
     height: int = 1024
     negative: str = ""
+    steps: int | None = None  # this request's sampler steps (None: the SamplerConfig's)
+    cfg: float | None = None  # this request's guidance scale (None: the SamplerConfig's)
+
+    def sampler(self, config: SamplerConfig) -> SamplerConfig:
+        """`config` with this request's steps and guidance scale."""
+        steps = config.steps if self.steps is None else self.steps
+        cfg = config.cfg_scale if self.cfg is None else self.cfg
+        return replace(config, steps=steps, cfg_scale=cfg)
 
     def token_grid(self) -> tuple[int, int]:
         for knob, v in (("WIDTH", self.width), ("HEIGHT", self.height)):
@@ -56,7 +64,23 @@ def generate_latents(
     dtype: torch.dtype = torch.float32,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[torch.Tensor]:
-    """Latents [32, H/8, W/8] per request (normalized, as the VAE's decode takes them)."""
+    """Latents [32, H/8, W/8] per request (normalized, as the VAE's decode takes them).
+
+    Requests with their own steps or guidance scale are sampled in one call per setting, in order.
+    """
+    groups: dict[SamplerConfig, list[int]] = {}
+    for i, r in enumerate(requests):
+        groups.setdefault(r.sampler(config), []).append(i)
+    if len(groups) > 1 or (groups and next(iter(groups)) != config):
+        out: list[torch.Tensor] = [None] * len(requests)  # type: ignore[list-item]
+        for sub, idx in groups.items():
+            plain = [replace(requests[i], steps=None, cfg=None) for i in idx]
+            for i, z in zip(
+                idx,
+                generate_latents(backbone, text_encoder, plain, sub, in_channels, device, dtype, progress),
+            ):
+                out[i] = z
+        return out
     cond = split_packed(*text_encoder.encode([r.prompt for r in requests]))
     uncond = (
         split_packed(*text_encoder.encode([r.negative for r in requests]))

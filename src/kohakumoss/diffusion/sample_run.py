@@ -13,31 +13,32 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 
 from .generate import GenerationRequest, generate
+from .prompts import PromptLine, parse_prompt_line, read_prompt_file
 from .sampler import SamplerConfig
 
 log = get_logger(__name__)
 
 
-def read_prompts(k: dict[str, Any]) -> list[str]:
-    prompts = [k["PROMPT"]] if k["PROMPT"] else []
+def read_prompts(k: dict[str, Any]) -> list[PromptLine]:
+    """PROMPT, then every line of PROMPT_FILE (kohya format: `prompt --n neg --w W --h H --d seed --l cfg --s steps`)."""
+    prompts = [parse_prompt_line(k["PROMPT"])] if k["PROMPT"] else []
     if k["PROMPT_FILE"]:
-        prompts += [
-            line.strip()
-            for line in Path(k["PROMPT_FILE"]).read_text(encoding="utf-8").splitlines()
-            if line.strip()
-        ]
+        prompts += read_prompt_file(k["PROMPT_FILE"], "PROMPT_FILE")
     if not prompts:
         raise ConfigError("PROMPT", "set PROMPT or PROMPT_FILE")
     return prompts
 
 
-def requests_for(k: dict[str, Any], prompts: list[str]) -> list[GenerationRequest]:
+def requests_for(k: dict[str, Any], prompts: list[PromptLine]) -> list[GenerationRequest]:
+    """COUNT (or len(SEEDS)) requests per prompt; a line's own settings override the knobs'."""
     seeds = [int(s) for s in k["SEEDS"]] or [int(k["SEED"]) + i for i in range(int(k["COUNT"]))]
-    return [
-        GenerationRequest(p, s, int(k["WIDTH"]), int(k["HEIGHT"]), k["NEGATIVE"])
-        for p in prompts
-        for s in seeds
-    ]
+    out = []
+    for p in prompts:
+        line_seeds = seeds if p.seed is None else [p.seed + i for i in range(len(seeds))]
+        p = p.with_defaults(negative=k["NEGATIVE"], width=int(k["WIDTH"]), height=int(k["HEIGHT"]))
+        for s in line_seeds:
+            out.append(GenerationRequest(p.prompt, s, p.width, p.height, p.negative, p.steps, p.cfg))
+    return out
 
 
 def longest_prompt_tokens(k: dict[str, Any], prompt_tokenizer) -> int:
@@ -66,8 +67,8 @@ def png_info(
         seed=request.seed,
         width=request.width,
         height=request.height,
-        steps=k["STEPS"],
-        cfg=k["CFG"],
+        steps=k["STEPS"] if request.steps is None else request.steps,
+        cfg=k["CFG"] if request.cfg is None else request.cfg,
         shift=k["SHIFT"],
         uncond_skip_layers=list(k["UNCOND_SKIP_LAYERS"]),
         slg_window=[k["SLG_START"], k["SLG_STOP"]],

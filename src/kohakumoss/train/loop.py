@@ -41,7 +41,7 @@ from .graphs import StepGraphs, graph_refusal, resolve_graphs
 from .logbook import MetricsWriter, loss_plot
 from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
 from .rng import restore_rng
-from .samples import draw_row, grid, load_row, save_row
+from .samples import draw_row, grid, load_row, sample_captions, save_row
 from .schedule import LRSchedule
 from .state import load_trainable_state, trainable_state
 from .step import draw_step_noise, flow_loss, to_device_batch
@@ -245,7 +245,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         to_device_batch(b, device, dtype) for b in validation_batches(data, k, image_encoder, text_encoder)
     ]
 
-    prompts = list(k["SAMPLE_PROMPTS"])
+    prompts = sample_captions(k)
     samples_dir = run_dir / "samples"
     can_sample = bool(prompts) and comps.text_encoder is not None and comps.vae is not None
     base_row = None
@@ -445,7 +445,7 @@ def sample_grid(comps: Components, k: dict[str, Any], base_row, samples_dir: Pat
     with comps.text_encoder.on_device(), comps.vae.on_device():
         row = draw_row(comps.backbone, comps.text_encoder, comps.vae, k, comps.device, comps.dtype)
     save_row(row, samples_dir / step_dirname(step), "sample")
-    image = grid([("base", base_row), (f"step {step}", row)], list(k["SAMPLE_PROMPTS"]))
+    image = grid([("base", base_row), (f"step {step}", row)], sample_captions(k))
     path = samples_dir / f"grid_{step_dirname(step)}.png"
     image.save(path)
     log.info(f"samples {path}")

@@ -9,27 +9,48 @@ from PIL import Image, ImageDraw
 
 from kohakumoss.diffusion import SamplerConfig, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
+from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
+
+
+def sample_prompts(k: dict) -> list[PromptLine]:
+    """SAMPLE_PROMPTS, then the lines of SAMPLE_PROMPTS_FILE (kohya flags parsed)."""
+    lines = [
+        parse_prompt_line(p, f"SAMPLE_PROMPTS[{i}]", "SAMPLE_PROMPTS")
+        for i, p in enumerate(k["SAMPLE_PROMPTS"])
+    ]
+    if k.get("SAMPLE_PROMPTS_FILE"):
+        lines += read_prompt_file(k["SAMPLE_PROMPTS_FILE"], "SAMPLE_PROMPTS_FILE")
+    return lines
+
+
+def sample_captions(k: dict) -> list[str]:
+    """The grid's column captions: each sample's prompt text."""
+    return [p.prompt for p in sample_prompts(k)]
 
 
 def sample_requests(k: dict) -> list[GenerationRequest]:
-    seeds = list(k["SAMPLE_SEEDS"]) or list(range(len(k["SAMPLE_PROMPTS"])))
-    return [
-        GenerationRequest(
-            p,
-            int(seeds[i % len(seeds)]),
-            int(k["SAMPLE_WIDTH"]),
-            int(k["SAMPLE_HEIGHT"]),
-            k["SAMPLE_NEGATIVE"],
+    """One request per sample prompt; a line's flags override the SAMPLE_* knobs."""
+    prompts = sample_prompts(k)
+    seeds = list(k["SAMPLE_SEEDS"]) or list(range(len(prompts)))
+    out = []
+    for i, p in enumerate(prompts):
+        p = p.with_defaults(
+            negative=k["SAMPLE_NEGATIVE"],
+            width=int(k["SAMPLE_WIDTH"]),
+            height=int(k["SAMPLE_HEIGHT"]),
+            seed=int(seeds[i % len(seeds)]),
         )
-        for i, p in enumerate(k["SAMPLE_PROMPTS"])
-    ]
+        out.append(GenerationRequest(p.prompt, p.seed, p.width, p.height, p.negative, p.steps, p.cfg))
+    return out
 
 
 def sampler_config(k: dict, depth: int) -> SamplerConfig:
-    """The released sampler at SAMPLE_STEPS / SAMPLE_CFG; the uncond branch skips block 22 where it exists."""
+    """The released sampler at SAMPLE_STEPS / SAMPLE_CFG / SAMPLE_SHIFT; the uncond branch skips block 22
+    where it exists."""
     return SamplerConfig(
         steps=int(k["SAMPLE_STEPS"]),
         cfg_scale=float(k["SAMPLE_CFG"]),
+        shift=float(k["SAMPLE_SHIFT"]),
         uncond_skip_layers=released_uncond_skip_layers(depth),
     )
 
