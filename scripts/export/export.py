@@ -17,6 +17,25 @@ SAVE_DIFFUSERS = False  # also write a diffusers-layout transformer
 USE_EMA = False  # export the checkpoint's EMA weights instead of the raw ones
 DTYPE = "bf16"  # dtype of merged / diffusers weights
 SEED = 0  # seed of MODEL_PRESET's random weights
+SHOW_METADATA = (
+    False  # print ADAPTER's metadata (ss_*, modelspec.*; a checkpoint's exports) and write nothing
+)
+
+
+def show_metadata(adapter: str) -> None:
+    from pathlib import Path
+
+    from kohakumoss.export.from_checkpoint import checkpoint_folder
+    from kohakumoss.export.metadata import describe, read_metadata
+    from kohakumoss_common.errors import ConfigError
+
+    folder = checkpoint_folder(adapter) if adapter else None
+    files = sorted((folder / "export").glob("*.safetensors")) if folder else [Path(adapter)]
+    if not adapter or not files:
+        raise ConfigError("ADAPTER", f"'{adapter}' holds no adapter file to show the metadata of")
+    for path in files:
+        print(f"{path}:")
+        print(describe(read_metadata(path)))
 
 
 def run(k: dict) -> None:
@@ -27,6 +46,9 @@ def run(k: dict) -> None:
     from kohakumoss.model.io import load_backbone
     from kohakumoss_common.errors import ConfigError
 
+    if k["SHOW_METADATA"]:
+        show_metadata(k["ADAPTER"])
+        return
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[k["DTYPE"]]
     if not k["ADAPTER"]:
         raise ConfigError("ADAPTER", "set ADAPTER to a checkpoint folder or a LyCORIS file")

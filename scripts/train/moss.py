@@ -146,6 +146,7 @@ SAMPLE_HEIGHT = 1024  # sample height in px (multiple of 16)
 SAVE_FORMAT = "comfy"  # comfy: the ComfyUI LoRA; hf: the LyCORIS file; both
 SAVE_MERGED = False  # also write the merged transformer
 SAVE_DIFFUSERS = False  # also write a diffusers-layout transformer
+TRIGGER_PHRASE = ""  # the adapter files' modelspec.trigger_phrase (empty: none)
 
 
 def main() -> None:

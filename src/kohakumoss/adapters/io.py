@@ -54,10 +54,22 @@ def adapter_state_dict(network: LycorisNetwork) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu").clone() for k, v in network.state_dict().items()}
 
 
+def modelspec_architecture(algo: str) -> str:
+    """ModelSpec's architecture of a MOSS-Image adapter: `MOSS-Image/lora`, `MOSS-Image/lokr`, ..."""
+    return f"MOSS-Image/{algo}"
+
+
 def adapter_metadata(network: LycorisNetwork, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """kohya/LyCORIS-style metadata (ss_network_*) plus the full AdapterSpec."""
+    """kohya/LyCORIS-style metadata (ss_network_*), ModelSpec's fixed keys and the full AdapterSpec;
+    `extra` (a run's ss_* / modelspec.* keys, `export/metadata.py`) overrides them."""
     spec: AdapterSpec | None = getattr(network, "kohakumoss_spec", None)
-    meta = {"ss_network_module": "lycoris.kohya", "modelspec.architecture": "moss-image/lycoris"}
+    meta = {
+        "ss_network_module": "lycoris.kohya",
+        "ss_base_model_version": "moss_image",
+        "modelspec.sai_model_spec": "1.0.0",
+        "modelspec.architecture": modelspec_architecture(spec.algo if spec is not None else "lycoris"),
+        "modelspec.implementation": "https://github.com/KohakuBlueleaf/KohakuMossTrainer",
+    }
     if spec is not None:
         args = {"algo": spec.algo, "preset": spec.preset, "dropout": spec.dropout, **spec.algo_args}
         meta.update(

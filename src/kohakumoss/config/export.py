@@ -16,6 +16,11 @@ EXPORT_KNOBS = [
     Knob("USE_EMA", False, "export the checkpoint's EMA weights instead of the raw ones"),
     Knob("DTYPE", "bf16", "dtype of merged / diffusers weights", choices=("bf16", "fp16", "fp32")),
     Knob("SEED", 0, "seed of MODEL_PRESET's random weights"),
+    Knob(
+        "SHOW_METADATA",
+        False,
+        "print ADAPTER's metadata (ss_*, modelspec.*; a checkpoint's exports) and write nothing",
+    ),
 ]
 
 EXPORT_SCHEMA = Schema(EXPORT_KNOBS)

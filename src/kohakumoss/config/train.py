@@ -310,6 +310,7 @@ TRAIN_KNOBS = [
     Knob("SAVE_FORMAT", "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS),
     Knob("SAVE_MERGED", False, "also write the merged transformer"),
     Knob("SAVE_DIFFUSERS", False, "also write a diffusers-layout transformer"),
+    Knob("TRIGGER_PHRASE", "", "the adapter files' modelspec.trigger_phrase (empty: none)"),
 ]
 
 TRAIN_SCHEMA = Schema(TRAIN_KNOBS)

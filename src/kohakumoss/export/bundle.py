@@ -28,11 +28,14 @@ def save_comfy_adapter(
     path: str | Path,
     dtype: torch.dtype | None = None,
     fused: bool = True,
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Write the ComfyUI-format adapter (`fused=False`: q, k, v apart, the published kohya key style);
-    returns {comfy module: format} (lora, loha, lokr or diff)."""
+    """Write the ComfyUI-format adapter (`fused=False`: q, k, v apart, the published kohya key style)
+    with `metadata` (ss_* / modelspec.*) added; returns {comfy module: format} (lora, loha, lokr or diff)."""
     comfy = to_comfy_adapter(model, network, dtype, fused)
-    meta = adapter_metadata(network) if isinstance(network, LycorisNetwork) else {}
+    meta = (
+        adapter_metadata(network, metadata) if isinstance(network, LycorisNetwork) else dict(metadata or {})
+    )
     meta.update(
         kohakumoss_format="comfy" if fused else "kohya",
         kohakumoss_comfy_formats=json.dumps(comfy.formats, sort_keys=True),
@@ -51,16 +54,19 @@ def export_all(
     save_diffusers: bool = False,
     dtype: torch.dtype | None = torch.bfloat16,
     adapter_dtype: torch.dtype | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> dict[str, Path]:
-    """Write the exports of an adapter run (network given) or a full fine-tune (network None)."""
+    """Write the exports of an adapter run (network given) or a full fine-tune (network None);
+    `metadata` (ss_* / modelspec.*, `export/metadata.py`) goes into every adapter file."""
     directory = Path(directory)
     written: dict[str, Path] = {}
     source = None
     if network is not None:
         source = adapter_state_dict(network)
-        written["lycoris"] = save_adapter(network, directory / f"{name}-lycoris.safetensors", adapter_dtype)
+        lycoris = directory / f"{name}-lycoris.safetensors"
+        written["lycoris"] = save_adapter(network, lycoris, adapter_dtype, metadata)
         comfy = directory / f"{name}-comfy.safetensors"
-        save_comfy_adapter(model, network, comfy, adapter_dtype)
+        save_comfy_adapter(model, network, comfy, adapter_dtype, metadata=metadata)
         written["comfy"] = comfy
     if save_merged_model or network is None:
         save_merged(model, source, directory / "merged", merged_layout, dtype)

@@ -9,6 +9,7 @@ LoKr or diff entries is merged into the weights.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from .bundle import export_all
 from .comfy_apply import is_comfy_adapter, merge_comfy_adapter
+from .metadata import carried, read_metadata, run_metadata
 
 
 def checkpoint_folder(path: str | Path) -> Path | None:
@@ -88,6 +90,22 @@ def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multi
     return network, name
 
 
+def source_metadata(source: str | Path) -> dict[str, str]:
+    """What a re-export of `source` writes as metadata: a file's own (less its format keys); for a
+    checkpoint, its run's keys at its step, overlaid with what the checkpoint's exports carried."""
+    folder = checkpoint_folder(source)
+    if folder is None:
+        return carried(read_metadata(source))
+    config = json.loads((folder / "config.json").read_text())
+    step = int(json.loads((folder / "meta.json").read_text())["step"])
+    if config.get("ALGO") == "full" or "RUN_NAME" not in config:
+        return {}
+    meta = run_metadata(config, step, folder.parent.parent)  # checkpoints/step_N -> the run folder
+    for path in sorted((folder / "export").glob("*.safetensors"))[:1]:
+        meta.update(carried(read_metadata(path)))
+    return meta
+
+
 def export_checkpoint(
     model: MossBackbone,
     source: str | Path,
@@ -109,6 +127,7 @@ def export_checkpoint(
         merged_layout=merged_layout,
         save_diffusers=diffusers,
         dtype=dtype,
+        metadata=source_metadata(source) if network is not None else None,
     )
 
 

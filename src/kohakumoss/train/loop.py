@@ -27,6 +27,7 @@ from tqdm import tqdm
 from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask, set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
+from kohakumoss.export.metadata import run_metadata
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import add_file_log, get_logger
@@ -162,9 +163,13 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: process peak RSS
 
 
-def export_run(comps: Components, tr: Trainable, k: dict[str, Any], folder: Path) -> dict[str, Path]:
-    """The run's files into `folder`: ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers."""
+def export_run(
+    comps: Components, tr: Trainable, k: dict[str, Any], folder: Path, step: int | None = None
+) -> dict[str, Path]:
+    """The run's files into `folder`: ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers;
+    the adapter files carry the run's ss_* / modelspec.* metadata at `step` (None: STEPS)."""
     clear_tlora_mask()
+    metadata = run_metadata(k, int(k["STEPS"]) if step is None else step)
 
     def write() -> dict[str, Path]:
         written = export_all(
@@ -174,6 +179,7 @@ def export_run(comps: Components, tr: Trainable, k: dict[str, Any], folder: Path
             k["RUN_NAME"],
             save_merged_model=k["SAVE_MERGED"],
             save_diffusers=k["SAVE_DIFFUSERS"],
+            metadata=metadata,
         )
         drop = {"comfy": ["lycoris"], "hf": ["comfy"]}.get(k["SAVE_FORMAT"], [])
         for kind in drop:  # SAVE_FORMAT picks which adapter files stay
@@ -204,7 +210,7 @@ def save_run_checkpoint(
         },
         config=k,
         keep_last=int(k["KEEP_LAST"]),
-        write_extra=lambda tmp: export_run(comps, tr, k, tmp / "export"),
+        write_extra=lambda tmp: export_run(comps, tr, k, tmp / "export", step),
     )
 
 
@@ -431,10 +437,10 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     if step < steps:
         log.info(f"stopped at step {step} (STOP_AT); continue with RESUME='latest'")
         return run_dir
+    if can_sample:  # before the exports: their thumbnail is the last grid
+        sample_grid(comps, k, base_row, samples_dir, step)
     written = export_run(comps, tr, k, run_dir / "export")
     log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
-    if can_sample:
-        sample_grid(comps, k, base_row, samples_dir, step)
     loss_plot(metrics.read(), run_dir / "loss.png")
     log.info(f"done: {step} steps, {skipped} skipped; run folder {run_dir}")
     return run_dir
