@@ -22,25 +22,25 @@ from kohakumoss.model import get_preset
 
 LORA = {"ALGO": "lora", "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "RANK": 32, "TARGET_PRESET": "full"}
 FULL = {"ALGO": "full", "TOKENS_PER_STEP": 8704, "PRECISION": "bf16"}
-# lora/speed/latent_text, session 16: the released block (TRAIN_ROWS=lora/speed/latent_text,lora/minimal/
+# lora/speed/latent_text, 2026-12-01: the released block (TRAIN_ROWS=lora/speed/latent_text,lora/minimal/
 # latent_text/cap6 BENCH=train_step bash .ci/gpu); the rows below ran the pre-release block (calibration.py)
 REFERENCE_SPEED_S = 0.472
 # row: (seconds per step, that session's lora/speed seconds)
 MEASURED = {
-    "lora/minimal/cap6": (1.048, 0.472),  # session 16, the released block: not fitted (below)
-    "lora/balanced": (0.743, 0.526),  # session 3
-    "lora/low_vram/cap8": (1.020, 0.526),  # session 3
-    "lora/minimal/cap4": (1.739, 0.485),  # session 4: not fitted (below)
-    "full/speed": (1.307, 0.526),  # session 3
-    "full/c0252/cap24": (4.92, 0.479),  # session 5
-    "full/c0261/cap24": (143.0, 0.463),  # session 6: steps 1-2 (147, 139 s) of a row that timed out
-    "lora/c0285/cap8": (0.79, 0.463),  # session 6: not fitted, printed against the prediction
+    "lora/minimal/cap6": (1.048, 0.472),  # 2026-12-01, the released block: not fitted (below)
+    "lora/balanced": (0.743, 0.526),  # pre-release block
+    "lora/low_vram/cap8": (1.020, 0.526),  # pre-release block
+    "lora/minimal/cap4": (1.739, 0.485),  # pre-release block: not fitted (below)
+    "full/speed": (1.307, 0.526),  # pre-release block
+    "full/c0252/cap24": (4.92, 0.479),  # pre-release block
+    "full/c0261/cap24": (143.0, 0.463),  # pre-release block: steps 1-2 (147, 139 s) of a row that timed out
+    "lora/c0285/cap8": (0.79, 0.463),  # pre-release block: not fitted, printed against the prediction
 }
 # lora/minimal/cap6 and cap4 are printed against their prediction, not fitted: with every engine at once under a
 # 4 GiB cap it runs ~1.6x slower than the model says, while offload alone on an uncapped block costs what
 # the model says (memory_calibrate.py), so the excess is not put on any one engine (that run's host AdamW
 # was still the foreach kernel, ~9x slower than the fused one on the CI box: likely part of it).
-FUSED_ADAMW_S = 0.953e-3  # session 5 profile of lora/speed: torch's fused AdamW per step ...
+FUSED_ADAMW_S = 0.953e-3  # pre-release block profile of lora/speed: torch's fused AdamW per step ...
 FUSED_ADAMW_PARAMS = 99_434_496  # ... over that row's LoRA parameters (r32, pre-release block structure)
 
 

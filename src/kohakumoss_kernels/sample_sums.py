@@ -24,9 +24,9 @@ from . import pdl
 from .triton_utils import backward_configs, next_pow2, persistent_programs, register_budget
 
 # The second passes over the partials are latency-bound (a few MB, a loop over the programs' rows). The
-# per-sample finish: many narrow column blocks and few, wide row steps (before session 5, 16-32 rows x
-# 128-256 columns took ~14 us per finish for 13 MB of partials on the H200; 64 x 64 since). sum_rows: all
-# rows in one tile (sum_rows_blocks), since session 11: rms_norm's 264 partials of 3072 5.4 -> 3.3 us,
+# per-sample finish: many narrow column blocks and few, wide row steps (16-32 rows x
+# 128-256 columns took ~14 us per finish for 13 MB of partials on the H200; 64 x 64 now). sum_rows: all
+# rows in one tile (sum_rows_blocks): rms_norm's 264 partials of 3072 5.4 -> 3.3 us,
 # qk_norm_rope's 528 of 128 (two programs of 64 x 64) 8.1 -> 2.8 us; the same tiles made the per-sample
 # finish slower (K = 2: 5.5 -> 7.3 us; each program also reloads FIRST / LAST), so it keeps 64 x 64.
 FINISH_ROWS, FINISH_COLS = 64, 64

@@ -6,7 +6,8 @@ FITTED:   solved from measured rows by scripts/bench/fit_step_cost.py.
 PLACEHOLDER: a reasonable guess, to be calibrated on the H200 (`scripts/bench/*`); replace it with the
 measured value and change its tag.
 
-"Pre-release block": the block of sessions 1-15, before the model took the released MOSS-Image structure.
+"Pre-release block": the block measured before 2026-12-01, before the model took the released MOSS-Image
+structure.
 Its linears had the shapes of today's (q, k, v, o d x d, a fused [2h, d] MLP input, [d, h] output), its
 ops saved the same tensors (a SwiGLU op saved its [T, 2h] input as situ_glu does), and it ran a 256 -> 6d
 modulation per block (per sample, not per token); it had no text refiner. A value measured or fitted on it
@@ -24,7 +25,7 @@ GIB = 1 << 30
 #   working: the extra peak while that block runs its backward (recompute included), above what it
 #            keeps; only one block is in its backward at a time, so it counts once per step.
 #
-# MEASURED (all of them, session 16, the released block): `AREAS="" BENCH=calibrate bash .ci/gpu` on the
+# MEASURED (all of them, 2026-12-01, the released block): `AREAS="" BENCH=calibrate bash .ci/gpu` on the
 # H200 (scripts/bench/memory_calibrate.py): one moss-image-5b block at 8704 tokens (2 x 1 MP), bf16, LoRA
 # r32 on every linear (TARGET_PRESET 'full') through the registry's lora_linear; per-block figures are the
 # difference between a 3-block and a 1-block stack. With activation offload, "kept" is what stays on the
@@ -93,7 +94,7 @@ CARD_MARGIN = 0.05
 # workspaces and the caching allocator's reserve. MEASURED (docs/performance/memory.md): nvidia-smi
 # minus the step's max_memory_allocated was 1.6 GiB for `minimal` under a 6 GiB cap and 2.5 GiB for
 # `speed` (pre-release block); the smaller, capped figure is what a small card pays (its allocator has no
-# room to cache). Session 16 (released block, `TRAIN_ROWS=lora/speed/latent_text,lora/minimal/latent_text/
+# room to cache). The released block (2026-12-01, `TRAIN_ROWS=lora/speed/latent_text,lora/minimal/latent_text/
 # cap6 BENCH=train_step bash .ci/gpu`): 1.65 GiB for `speed`, 2.62 for `minimal` under 6 GiB, of which
 # 1.49 GiB was the allocator's cache (reserved 4.45 against 2.96 allocated: room the cap still left it).
 CUDA_CONTEXT_BYTES = 1.6 * GIB
@@ -101,28 +102,28 @@ CUDA_CONTEXT_BYTES = 1.6 * GIB
 # --- cost model (the catalog's relative step cost) -------------------------------------------------
 # FITTED: each constant below solves one measured H200 row of scripts/bench/train_step.py (moss-image-5b,
 # 2 x 4352 tokens, latent + text cache; LoRA r32 on every linear, or full fine-tune with Muon), as a ratio
-# to the LoRA `speed` row of the same session, scaled to session 16's speed row (0.472 s, the released
+# to the LoRA `speed` row of the same device call, scaled to the released block's speed row (0.472 s, the released
 # block; the other rows ran the pre-release block, the module docstring says what that means: the same
 # block linears and ops, so the same multiply-adds per token; re-measure them and refit):
-#   lora/speed 0.472 s (session 16)                     -> EFFECTIVE_FLOPS
-#   lora/balanced 0.743 / speed 0.526 s (session 3)      -> RECOMPUTE_SHARE["full"]
-#   lora/low_vram/cap8 1.020 / 0.526 s (session 3)       -> STREAM_LOAD_OVERHEAD_S
-#   full/speed 1.307 / 0.526 s (session 3)               -> GPU_OPT_S_PER_PARAM["muon"]
-#   full/c0252/cap24 4.92 / 0.479 s (session 5)          -> HOST_GRAD_SUM_S_PER_PARAM
-#   full/c0261/cap24 ~140 s / speed 0.463 s (session 6)   -> FULL_STREAM_BLOCK_S
+#   lora/speed 0.472 s (released block)                 -> EFFECTIVE_FLOPS
+#   lora/balanced 0.743 / speed 0.526 s (pre-release)     -> RECOMPUTE_SHARE["full"]
+#   lora/low_vram/cap8 1.020 / 0.526 s (pre-release)      -> STREAM_LOAD_OVERHEAD_S
+#   full/speed 1.307 / 0.526 s (pre-release)              -> GPU_OPT_S_PER_PARAM["muon"]
+#   full/c0252/cap24 4.92 / 0.479 s (pre-release)         -> HOST_GRAD_SUM_S_PER_PARAM
+#   full/c0261/cap24 ~140 s / speed 0.463 s (pre-release)  -> FULL_STREAM_BLOCK_S
 # solved in that order, repeated until they settle (the later rows depend on the earlier constants):
 # scripts/bench/fit_step_cost.py does it and prints them; tests/memory/test_cost_fit.py checks they agree.
 # The text refiner's compute over the text tokens is counted apart at the same rate (catalog.outside_macs).
 # Achieved throughput by the model's multiply-adds (graphed, tuned kernels: MFU by memory/flops.py was
 # 62.9% in that row), and pinned-copy bandwidth each way: MEASURED (memory_calibrate.py, H200) 55.3 GB/s
-# host->device, 55.1 GB/s back (session 16's calibration: 55.1 and 55.2).
+# host->device, 55.1 GB/s back (the released block's calibration: 55.1 and 55.2).
 EFFECTIVE_FLOPS = 564.0e12
 H2D_BYTES_PER_S = 55.3e9
 D2H_BYTES_PER_S = 55.1e9
 # Activation offload moves many tensors of a few MiB to tens of MiB, not one block: MEASURED effective
 # rate each way (memory_calibrate.py, pre-release block): 'none' + offload moves 29.8 bytes per token and
 # dim (0.80 GB) per block and took 39.19 ms forward + backward, i.e. ~19.6 ms per direction = ~41 GB/s
-# (session 16, released block: the same 29.8 bytes in 36.80 ms).
+# (released block, 2026-12-01: the same 29.8 bytes in 36.80 ms).
 ACT_OFFLOAD_BYTES_PER_S = 41e9
 # Backward time / forward time of a block. adapter: MEASURED on the pre-release block (memory_calibrate.py,
 # eager block: (15.05 - 5.80) / 5.80 ms); full: DERIVED (weight grads double the backward's matmuls).
@@ -148,11 +149,11 @@ ACT_OFFLOAD_OVERHEAD_S = 0.5e-3
 HOST_GRAD_SUM_S_PER_PARAM = 0.3226e-9
 # A full fine-tune's streamed (trainable) block, per step. FITTED to the one row that ran it: catalog c0261
 # (11 blocks streamed, optimizer streamed, no grad offload) took 147 and 139 s for its first two steps under
-# a 24 GiB cap (session 6: KOHAKUMOSS_TUNE=off TRAIN_ROWS=full/auto/latent_text/cap24 .ci/gpu; the row
+# a 24 GiB cap (pre-release block: KOHAKUMOSS_TUNE=off TRAIN_ROWS=full/auto/latent_text/cap24 .ci/gpu; the row
 # timed out), ~60x its prediction. Not yet profiled: which part of streaming trainable weights costs this
 # is open; the term keeps `auto` off such plans until it is known.
 FULL_STREAM_BLOCK_S = 12.99
-# The optimizer update on the GPU per trained parameter. adamw: MEASURED (session 5 profile of the speed
+# The optimizer update on the GPU per trained parameter. adamw: MEASURED (a profile of the pre-release speed
 # row: torch's fused AdamW 0.953 ms per step for 99.4M LoRA parameters); muon: FITTED (above; Muon's
 # Newton-Schulz iterations on every weight matrix dominate a full fine-tune's update).
 GPU_OPT_S_PER_PARAM = {"adamw": 9.58e-12, "muon": 1.019e-10}

@@ -83,7 +83,7 @@ def _lowrank_cols_into(
 
 # rows: (rows per program, or -k: the rows shared evenly by k programs per SM; BK, stages, warps). Even
 # shares keep every SM equally busy where fixed tiles leave a short last wave (8704 rows: 136 x 64 on 132
-# SMs). The lists hold the fastest of scripts/bench/lowrank.py's sweep on the H200 (session 14), best first.
+# SMs). The lists hold the fastest of scripts/bench/lowrank.py's sweep on the H200 (2026-11-30), best first.
 ROWS_CONFIGS = [(-2, 128, 4, 4), (64, 128, 4, 4), (-2, 64, 6, 4), (-1, 128, 4, 8)]
 MAX_ROWS = 128  # rows of one rows_mm program (its [rows, BK] tile and [rows, r] accumulator)
 # cols: (BN, BM, warps, stages, programs per SM)
