@@ -132,6 +132,7 @@ KEEP_LAST = 3  # checkpoints kept (older ones deleted)
 RESUME = ""  # '' (fresh run), 'latest' or a checkpoint folder
 STOP_AT = 0  # stop this invocation at this step with a checkpoint (0: run to STEPS); resume later
 LOG_EVERY = 1  # metrics line every N steps
+LOGGERS = ["tensorboard"]  # trackers: tensorboard (events in RUN/tensorboard/), wandb (pip install wandb)
 SAMPLE_EVERY = 0  # sample grid every N steps (0: only at the end, if prompts are set)
 SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE
 SAMPLE_PROMPTS_FILE = (

@@ -43,6 +43,12 @@ def _exists_or_synthetic(value: str, knob: str) -> str | None:
     return f"path '{value}' does not exist"
 
 
+def _loggers(value: list) -> str | None:
+    from kohakumoss.train.tracking import loggers_problem  # imported when checked: a trainer module
+
+    return loggers_problem(value)
+
+
 ENCODER_KNOBS = [
     Knob(
         "TEXT_ENCODER",
@@ -286,6 +292,13 @@ TRAIN_KNOBS = [
         min=0,
     ),
     Knob("LOG_EVERY", 1, "metrics line every N steps", min=1),
+    Knob(
+        "LOGGERS",
+        ["tensorboard"],
+        "trackers: tensorboard (events in RUN/tensorboard/), wandb (pip install wandb)",
+        type=list,
+        check=_loggers,
+    ),
     Knob("SAMPLE_EVERY", 0, "sample grid every N steps (0: only at the end, if prompts are set)", min=0),
     Knob(
         "SAMPLE_PROMPTS",

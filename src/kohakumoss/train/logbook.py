@@ -1,4 +1,5 @@
-"""metrics.jsonl (one JSON line per logged step, appended and flushed) and a loss plot PNG."""
+"""metrics.jsonl (one JSON line per logged step, appended and flushed), forwarded to the run's trackers
+(TensorBoard, wandb: `tracking.py`), and a loss plot PNG."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from .tracking import Trackers
+
 
 class MetricsWriter:
     """Appends to runs/<name>/metrics.jsonl; on resume, lines past the resume step are dropped first."""
 
-    def __init__(self, path: str | Path, resume_step: int | None = None):
+    def __init__(self, path: str | Path, resume_step: int | None = None, trackers: Trackers | None = None):
         self.path = Path(path)
+        self.trackers = trackers
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.exists():
             kept = [line for line in self.read() if line.get("step", 0) <= resume_step]
@@ -24,6 +28,17 @@ class MetricsWriter:
     def write(self, record: dict) -> None:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=float) + "\n")
+        if self.trackers is not None:
+            self.trackers.scalars(record)
+
+    def image(self, tag: str, image: Image.Image, step: int) -> None:
+        """A picture (a sample grid) for the trackers; metrics.jsonl keeps numbers only."""
+        if self.trackers is not None:
+            self.trackers.image(tag, image, step)
+
+    def close(self) -> None:
+        if self.trackers is not None:
+            self.trackers.close()
 
     def read(self) -> list[dict]:
         if not self.path.exists():

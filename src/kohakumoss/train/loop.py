@@ -46,6 +46,7 @@ from .samples import draw_row, grid, load_row, sample_captions, save_row
 from .schedule import LRSchedule
 from .state import load_trainable_state, trainable_state
 from .step import draw_step_noise, flow_loss, to_device_batch
+from .tracking import Trackers
 from .validation import validation_loss
 
 log = get_logger(__name__)
@@ -284,7 +285,9 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         restore_rng(ckpt.rng)
         start = ckpt.step
         log.info(f"resumed from {resume_path} at step {start}")
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=start if resume_path is not None else None)
+    resume_step = start if resume_path is not None else None
+    trackers = Trackers(list(k["LOGGERS"]), run_dir, k, resume_step)  # TensorBoard / wandb beside the jsonl
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step, trackers=trackers)
 
     tcfg = TimestepConfig(
         mode=k["TIMESTEP_SAMPLING"],
@@ -420,7 +423,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                 metrics.write(record)
                 log.debug(str(record))
             if can_sample and k["SAMPLE_EVERY"] and step % int(k["SAMPLE_EVERY"]) == 0 and step < steps:
-                sample_grid(comps, k, base_row, samples_dir, step)
+                sample_grid(comps, k, base_row, samples_dir, step, metrics)
             if k["SAVE_EVERY"] and step % int(k["SAVE_EVERY"]) == 0 and step < steps:
                 path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
                 log.info(f"checkpoint {path}")
@@ -438,15 +441,23 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         log.info(f"stopped at step {step} (STOP_AT); continue with RESUME='latest'")
         return run_dir
     if can_sample:  # before the exports: their thumbnail is the last grid
-        sample_grid(comps, k, base_row, samples_dir, step)
+        sample_grid(comps, k, base_row, samples_dir, step, metrics)
     written = export_run(comps, tr, k, run_dir / "export")
     log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
     loss_plot(metrics.read(), run_dir / "loss.png")
+    metrics.close()
     log.info(f"done: {step} steps, {skipped} skipped; run folder {run_dir}")
     return run_dir
 
 
-def sample_grid(comps: Components, k: dict[str, Any], base_row, samples_dir: Path, step: int) -> Path:
+def sample_grid(
+    comps: Components,
+    k: dict[str, Any],
+    base_row,
+    samples_dir: Path,
+    step: int,
+    metrics: MetricsWriter | None = None,
+) -> Path:
     clear_tlora_mask()
     with comps.text_encoder.on_device(), comps.vae.on_device():
         row = draw_row(comps.backbone, comps.text_encoder, comps.vae, k, comps.device, comps.dtype)
@@ -454,5 +465,7 @@ def sample_grid(comps: Components, k: dict[str, Any], base_row, samples_dir: Pat
     image = grid([("base", base_row), (f"step {step}", row)], sample_captions(k))
     path = samples_dir / f"grid_{step_dirname(step)}.png"
     image.save(path)
+    if metrics is not None:
+        metrics.image("samples/grid", image, step)
     log.info(f"samples {path}")
     return path
