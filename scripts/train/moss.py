@@ -125,11 +125,12 @@ MAX_BAD_STEPS = 5  # stop after this many non-finite losses in a row
 
 # --- run, checkpoints, samples, exports --------------------------------------------------------
 SEED = 0  # seed of the plan, the sigmas and the noise
-RUN_NAME = "moss-lora"  # run folder name under RUNS_DIR
+RUN_NAME = "moss-lora"  # run folder name under RUNS_DIR (a plain name, no path)
 RUNS_DIR = "runs/moss"  # where runs are written
 SAVE_EVERY = 500  # checkpoint every N steps (0: only at the end)
 KEEP_LAST = 3  # checkpoints kept (older ones deleted)
 RESUME = ""  # '' (fresh run), 'latest' or a checkpoint folder
+RESUME_ALLOW_CHANGES = []  # knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, VAE are safe
 STOP_AT = 0  # stop this invocation at this step with a checkpoint (0: run to STEPS); resume later
 LOG_EVERY = 1  # metrics line every N steps
 LOGGERS = ["tensorboard"]  # trackers: tensorboard (events in RUN/tensorboard/), wandb (pip install wandb)

@@ -5,6 +5,7 @@ Loading is per tensor (`iter_tensors`), so a 5B model never needs a full fp32 co
 
 from __future__ import annotations
 
+import errno
 import glob
 import json
 import os
@@ -21,6 +22,44 @@ from safetensors.torch import save_file
 from .errors import CheckpointError
 
 INDEX_SUFFIX = ".safetensors.index.json"
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskSpaceError(CheckpointError):
+    """Not enough free space for a file or folder about to be written (or a disk that filled mid-write)."""
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def free_bytes(path: str | Path) -> int:
+    """Free bytes on the file system that holds `path` (its nearest existing parent)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def ensure_free_space(path: str | Path, needed: int) -> None:
+    """Raise DiskSpaceError (path, needed, free) when `needed` bytes would not fit where `path` goes."""
+    free = free_bytes(path)
+    if needed > free:
+        raise DiskSpaceError(path, f"not enough disk space: needs {_size(needed)}, {_size(free)} free")
+
+
+@contextmanager
+def disk_full_as_error(path: str | Path, needed: int) -> Iterator[None]:
+    """Turn a disk that fills during the block (ENOSPC, EDQUOT) into one DiskSpaceError line."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _DISK_FULL:
+            raise
+        raise DiskSpaceError(
+            path,
+            f"disk full while writing ({e.strerror}): needs {_size(needed)}, {_size(free_bytes(path))} free",
+        ) from e
 
 
 @contextmanager

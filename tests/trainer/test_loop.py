@@ -129,7 +129,7 @@ def test_memory_profiles_train_the_same_model(train_world, algo, profile, extra,
         **({"USE_MUON": False} if algo == "full" else {}),
     )
     name = request.node.callspec.id  # run folders of one world: one per case
-    plain = train(tiny_knobs(train_world, f"{algo}-plain", MEMORY_PROFILE="speed", **base))
+    plain = train(tiny_knobs(train_world, f"{name}-plain", MEMORY_PROFILE="speed", **base))
     small = train(tiny_knobs(train_world, name, MEMORY_PROFILE=profile, **{**base, **extra}))
     log = (small / "log.txt").read_text()
     assert f"memory plan: profile '{profile}'" in log and "weight streaming:" in log  # the engines ran

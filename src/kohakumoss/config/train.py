@@ -49,6 +49,12 @@ def _loggers(value: list) -> str | None:
     return loggers_problem(value)
 
 
+def _resume_rule(name: str, value: object) -> str | None:
+    from kohakumoss.train import resume  # imported when checked: the trainer's rules, one definition
+
+    return getattr(resume, name)(value)
+
+
 ENCODER_KNOBS = [
     Knob(
         "TEXT_ENCODER",
@@ -280,11 +286,23 @@ TRAIN_KNOBS = [
     Knob("MAX_BAD_STEPS", 5, "stop after this many non-finite losses in a row", min=1),
     # run, checkpoints, samples, exports
     Knob("SEED", 0, "seed of the plan, the sigmas and the noise"),
-    Knob("RUN_NAME", "moss-lora", "run folder name under RUNS_DIR"),
+    Knob(
+        "RUN_NAME",
+        "moss-lora",
+        "run folder name under RUNS_DIR (a plain name, no path)",
+        check=lambda v: _resume_rule("run_name_problem", v),
+    ),
     Knob("RUNS_DIR", "runs/moss", "where runs are written"),
     Knob("SAVE_EVERY", 500, "checkpoint every N steps (0: only at the end)", min=0),
     Knob("KEEP_LAST", 3, "checkpoints kept (older ones deleted)", min=1),
     Knob("RESUME", "", "'' (fresh run), 'latest' or a checkpoint folder"),
+    Knob(
+        "RESUME_ALLOW_CHANGES",
+        [],
+        "knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, VAE are safe",
+        type=list,
+        check=lambda v: _resume_rule("allow_changes_problem", v),
+    ),
     Knob(
         "STOP_AT",
         0,

@@ -11,7 +11,11 @@ checkpoint as the latest one. Only `step_<digits>` folders holding `meta.json` c
       rng.json, rng.safetensors  python / numpy / torch / cuda / named generator states
       data.json              the data plan position
       config.json            the run's config snapshot
-      meta.json              step, format, files; written last
+      meta.json              step, format, each file's size and sha256; written last
+
+Resume verifies a checkpoint against its meta (`verify_checkpoint`): 'latest' falls back to the newest
+one that verifies, naming the broken ones; a named checkpoint that fails is an error naming the file.
+Before writing, the free space is compared with the bytes the checkpoint will take.
 """
 
 from __future__ import annotations
@@ -27,12 +31,27 @@ from pathlib import Path
 import torch
 
 from kohakumoss_common.errors import CheckpointError
-from kohakumoss_common.io import atomic_dir, atomic_path, atomic_write_json, load_tensors, save_safetensors
+from kohakumoss_common.hashing import sha256_file
+from kohakumoss_common.io import (
+    atomic_dir,
+    atomic_path,
+    atomic_write_json,
+    disk_full_as_error,
+    ensure_free_space,
+    load_tensors,
+    save_safetensors,
+)
+from kohakumoss_common.log import get_logger
 
 from .rng import capture_rng, load_rng, save_rng
 
+log = get_logger(__name__)
+
 FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
+# what a crash during a save (atomic_dir's temporary or replaced folder) or a prune leaves behind
+_STALE = re.compile(r"^\.step_\d+\.(.+\.tmp|deleting|old)$")
+_SLACK = 1 << 20  # json files, headers and file-system overhead beside the tensors' bytes
 
 
 def step_dirname(step: int) -> str:
@@ -53,6 +72,26 @@ class Checkpoint:
     metadata: dict = field(default_factory=dict)
 
 
+def tensor_bytes(obj: object) -> int:
+    """Bytes of every tensor inside `obj` (nested dicts, lists and tuples)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def file_records(folder: Path) -> dict[str, dict]:
+    """{relative path: {size, sha256}} of every file under `folder`."""
+    return {
+        f.relative_to(folder).as_posix(): {"size": f.stat().st_size, "sha256": sha256_file(f)}
+        for f in sorted(folder.rglob("*"))
+        if f.is_file()
+    }
+
+
 def save_checkpoint(
     root: str | Path,
     step: int,
@@ -65,36 +104,71 @@ def save_checkpoint(
     metadata: dict | None = None,
     keep_last: int | None = None,
     write_extra: Callable[[Path], None] | None = None,
+    extra_bytes: int = 0,
 ) -> Path:
-    """Write `root/step_XXXXXXXX/` atomically and return its path; `write_extra(tmp_dir)` adds files (exports)."""
+    """Write `root/step_XXXXXXXX/` atomically and return its path; `write_extra(tmp_dir)` adds files (exports).
+
+    Refused (DiskSpaceError: path, needed, free) when the tensors plus `extra_bytes` (the extra files'
+    estimate) do not fit; a disk that fills mid-write raises the same error, its temporary folder removed.
+    """
     root = Path(root)
     path = root / step_dirname(step)
-    with atomic_dir(path) as tmp:
-        save_safetensors(trainable, tmp / "trainable.safetensors")
-        if optimizer_state is not None:
-            with atomic_path(tmp / "optimizer.pt") as f:
-                torch.save(optimizer_state, f)
-        ema_meta = None
-        if ema_state is not None:
-            save_safetensors(ema_state["shadow"], tmp / "ema.safetensors")
-            ema_meta = {k: v for k, v in ema_state.items() if k != "shadow"}
-        save_rng(capture_rng(generators), tmp)
-        atomic_write_json(tmp / "data.json", data_position or {})
-        atomic_write_json(tmp / "config.json", config or {})
-        if write_extra is not None:
-            write_extra(tmp)
-        meta = {
-            "format": FORMAT,
-            "step": step,
-            "time": time.time(),
-            "ema": ema_meta,
-            "has_optimizer": optimizer_state is not None,
-            **(metadata or {}),
-        }
-        atomic_write_json(tmp / "meta.json", meta)
+    needed = tensor_bytes([trainable, optimizer_state, ema_state]) + extra_bytes + _SLACK
+    ensure_free_space(path, needed)
+    with disk_full_as_error(path, needed), atomic_dir(path) as tmp:
+        _write_parts(
+            tmp,
+            step,
+            trainable,
+            optimizer_state,
+            ema_state,
+            generators,
+            data_position,
+            config,
+            metadata,
+            write_extra,
+        )
     if keep_last is not None:
         prune_checkpoints(root, keep_last)
     return path
+
+
+def _write_parts(
+    tmp: Path,
+    step: int,
+    trainable: dict[str, torch.Tensor],
+    optimizer_state: dict | None,
+    ema_state: dict | None,
+    generators: dict[str, torch.Generator] | None,
+    data_position: dict | None,
+    config: dict | None,
+    metadata: dict | None,
+    write_extra: Callable[[Path], None] | None,
+) -> None:
+    """Every file of a checkpoint into the temporary folder `tmp`, meta.json (with the files' records) last."""
+    save_safetensors(trainable, tmp / "trainable.safetensors")
+    if optimizer_state is not None:
+        with atomic_path(tmp / "optimizer.pt") as f, open(f, "wb") as fh:
+            torch.save(optimizer_state, fh)  # a file object: a full disk raises OSError(ENOSPC)
+    ema_meta = None
+    if ema_state is not None:
+        save_safetensors(ema_state["shadow"], tmp / "ema.safetensors")
+        ema_meta = {k: v for k, v in ema_state.items() if k != "shadow"}
+    save_rng(capture_rng(generators), tmp)
+    atomic_write_json(tmp / "data.json", data_position or {})
+    atomic_write_json(tmp / "config.json", config or {})
+    if write_extra is not None:
+        write_extra(tmp)
+    meta = {
+        "format": FORMAT,
+        "step": step,
+        "time": time.time(),
+        "ema": ema_meta,
+        "has_optimizer": optimizer_state is not None,
+        **(metadata or {}),
+        "files": file_records(tmp),
+    }
+    atomic_write_json(tmp / "meta.json", meta)
 
 
 def list_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
@@ -123,18 +197,77 @@ def prune_checkpoints(root: str | Path, keep_last: int) -> list[Path]:
     return removed
 
 
+def clean_stale(root: str | Path) -> list[Path]:
+    """Remove what a crash during a save or a prune left in `root` (`.step_*.tmp`, `.deleting`, `.old`)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    removed = [p for p in sorted(root.iterdir()) if _STALE.match(p.name)]
+    for p in removed:
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    return removed
+
+
+def verify_checkpoint(path: str | Path) -> str | None:
+    """Why the checkpoint folder `path` is broken (naming the file), or None when its files match meta.json.
+
+    A checkpoint written before meta recorded its files is checked for its files' presence only.
+    """
+    path = Path(path)
+    meta_file = path / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as e:
+        return f"{meta_file}: unreadable ({e})"
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        return f"{meta_file}: checkpoint format {meta.get('format') if isinstance(meta, dict) else '?'} is not {FORMAT}"
+    records = meta.get("files")
+    if records is None:
+        needed = ["trainable.safetensors", "rng.json", "data.json", "config.json"]
+        missing = [n for n in needed if not (path / n).is_file()]
+        return f"{path / missing[0]}: missing" if missing else None
+    for name, rec in records.items():
+        file = path / name
+        if not file.is_file():
+            return f"{file}: missing"
+        size = file.stat().st_size
+        if size != rec["size"]:
+            return f"{file}: {size} bytes, {rec['size']} written"
+        if sha256_file(file) != rec["sha256"]:
+            return f"{file}: checksum differs from the one written"
+    return None
+
+
 def resolve_checkpoint(root: str | Path, which: str | Path = "latest") -> Path | None:
-    """'latest' under `root` (None when there is none), or a given checkpoint folder / checkpoints root."""
+    """'latest' under `root`: the newest checkpoint that verifies (None when there is none), or a given
+    checkpoint folder / checkpoints root, which must verify (CheckpointError naming the broken file)."""
     if str(which) == "latest":
         found = list_checkpoints(root)
-        return found[-1][1] if found else None
+        broken = []
+        for _, p in reversed(found):
+            problem = verify_checkpoint(p)
+            if problem is None:
+                if broken:
+                    log.warning(f"resuming from {p}, the newest checkpoint that verifies")
+                return p
+            log.warning(f"checkpoint {p.name} is broken, skipped: {problem}")
+            broken.append(problem)
+        if broken:
+            raise CheckpointError(root, f"no checkpoint verifies ({'; '.join(broken)})")
+        return None
     path = Path(which)
-    if (path / "meta.json").is_file():
-        return path
-    found = list_checkpoints(path)
-    if not found:
-        raise CheckpointError(path, "not a checkpoint folder and holds no complete step_XXXXX checkpoint")
-    return found[-1][1]
+    if not (path / "meta.json").is_file():
+        found = list_checkpoints(path)
+        if not found:
+            raise CheckpointError(path, "not a checkpoint folder and holds no complete step_XXXXX checkpoint")
+        path = found[-1][1]
+    problem = verify_checkpoint(path)
+    if problem is not None:
+        raise CheckpointError(path, f"broken checkpoint: {problem}")
+    return path
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

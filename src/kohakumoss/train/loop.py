@@ -11,6 +11,7 @@ and the global RNG states travel in the checkpoint.
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import resource
@@ -29,10 +30,17 @@ from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
-from kohakumoss_common.io import atomic_write_json
+from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space
 from kohakumoss_common.log import add_file_log, get_logger
 
-from .checkpoint import load_checkpoint, resolve_checkpoint, save_checkpoint, step_dirname
+from .checkpoint import (
+    clean_stale,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+    step_dirname,
+    tensor_bytes,
+)
 from .collector import StepCollector
 from .components import Components, build_components
 from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
@@ -41,6 +49,7 @@ from .finite import arm_skip, skips_on_device
 from .graphs import StepGraphs, graph_refusal, resolve_graphs
 from .logbook import MetricsWriter, loss_plot
 from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
+from .resume import check_resume_knobs, check_run_folder
 from .rng import restore_rng
 from .samples import draw_row, grid, load_row, sample_captions, save_row
 from .schedule import LRSchedule
@@ -164,6 +173,14 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: process peak RSS
 
 
+def export_bytes(comps: Components, tr: Trainable, k: dict[str, Any]) -> int:
+    """An upper estimate of what `export_run` writes: adapter files at their stored size, merged models in bf16."""
+    adapter = 2 * tensor_bytes(trainable_state(tr.module)) if tr.network is not None else 0
+    backbone = sum(p.numel() for p in comps.backbone.parameters()) * 2
+    merged = (bool(k["SAVE_MERGED"]) or tr.network is None) + bool(k["SAVE_DIFFUSERS"])
+    return adapter + merged * backbone
+
+
 def export_run(
     comps: Components, tr: Trainable, k: dict[str, Any], folder: Path, step: int | None = None
 ) -> dict[str, Path]:
@@ -212,21 +229,37 @@ def save_run_checkpoint(
         config=k,
         keep_last=int(k["KEEP_LAST"]),
         write_extra=lambda tmp: export_run(comps, tr, k, tmp / "export", step),
+        extra_bytes=export_bytes(comps, tr, k),
     )
+
+
+def export_final(comps: Components, tr: Trainable, k: dict[str, Any], folder: Path) -> dict[str, Path]:
+    """The run's exports, refused (path, needed, free) when they would not fit on the disk."""
+    needed = export_bytes(comps, tr, k)
+    ensure_free_space(folder, needed)
+    with disk_full_as_error(folder, needed):
+        return export_run(comps, tr, k, folder)
 
 
 def train(k: dict[str, Any]) -> Path:
     """Run training as the (validated) knobs say; returns the run folder."""
     run_dir = Path(k["RUNS_DIR"]) / k["RUN_NAME"]
     ckpt_root = run_dir / "checkpoints"
-    resume_path = resume_point(k, ckpt_root)
+    check_run_folder(k, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     handler = add_file_log(run_dir / "log.txt")
     try:
+        for stale in clean_stale(ckpt_root):
+            log.info(f"removed {stale.name}, left in {ckpt_root} by an interrupted save or prune")
+        resume_path = resume_point(k, ckpt_root)
+        if resume_path is not None:  # before any weight is loaded
+            for change in check_resume_knobs(k, resume_path):
+                log.info(f"resume: {change} (RESUME_ALLOW_CHANGES)")
         return _train(k, run_dir, ckpt_root, resume_path)
+    except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
+        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, f"stopped: {e}", None, None))
+        raise
     finally:
-        import logging
-
         logging.getLogger("kohakumoss").removeHandler(handler)
         handler.close()
 
@@ -442,7 +475,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         return run_dir
     if can_sample:  # before the exports: their thumbnail is the last grid
         sample_grid(comps, k, base_row, samples_dir, step, metrics)
-    written = export_run(comps, tr, k, run_dir / "export")
+    written = export_final(comps, tr, k, run_dir / "export")
     log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
     loss_plot(metrics.read(), run_dir / "loss.png")
     metrics.close()

@@ -1,0 +1,163 @@
+"""The trainer under faults and odd input: reused run folders, changed knobs, broken checkpoints, stale
+temporary folders, a full disk. Each case was reproduced on the tiny model before the guard existed."""
+
+from __future__ import annotations
+
+import errno
+import json
+from pathlib import Path
+
+import pytest
+
+from kohakumoss.train import checkpoint as ckpt_mod
+from kohakumoss.train import loop
+from kohakumoss.train.checkpoint import list_checkpoints, verify_checkpoint
+from kohakumoss.train.loop import train
+from kohakumoss_common import io
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.io import DiskSpaceError
+
+from .conftest import tiny_knobs
+
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_dir(world: dict, name: str) -> Path:
+    return Path(world["root"]) / "runs" / name
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_fresh_run_into_a_used_run_folder_is_refused_before_any_work(train_world):
+    train(tiny_knobs(train_world, "reused", STEPS=2))
+    before = snapshot(run_dir(train_world, "reused"))
+    with pytest.raises(ConfigError, match=r"RUN_NAME: .*RESUME='latest'.*another RUN_NAME"):
+        train(tiny_knobs(train_world, "reused", STEPS=2))
+    assert snapshot(run_dir(train_world, "reused")) == before  # not a byte written, the log included
+
+
+@pytest.mark.parametrize("name", ["../escaped", "/tmp/absolute-run", "a/b", ".."])
+def test_run_name_must_be_a_plain_name(train_world, name):
+    with pytest.raises(ConfigError, match="RUN_NAME"):
+        tiny_knobs(train_world, name)
+    k = tiny_knobs(train_world, "plain")
+    k["RUN_NAME"] = name  # the trainer checks too (knobs that skipped the schema)
+    with pytest.raises(ConfigError, match="RUN_NAME"):
+        train(k)
+    assert not (Path(train_world["root"]) / "escaped").exists()
+
+
+def test_resume_refuses_changed_knobs_by_name_before_loading_weights(train_world, monkeypatch):
+    train(tiny_knobs(train_world, "knobs", STEPS=4, STOP_AT=2))
+    loaded = []
+    monkeypatch.setattr(loop, "load_trainable_state", lambda *a: loaded.append(a))
+    with pytest.raises(ConfigError, match=r"ALPHA 4\.0 -> 8\.0, GRAD_ACCUM 1 -> 2") as e:
+        train(tiny_knobs(train_world, "knobs", STEPS=4, RESUME="latest", ALPHA=8.0, GRAD_ACCUM=2))
+    assert "RESUME_ALLOW_CHANGES" not in str(e.value)  # neither is safe to allow
+    for change in ({"BYPASS": True}, {"PRECISION": "bf16"}, {"SEED": 1}, {"TOKENS_PER_STEP": 200}):
+        with pytest.raises(ConfigError, match=f"{next(iter(change))} "):
+            train(tiny_knobs(train_world, "knobs", STEPS=4, RESUME="latest", **change))
+    with pytest.raises(ConfigError, match=r"LR 0\.001 -> 0\.002.*RESUME_ALLOW_CHANGES"):
+        train(tiny_knobs(train_world, "knobs", STEPS=4, RESUME="latest", LR=2e-3))
+    assert loaded == []
+    with pytest.raises(ConfigError, match=r"RESUME_ALLOW_CHANGES: .*\['ALPHA'\] change the trained function"):
+        tiny_knobs(train_world, "knobs", RESUME_ALLOW_CHANGES=["ALPHA"])
+    monkeypatch.undo()
+    run = train(
+        tiny_knobs(train_world, "knobs", STEPS=4, RESUME="latest", LR=2e-3, RESUME_ALLOW_CHANGES=["LR"])
+    )
+    assert "resume: LR 0.001 -> 0.002 (RESUME_ALLOW_CHANGES)" in (run / "log.txt").read_text()
+    assert len(losses(run)) == 4
+
+
+@pytest.mark.parametrize("fault", ["truncated", "flipped", "missing"])
+def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(train_world, fault):
+    knobs = dict(STEPS=6, SAVE_EVERY=2, KEEP_LAST=5)
+    straight = losses(train(tiny_knobs(train_world, f"verify-{fault}-straight", **knobs)))
+    name = f"verify-{fault}"
+    run = train(tiny_knobs(train_world, name, **knobs, STOP_AT=4))
+    newest = list_checkpoints(run / "checkpoints")[-1][1]
+    assert newest.name == "step_00000004" and verify_checkpoint(newest) is None
+    victim = newest / "optimizer.pt"
+    data = victim.read_bytes()
+    if fault == "truncated":
+        victim.write_bytes(data[: len(data) // 2])
+    elif fault == "flipped":  # same size, one byte changed: only the checksum sees it
+        victim.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    else:
+        victim.unlink()
+    assert str(victim) in verify_checkpoint(newest)
+    with pytest.raises(ConfigError, match=f"RESUME: {newest}.*{victim.name}"):  # named: an error
+        train(tiny_knobs(train_world, name, **knobs, RESUME=str(newest)))
+    run = train(tiny_knobs(train_world, name, **knobs, RESUME="latest"))
+    log = (run / "log.txt").read_text()
+    assert f"checkpoint step_00000004 is broken, skipped: {victim}" in log
+    assert "resumed from" in log and "step_00000002 at step 2" in log
+    assert losses(run) == straight  # steps 3 and 4 trained again, bit for bit
+
+
+def test_stale_temporary_folders_are_removed_at_the_next_start(train_world):
+    run = train(tiny_knobs(train_world, "stale", STEPS=4, STOP_AT=2))
+    root = run / "checkpoints"
+    stale = [
+        root / ".step_00000004.k3j2_x.tmp",
+        root / ".step_00000001.deleting",
+        root / ".step_00000002.old",
+    ]
+    for p in stale:
+        (p / "export").mkdir(parents=True)
+        (p / "trainable.safetensors").write_bytes(b"half")
+    train(tiny_knobs(train_world, "stale", STEPS=4, RESUME="latest"))
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000002", "step_00000004"]
+    log = (run / "log.txt").read_text()
+    for p in stale:
+        assert f"removed {p.name}, left in {root} by an interrupted save or prune" in log
+
+
+def test_a_checkpoint_that_would_not_fit_is_refused_and_the_previous_one_kept(train_world, monkeypatch):
+    run = train(tiny_knobs(train_world, "nospace", STEPS=4, STOP_AT=2))
+    before = snapshot(run / "checkpoints")
+    monkeypatch.setattr(io, "free_bytes", lambda path: 4096)
+    with pytest.raises(
+        DiskSpaceError, match=r"step_00000004: not enough disk space: needs .* MiB, 0\.0 MiB free"
+    ):
+        train(tiny_knobs(train_world, "nospace", STEPS=4, RESUME="latest"))
+    assert snapshot(run / "checkpoints") == before
+    assert "stopped: " in (run / "log.txt").read_text().splitlines()[-1]
+    assert "not enough disk space" in (run / "log.txt").read_text().splitlines()[-1]
+
+
+def test_a_disk_that_fills_during_a_checkpoint_gives_one_line_and_loses_nothing(train_world, monkeypatch):
+    run = train(tiny_knobs(train_world, "diskfull", STEPS=4, STOP_AT=2))
+    before = snapshot(run / "checkpoints")
+    real = ckpt_mod.save_rng
+
+    def full(state, folder):
+        real(state, folder)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ckpt_mod, "save_rng", full)
+    with pytest.raises(DiskSpaceError) as e:
+        train(tiny_knobs(train_world, "diskfull", STEPS=4, RESUME="latest"))
+    line = str(e.value)
+    assert "\n" not in line and "step_00000004: disk full while writing (No space left on device)" in line
+    assert "needs" in line and "free" in line
+    assert snapshot(run / "checkpoints") == before  # the temporary folder gone, step 2 as it was
+    assert (run / "log.txt").read_text().splitlines()[-1].endswith(f"stopped: {line}")
+
+
+def test_the_final_export_is_refused_when_it_would_not_fit(train_world, monkeypatch):
+    real = loop.save_run_checkpoint
+    monkeypatch.setattr(
+        loop,
+        "save_run_checkpoint",
+        lambda *a: (real(*a), monkeypatch.setattr(io, "free_bytes", lambda path: 0))[0],
+    )
+    with pytest.raises(DiskSpaceError, match=r"export: not enough disk space"):
+        train(tiny_knobs(train_world, "noexport", STEPS=2))
+    run = run_dir(train_world, "noexport")
+    assert not (run / "export").exists() and verify_checkpoint(run / "checkpoints" / "step_00000002") is None
