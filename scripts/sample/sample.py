@@ -56,6 +56,7 @@ def run(k: dict) -> None:
     from kohakumoss.diffusion.sample_run import (
         attach_adapters,
         longest_prompt_tokens,
+        read_prompts,
         sample_images,
         sampler_config,
     )
@@ -75,6 +76,7 @@ def run(k: dict) -> None:
     )
 
     sampler_config(k, model_config(k).depth)  # bad sampler knobs stop here, before anything loads
+    read_prompts(k)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
     device, dtype = resolve_device(k["DEVICE"]), PRECISION_DTYPES[k["PRECISION"]]
     text_tokens = None  # priced at MAX_TEXT_TOKENS unless the prompts can be counted (a real tokenizer)
     if k["TEXT_ENCODER"] and k["TEXT_ENCODER"] != "synthetic":

@@ -106,3 +106,15 @@ def test_generate_samples_each_request_with_its_own_steps_and_cfg(tmp_path):
         assert (pixels(alone) - pixels(im)).abs().max() <= 2
     default = generate(model, te, vae, [GenerationRequest(prompts[1], 2, 32, 32)], base, cfg.in_channels)[0]
     assert (pixels(default) - pixels(got[1])).abs().max() > 2  # the line's settings changed the picture
+
+
+def test_sample_script_refuses_a_bad_prompt_before_loading(capsys):
+    import runpy
+    from pathlib import Path
+
+    from kohakumoss.config.knobs import run_checked
+
+    ns = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts/sample/sample.py"), run_name="t")
+    knobs = {**ns, "PROMPT": "a cat --ar 16:9", "MODEL_PRESET": "tiny", "UNCOND_SKIP_LAYERS": [1]}
+    assert run_checked(SAMPLE_SCHEMA, knobs, ns["run"], "sample.py") == 2
+    assert "PROMPT: PROMPT: unknown flag --ar" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -89,3 +90,28 @@ def test_resume_purges_the_steps_written_again(tmp_path):
     purges = [e.step for e in events if e.HasField("session_log") and e.session_log.status == 1]  # START
     assert purges == [2]  # TensorBoard drops earlier events at step >= 2 from the first file
     assert scalars(events)["train/loss"][2] == 20.0 and "train/bad" not in scalars(events)
+
+
+def test_wandb_gets_the_same_scalars_and_grids(tmp_path, monkeypatch):
+    logged, calls = [], {}
+
+    class Run:
+        def log(self, values, step):
+            logged.append((step, values))
+
+        def finish(self):
+            calls["finished"] = True
+
+    def init(**kwargs):
+        calls["init"] = kwargs
+        return Run()
+
+    fake = types.SimpleNamespace(init=init, Image=lambda im: ("image", im.size))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    trackers = Trackers(["wandb"], tmp_path / "run", {"LR": 1e-4, "lowercase": 1})
+    trackers.scalars({"step": 3, "loss": 0.5, "val_loss": 0.25, "flag": True})
+    trackers.image("samples/grid", Image.new("RGB", (8, 4)), 3)
+    trackers.close()
+    assert calls["init"]["name"] == "run" and calls["init"]["config"] == {"LR": 1e-4}
+    assert logged == [(3, {"train/loss": 0.5, "val/loss": 0.25}), (3, {"samples/grid": ("image", (8, 4))})]
+    assert calls["finished"] and not (tmp_path / "run" / "tensorboard").exists()
