@@ -118,3 +118,19 @@ def test_sample_script_refuses_a_bad_prompt_before_loading(capsys):
     knobs = {**ns, "PROMPT": "a cat --ar 16:9", "MODEL_PRESET": "tiny", "UNCOND_SKIP_LAYERS": [1]}
     assert run_checked(SAMPLE_SCHEMA, knobs, ns["run"], "sample.py") == 2
     assert "PROMPT: PROMPT: unknown flag --ar" in capsys.readouterr().err
+
+
+def test_train_schema_checks_sample_prompts_and_their_file(tmp_path):
+    from kohakumoss.config.train import TRAIN_SCHEMA
+
+    base = TRAIN_SCHEMA.defaults()
+    with pytest.raises(Exception, match=r"SAMPLE_PROMPTS\[1\]: unknown flag --q"):
+        TRAIN_SCHEMA.validate({**base, "SAMPLE_PROMPTS": ["fine --w 64", "cat --q 1"]})
+    path = tmp_path / "p.txt"
+    path.write_text("# only a comment\n")
+    with pytest.raises(Exception, match=r"SAMPLE_PROMPTS_FILE: .*has no prompts"):
+        TRAIN_SCHEMA.validate({**base, "SAMPLE_PROMPTS_FILE": str(path)})
+    path.write_text("fine --w 64 --n soft, blurry\n")
+    assert TRAIN_SCHEMA.validate({**base, "SAMPLE_PROMPTS_FILE": str(path)})["SAMPLE_PROMPTS_FILE"] == str(
+        path
+    )

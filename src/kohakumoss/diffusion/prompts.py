@@ -95,8 +95,8 @@ def prompt_list_problem(prompts: list, knob: str) -> str | None:
     try:
         for i, p in enumerate(prompts):
             if not isinstance(p, str):
-                return f"entry {i} is not a string: {p!r}"
-            parse_prompt_line(p, f"entry {i}", knob)
+                return f"{knob}[{i}] is not a string: {p!r}"
+            parse_prompt_line(p, f"{knob}[{i}]", knob)
     except ConfigError as e:
         return str(e).removeprefix(f"{knob}: ")
     return None
