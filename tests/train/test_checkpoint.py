@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 
 import numpy as np
@@ -105,3 +106,85 @@ def test_older_five_digit_folders_still_count_by_step(tmp_path):
     _save(tmp_path, 20, 2.0)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [20, 100]
     assert resolve_checkpoint(tmp_path, "latest") == old
+
+
+def test_meta_records_every_file_and_verify_names_the_broken_one(tmp_path):
+    from kohakumoss.train.checkpoint import verify_checkpoint
+
+    path = _save(
+        tmp_path,
+        1,
+        write_extra=lambda tmp: (tmp / "export").mkdir() or (tmp / "export" / "a.bin").write_bytes(b"x" * 9),
+    )
+    meta = json.loads((path / "meta.json").read_text())
+    assert sorted(meta["files"]) == sorted(
+        p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "meta.json"
+    )
+    assert meta["files"]["export/a.bin"]["size"] == 9 and verify_checkpoint(path) is None
+    (path / "export" / "a.bin").write_bytes(b"y" * 9)
+    assert verify_checkpoint(path) == f"{path / 'export' / 'a.bin'}: checksum differs from the one written"
+    with pytest.raises(CheckpointError, match="a.bin: checksum differs"):
+        resolve_checkpoint(tmp_path, path)
+
+
+def test_latest_skips_a_broken_newest_and_refuses_when_none_verifies(tmp_path, caplog):
+    good, bad = _save(tmp_path, 1), _save(tmp_path, 2)
+    (bad / "trainable.safetensors").write_bytes((bad / "trainable.safetensors").read_bytes()[:50])
+    with caplog.at_level("WARNING", logger="kohakumoss"):
+        assert resolve_checkpoint(tmp_path) == good
+    assert f"checkpoint step_00000002 is broken, skipped: {bad / 'trainable.safetensors'}: " in caplog.text
+    (good / "meta.json").write_text("{")
+    with pytest.raises(CheckpointError, match="no checkpoint verifies"):
+        resolve_checkpoint(tmp_path)
+
+
+def test_a_cut_file_is_named_when_loaded_without_verifying(tmp_path):
+    path = _save(tmp_path, 1)
+    (path / "optimizer.pt").write_bytes((path / "optimizer.pt").read_bytes()[:40])
+    with pytest.raises(CheckpointError, match=r"optimizer\.pt: unreadable"):
+        load_checkpoint(path)
+
+
+def test_stale_temporary_folders_are_cleaned(tmp_path):
+    from kohakumoss.train.checkpoint import clean_stale
+
+    keep = _save(tmp_path, 1)
+    stale = [
+        tmp_path / ".step_00000002.ab12.tmp",
+        tmp_path / ".step_00000001.deleting",
+        tmp_path / ".step_00000001.old",
+    ]
+    for p in stale:
+        p.mkdir()
+        (p / "f").write_text("x")
+    (tmp_path / ".notes.tmp").write_text("not ours")
+    assert clean_stale(tmp_path) == sorted(stale)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".notes.tmp", keep.name]
+
+
+def test_save_refused_when_the_disk_is_short_and_cleaned_when_it_fills(tmp_path, monkeypatch):
+    import errno
+
+    from kohakumoss.train import checkpoint as ckpt_mod
+    from kohakumoss_common import io
+    from kohakumoss_common.io import DiskSpaceError
+
+    first = _save(tmp_path, 1)
+    before = {p: p.read_bytes() for p in first.rglob("*") if p.is_file()}
+    monkeypatch.setattr(io, "free_bytes", lambda path: 1000)
+    with pytest.raises(
+        DiskSpaceError, match=r"step_00000002: not enough disk space: needs 1\.0 MiB, 0\.0 MiB free"
+    ):
+        _save(tmp_path, 2)
+    monkeypatch.undo()
+
+    def fill(tmp):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(DiskSpaceError, match="step_00000002: disk full while writing"):
+        _save(tmp_path, 2, write_extra=fill)
+    monkeypatch.setattr(ckpt_mod, "save_rng", lambda *a: fill(None))
+    with pytest.raises(DiskSpaceError):
+        _save(tmp_path, 1)  # over an existing checkpoint: the old one stays
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
+    assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -271,28 +272,41 @@ def resolve_checkpoint(root: str | Path, which: str | Path = "latest") -> Path |
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read every part of a complete checkpoint folder (tensors on the CPU)."""
+    """Read every part of a complete checkpoint folder (tensors on the CPU); a part that cannot be read
+    is a CheckpointError naming its file."""
     path = Path(path)
     meta_file = path / "meta.json"
     if not meta_file.is_file():
         raise CheckpointError(path, "incomplete checkpoint (no meta.json)")
-    meta = json.loads(meta_file.read_text())
+    meta = _read(meta_file, lambda f: json.loads(f.read_text()))
     if meta.get("format") != FORMAT:
         raise CheckpointError(path, f"checkpoint format {meta.get('format')} is not {FORMAT}")
     optimizer = None
     if meta.get("has_optimizer"):
-        optimizer = torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True)
+        optimizer = _read(
+            path / "optimizer.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)
+        )
     ema = None
     if meta.get("ema") is not None:
-        ema = {**meta["ema"], "shadow": load_tensors(path / "ema.safetensors")}
+        ema = {**meta["ema"], "shadow": _read(path / "ema.safetensors", load_tensors)}
     return Checkpoint(
         path=path,
         step=int(meta["step"]),
-        trainable=load_tensors(path / "trainable.safetensors"),
+        trainable=_read(path / "trainable.safetensors", load_tensors),
         optimizer=optimizer,
         ema=ema,
-        rng=load_rng(path),
-        data_position=json.loads((path / "data.json").read_text()),
-        config=json.loads((path / "config.json").read_text()),
+        rng=_read(path / "rng.json", lambda f: load_rng(f.parent)),
+        data_position=_read(path / "data.json", lambda f: json.loads(f.read_text())),
+        config=_read(path / "config.json", lambda f: json.loads(f.read_text())),
         metadata=meta,
     )
+
+
+def _read(file: Path, reader: Callable[[Path], Any]) -> Any:
+    try:
+        return reader(file)
+    except CheckpointError:
+        raise
+    except Exception as e:  # torch, safetensors and json each raise their own types for a cut file
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise CheckpointError(file, f"unreadable ({type(e).__name__}: {first})") from e
