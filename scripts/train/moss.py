@@ -4,8 +4,8 @@
 
 Every setting is a module-level knob below; a config file or --set overrides any of them. The knobs
 are checked (names, types, ranges, paths) before any work starts: kohakumoss.config.train has the
-schema. The run writes RUNS_DIR/RUN_NAME/: log.txt, metrics.jsonl, loss.png, samples/,
-checkpoints/step_XXXXX/ (each with export/) and export/.
+schema. The run writes RUNS_DIR/RUN_NAME/: log.txt, metrics.jsonl, tensorboard/ (LOGGERS), loss.png,
+samples/, checkpoints/step_XXXXX/ (each with export/) and export/.
 """
 
 import sys
