@@ -119,6 +119,21 @@ def save_safetensors(
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     with atomic_path(path) as tmp:
         save_file(cpu, str(tmp), metadata=metadata)
+        _check_written_size(tmp, path)
+
+
+def _check_written_size(tmp: Path, path: str | Path) -> None:
+    """A safetensors file must be as long as its header says (a full disk can cut it without an error)."""
+    with open(tmp, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n) or b"{}")
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    expected, size = 8 + n + max(ends, default=0), tmp.stat().st_size
+    if size != expected:
+        raise DiskSpaceError(
+            path,
+            f"written file is {size} bytes, its header says {expected} (disk full?): {_size(free_bytes(path))} free",
+        )
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -188,3 +188,23 @@ def test_save_refused_when_the_disk_is_short_and_cleaned_when_it_fills(tmp_path,
         _save(tmp_path, 1)  # over an existing checkpoint: the old one stays
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
     assert {p: p.read_bytes() for p in first.rglob("*") if p.is_file()} == before
+
+
+def test_a_safetensors_file_cut_by_a_full_disk_is_caught_at_the_save(tmp_path, monkeypatch):
+    from kohakumoss_common import io
+    from kohakumoss_common.io import DiskSpaceError
+
+    first = _save(tmp_path, 1)
+    real = io.save_file
+
+    def cut(tensors, filename, metadata=None):  # a writer that stops early without an error
+        real(tensors, filename, metadata=metadata)
+        with open(filename, "r+b") as f:
+            f.truncate(f.seek(0, 2) - 16)
+
+    monkeypatch.setattr(io, "save_file", cut)
+    with pytest.raises(
+        DiskSpaceError, match=r"trainable\.safetensors: written file is \d+ bytes, its header says"
+    ):
+        _save(tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
