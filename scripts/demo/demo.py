@@ -124,7 +124,8 @@ def run(k: dict) -> dict[str, dict[str, float]]:
             SAMPLE_PROMPTS=captions,
             SAMPLE_SEEDS=[1, 2, 3, 4],
             SAMPLE_STEPS=int(k["SAMPLE_STEPS"]),
-            SAMPLE_CFG=1.0,
+            SAMPLE_CFG=3.0,  # the released default; the unconditional branch is the template alone
+            SAMPLE_SHIFT=1.0,  # the schedule the demo trains on (TIMESTEP_SHIFT none)
             SAMPLE_WIDTH=128,
             SAMPLE_HEIGHT=128,
         ),

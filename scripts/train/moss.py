@@ -143,6 +143,7 @@ SAMPLE_SEEDS = []  # one seed per prompt (default: 0, 1, 2, ...)
 SAMPLE_NEGATIVE = ""  # negative prompt of the samples
 SAMPLE_STEPS = 20  # sampler steps
 SAMPLE_CFG = 3.0  # classifier-free guidance scale
+SAMPLE_SHIFT = 5.0  # sampler schedule shift (5: as released)
 SAMPLE_WIDTH = 1024  # sample width in px (multiple of 16)
 SAMPLE_HEIGHT = 1024  # sample height in px (multiple of 16)
 SAVE_FORMAT = "comfy"  # comfy: the ComfyUI LoRA; hf: the LyCORIS file; both

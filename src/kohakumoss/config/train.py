@@ -43,16 +43,16 @@ def _exists_or_synthetic(value: str, knob: str) -> str | None:
     return f"path '{value}' does not exist"
 
 
-def _loggers(value: list) -> str | None:
-    from kohakumoss.train.tracking import loggers_problem  # imported when checked: a trainer module
-
-    return loggers_problem(value)
-
-
 def _resume_rule(name: str, value: object) -> str | None:
     from kohakumoss.train import resume  # imported when checked: the trainer's rules, one definition
 
     return getattr(resume, name)(value)
+
+
+def _loggers(value: list) -> str | None:
+    from kohakumoss.train.tracking import loggers_problem  # imported when checked: a trainer module
+
+    return loggers_problem(value)
 
 
 ENCODER_KNOBS = [
@@ -336,6 +336,7 @@ TRAIN_KNOBS = [
     Knob("SAMPLE_NEGATIVE", "", "negative prompt of the samples"),
     Knob("SAMPLE_STEPS", 20, "sampler steps", min=1),
     Knob("SAMPLE_CFG", 3.0, "classifier-free guidance scale", min=0.0),
+    Knob("SAMPLE_SHIFT", 5.0, "sampler schedule shift (5: as released)", min=0.0),
     Knob("SAMPLE_WIDTH", 1024, "sample width in px (multiple of 16)", min=16),
     Knob("SAMPLE_HEIGHT", 1024, "sample height in px (multiple of 16)", min=16),
     Knob("SAVE_FORMAT", "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS),

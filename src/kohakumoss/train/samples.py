@@ -45,10 +45,12 @@ def sample_requests(k: dict) -> list[GenerationRequest]:
 
 
 def sampler_config(k: dict, depth: int) -> SamplerConfig:
-    """The released sampler at SAMPLE_STEPS / SAMPLE_CFG; the uncond branch skips block 22 where it exists."""
+    """The released sampler at SAMPLE_STEPS / SAMPLE_CFG / SAMPLE_SHIFT; the uncond branch skips block 22
+    where it exists."""
     return SamplerConfig(
         steps=int(k["SAMPLE_STEPS"]),
         cfg_scale=float(k["SAMPLE_CFG"]),
+        shift=float(k["SAMPLE_SHIFT"]),
         uncond_skip_layers=released_uncond_skip_layers(depth),
     )
 
