@@ -62,6 +62,19 @@ def disk_full_as_error(path: str | Path, needed: int) -> Iterator[None]:
         ) from e
 
 
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (os.umask sets it to read it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path` in one rename."""
@@ -72,6 +85,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        tmp_path.chmod(0o666 & ~_umask())  # mkstemp's 0600 (or a writer's own) would outlive the rename
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():
@@ -96,6 +110,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would outlive the rename
     try:
         yield tmp
         if path.exists():

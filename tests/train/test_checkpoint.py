@@ -208,3 +208,18 @@ def test_a_safetensors_file_cut_by_a_full_disk_is_caught_at_the_save(tmp_path, m
     ):
         _save(tmp_path, 2)
     assert sorted(p.name for p in tmp_path.iterdir()) == [first.name]
+
+
+@pytest.mark.parametrize("umask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_checkpoints_are_written_with_the_umask_permissions(tmp_path, umask, file_mode, dir_mode):
+    import os
+    import stat
+
+    before = os.umask(umask)
+    try:
+        path = _save(tmp_path, 1)
+    finally:
+        os.umask(before)
+    assert stat.S_IMODE(path.stat().st_mode) == dir_mode
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()}
+    assert modes and all(m == file_mode for m in modes.values()), modes

@@ -161,3 +161,14 @@ def test_the_final_export_is_refused_when_it_would_not_fit(train_world, monkeypa
         train(tiny_knobs(train_world, "noexport", STEPS=2))
     run = run_dir(train_world, "noexport")
     assert not (run / "export").exists() and verify_checkpoint(run / "checkpoints" / "step_00000002") is None
+
+
+def test_an_unexpected_error_is_recorded_in_the_log(train_world, monkeypatch):
+    def boom(*a, **kw):
+        raise RuntimeError("boom in the step")
+
+    monkeypatch.setattr(loop, "flow_loss", boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(tiny_knobs(train_world, "boom", STEPS=2))
+    last = (run_dir(train_world, "boom") / "log.txt").read_text().splitlines()[-1]
+    assert last.endswith("stopped by RuntimeError: boom in the step")

@@ -259,6 +259,10 @@ def train(k: dict[str, Any]) -> Path:
     except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
         handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, f"stopped: {e}", None, None))
         raise
+    except Exception as e:  # a bug or a library's error: its traceback goes to the console
+        why = f"stopped by {type(e).__name__}: {e}"
+        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, why, None, None))
+        raise
     finally:
         logging.getLogger("kohakumoss").removeHandler(handler)
         handler.close()
