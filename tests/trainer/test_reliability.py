@@ -172,3 +172,18 @@ def test_an_unexpected_error_is_recorded_in_the_log(train_world, monkeypatch):
         train(tiny_knobs(train_world, "boom", STEPS=2))
     last = (run_dir(train_world, "boom") / "log.txt").read_text().splitlines()[-1]
     assert last.endswith("stopped by RuntimeError: boom in the step")
+
+
+def test_a_run_that_failed_during_setup_may_start_again_in_its_folder(train_world, monkeypatch):
+    def no_data(*a, **kw):
+        raise loop.DataError("no data here")
+
+    monkeypatch.setattr(loop, "open_run_data", no_data)
+    with pytest.raises(loop.DataError):
+        train(tiny_knobs(train_world, "setup-failed", STEPS=1))
+    assert sorted(p.name for p in run_dir(train_world, "setup-failed").iterdir()) == [
+        "config.json",
+        "log.txt",
+    ]
+    monkeypatch.undo()
+    assert len(losses(train(tiny_knobs(train_world, "setup-failed", STEPS=1)))) == 1

@@ -77,8 +77,9 @@ RESUME_SAFE = (
     "EMA_WARMUP",
     "EMA_EVERY",
 )
-# files a run writes into its folder: their presence marks the folder as a previous run's
-_RUN_FILES = ("config.json", "metrics.jsonl", "checkpoints", "export")
+# what a run that trained writes into its folder (a run that failed during setup leaves only config.json
+# and log.txt: the fixed command may then start fresh in the same folder)
+_RUN_FILES = ("metrics.jsonl", "checkpoints", "export")
 
 
 def run_name_problem(name: str) -> str | None:
