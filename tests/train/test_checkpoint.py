@@ -223,3 +223,21 @@ def test_checkpoints_are_written_with_the_umask_permissions(tmp_path, umask, fil
     assert stat.S_IMODE(path.stat().st_mode) == dir_mode
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in path.iterdir()}
     assert modes and all(m == file_mode for m in modes.values()), modes
+
+
+def test_checkpoints_past_the_resumed_step_are_set_aside(tmp_path):
+    from kohakumoss.train.checkpoint import set_aside_later
+
+    for step in (1, 2, 3):
+        _save(tmp_path, step, keep_last=2)
+    (tmp_path / "step_00000003" / "config.json").write_text("{}")
+    moved = set_aside_later(tmp_path, 1)
+    assert [p.name for p in moved] == ["step_00000002.superseded", "step_00000003.broken"]
+    assert [s for s, _ in list_checkpoints(tmp_path)] == []  # step 1 was pruned by keep_last=2
+    _save(tmp_path, 2, keep_last=1)  # the new timeline's checkpoints are the only ones counted
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000002",
+        "step_00000002.superseded",
+        "step_00000003.broken",
+    ]

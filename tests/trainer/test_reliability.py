@@ -98,6 +98,9 @@ def test_resume_falls_back_to_the_newest_checkpoint_that_verifies(train_world, f
     assert f"checkpoint step_00000004 is broken, skipped: {victim}" in log
     assert "resumed from" in log and "step_00000002 at step 2" in log
     assert losses(run) == straight  # steps 3 and 4 trained again, bit for bit
+    assert f"checkpoint past the resumed step 2 set aside as {newest}.broken" in log
+    assert [s for s, _ in list_checkpoints(run / "checkpoints")] == [2, 4, 6]
+    assert verify_checkpoint(run / "checkpoints" / "step_00000004") is None  # the new step 4
 
 
 def test_stale_temporary_folders_are_removed_at_the_next_start(train_world):

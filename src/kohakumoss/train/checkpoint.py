@@ -212,6 +212,20 @@ def clean_stale(root: str | Path) -> list[Path]:
     return removed
 
 
+def set_aside_later(root: str | Path, step: int) -> list[Path]:
+    """Rename the checkpoints in `root` past `step` (another timeline, or broken) to `step_X.broken` /
+    `step_X.superseded`: kept for inspection, no longer counted by 'latest' or KEEP_LAST."""
+    moved = []
+    for s, p in list_checkpoints(root):
+        if s > step:
+            target = p.with_name(f"{p.name}.{'broken' if verify_checkpoint(p) else 'superseded'}")
+            if target.exists():
+                shutil.rmtree(target)
+            p.rename(target)
+            moved.append(target)
+    return moved
+
+
 def verify_checkpoint(path: str | Path) -> str | None:
     """Why the checkpoint folder `path` is broken (naming the file), or None when its files match meta.json.
 

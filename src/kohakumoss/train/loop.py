@@ -11,6 +11,7 @@ and the global RNG states travel in the checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -38,6 +39,7 @@ from .checkpoint import (
     load_checkpoint,
     resolve_checkpoint,
     save_checkpoint,
+    set_aside_later,
     step_dirname,
     tensor_bytes,
 )
@@ -255,6 +257,9 @@ def train(k: dict[str, Any]) -> Path:
         if resume_path is not None:  # before any weight is loaded
             for change in check_resume_knobs(k, resume_path):
                 log.info(f"resume: {change} (RESUME_ALLOW_CHANGES)")
+            step = json.loads((resume_path / "meta.json").read_text())["step"]
+            for moved in set_aside_later(ckpt_root, step):  # else 'latest' and KEEP_LAST would count them
+                log.warning(f"checkpoint past the resumed step {step} set aside as {moved}")
         return _train(k, run_dir, ckpt_root, resume_path)
     except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
         handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, f"stopped: {e}", None, None))
