@@ -190,3 +190,46 @@ def test_a_run_that_failed_during_setup_may_start_again_in_its_folder(train_worl
     ]
     monkeypatch.undo()
     assert len(losses(train(tiny_knobs(train_world, "setup-failed", STEPS=1)))) == 1
+
+
+KILLED_SAVE = """
+import json, os, sys, time
+from kohakumoss.train import checkpoint, loop
+real = checkpoint.save_rng
+def slow(state, folder):
+    real(state, folder)
+    if folder.name.startswith(".step_00000004."):
+        open(sys.argv[2], "w").write(str(folder))
+        time.sleep(120)
+checkpoint.save_rng = slow
+loop.train(json.load(open(sys.argv[1])))
+"""
+
+
+def test_kill_9_inside_a_checkpoint_write_keeps_the_previous_one_and_cleans_up(train_world, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    knobs = tiny_knobs(train_world, "killed", STEPS=6, SAVE_EVERY=2)
+    (tmp_path / "knobs.json").write_text(json.dumps(knobs))
+    marker = tmp_path / "in-write"
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SAVE, str(tmp_path / "knobs.json"), str(marker)])
+    try:
+        deadline = time.monotonic() + 300
+        while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), f"the run never reached the step 4 save (exit {proc.poll()})"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    root = run_dir(train_world, "killed") / "checkpoints"
+    tmp_dir = Path(marker.read_text())
+    assert tmp_dir.is_dir() and [s for s, _ in list_checkpoints(root)] == [2]  # the half-written save
+    run = train(tiny_knobs(train_world, "killed", STEPS=6, SAVE_EVERY=2, RESUME="latest"))
+    assert not tmp_dir.exists() and f"removed {tmp_dir.name}" in (run / "log.txt").read_text()
+    assert "resumed from" in (run / "log.txt").read_text()
+    assert [s for s, _ in list_checkpoints(root)] == [2, 4, 6]
