@@ -74,6 +74,7 @@ def resemblance(run_dir, pictures: dict, step: int) -> dict[str, dict[str, float
 
 
 def run(k: dict) -> dict[str, dict[str, float]]:
+    import shutil
     from pathlib import Path
 
     from kohakumoss.config.train import TRAIN_SCHEMA
@@ -86,7 +87,11 @@ def run(k: dict) -> dict[str, dict[str, float]]:
         p.read_text(encoding="utf-8").strip(): p.with_suffix(".jpg") for p in sorted(images.rglob("*.txt"))
     }
     captions = sorted(pictures)
-    work = Path(k["RUNS_DIR"]) / k["RUN_NAME"] / "demo_assets"
+    run_dir = Path(k["RUNS_DIR"]) / k["RUN_NAME"]
+    work = run_dir / "demo_assets"
+    if work.is_dir():  # an earlier demo run: the demo starts over (the trainer refuses a used run folder)
+        print(f"replacing the earlier demo run in {run_dir}")
+        shutil.rmtree(run_dir)
     text = write_tiny_text_encoder(work / "text_encoder", captions, seed=int(k["SEED"]))
     knobs = TRAIN_SCHEMA.validate(
         dict(
