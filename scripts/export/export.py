@@ -38,6 +38,18 @@ def show_metadata(adapter: str) -> None:
         print(describe(read_metadata(path)))
 
 
+def export_bytes(model, k: dict, dtype) -> int:
+    """An upper estimate of what the export writes: the adapter files twice (LyCORIS and ComfyUI) at their
+    stored size, and each merged / diffusers transformer at `dtype`."""
+    from pathlib import Path
+
+    adapter = Path(k["ADAPTER"])
+    files = [adapter] if adapter.is_file() else list(adapter.rglob("*.safetensors"))
+    adapter_bytes = sum(f.stat().st_size for f in files)
+    merged = sum(p.numel() for p in model.parameters()) * dtype.itemsize
+    return 2 * adapter_bytes + merged * (int(bool(k["SAVE_MERGED"])) + int(bool(k["SAVE_DIFFUSERS"])))
+
+
 def run(k: dict) -> None:
     import torch
 
@@ -45,6 +57,7 @@ def run(k: dict) -> None:
     from kohakumoss.model import MossBackbone, get_preset
     from kohakumoss.model.io import load_backbone
     from kohakumoss_common.errors import ConfigError
+    from kohakumoss_common.io import disk_full_as_error, ensure_free_space
 
     if k["SHOW_METADATA"]:
         show_metadata(k["ADAPTER"])
@@ -61,17 +74,20 @@ def run(k: dict) -> None:
     else:
         raise ConfigError("WEIGHTS", "set WEIGHTS to the base DiT the adapter was trained on")
     model.requires_grad_(False)
-    written = export_checkpoint(
-        model,
-        k["ADAPTER"],
-        k["OUT"],
-        k["NAME"],
-        k["SAVE_MERGED"],
-        k["MERGED_LAYOUT"],
-        k["SAVE_DIFFUSERS"],
-        k["USE_EMA"],
-        dtype,
-    )
+    needed = export_bytes(model, k, dtype)
+    ensure_free_space(k["OUT"], needed)  # before anything is written: one line with path, needed and free
+    with disk_full_as_error(k["OUT"], needed):
+        written = export_checkpoint(
+            model,
+            k["ADAPTER"],
+            k["OUT"],
+            k["NAME"],
+            k["SAVE_MERGED"],
+            k["MERGED_LAYOUT"],
+            k["SAVE_DIFFUSERS"],
+            k["USE_EMA"],
+            dtype,
+        )
     for kind, path in written.items():
         print(f"{kind}: {path}")
 

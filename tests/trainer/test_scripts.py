@@ -88,6 +88,20 @@ def test_export_script_reexports_a_checkpoint(trained, tmp_path):
     assert any(not torch.equal(raw[k], averaged[k]) for k in raw)
 
 
+def test_export_script_refuses_a_disk_without_room_before_writing(trained, tmp_path, monkeypatch, capsys):
+    import kohakumoss_common.io as io
+
+    ns = load_script("scripts/export/export.py")
+    out = tmp_path / "out"
+    knobs = {**ns, "MODEL_PRESET": "tiny", "ADAPTER": str(trained / "checkpoints" / "step_00000004"),
+             "OUT": str(out), "NAME": "again", "SAVE_MERGED": True}  # fmt: skip
+    monkeypatch.setattr(io, "free_bytes", lambda path: 1000)
+    assert run_checked(EXPORT_SCHEMA, knobs, ns["run"], "export.py") == 2
+    err = capsys.readouterr().err
+    assert "not enough disk space: needs 11.1 MiB, 0.0 MiB free" in err and str(out) in err
+    assert not out.exists() or not any(out.iterdir())
+
+
 def test_export_script_names_bad_knobs(capsys):
     ns = load_script("scripts/export/export.py")
     assert run_checked(EXPORT_SCHEMA, {**ns, "ADAPTER": "/no/such/file"}, ns["run"], "export.py") == 2
