@@ -77,6 +77,8 @@ def run(k: dict) -> dict[str, dict[str, float]]:
     import shutil
     from pathlib import Path
 
+    import torch
+
     from kohakumoss.config.train import TRAIN_SCHEMA
     from kohakumoss.encoders.tiny import write_tiny_text_encoder
     from kohakumoss.train.loop import train
@@ -136,7 +138,14 @@ def run(k: dict) -> dict[str, dict[str, float]]:
         ),
         source="demo knobs",
     )
-    run_dir = train(knobs)
+    # one thread: the tiny model's run is then bitwise reproducible (two threads reorder float sums and the
+    # grid drifts from run to run) and faster on a small CPU; the caller's setting comes back after
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run_dir = train(knobs)
+    finally:
+        torch.set_num_threads(threads)
     print(f"demo finished: {run_dir}")
     print(f"  samples grid: {sorted((run_dir / 'samples').glob('grid_step_*.png'))[-1]}")
     for f in sorted((run_dir / "export").iterdir()):
