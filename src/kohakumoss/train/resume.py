@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_data.settings import PLAN_KNOBS, SCAN_KNOBS
 
+# the knobs that decide the data plan: the data package's own tables (workers only change the speed)
+_PLAN = tuple(n for n in (*SCAN_KNOBS, *PLAN_KNOBS) if n != "SCAN_WORKERS")
 # changing one of these mid-run trains another function or walks another data plan: never allowed
 RESUME_FIXED = (
     "MODEL_PRESET",
@@ -28,21 +31,8 @@ RESUME_FIXED = (
     "BYPASS",
     "USE_MUON",
     "DATASET",
-    "MIN_SIDE",
-    "MAX_PIXELS",
-    "MISSING_CAPTION",
-    "AREA",
-    "MIN_ASPECT",
-    "MAX_ASPECT",
-    "NO_UPSCALE",
-    "CROP",
     "BUCKETS",
-    "TOKENS_PER_STEP",
-    "MAX_TEXT_TOKENS",
-    "FLIP_PROB",
-    "CAPTION_DROPOUT",
-    "SHUFFLE_CAPTION",
-    "KEEP_TOKENS",
+    *_PLAN,
     "VAL_ITEMS",
     "GRAD_ACCUM",
     "SEED",
