@@ -6,7 +6,7 @@ step's first launches) the GPU waits. So, as torchtitan does: everything built b
 frozen (never walked again), automatic collection is off, and the loop collects the young generations
 every GC_EVERY steps right after queuing a step's work, while the GPU is busy. GC_EVERY 0 (the
 default) leaves Python's collector as it is: on the H200 speed row its pauses were 0-0.6 ms per
-steady step and the policy changed nothing measurable (64.1 vs 63.9% MFU, session 8); a run whose
+steady step and the policy changed nothing measurable (64.1 vs 63.9% MFU, pre-release block); a run whose
 host heap is larger (big data pipelines, many adapters) can turn it on. Pauses are timed either way
 (`paused_ms`, the metrics' `gc_ms`).
 """
