@@ -73,15 +73,22 @@ def attention(q, k, v, q_norm, k_norm, cos, sin, heads: int, eps: float) -> torc
     return out.transpose(1, 2).reshape(B, L, d)
 
 
-class PlainBlock(nn.Module):
+class PlainNorms(nn.Module):
+    """The norm weights both block kinds hold: norm1, norm2 and the per-head q_norm, k_norm."""
+
+    def __init__(self, cfg: MossConfig, dtype: torch.dtype):
+        super().__init__()
+        self.heads, self.eps = cfg.num_heads, cfg.norm_eps
+        self.norm1, self.norm2 = norm_weight(cfg.dim, dtype), norm_weight(cfg.dim, dtype)
+        self.q_norm, self.k_norm = norm_weight(cfg.head_dim, dtype), norm_weight(cfg.head_dim, dtype)
+
+
+class PlainBlock(PlainNorms):
     """`layers.N`: modulated by the shared modulation, bias-free q, k, v, o, ffn_up_gate, ffn_down."""
 
     def __init__(self, cfg: MossConfig, lin, dtype: torch.dtype):
-        super().__init__()
+        super().__init__(cfg, dtype)
         d, h = cfg.dim, cfg.mlp_hidden
-        self.heads, self.eps = cfg.num_heads, cfg.norm_eps
-        self.norm1, self.norm2 = norm_weight(d, dtype), norm_weight(d, dtype)
-        self.q_norm, self.k_norm = norm_weight(cfg.head_dim, dtype), norm_weight(cfg.head_dim, dtype)
         self.q, self.k, self.v, self.o = (lin(d, d, False) for _ in range(4))
         self.ffn_up_gate, self.ffn_down = lin(d, 2 * h, False), lin(h, d, False)
 
@@ -97,15 +104,12 @@ class PlainBlock(nn.Module):
         return x + gate_f * self.ffn_down(situ_glu(self.ffn_up_gate(y)))
 
 
-class PlainRefinerBlock(nn.Module):
+class PlainRefinerBlock(PlainNorms):
     """`text_embedder.blocks.N`: no modulation, fused qkv, biases, separate ffn_gate / ffn_up / ffn_down."""
 
     def __init__(self, cfg: MossConfig, lin, dtype: torch.dtype):
-        super().__init__()
+        super().__init__(cfg, dtype)
         d, h = cfg.dim, cfg.mlp_hidden
-        self.heads, self.eps = cfg.num_heads, cfg.norm_eps
-        self.norm1, self.norm2 = norm_weight(d, dtype), norm_weight(d, dtype)
-        self.q_norm, self.k_norm = norm_weight(cfg.head_dim, dtype), norm_weight(cfg.head_dim, dtype)
         self.qkv, self.proj = lin(d, 3 * d, True), lin(d, d, True)
         self.ffn_gate, self.ffn_up, self.ffn_down = lin(d, h, True), lin(d, h, True), lin(h, d, True)
 
