@@ -1,15 +1,38 @@
 """metrics.jsonl (one JSON line per logged step, appended and flushed), forwarded to the run's trackers
-(TensorBoard, wandb: `tracking.py`), and a loss plot PNG."""
+(TensorBoard, wandb: `tracking.py`), a loss plot PNG, and progress lines where no terminal shows a bar."""
 
 from __future__ import annotations
 
 import json
 import math
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from PIL import Image, ImageDraw
 
 from .tracking import Trackers
+
+
+class ProgressLines:
+    """tqdm's bar draws nothing when stdout is not a terminal (a pipe, a log file, a job queue): then a
+    progress line goes to the log at the first step, every `every_s` seconds and at the last step."""
+
+    def __init__(self, log, total: int, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
+        self.log, self.total, self.every_s, self.clock = log, total, every_s, clock
+        self.started = self.last = None
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        now = self.clock()
+        if self.started is None:
+            self.started = now - 1e-9
+        elif step < self.total and now - self.last < self.every_s:
+            return
+        self.last = now
+        self.log.info(
+            f"step {step}/{self.total}  loss {loss:.4f}  {tokens_per_s:,.0f} tokens/s  "
+            f"{now - self.started:.0f} s elapsed"
+        )
 
 
 class MetricsWriter:

@@ -49,7 +49,7 @@ from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, valid
 from .ema import EMA
 from .finite import arm_skip, skips_on_device
 from .graphs import StepGraphs, graph_refusal, resolve_graphs
-from .logbook import MetricsWriter, loss_plot
+from .logbook import MetricsWriter, ProgressLines, loss_plot
 from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
 from .resume import check_resume_knobs, check_run_folder
 from .rng import restore_rng
@@ -366,6 +366,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     bar = tqdm(total=steps, initial=start, desc=k["RUN_NAME"], unit="step", dynamic_ncols=True, disable=None)
+    progress = ProgressLines(log, steps) if bar.disable else None  # no terminal: lines in the log instead
     collector = StepCollector(int(k["GC_EVERY"]))
     try:
         collector.start()
@@ -443,6 +444,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
             bar.update(1)
             loss_value = sum(losses) / len(losses)
             bar.set_postfix(loss=f"{loss_value:.4f}")
+            if progress is not None:
+                progress.update(step, loss_value, tokens / dt)
             if step % int(k["LOG_EVERY"]) == 0 or step == steps:
                 record = dict(
                     step=step,
