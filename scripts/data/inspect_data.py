@@ -4,7 +4,8 @@
 
 Prints items kept and dropped per reason, the aspect and planned-resolution histograms, tokens per
 step (min / median / max), steps per epoch and a line `plan sha256 <hex>`; writes report.txt,
-histogram.png and contact_sheet.png (the first planned crops) into RUN_DIR.
+histogram.png, contact_sheet.png (the first planned crops) and dropped.jsonl (path, status, reason
+of each dropped file) into RUN_DIR.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from kohakumoss_common.io import atomic_write_text
 from kohakumoss_data.figures import contact_sheet, histogram_png
 from kohakumoss_data.pipeline import open_dataset, upper_knobs
 from kohakumoss_data.plan import build_plan
-from kohakumoss_data.report import aspect_histogram, report_lines, resolution_histogram
+from kohakumoss_data.report import aspect_histogram, report_lines, resolution_histogram, write_dropped
 from kohakumoss_data.settings import plan_knobs
 from kohakumoss_data.transform import planned_pixels
 
@@ -54,6 +55,7 @@ def main() -> None:
     run = Path(RUN_DIR)
     run.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run / "report.txt", "\n".join(lines) + "\n")
+    write_dropped(run / "dropped.jsonl", catalog)
     aspect = histogram_png("aspect ratio (w/h) of usable items", aspect_histogram(catalog))
     sizes = histogram_png("planned resolution, epoch 0", resolution_histogram(plan))
     figure = Image.new("RGB", (aspect.width, aspect.height + sizes.height), "white")

@@ -32,12 +32,17 @@ def open_image(data: bytes | Image.Image, max_pixels: int | None = None) -> Imag
 
 def upright_size(image: Image.Image) -> tuple[int, int]:
     """(width, height) after applying the EXIF orientation, without decoding pixels."""
+    w, h = image.size
+    return (h, w) if swaps_sides(image) else (w, h)
+
+
+def swaps_sides(image: Image.Image) -> bool:
+    """True when the EXIF orientation turns the image by 90 degrees (a PNG's EXIF may load its pixels)."""
     try:
         orientation = image.getexif().get(_EXIF_ORIENTATION, 1)
     except Exception:  # a broken EXIF block is not worth dropping the image for
         orientation = 1
-    w, h = image.size
-    return (h, w) if orientation in _SWAPPING_ORIENTATIONS else (w, h)
+    return orientation in _SWAPPING_ORIENTATIONS
 
 
 def _high_bit_to_l(image: Image.Image) -> Image.Image:

@@ -8,7 +8,7 @@ from PIL import Image, UnidentifiedImageError
 
 from kohakumoss_common.hashing import sha256_bytes
 
-from .decode import open_image, upright_size
+from .decode import open_image, swaps_sides
 from .records import OK
 
 ZERO_BYTE = "zero_byte"
@@ -56,7 +56,9 @@ def probe_bytes(data: bytes, max_pixels: int) -> Probe:
         return Probe(0, 0, digest, UNSUPPORTED, str(e))
     except Exception as e:  # Pillow raises many types for malformed headers
         return Probe(0, 0, digest, CORRUPT, f"{type(e).__name__}: {e}")
-    width, height = upright_size(image)
+    # Pixels load before the EXIF is read: Pillow's PNG EXIF lookup loads them and a failure
+    # there would be swallowed, leaving a broken IDAT to pass as ok.
+    width, height = image.size
     try:
         if image.format == "JPEG":
             image.draft("RGB", _DRAFT_SIZE)
@@ -64,4 +66,6 @@ def probe_bytes(data: bytes, max_pixels: int) -> Probe:
     except Exception as e:
         reason = TRUNCATED if "truncated" in str(e).lower() else CORRUPT
         return Probe(width, height, digest, reason, f"{type(e).__name__}: {e}")
+    if swaps_sides(image):
+        width, height = height, width
     return Probe(width, height, digest)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import Counter
+from pathlib import Path
+
+from kohakumoss_common.io import atomic_write_text
 
 from .catalog import Catalog
 from .plan import Plan
+from .records import OK
 
 ASPECT_BINS = (0.25, 0.4, 0.5, 0.6, 0.75, 0.9, 1.1, 1.34, 1.67, 2.0, 2.5, 4.0)
 
@@ -50,6 +55,7 @@ def report_lines(catalog: Catalog, plan: Plan) -> list[str]:
     lines += [f"items dropped {reason} {n}" for reason, n in sorted(r.dropped.items())] or [
         "items dropped none"
     ]
+    lines += dropped_lines(catalog)
     lines.append("aspect (w/h) histogram:")
     hist = aspect_histogram(catalog)
     top = max(hist.values(), default=1)
@@ -63,3 +69,22 @@ def report_lines(catalog: Catalog, plan: Plan) -> list[str]:
     lines.append(f"steps per epoch {plan.epoch_steps} total {len(plan.steps)}")
     lines.append(f"plan sha256 {plan.sha256}")
     return lines
+
+
+def dropped_rows(catalog: Catalog) -> list[dict[str, str]]:
+    """One row per dropped item: its path (the item's key), status and reason."""
+    return [
+        {"path": it.key, "status": it.status, "reason": it.reason} for it in catalog.items if it.status != OK
+    ]
+
+
+def dropped_lines(catalog: Catalog) -> list[str]:
+    """The report's list of dropped files, one `status path: reason` line each."""
+    rows = dropped_rows(catalog)
+    return ["dropped files:"] + [f"  {r['status']} {r['path']}: {r['reason']}" for r in rows] if rows else []
+
+
+def write_dropped(path: Path, catalog: Catalog) -> None:
+    """`dropped.jsonl`: one JSON object (path, status, reason) per dropped item."""
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in dropped_rows(catalog))
+    atomic_write_text(path, text)

@@ -1,0 +1,51 @@
+"""Per-file faults found while scanning are recorded drops with reasons, never crashes."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from kohakumoss_data import ScanKnobs, make_source, scan
+from kohakumoss_data.report import dropped_rows, write_dropped
+
+from .helpers import caption_for, encoded, write_photo
+
+
+def corrupt_idat(data: bytes) -> bytes:
+    """Flip 16 bytes in the middle of the first IDAT chunk; the header still parses."""
+    out = bytearray(data)
+    at = out.find(b"IDAT")
+    length = struct.unpack(">I", out[at - 4 : at])[0]
+    middle = at + 4 + length // 2
+    for k in range(middle, middle + 16):
+        out[k] ^= 0xFF
+    return bytes(out)
+
+
+def test_png_with_corrupt_idat_is_dropped(photos, tmp_path):
+    root = tmp_path / "ds"
+    write_photo(root, "good", photos[0], caption_for(0), "PNG")
+    (root / "bad.png").write_bytes(corrupt_idat(encoded(photos[1], "PNG")))
+    (root / "bad.txt").write_text("a caption", encoding="utf-8")
+    catalog = scan(make_source({"kind": "folder", "path": str(root)}), ScanKnobs(workers=1))
+    status = {it.key: (it.status, it.reason) for it in catalog.items}
+    assert status["good.png"] == ("ok", "")
+    assert status["bad.png"][0] == "corrupt"
+    assert status["bad.png"][1].startswith(("OSError", "SyntaxError", "ValueError", "zlib"))
+    assert [it.key for it in catalog.usable] == ["good.png"]
+
+
+def test_dropped_files_listed_with_reasons(photos, tmp_path):
+    root = tmp_path / "ds"
+    write_photo(root, "good", photos[0], caption_for(0))
+    (root / "bad.png").write_bytes(corrupt_idat(encoded(photos[1], "PNG")))
+    (root / "empty.jpg").write_bytes(b"")
+    catalog = scan(make_source({"kind": "folder", "path": str(root)}), ScanKnobs(workers=1))
+    rows = dropped_rows(catalog)
+    assert [(r["path"], r["status"]) for r in rows] == [("bad.png", "corrupt"), ("empty.jpg", "zero_byte")]
+    assert all(r["reason"] for r in rows)
+    out = tmp_path / "run" / "dropped.jsonl"
+    out.parent.mkdir()
+    write_dropped(out, catalog)
+    lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    assert lines == rows
