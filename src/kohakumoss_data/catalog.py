@@ -100,7 +100,9 @@ def default_cache_path(source: Source, cache_dir: str | Path | None = None) -> P
 
 def probe_raw(raw: RawItem, unit: str, max_pixels: int) -> CatalogItem:
     """Scan one raw item: decode check, hash and captions (before the post-scan knobs)."""
-    if raw.probed is not None:
+    if raw.fault is not None:
+        probe = Probe(0, 0, "", *raw.fault)
+    elif raw.probed is not None:
         probe = Probe(raw.probed["width"], raw.probed["height"], raw.probed["hash"])
     elif raw.data is None:
         probe = Probe(0, 0, "", MISSING_FILE, "image file not found")

@@ -29,6 +29,7 @@ class RawItem:
     name: str = ""  # file stem, for the "filename" caption policy
     extra: dict[str, Any] = field(default_factory=dict)
     probed: dict[str, Any] | None = None  # width/height/hash already known (pre-decoded shards)
+    fault: tuple[str, str] | None = None  # (status, reason): found unusable before decoding
 
 
 @dataclass

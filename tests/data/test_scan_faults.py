@@ -49,3 +49,42 @@ def test_dropped_files_listed_with_reasons(photos, tmp_path):
     write_dropped(out, catalog)
     lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert lines == rows
+
+
+def test_symlink_faults_are_drops_and_dirs_followed_once(photos, tmp_path):
+    root = tmp_path / "ds"
+    write_photo(root, "top", photos[0], caption_for(0))
+    write_photo(root / "sub", "inner", photos[1], caption_for(1))
+    (root / "dangling.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    (root / "a.png").symlink_to(root / "b.png")
+    (root / "b.png").symlink_to(root / "a.png")
+    (root / "sub" / "loop").symlink_to(root, target_is_directory=True)
+    (root / "sub" / "loop2").symlink_to(root / "sub", target_is_directory=True)
+    (root / "zalias").symlink_to(root / "sub", target_is_directory=True)
+    catalog = scan(make_source({"kind": "folder", "path": str(root)}), ScanKnobs(workers=1))
+    assert sorted(it.key for it in catalog.usable) == ["sub/inner.jpg", "top.jpg"]
+    status = {it.key: it.status for it in catalog.items if it.status != "ok"}
+    assert status == {
+        "a.png": "symlink_loop",
+        "b.png": "symlink_loop",
+        "dangling.jpg": "broken_symlink",
+        "sub/loop": "dir_already_scanned",
+        "sub/loop2": "dir_already_scanned",
+        "zalias": "dir_already_scanned",
+    }
+    assert catalog.report.dropped == {"broken_symlink": 1, "dir_already_scanned": 3, "symlink_loop": 2}
+    rows = {r["path"]: r["reason"] for r in dropped_rows(catalog)}
+    assert "nowhere.jpg" in rows["dangling.jpg"]
+    again = scan(make_source({"kind": "folder", "path": str(root)}), ScanKnobs(workers=1))
+    assert again.report.units_read == 0 and again.report.dropped == catalog.report.dropped
+
+
+def test_kohya_symlink_loop_is_a_drop(photos, tmp_path):
+    root = tmp_path / "kohya"
+    write_photo(root / "2_cat", "cat", photos[0], caption_for(0))
+    (root / "2_cat" / "gone.jpg").symlink_to(tmp_path / "gone.jpg")
+    source = make_source({"kind": "kohya", "path": str(root), "recursive": True})
+    (root / "2_cat" / "back").symlink_to(root / "2_cat", target_is_directory=True)
+    catalog = scan(source, ScanKnobs(workers=1))
+    assert [(it.key, it.repeats) for it in catalog.usable] == [("2_cat/cat.jpg", 2)]
+    assert catalog.report.dropped == {"broken_symlink": 1, "dir_already_scanned": 1}

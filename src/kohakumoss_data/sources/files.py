@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -16,17 +17,67 @@ def normalize_extensions(exts: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(e.lower() if e.startswith(".") else f".{e.lower()}" for e in items)
 
 
+BROKEN_SYMLINK = "broken_symlink"
+SYMLINK_LOOP = "symlink_loop"
+DIR_SEEN = "dir_already_scanned"
+UNREADABLE = "unreadable_file"
+
+
 def list_images(folder: Path, extensions: tuple[str, ...], recursive: bool) -> Iterator[Path]:
     """Image files under `folder` in a stable (sorted) order; hidden files and folders are skipped."""
-    entries = sorted(folder.iterdir(), key=lambda p: p.name)
-    for entry in entries:
+    for path, fault in walk_images(folder, extensions, recursive):
+        if not fault:
+            yield path
+
+
+def walk_images(
+    folder: Path, extensions: tuple[str, ...], recursive: bool, seen: set[str] | None = None
+) -> Iterator[tuple[Path, str]]:
+    """(path, fault) in sorted order; fault is "" or why the entry cannot be used (a recorded drop).
+
+    Directory symlinks are followed once: a folder whose real path was already walked is a fault,
+    so loops end and no image is listed twice.
+    """
+    seen = set() if seen is None else seen
+    seen.add(os.path.realpath(folder))
+    for entry in sorted(folder.iterdir(), key=lambda p: p.name):
         if entry.name.startswith("."):
             continue
-        if entry.is_dir():
-            if recursive:
-                yield from list_images(entry, extensions, recursive)
+        fault = entry_fault(entry)
+        if fault in (BROKEN_SYMLINK, SYMLINK_LOOP):
+            if entry.suffix.lower() in extensions or entry.is_symlink():
+                yield entry, fault
+        elif entry.is_dir():
+            if not recursive:
+                continue
+            if os.path.realpath(entry) in seen:
+                yield entry, DIR_SEEN
+            else:
+                yield from walk_images(entry, extensions, recursive, seen)
         elif entry.suffix.lower() in extensions:
-            yield entry
+            yield entry, ""
+
+
+def entry_fault(path: Path) -> str:
+    """ "" for a reachable entry, else broken_symlink or symlink_loop."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return SYMLINK_LOOP
+        return BROKEN_SYMLINK if path.is_symlink() else UNREADABLE
+    return ""
+
+
+def fault_reason(path: Path, fault: str) -> str:
+    """A readable reason for a walk fault."""
+    if fault == DIR_SEEN:
+        return f"folder {os.path.realpath(path)} was already scanned (directory symlink, followed once)"
+    if fault == SYMLINK_LOOP:
+        return "symlink loop"
+    if fault == BROKEN_SYMLINK:
+        return f"symlink target {os.readlink(path)} does not exist"
+    return "file cannot be read"
 
 
 def find_sidecar(image: Path, caption_extensions: tuple[str, ...]) -> Path | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from kohakumoss_common.errors import DataError
@@ -12,10 +13,14 @@ from .base import Source
 from .files import (
     DEFAULT_CAPTION_EXTENSIONS,
     DEFAULT_EXTENSIONS,
+    DIR_SEEN,
+    UNREADABLE,
+    entry_fault,
+    fault_reason,
     find_sidecar,
-    list_images,
     normalize_extensions,
     stat_signature,
+    walk_images,
 )
 
 
@@ -38,14 +43,17 @@ class FolderSource(Source):
         self.recursive = recursive
         self.repeats = int(repeats)
 
-    def _images(self) -> Iterator[tuple[Path, int]]:
-        for image in list_images(self.path, self.extensions, self.recursive):
-            yield image, self.repeats
+    def _images(self) -> Iterator[tuple[Path, str]]:
+        """(image, fault) pairs; a fault is a recorded drop (see `files.walk_images`)."""
+        yield from walk_images(self.path, self.extensions, self.recursive)
 
     def units(self) -> Iterator[Unit]:
-        for image, _ in self._images():
-            sidecar = find_sidecar(image, self.caption_extensions)
+        for image, fault in self._images():
             rel = image.relative_to(self.path).as_posix()
+            if fault:
+                yield Unit(rel, f"fault:{fault}")
+                continue
+            sidecar = find_sidecar(image, self.caption_extensions)
             yield Unit(rel, f"{stat_signature(image, sidecar)}|{sidecar.suffix if sidecar else ''}")
 
     def repeats_for(self, rel: str) -> int:
@@ -53,17 +61,19 @@ class FolderSource(Source):
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         image = self.path / unit_id
-        sidecar = find_sidecar(image, self.caption_extensions)
-        captions = [sidecar.read_bytes()] if sidecar is not None else None
-        yield RawItem(
-            key=unit_id,
-            unit=unit_id,
-            locator=unit_id,
-            data=image.read_bytes(),
-            captions=captions,
-            repeats=self.repeats_for(unit_id),
-            name=image.stem,
-        )
+        fault = DIR_SEEN if image.is_dir() else entry_fault(image)
+        item = RawItem(key=unit_id, unit=unit_id, locator=unit_id, data=None, captions=None, name=image.stem)
+        if fault:
+            yield replace(item, fault=(fault, fault_reason(image, fault)))
+            return
+        try:
+            sidecar = find_sidecar(image, self.caption_extensions)
+            captions = [sidecar.read_bytes()] if sidecar is not None else None
+            data = image.read_bytes()
+        except OSError as e:  # vanished or unreadable since listing
+            yield replace(item, fault=(UNREADABLE, f"{type(e).__name__}: {e}"))
+            return
+        yield replace(item, data=data, captions=captions, repeats=self.repeats_for(unit_id))
 
     def read(self, locator: str) -> bytes:
         return (self.path / locator).read_bytes()

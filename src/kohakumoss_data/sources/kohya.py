@@ -9,7 +9,7 @@ from pathlib import Path
 from kohakumoss_common.errors import DataError
 from kohakumoss_common.log import get_logger
 
-from .files import DEFAULT_CAPTION_EXTENSIONS, DEFAULT_EXTENSIONS, list_images
+from .files import DEFAULT_CAPTION_EXTENSIONS, DEFAULT_EXTENSIONS, walk_images
 from .folder import FolderSource
 
 _REPEATS_DIR = re.compile(r"^(\d+)_(.+)$")
@@ -47,10 +47,10 @@ class KohyaSource(FolderSource):
             out[sub.name] = repeats
         return out
 
-    def _images(self) -> Iterator[tuple[Path, int]]:
-        for name, repeats in self._subdirs.items():
-            for image in list_images(self.path / name, self.extensions, self.recursive):
-                yield image, repeats
+    def _images(self) -> Iterator[tuple[Path, str]]:
+        seen: set[str] = set()
+        for name in self._subdirs:
+            yield from walk_images(self.path / name, self.extensions, self.recursive, seen)
 
     def repeats_for(self, rel: str) -> int:
         return self._subdirs[rel.split("/", 1)[0]]
