@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import struct
+import tarfile
+
+import pytest
 
 from kohakumoss_data import ScanKnobs, make_source, scan
 from kohakumoss_data.report import dropped_rows, write_dropped
@@ -88,3 +91,22 @@ def test_kohya_symlink_loop_is_a_drop(photos, tmp_path):
     catalog = scan(source, ScanKnobs(workers=1))
     assert [(it.key, it.repeats) for it in catalog.usable] == [("2_cat/cat.jpg", 2)]
     assert catalog.report.dropped == {"broken_symlink": 1, "dir_already_scanned": 1}
+
+
+@pytest.mark.parametrize("where", ["data", "header"])
+def test_cut_tar_keeps_members_before_the_cut(wds_dir, where):
+    shard = wds_dir / "shard-0001.tar"
+    with tarfile.open(shard) as tf:
+        member = tf.getmember("sample004.jpg")
+    cut = member.offset_data + member.size // 2 if where == "data" else member.offset + 100
+    shard.write_bytes(shard.read_bytes()[:cut])
+    source = make_source({"kind": "webdataset", "path": str(wds_dir)})
+    catalog = scan(source, ScanKnobs(workers=1))
+    kept = [it.key for it in catalog.usable]
+    assert kept == [f"shard-0000.tar:sample00{i}" for i in range(3)] + ["shard-0001.tar:sample003"]
+    dropped = [(it.key, it.status) for it in catalog.items if it.status != "ok"]
+    name = "sample004" if where == "data" else "after sample003"  # a cut header has no name
+    assert dropped == [(f"shard-0001.tar:{name}", "truncated_tar")]
+    assert name in dropped_rows(catalog)[0]["reason"]
+    last = next(it for it in catalog.usable if it.key.endswith("sample003"))
+    assert source.read(last.locator)[:2] == b"\xff\xd8"  # a JPEG, read by offset from the cut tar

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tarfile
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..records import RawItem, Unit
 from .base import Source
 from .files import stat_signature
 
+TRUNCATED_TAR = "truncated_tar"
 DEFAULT_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "jxl", "avif", "bmp", "tif", "tiff")
 
 
@@ -30,8 +32,25 @@ def tar_files(path: Path) -> list[Path]:
 
 def member_offsets(tar: Path) -> dict[str, tuple[int, int]]:
     """{member name: (data offset, size)} so one image is read with a single seek."""
+    out = {}
     with tarfile.open(tar) as tf:
-        return {m.name: (m.offset_data, m.size) for m in tf.getmembers() if m.isfile()}
+        try:
+            for m in tf:
+                if m.isfile():
+                    out[m.name] = (m.offset_data, m.size)
+        except tarfile.TarError:  # a cut tar: the members before the cut stay readable
+            pass
+    return out
+
+
+def ends_cleanly(tar: Path) -> bool:
+    """A whole tar is a multiple of 512 bytes and ends with two zero blocks."""
+    size = tar.stat().st_size
+    if size % 512 or size < 1024:
+        return False
+    with open(tar, "rb") as f:
+        f.seek(size - 1024)
+        return not any(f.read(1024))
 
 
 class WebDatasetSource(Source):
@@ -64,20 +83,64 @@ class WebDatasetSource(Source):
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         tar = self._tar(unit_id)
-        for sample in tariterators.tarfile_samples([{"url": str(tar)}]):
-            ext = next((e for e in self.image_exts if e in sample), None)
-            if ext is None:
-                continue
-            key = sample["__key__"]
-            caption = sample.get(self.caption_ext)
-            yield RawItem(
-                key=f"{unit_id}:{key}",
-                unit=unit_id,
-                locator=[unit_id, f"{key}.{ext}"],
-                data=sample[ext],
-                captions=[caption] if caption is not None else None,
-                name=Path(key).name,
-            )
+        last: list[str] = []
+        errors: list[Exception] = []
+
+        def note(name: str) -> str:
+            last[:] = [name]
+            return name
+
+        def stop(exn: Exception) -> bool:
+            errors.append(exn)
+            return False  # end this tar; the samples read so far are kept
+
+        samples = tariterators.tarfile_samples([{"url": str(tar)}], handler=stop, rename_files=note)
+        try:
+            for sample in samples:
+                item = self._item(unit_id, sample)
+                if item is not None and not (errors and self._cut_key(last) == sample["__key__"]):
+                    yield item
+        except Exception as e:  # a fault outside webdataset's handler
+            errors.append(e)
+        if errors:
+            yield self._cut_item(unit_id, last, errors[0])
+        elif not ends_cleanly(tar):  # tarfile reads a cut header as the end of the archive
+            after = f"after {self._cut_key(last) or 'the start'}"
+            cut = tarfile.ReadError("no end-of-archive blocks: cut in a member's header")
+            yield replace(self._cut_item(unit_id, [after], cut), key=f"{unit_id}:{after}")
+
+    def _item(self, unit_id: str, sample: dict[str, Any]) -> RawItem | None:
+        ext = next((e for e in self.image_exts if e in sample), None)
+        if ext is None:
+            return None
+        key = sample["__key__"]
+        caption = sample.get(self.caption_ext)
+        return RawItem(
+            key=f"{unit_id}:{key}",
+            unit=unit_id,
+            locator=[unit_id, f"{key}.{ext}"],
+            data=sample[ext],
+            captions=[caption] if caption is not None else None,
+            name=Path(key).name,
+        )
+
+    @staticmethod
+    def _cut_key(last: list[str]) -> str:
+        return tariterators.base_plus_ext(last[0])[0] if last else ""
+
+    def _cut_item(self, unit_id: str, last: list[str], exn: Exception) -> RawItem:
+        """The sample the tar breaks in, as a recorded drop (`truncated_tar`)."""
+        member = last[0] if last else "<header>"
+        message = str(exn.args[0]).split(" @ ", 1)[0] if exn.args else ""
+        return RawItem(
+            key=f"{unit_id}:{self._cut_key(last) or member}",
+            unit=unit_id,
+            locator=[unit_id, member],
+            data=None,
+            captions=None,
+            name=Path(member).stem,
+            fault=(TRUNCATED_TAR, f"tar breaks in member {member}: {type(exn).__name__}: {message}"),
+        )
 
     def read(self, locator: list) -> bytes:
         rel, member = locator
