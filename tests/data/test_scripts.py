@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+
+from .test_scan_faults import corrupt_idat
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,3 +72,22 @@ def test_convert_shards_script(config, tmp_path, capsys):
         config.read_text() + f"DATASET = {{'kind': 'shards', 'path': {str(tmp_path / 'shards')!r}}}\n"
     )
     assert "items kept 7" in kogine(capsys, "inspect_data.py", cfg2)
+
+
+def test_inspect_names_dropped_files(kohya_copy, config, tmp_path, capsys):
+    wall = kohya_copy / "3_wall"
+    png = (wall / "img1.png").read_bytes()
+    (wall / "img1.png").write_bytes(corrupt_idat(png))
+    (wall / "gone.jpg").symlink_to(tmp_path / "gone.jpg")
+    cfg = tmp_path / "faulty_cfg.py"
+    cfg.write_text(config.read_text() + f"DATASET = {{'kind': 'kohya', 'path': {str(kohya_copy)!r}}}\n")
+    out = kogine(capsys, "inspect_data.py", cfg)
+    assert "items kept 6" in out
+    report = (tmp_path / "run" / "report.txt").read_text(encoding="utf-8")
+    assert "items dropped corrupt 1" in report and "items dropped broken_symlink 1" in report
+    assert "  corrupt 3_wall/img1.png: " in report and "  broken_symlink 3_wall/gone.jpg: " in report
+    rows = [json.loads(line) for line in (tmp_path / "run" / "dropped.jsonl").read_text().splitlines()]
+    assert [(r["path"], r["status"]) for r in rows] == [
+        ("3_wall/gone.jpg", "broken_symlink"),
+        ("3_wall/img1.png", "corrupt"),
+    ]
