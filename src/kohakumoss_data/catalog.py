@@ -31,7 +31,7 @@ from .probe import CAPTION_NOT_UTF8, MISSING_CAPTION, TOO_SMALL, Probe, probe_by
 from .records import OK, CatalogItem, RawItem
 from .sources.base import Source
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: pixels decoded before the EXIF read (v1 let a PNG with a broken IDAT pass)
 CHECKPOINT_SECONDS = 60.0
 SAVE_OVERHEAD = 10.0  # the next save waits at least this many times the last save's duration
 MISSING_FILE = "missing_file"

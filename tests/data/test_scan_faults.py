@@ -110,3 +110,19 @@ def test_cut_tar_keeps_members_before_the_cut(wds_dir, where):
     assert name in dropped_rows(catalog)[0]["reason"]
     last = next(it for it in catalog.usable if it.key.endswith("sample003"))
     assert source.read(last.locator)[:2] == b"\xff\xd8"  # a JPEG, read by offset from the cut tar
+
+
+def test_catalog_from_before_the_decode_fix_is_rescanned(photos, tmp_path):
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / "bad.png").write_bytes(corrupt_idat(encoded(photos[1], "PNG")))
+    source = make_source({"kind": "folder", "path": str(root)})
+    scan(source, ScanKnobs(workers=1))
+    cache = root / ".kohakumoss_catalog.json"
+    old = json.loads(cache.read_text(encoding="utf-8"))
+    old["version"] = 1  # what an older scan wrote: the broken PNG recorded as ok
+    old["units"]["bad.png"]["items"][0].update(status="ok", reason="")
+    cache.write_text(json.dumps(old), encoding="utf-8")
+    again = scan(source, ScanKnobs(workers=1))
+    assert again.report.units_read == 1
+    assert [it.status for it in again.items] == ["corrupt"]
