@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 import tarfile
+from pathlib import Path
 
 import pytest
 
@@ -126,3 +127,18 @@ def test_catalog_from_before_the_decode_fix_is_rescanned(photos, tmp_path):
     again = scan(source, ScanKnobs(workers=1))
     assert again.report.units_read == 1
     assert [it.status for it in again.items] == ["corrupt"]
+
+
+def test_jsonl_image_that_cannot_be_read_is_a_drop(jsonl_file, monkeypatch):
+    real = Path.read_bytes
+
+    def failing(path: Path) -> bytes:
+        if path.name.startswith("p1."):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", failing)
+    catalog = scan(make_source({"kind": "jsonl", "path": str(jsonl_file)}), ScanKnobs(workers=1))
+    assert catalog.report.dropped == {"unreadable_file": 1}
+    bad = next(it for it in catalog.items if it.status != "ok")
+    assert "Permission denied" in bad.reason and bad.locator == "images/p1.jpg"

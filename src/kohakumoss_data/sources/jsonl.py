@@ -12,7 +12,7 @@ from kohakumoss_common.hashing import sha256_bytes
 
 from ..records import RawItem, Unit
 from .base import Source
-from .files import stat_signature
+from .files import UNREADABLE, stat_signature
 
 
 def caption_blobs(value: Any) -> list[bytes] | None:
@@ -76,14 +76,20 @@ class JsonlSource(Source):
             image = self._image_path(record)
             extra = {k: v for k, v in record.items() if k not in (self.image_key, self.caption_key)}
             rel = str(record[self.image_key])
+            fault = None
+            try:
+                data = image.read_bytes() if image.is_file() else None
+            except OSError as e:  # listed but unreadable (permissions, vanished)
+                data, fault = None, (UNREADABLE, f"{image}: {type(e).__name__}: {e}")
             yield RawItem(
                 key=wanted[lineno],
                 unit=wanted[lineno],
                 locator=rel,
-                data=image.read_bytes() if image.is_file() else None,
+                data=data,
                 captions=caption_blobs(record.get(self.caption_key)),
                 name=Path(rel).stem,
                 extra=extra,
+                fault=fault,
             )
 
     def read(self, locator: str) -> bytes:
