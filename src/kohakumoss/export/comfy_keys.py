@@ -2,8 +2,8 @@
 with each block's q, k and v fused into one `layers.N.proj.qkv` (rows q; k; v). Keys of ComfyUI-format
 adapters carry the `diffusion_model.` prefix ComfyUI's generic LoRA key map expects.
 
-Module-level only (adapter exports, and merging a ComfyUI-format adapter onto a native model); full
-checkpoint conversion is `model/layouts/comfy.py`'s.
+Module-level names here (adapter exports, and merging a ComfyUI-format adapter onto a native model); the
+weights' fusing itself is `model/layouts/comfy.py`'s (`fuse_qkv` / `split_qkv` call it).
 """
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
+from kohakumoss.model.layouts import LAYOUTS
+
 COMFY_PREFIX = "diffusion_model."
 QKV = ("q", "k", "v")  # fused row order
+COMFY = LAYOUTS["comfy"]
 _MEMBER = re.compile(r"^(?P<block>layers\.\d+\.proj)\.(?P<part>q|k|v)$")
 _FUSED = re.compile(r"^(?P<block>layers\.\d+\.proj)\.qkv$")
 
@@ -49,30 +52,10 @@ def comfy_module(native_module: str) -> str:
 
 def fuse_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A native state dict (or part of one) in the ComfyUI layout: every complete q, k, v triple of
-    weights joined along the rows, the rest unchanged."""
-    out, used = {}, set()
-    for key in state:
-        module, _, param = key.rpartition(".")
-        slot = fused_slot(module)
-        if slot is None or slot.index != 0:
-            continue
-        names = [f"{m}.{param}" for m in slot.members]
-        if all(n in state for n in names):
-            out[f"{slot.target}.{param}"] = torch.cat([state[n] for n in names], 0)
-            used.update(names)
-    out.update({k: v for k, v in state.items() if k not in used})
-    return out
+    weights joined along the rows, the rest unchanged (the comfy checkpoint layout's own fusing)."""
+    return COMFY.from_native(state)
 
 
 def split_qkv(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The inverse of `fuse_qkv`: fused q, k, v tensors split into equal row thirds under native keys."""
-    out = {}
-    for key, tensor in state.items():
-        module, _, param = key.rpartition(".")
-        members = fused_members(module)
-        if members is None:
-            out[key] = tensor
-            continue
-        for name, part in zip(members, tensor.chunk(len(members), 0), strict=True):
-            out[f"{name}.{param}"] = part
-    return out
+    """The inverse of `fuse_qkv`: fused q, k, v weights split into equal row thirds under native keys."""
+    return dict(COMFY.to_native(state.items()))

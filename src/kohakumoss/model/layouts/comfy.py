@@ -17,6 +17,3 @@ LAYOUT = KeyLayout(
     save_prefix=COMFY_PREFIXES[0],
     marker_keys=("layers.0.proj.qkv.weight",),
 )
-
-# the fused groups, for exporters that repack adapter q/k/v into ComfyUI's fused qkv
-QKV_FUSION = {"proj.qkv": ("proj.q", "proj.k", "proj.v")}
