@@ -9,7 +9,8 @@ the HF one. No data loading, loss or sampler in here; attention stays within eac
     mod   = shared_block_modulation(time)                           one [B, 6d] for all blocks
     text  = text_embedder(text)                                     projection + 2 unmodulated refiner blocks
     x     = [video_embedder(img), text] per sample                  image tokens first
-    x     = layers[i](x, mod) for every block (skip_layers left out: skip-layer guidance)
+    x     = layers[i](x, mod) for every block (skip_layers left out: skip-layer guidance; with keep_lead
+            the leading samples still run them)
     shift, scale = video_head_modulation(time)
     v     = final_linear_video(final_norm_video(x_img) * (1 + scale) + shift)
 """
@@ -74,16 +75,27 @@ class MossBackbone(nn.Module):
         sigma: torch.Tensor,
         seq: PackedSeq,
         skip_layers: Collection[int] = (),
+        keep_lead: PackedSeq | None = None,
     ) -> torch.Tensor:
+        """keep_lead: the layout of the batch's leading samples, which then run every block (skip_layers
+        leave the blocks out of the other samples only): the sampler's conditional branch packed before
+        its skip-layer-guided unconditional one, one forward for both."""
         cfg, ops = self.config, self.ops
         mod, head = self.modulations(sigma)
         rope = rope_cos_sin(seq.positions, cfg.head_dim, cfg.rope_theta)
         x = self.embed(img, text, seq, rope)
         run = self.block_runner
+        lead = _lead_inputs(keep_lead, seq, mod, rope) if keep_lead is not None and skip_layers else None
+
+        def call(block, x, mod, seq, rope):
+            return run(block, x, mod, seq, rope) if run is not None else block(x, mod, seq, rope, ops)
+
         for i, block in enumerate(self.layers):
-            if i in skip_layers:
-                continue
-            x = run(block, x, mod, seq, rope) if run is not None else block(x, mod, seq, rope, ops)
+            if i not in skip_layers:
+                x = call(block, x, mod, seq, rope)
+            elif lead is not None:  # the block on the leading samples' tokens alone
+                n, lead_mod, lead_rope = lead
+                x = torch.cat([call(block, x[:n], lead_mod, keep_lead, lead_rope), x[n:]])
         shift, scale = head.unbind(0)
         scale = fold_norm_weight(self.final_norm_video.weight, scale)
         y = ops.norm_modulate(x[seq.img_index], shift, scale, seq.img_token_sample, cfg.norm_eps)
@@ -111,3 +123,14 @@ class MossBackbone(nn.Module):
                 if p.ndim == 1 and not name.endswith("bias"):  # norm weights around 1
                     p.add_(1.0)
         return self
+
+
+def _lead_inputs(lead: PackedSeq, seq: PackedSeq, mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
+    """(tokens, modulation [6, b, d], rope) of the first `lead.num_samples` samples of `seq`."""
+    b, n = lead.num_samples, lead.total_tokens
+    if lead.text_lens != seq.text_lens[:b] or lead.img_sizes != seq.img_sizes[:b] or b >= seq.num_samples:
+        raise ValueError(
+            f"keep_lead {lead.text_lens}/{lead.img_sizes} is not a proper prefix of the batch "
+            f"{seq.text_lens}/{seq.img_sizes}"
+        )
+    return n, mod[:, :b].contiguous(), (rope[0][:n], rope[1][:n])
