@@ -7,6 +7,7 @@ What a step contains depends only on the plan, never on the worker count or timi
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import sys
 import threading
@@ -68,7 +69,7 @@ def worker_pool(
         return None
     method = start_method or ("fork" if sys.platform.startswith("linux") else "spawn")
     return ProcessPoolExecutor(
-        workers, mp.get_context(method), initializer=init_worker, initargs=(source, cache)
+        workers, mp.get_context(method), initializer=init_worker, initargs=(source, cache, os.getpid())
     )
 
 

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +38,34 @@ class ItemResult:
 _state: dict[str, Any] = {}
 
 
-def init_worker(source: Source, latent_cache: TensorCache | None) -> None:
-    """Process initializer: each worker keeps its own source handles and cache index."""
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit once `parent` is gone (platforms without a parent-death signal): polled once a second."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
+
+
+def die_with_parent(parent: int) -> None:
+    """This process ends when `parent` ends, even by kill -9 (which runs no cleanup in the parent)."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+            if os.getppid() != parent:  # the parent died before the signal was armed
+                os._exit(1)
+            return
+    threading.Thread(target=_watch_parent, args=(parent,), name="parent-watch", daemon=True).start()
+
+
+def init_worker(source: Source, latent_cache: TensorCache | None, parent: int | None = None) -> None:
+    """Process initializer: own source handles and cache index; dies with the trainer; Ctrl-C is the parent's."""
+    if parent is not None:
+        die_with_parent(parent)
+    # a terminal's Ctrl-C reaches the whole process group: the parent stops the pool, so workers
+    # ignore it rather than each printing a KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _state["source"] = source
     _state["cache"] = latent_cache
 

@@ -1,0 +1,103 @@
+"""Loader workers under process faults: kill -9 of their parent, Ctrl-C to the whole process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+# a trainer-like parent: a Loader with two workers, one batch taken, then held open
+PARENT = """
+import json, os, sys, time
+from kohakumoss_data import Loader, LoaderKnobs, PlanKnobs, ScanKnobs, build_plan, make_source, scan
+from kohakumoss.config.knobs import Knob, Schema, run_checked
+
+def run(_):
+    source = make_source({"kind": "kohya", "path": sys.argv[1]})
+    catalog = scan(source, ScanKnobs(workers=1), cache_dir=sys.argv[2])
+    plan = build_plan(catalog, 0, PlanKnobs(area=64 * 64, tokens_per_step=40, epochs=50))
+    it = iter(Loader(plan, catalog, source, knobs=LoaderKnobs(workers=2, prefetch_steps=2)))
+    next(it)
+    kids = [int(p) for p in os.listdir("/proc") if p.isdigit() and ppid(int(p)) == os.getpid()]
+    print(json.dumps(kids), flush=True)
+    while True:
+        next(it)
+        time.sleep(0.05)
+
+def ppid(pid):
+    try:
+        return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+sys.exit(run_checked(Schema([Knob("X", 0, "unused")]), {}, run, "parent"))
+"""
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting to be reaped counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def start_parent(kohya_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PARENT, str(kohya_dir), str(tmp_path / "catalogs")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's foreground job
+    )
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        pytest.fail(f"the parent never started its workers: {proc.stderr.read()}")
+    workers = json.loads(line)
+    assert len(workers) >= 2 and all(alive(p) for p in workers)
+    return proc, workers
+
+
+def wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def test_kill_9_of_the_parent_leaves_no_worker_alive(kohya_dir, tmp_path):
+    proc, workers = start_parent(kohya_dir, tmp_path)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert wait_gone(workers) == []
+    finally:
+        for pid in workers:  # never leave a stray behind, even when the test fails
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_to_the_process_group_prints_one_line_and_no_worker_traceback(kohya_dir, tmp_path):
+    proc, workers = start_parent(kohya_dir, tmp_path)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: parent and workers all get it
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+        assert err.strip().splitlines()[-1] == "interrupted"  # earlier lines: the scan's log
+        assert wait_gone(workers) == []
+    finally:
+        proc.kill()
+        for pid in workers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
