@@ -1,6 +1,7 @@
 """The flow-matching objective on packed image tokens: noisy input, velocity target, weighted loss.
 
-x_t = (1 - sigma) x0 + sigma noise;  v = noise - x0;  loss = w(sigma) * |v_pred - v|^2.
+x_t = (1 - sigma) x0 + sigma noise;  v = noise - x0;  loss = w(sigma) * rho(v_pred - v), where rho is the
+squared error by default (LOSS_TYPE picks l1, huber or pseudo_huber) and w the LOSS_WEIGHTING.
 """
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from kohakumoss_common.errors import ConfigError
 
-WEIGHTINGS = ("none", "cosmap", "sigma_sqrt")
+WEIGHTINGS = ("none", "cosmap", "sigma_sqrt", "min_snr")
 REDUCTIONS = ("token", "sample")
+LOSS_TYPES = ("l2", "l1", "huber", "pseudo_huber")
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,51 @@ def make_flow_target(
     return FlowTarget(x_t=x_t, target=(noise.float() - x0.float()), sigma=sigma)
 
 
-def loss_weight(sigma: torch.Tensor, weighting: str) -> torch.Tensor:
+def loss_weight(sigma: torch.Tensor, weighting: str, min_snr_gamma: float = 5.0) -> torch.Tensor:
+    """Per-sample weight of the velocity loss for LOSS_WEIGHTING.
+
+    min_snr: min-SNR-gamma (Hang et al. 2023) moved onto the velocity loss. With SNR = ((1 - s) / s)^2 the
+    x0 error is s * the velocity error, so the x0-space weight min(SNR, gamma) becomes
+    s^2 * min(SNR, gamma) = min((1 - s)^2, gamma * s^2): the analogue of min(SNR, gamma) / (SNR + 1) for
+    v-prediction, capping the weight of the low-noise, easy steps.
+    """
     if weighting == "none":
         return torch.ones_like(sigma)
     if weighting == "cosmap":  # SD3's cosine-mapped weighting
         return 2 / (math.pi * (1 - 2 * sigma + 2 * sigma**2))
     if weighting == "sigma_sqrt":
         return sigma.clamp_min(1e-4) ** -2.0
+    if weighting == "min_snr":
+        if min_snr_gamma <= 0:
+            raise ConfigError("MIN_SNR_GAMMA", f"must be > 0, got {min_snr_gamma}")
+        return torch.minimum((1 - sigma) ** 2, min_snr_gamma * sigma**2)
     raise ConfigError("LOSS_WEIGHTING", f"'{weighting}' is not one of {WEIGHTINGS}")
+
+
+def token_error(
+    pred: torch.Tensor, target: torch.Tensor, loss_type: str = "l2", huber_c: float = 0.1
+) -> torch.Tensor:
+    """Per-token mean over channels of rho(pred - target) [T].
+
+    l2: d^2.  l1: |d|.  huber: d^2 for |d| <= c, 2c|d| - c^2 beyond (twice torch's huber_loss, so it equals
+    l2 below c).  pseudo_huber: 2c (sqrt(d^2 + c^2) - c), the smooth form (kohya's 'huber'): ~d^2 near 0,
+    ~2c|d| far out.  c is HUBER_C.
+    """
+    d = pred.float() - target.float()
+    if loss_type == "l2":
+        err = d.pow(2)
+    elif loss_type == "l1":
+        err = d.abs()
+    elif loss_type in ("huber", "pseudo_huber"):
+        if huber_c <= 0:
+            raise ConfigError("HUBER_C", f"must be > 0, got {huber_c}")
+        if loss_type == "huber":
+            err = 2 * F.huber_loss(d, torch.zeros_like(d), reduction="none", delta=huber_c)
+        else:
+            err = 2 * huber_c * (torch.sqrt(d.pow(2) + huber_c**2) - huber_c)
+    else:
+        raise ConfigError("LOSS_TYPE", f"'{loss_type}' is not one of {LOSS_TYPES}")
+    return err.mean(dim=-1)
 
 
 def flow_matching_loss(
@@ -49,12 +89,17 @@ def flow_matching_loss(
     img_token_sample: torch.Tensor,
     weighting: str = "none",
     reduction: str = "token",
+    *,
+    loss_type: str = "l2",
+    huber_c: float = 0.1,
+    min_snr_gamma: float = 5.0,
 ) -> torch.Tensor:
-    """Mean squared velocity error; 'token' weighs every image token alike, 'sample' every sample alike."""
+    """Mean velocity error (squared unless `loss_type` says otherwise); 'token' weighs every image token
+    alike, 'sample' every sample alike."""
     if reduction not in REDUCTIONS:
         raise ConfigError("LOSS_REDUCTION", f"'{reduction}' is not one of {REDUCTIONS}")
-    per_token = (pred.float() - target.float()).pow(2).mean(dim=-1)
-    w = loss_weight(sigma.to(per_token.device).float(), weighting)[img_token_sample]
+    per_token = token_error(pred, target, loss_type, huber_c)
+    w = loss_weight(sigma.to(per_token.device).float(), weighting, min_snr_gamma)[img_token_sample]
     per_token = per_token * w
     if reduction == "token":
         return per_token.mean()

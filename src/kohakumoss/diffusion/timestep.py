@@ -1,4 +1,5 @@
-"""Sigma sampling for training: uniform or logit-normal, then an optional static or resolution shift.
+"""Sigma sampling for training: uniform, logit-normal or SD3's mode sampling, then an optional static or
+resolution shift.
 
 Sampling does not use these shifts: it follows the released schedule (schedule.py).
 
@@ -14,7 +15,9 @@ import torch
 
 from kohakumoss_common.errors import ConfigError
 
-SIGMA_MODES = ("uniform", "logit_normal")
+SIGMA_MODES = ("uniform", "logit_normal", "mode")
+# SD3 (Esser et al. 2024, eq. 20): f_mode is monotonic, so a valid sampler, for -1 <= s <= 2 / (pi - 2)
+MODE_SCALE_RANGE = (-1.0, 2 / (math.pi - 2))
 SHIFT_MODES = ("none", "static", "resolution")
 
 
@@ -23,6 +26,7 @@ class TimestepConfig:
     mode: str = "logit_normal"
     logit_mean: float = 0.0
     logit_std: float = 1.0
+    mode_scale: float = 1.29  # s of mode sampling (SD3's default; 0 is uniform, > 0 favours mid sigmas)
     shift: str = "resolution"  # none | static | resolution
     static_shift: float = 3.0
     base_tokens: int = 256  # image tokens at which the resolution shift is base_shift
@@ -33,6 +37,11 @@ class TimestepConfig:
     def __post_init__(self) -> None:
         if self.mode not in SIGMA_MODES:
             raise ConfigError("TIMESTEP_SAMPLING", f"'{self.mode}' is not one of {SIGMA_MODES}")
+        lo, hi = MODE_SCALE_RANGE
+        if not lo <= self.mode_scale <= hi:
+            raise ConfigError(
+                "MODE_SCALE", f"must be in [{lo}, {hi:.4f}] (monotonic f_mode), got {self.mode_scale}"
+            )
         if self.shift not in SHIFT_MODES:
             raise ConfigError("TIMESTEP_SHIFT", f"'{self.shift}' is not one of {SHIFT_MODES}")
         if self.static_shift <= 0:
@@ -66,12 +75,19 @@ def draw_sigmas(
     n = image_tokens.shape[0]
     if cfg.mode == "uniform":
         sigma = torch.rand(n, generator=generator, dtype=torch.float64)
+    elif cfg.mode == "mode":
+        sigma = mode_sigma(torch.rand(n, generator=generator, dtype=torch.float64), cfg.mode_scale)
     else:
         sigma = torch.sigmoid(
             cfg.logit_mean + cfg.logit_std * torch.randn(n, generator=generator, dtype=torch.float64)
         )
     sigma = shift_sigma(sigma, shift_for(image_tokens.cpu(), cfg))
     return sigma.clamp(1e-5, 1 - 1e-5).float()
+
+
+def mode_sigma(u: torch.Tensor, scale: float) -> torch.Tensor:
+    """SD3's f_mode(u; s) = 1 - u - s (cos^2(pi u / 2) - 1 + u) of uniform u; symmetric about 1/2."""
+    return 1 - u - scale * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
 
 
 def logit_normal_density(sigma: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
