@@ -10,10 +10,13 @@ called with VAE_KWARGS.
 
 from __future__ import annotations
 
+import sys
+from typing import Any
+
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import latent_cache_identity
 from kohakumoss_data.offline import fill_latent_cache
-from kohakumoss_data.pipeline import open_dataset, plan_dataset, upper_knobs
+from kohakumoss_data.pipeline import open_dataset, plan_dataset
 from kohakumoss_data.settings import load_factory
 
 DATASET = {"kind": "kohya", "path": "data/train"}
@@ -44,15 +47,22 @@ VAE_FACTORY = "kohakumoss.encoders.vae:ImageVAE.load"
 VAE_KWARGS = {"path": "models/vae", "device": "cuda"}
 
 
-def main() -> None:
-    knobs = upper_knobs(globals())
+def run(knobs: dict[str, Any]) -> None:
     source, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
-    vae = load_factory(VAE_FACTORY, "VAE_FACTORY")(**VAE_KWARGS)
-    cache = TensorCache(CACHE_DIR, latent_cache_identity(vae.identity), SHARD_ITEMS)
-    report = fill_latent_cache(plan, catalog, source, vae, cache, WORKERS, BATCH_SIZE)
+    vae = load_factory(knobs["VAE_FACTORY"], "VAE_FACTORY")(**knobs["VAE_KWARGS"])
+    cache = TensorCache(knobs["CACHE_DIR"], latent_cache_identity(vae.identity), knobs["SHARD_ITEMS"])
+    report = fill_latent_cache(plan, catalog, source, vae, cache, knobs["WORKERS"], knobs["BATCH_SIZE"])
     print(report.summary("latents"))
     print(f"cache {cache.dir}")
+
+
+def main() -> None:
+    """Check the knobs (unknown names with a did-you-mean, types, ranges) like the trainer, then run."""
+    from kohakumoss.cli.config_data_schema import DATA_SCHEMA
+    from kohakumoss.config.knobs import run_checked
+
+    sys.exit(run_checked(DATA_SCHEMA, globals(), run, "scripts/data/cache_latents.py"))
 
 
 if __name__ == "__main__":

@@ -9,12 +9,13 @@ TEXT_KWARGS; the default builds kohakumoss.encoders.TextEncoder from a TextEncod
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import text_cache_identity
 from kohakumoss_data.offline import fill_text_cache, planned_captions
-from kohakumoss_data.pipeline import open_dataset, plan_dataset, upper_knobs
+from kohakumoss_data.pipeline import open_dataset, plan_dataset
 from kohakumoss_data.settings import load_factory
 
 DATASET = {"kind": "kohya", "path": "data/train"}
@@ -51,18 +52,26 @@ def real_text_encoder(**kwargs: Any) -> Any:
     return TextEncoder.load(TextEncoderConfig(**kwargs))
 
 
-def main() -> None:
-    knobs = upper_knobs(globals())
+def run(knobs: dict[str, Any]) -> None:
     _, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
-    factory = load_factory(TEXT_FACTORY, "TEXT_FACTORY") if TEXT_FACTORY else real_text_encoder
-    encoder = factory(**TEXT_KWARGS)
-    cache = TensorCache(
-        CACHE_DIR, text_cache_identity(encoder.identity, encoder.template, encoder.layer_choice), SHARD_ITEMS
+    factory = (
+        load_factory(knobs["TEXT_FACTORY"], "TEXT_FACTORY") if knobs["TEXT_FACTORY"] else real_text_encoder
     )
-    report = fill_text_cache(planned_captions(plan), encoder, cache, BATCH_SIZE)
+    encoder = factory(**knobs["TEXT_KWARGS"])
+    identity = text_cache_identity(encoder.identity, encoder.template, encoder.layer_choice)
+    cache = TensorCache(knobs["CACHE_DIR"], identity, knobs["SHARD_ITEMS"])
+    report = fill_text_cache(planned_captions(plan), encoder, cache, knobs["BATCH_SIZE"])
     print(report.summary("text"))
     print(f"cache {cache.dir}")
+
+
+def main() -> None:
+    """Check the knobs (unknown names with a did-you-mean, types, ranges) like the trainer, then run."""
+    from kohakumoss.cli.config_data_schema import DATA_SCHEMA
+    from kohakumoss.config.knobs import run_checked
+
+    sys.exit(run_checked(DATA_SCHEMA, globals(), run, "scripts/data/cache_text.py"))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,10 @@ result with DATASET = {"kind": "shards", "path": OUT_DIR}.
 
 from __future__ import annotations
 
-from kohakumoss_data.pipeline import open_dataset, upper_knobs
+import sys
+from typing import Any
+
+from kohakumoss_data.pipeline import open_dataset
 from kohakumoss_data.sources.convert import convert_to_shards
 
 DATASET = {"kind": "kohya", "path": "data/train"}
@@ -22,10 +25,19 @@ MAX_AREA = 2048 * 2048  # keeps enough pixels for any AREA up to 4 MP; None keep
 ITEMS_PER_SHARD = 256
 
 
+def run(knobs: dict[str, Any]) -> None:
+    source, catalog = open_dataset(knobs)
+    out = knobs["OUT_DIR"]
+    paths = convert_to_shards(source, catalog, out, knobs["MAX_AREA"], knobs["ITEMS_PER_SHARD"])
+    print(f"wrote {len(catalog.usable)} images into {len(paths)} shards under {out}")
+
+
 def main() -> None:
-    source, catalog = open_dataset(upper_knobs(globals()))
-    paths = convert_to_shards(source, catalog, OUT_DIR, MAX_AREA, ITEMS_PER_SHARD)
-    print(f"wrote {len(catalog.usable)} images into {len(paths)} shards under {OUT_DIR}")
+    """Check the knobs (unknown names with a did-you-mean, types, ranges) like the trainer, then run."""
+    from kohakumoss.cli.config_data_schema import DATA_SCHEMA
+    from kohakumoss.config.knobs import run_checked
+
+    sys.exit(run_checked(DATA_SCHEMA, globals(), run, "scripts/data/convert_shards.py"))
 
 
 if __name__ == "__main__":

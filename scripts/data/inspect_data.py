@@ -10,13 +10,15 @@ of each dropped file) into RUN_DIR.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from typing import Any
 
 from PIL import Image
 
 from kohakumoss_common.io import atomic_write_text
 from kohakumoss_data.figures import contact_sheet, histogram_png
-from kohakumoss_data.pipeline import open_dataset, upper_knobs
+from kohakumoss_data.pipeline import open_dataset
 from kohakumoss_data.plan import build_plan
 from kohakumoss_data.report import aspect_histogram, report_lines, resolution_histogram, write_dropped
 from kohakumoss_data.settings import plan_knobs
@@ -46,24 +48,23 @@ RUN_DIR = "runs/inspect"
 CONTACT_ITEMS = 12
 
 
-def main() -> None:
-    knobs = upper_knobs(globals())
+def run(knobs: dict[str, Any]) -> None:
     source, catalog = open_dataset(knobs)
-    plan = build_plan(catalog, SEED, plan_knobs(knobs))
+    plan = build_plan(catalog, knobs["SEED"], plan_knobs(knobs))
     lines = report_lines(catalog, plan)
     print("\n".join(lines))
-    run = Path(RUN_DIR)
-    run.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(run / "report.txt", "\n".join(lines) + "\n")
-    write_dropped(run / "dropped.jsonl", catalog)
+    out = Path(knobs["RUN_DIR"])
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "report.txt", "\n".join(lines) + "\n")
+    write_dropped(out / "dropped.jsonl", catalog)
     aspect = histogram_png("aspect ratio (w/h) of usable items", aspect_histogram(catalog))
     sizes = histogram_png("planned resolution, epoch 0", resolution_histogram(plan))
     figure = Image.new("RGB", (aspect.width, aspect.height + sizes.height), "white")
     figure.paste(aspect, (0, 0))
     figure.paste(sizes, (0, aspect.height))
-    figure.save(run / "histogram.png")
+    figure.save(out / "histogram.png")
     locators = {it.key: it.locator for it in catalog.usable}
-    first = [it for step in plan.steps for it in step][:CONTACT_ITEMS]
+    first = [it for step in plan.steps for it in step][: knobs["CONTACT_ITEMS"]]
     tiles = [
         (
             Image.fromarray(planned_pixels(source.read(locators[it.key]), it)),
@@ -71,8 +72,16 @@ def main() -> None:
         )
         for it in first
     ]
-    contact_sheet(tiles).save(run / "contact_sheet.png")
-    print(f"wrote {run / 'report.txt'}, {run / 'histogram.png'}, {run / 'contact_sheet.png'}")
+    contact_sheet(tiles).save(out / "contact_sheet.png")
+    print(f"wrote {out / 'report.txt'}, {out / 'histogram.png'}, {out / 'contact_sheet.png'}")
+
+
+def main() -> None:
+    """Check the knobs (unknown names with a did-you-mean, types, ranges) like the trainer, then run."""
+    from kohakumoss.cli.config_data_schema import DATA_SCHEMA
+    from kohakumoss.config.knobs import run_checked
+
+    sys.exit(run_checked(DATA_SCHEMA, globals(), run, "scripts/data/inspect_data.py"))
 
 
 if __name__ == "__main__":

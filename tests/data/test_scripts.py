@@ -22,9 +22,20 @@ def kogine(capsys, script: str, config: Path, *sets: str) -> str:
     overrides = dict(s.split("=", 1) for s in sets)
     run.config = layer_overrides(engine.load_config_file(str(config)), set_values=overrides)
     capsys.readouterr()
-    engine.ScriptExecutor(run).execute()
+    try:
+        engine.ScriptExecutor(run).execute()
+    except SystemExit as e:  # the scripts exit through run_checked: 0 done, 2 a named problem
+        if e.code:
+            out = capsys.readouterr()
+            raise ScriptFailed(e.code, out.out + out.err) from None
     out = capsys.readouterr()
     return out.out + out.err
+
+
+class ScriptFailed(Exception):
+    def __init__(self, code: int, output: str):
+        super().__init__(f"exit {code}: {output}")
+        self.code, self.output = code, output
 
 
 @pytest.fixture
@@ -91,3 +102,17 @@ def test_inspect_names_dropped_files(kohya_copy, config, tmp_path, capsys):
         ("3_wall/gone.jpg", "broken_symlink"),
         ("3_wall/img1.png", "corrupt"),
     ]
+
+
+@pytest.mark.parametrize("script", ["inspect_data.py", "cache_latents.py", "cache_text.py", "convert_shards.py"])
+def test_data_scripts_check_their_knobs_like_the_trainer(config, tmp_path, capsys, script):
+    bad = tmp_path / "bad_cfg.py"
+    bad.write_text(config.read_text() + "MIN_SIDEE = 5000\nAREA = 'big'\nSHARD_ITEMS = -3\n")
+    with pytest.raises(ScriptFailed) as failed:
+        kogine(capsys, script, bad)
+    out = failed.value.output
+    assert failed.value.code == 2 and "Traceback" not in out
+    assert "MIN_SIDEE: unknown knob (did you mean MIN_SIDE?)" in out
+    assert "AREA: expected int, got str 'big'" in out
+    assert "SHARD_ITEMS: -3 is below the minimum 1" in out
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()  # refused before any work
