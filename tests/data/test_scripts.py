@@ -104,7 +104,9 @@ def test_inspect_names_dropped_files(kohya_copy, config, tmp_path, capsys):
     ]
 
 
-@pytest.mark.parametrize("script", ["inspect_data.py", "cache_latents.py", "cache_text.py", "convert_shards.py"])
+@pytest.mark.parametrize(
+    "script", ["inspect_data.py", "cache_latents.py", "cache_text.py", "convert_shards.py"]
+)
 def test_data_scripts_check_their_knobs_like_the_trainer(config, tmp_path, capsys, script):
     bad = tmp_path / "bad_cfg.py"
     bad.write_text(config.read_text() + "MIN_SIDEE = 5000\nAREA = 'big'\nSHARD_ITEMS = -3\n")

@@ -121,6 +121,21 @@ def _card_gb(
     return None
 
 
+def trainer_refusals(knobs: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the trainer refuses at setup that no single knob's schema sees (same wording as the trainer)."""
+    out = []
+    if not knobs.get("WEIGHTS") and not knobs.get("MODEL_PRESET"):
+        out.append(("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)"))
+    if knobs.get("PRECISION") == "fp16" and str(knobs.get("DEVICE")) == "cpu":
+        out.append(("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU"))
+    if knobs.get("PRECISION") == "fp16" and knobs.get("OPTIMIZER_PLACEMENT") not in (None, "gpu"):
+        out.append(("PRECISION", "fp16 loss scaling needs OPTIMIZER_PLACEMENT='gpu'; use bf16"))
+    resume = knobs.get("RESUME")
+    if isinstance(resume, str) and resume not in ("", "latest") and not Path(resume).exists():
+        out.append(("RESUME", f"no checkpoint at '{resume}'"))
+    return out
+
+
 def check_config(path: str | Path, gpu: str | None = None, kind: str | None = None) -> CheckResult:
     """Load `path` as `kogine run --config` would and report every problem by knob name."""
     try:
@@ -136,6 +151,8 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
     merged = {**schema.defaults(), **{k: v for k, v in knobs.items() if k in schema.knobs}}
     if kind in ("train", "sample"):
         config, params = _model_files(merged, res)
+    if kind == "train":
+        res.problems += [p for p in trainer_refusals(merged) if p[0] not in {k for k, _ in res.problems}]
     if kind == "train" and (msg := base_precision_check(merged)):
         res.problems.append(("BASE_PRECISION", msg))
     if kind in ("train", "data") and "DATASET" in knobs and (msg := check_dataset(knobs["DATASET"])):
