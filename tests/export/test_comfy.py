@@ -21,12 +21,13 @@ from ..adapters.helpers import CFG, flow_batch, forward, tiny_model
 CASES = [
     ("lora", {}, "lora", "lora"),
     ("loha", {}, "loha", "loha"),
-    ("lokr", {"factor": 8}, "diff", "lokr"),
+    ("lokr", {"factor": 8}, "diff", "lokr"),  # the exact LoRA form would be as large as the diff here
+    ("lokr-4", {"factor": 4}, "lora", "lokr"),  # kron(4x4, rank-8 64x64): one rank-96 LoRA on the qkv
     ("dylora", {"block_size": 4}, "lora", "lora"),
     ("dora", {}, "diff", "diff"),
     ("oft", {}, "diff", "diff"),
     ("boft", {}, "diff", "diff"),
-    ("glora", {}, "diff", "diff"),
+    ("glora", {}, "lora", "glora"),
     ("ia3", {}, "diff", "diff"),
     ("tlora", {}, "diff", "diff"),
 ]
@@ -66,7 +67,7 @@ def _check(model, source, fused=True):
 def test_comfy_adapter_matches_native_merge(monkeypatch, algo, args, qkv_format, other_format):
     monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
     model = tiny_model()
-    net = build_adapter(model, algo, rank=8, alpha=4, preset="full", **args)
+    net = build_adapter(model, algo.split("-")[0], rank=8, alpha=4, preset="full", **args)
     _perturb(net)
     comfy = _check(model, net)
     f = comfy.formats

@@ -8,6 +8,10 @@ lycoris-lora 4.1.3's LoHa and LoKr apply alpha / rank twice in `get_diff_weight`
 `get_merged_weight` / `merge_to`) while their forward applies it once; for those two the merged weight
 is rebuilt from `get_weight` exactly as their forward does. Every other algorithm uses
 `get_merged_weight`.
+
+On an fp8 base (`precision.Fp8Linear`) lycoris refuses to merge into the stored weight; the merge then
+runs on a dense float32 copy of it (dequantized: e4m3 data times its row scale), and the merged weight
+comes back in the dtype the linear computes in (`base_dtype`), never in fp8.
 """
 
 from __future__ import annotations
@@ -18,11 +22,49 @@ from lycoris.modules.loha import LohaModule
 from lycoris.modules.lokr import LokrModule
 from torch import nn
 
+from kohakumoss.precision import Fp8Linear, base_dtype
+from kohakumoss_common.errors import ConfigError
+
 from .io import AdapterSource, load_adapter
 
 
+def dense_weight(module: nn.Module) -> torch.Tensor:
+    """A linear's weight as a float32 tensor: an fp8 one dequantized (data * row scale)."""
+    if isinstance(module, Fp8Linear):
+        return module.weight.float() * module.weight_scale.float().reshape(-1, 1)
+    return module.weight.detach().float()
+
+
+def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's state dict with every fp8 linear's weight dense (in the dtype it computes in) and its
+    `weight_scale` dropped: what a merged export writes."""
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    for name, module in model.named_modules():
+        if isinstance(module, Fp8Linear):
+            state[f"{name}.weight"] = dense_weight(module).to(base_dtype(module))
+            state.pop(f"{name}.weight_scale", None)
+    return state
+
+
+def _dense_twin(module: nn.Module) -> nn.Linear:
+    """A float32 nn.Linear with an fp8 linear's dequantized weight and its bias (for lycoris's merge)."""
+    twin = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
+    twin.to(module.weight.device)
+    twin.weight.data = dense_weight(module)
+    if module.bias is not None:
+        twin.bias.data = module.bias.detach().float()
+    return twin
+
+
 def _merged(lora: LycorisBaseModule, multiplier: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    weight = lora.org_module[0].weight
+    org = lora.org_module[0]
+    if isinstance(org, Fp8Linear):
+        lora.org_module[0] = _dense_twin(org)
+        try:
+            return _merged(lora, multiplier)
+        finally:
+            lora.org_module[0] = org
+    weight = org.weight
     if isinstance(lora, (LohaModule, LokrModule)):
         base = weight.float()
         diff = lora.get_weight(lora.shape).to(base) * lora.scalar.to(base)
@@ -45,25 +87,27 @@ def merged_weights(
         lora.to(module.weight.device)
         lora.eval()
         w, b = _merged(lora, multiplier)
-        key = names[id(module)]
-        out[f"{key}.weight"] = w.detach().to(module.weight.dtype)
+        key, dtype = names[id(module)], base_dtype(module)
+        out[f"{key}.weight"] = w.detach().to(dtype)
         if b is not None:
-            out[f"{key}.bias"] = b.detach().to(module.weight.dtype)
+            out[f"{key}.bias"] = b.detach().to(dtype)
     return out
 
 
 @torch.no_grad()
 def weight_diffs(model: nn.Module, source: AdapterSource, multiplier: float = 1.0) -> dict[str, torch.Tensor]:
-    """{native key: merged - base} in float32, for exports that carry a full weight difference."""
-    state = model.state_dict()
+    """{native key: merged - base} in float32, for exports that carry a full weight difference (the
+    base of an fp8 linear dequantized, so the difference is the adapter's alone)."""
+    state = dense_state_dict(model)
     return {k: v.float() - state[k].float() for k, v in merged_weights(model, source, multiplier).items()}
 
 
 def merged_state_dict(
     model: nn.Module, source: AdapterSource, multiplier: float = 1.0
 ) -> dict[str, torch.Tensor]:
-    """The model's full state dict with the adapter merged (unchanged tensors are shared, not copied)."""
-    state = {k: v.detach() for k, v in model.state_dict().items()}
+    """The model's full state dict with the adapter merged (unchanged tensors are shared, not copied; fp8
+    linears dense, `dense_state_dict`)."""
+    state = dense_state_dict(model)
     state.update(merged_weights(model, source, multiplier))
     return state
 
@@ -71,6 +115,12 @@ def merged_state_dict(
 @torch.no_grad()
 def merge_into(model: nn.Module, source: AdapterSource, multiplier: float = 1.0) -> nn.Module:
     """Write the merged weights into `model` (which must not carry the live network's forward)."""
+    if any(isinstance(m, Fp8Linear) for m in model.modules()):
+        raise ConfigError(
+            "BASE_PRECISION",
+            "merging into an fp8 base's stored weights would round the merge to fp8; "
+            "write the merged weights out (merged_state_dict) or load the base with 'same'",
+        )
     params = dict(model.named_parameters())
     for key, value in merged_weights(model, source, multiplier).items():
         params[key].copy_(value)

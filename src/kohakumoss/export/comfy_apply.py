@@ -1,4 +1,4 @@
-"""ComfyUI's LoRA / LoHa / LoKr / diff weight patching (comfy/weight_adapter), re-implemented.
+"""ComfyUI's LoRA / LoHa / LoKr / GLoRA / diff weight patching (comfy/weight_adapter), re-implemented.
 
 It reads only the ComfyUI-format file and ComfyUI-layout base weights (q, k, v fused), like ComfyUI does.
 The export tests check the ComfyUI-format files against it, and `merge_comfy_adapter` uses it to put
@@ -17,14 +17,34 @@ from kohakumoss_common.errors import CheckpointError
 from .comfy_keys import COMFY_PREFIX, fuse_qkv, fused_members, split_qkv
 
 PREFIX = COMFY_PREFIX
-_DOTTED = ("lora_up.weight", "lora_down.weight", "lora_mid.weight")  # entry names that hold a dot
+_DOTTED = (  # entry names that hold a dot
+    "lora_up.weight",
+    "lora_down.weight",
+    "lora_mid.weight",
+    "a1.weight",
+    "a2.weight",
+    "b1.weight",
+    "b2.weight",
+)
 
 
 def _alpha(entry: dict, dim: int | None) -> float:
     return float(entry["alpha"]) / dim if "alpha" in entry and dim is not None else 1.0
 
 
-def patch_delta(entry: dict, shape: torch.Size) -> torch.Tensor:
+def _glora_rank(a1: torch.Tensor, a2: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, shape) -> int:
+    """ComfyUI's GLoRA rank: the new layout (W a1 a2 + b1 b2) unless only the old one fits."""
+    old = b2.shape[1] == b1.shape[0] == a1.shape[0] == a2.shape[1]
+    new = b2.shape[0] == b1.shape[1] == a1.shape[1] == a2.shape[0]
+    if new and not (old and a2.shape[0] == shape[0] and shape[0] == shape[1]):
+        return a2.shape[0]
+    raise CheckpointError(
+        "<comfy adapter>", "GLoRA entry in the old LyCORIS layout: not written by this exporter"
+    )
+
+
+def patch_delta(entry: dict, shape: torch.Size, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """The weight difference ComfyUI adds at strength 1 (before a DoRA rescale); GLoRA reads `weight`."""
     if "diff" in entry:
         return entry["diff"].float()
     if "lora_up.weight" in entry:
@@ -34,6 +54,11 @@ def patch_delta(entry: dict, shape: torch.Size) -> torch.Tensor:
         m1 = entry["hada_w1_a"].float() @ entry["hada_w1_b"].float()
         m2 = entry["hada_w2_a"].float() @ entry["hada_w2_b"].float()
         return _alpha(entry, entry["hada_w1_b"].shape[0]) * (m1 * m2).reshape(shape)
+    if "a1.weight" in entry:
+        a1, a2, b1, b2 = (entry[f"{n}.weight"].float() for n in ("a1", "a2", "b1", "b2"))
+        rank = _glora_rank(a1, a2, b1, b2, shape)
+        scale = float(entry["alpha"]) / rank if "alpha" in entry else 1.0
+        return scale * (weight.float() @ a1 @ a2 + b1 @ b2).reshape(shape)
     dim = None
     w1 = entry.get("lokr_w1")
     if w1 is None:
@@ -44,6 +69,19 @@ def patch_delta(entry: dict, shape: torch.Size) -> torch.Tensor:
         dim = entry["lokr_w2_b"].shape[0]
         w2 = entry["lokr_w2_a"] @ entry["lokr_w2_b"]
     return _alpha(entry, dim) * torch.kron(w1.float(), w2.float()).reshape(shape)
+
+
+def patched_weight(entry: dict, weight: torch.Tensor, strength: float = 1.0) -> torch.Tensor:
+    """ComfyUI's patched float32 weight: W + strength * delta, or with `dora_scale` its weight_decompose
+    (W + delta rescaled per input column to dora_scale's norms, then W + strength * (that - W))."""
+    w = weight.float()
+    delta = patch_delta(entry, w.shape, w)
+    if "dora_scale" not in entry:
+        return w + strength * delta
+    calc = w + delta
+    norm = calc.transpose(0, 1).reshape(calc.shape[1], -1).norm(dim=1, keepdim=True).transpose(0, 1)
+    calc = calc * (entry["dora_scale"].float() / norm)
+    return w + strength * (calc - w)
 
 
 def comfy_entries(adapter: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
@@ -66,13 +104,18 @@ def comfy_entries(adapter: dict[str, torch.Tensor]) -> dict[str, dict[str, torch
 
 
 def apply_comfy_adapter(
-    base: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], strength: float = 1.0
+    base: dict[str, torch.Tensor],
+    adapter: dict[str, torch.Tensor],
+    strength: float = 1.0,
+    modules: set[str] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Patched float32 copy of ComfyUI-layout base weights (keys without the diffusion_model. prefix)."""
+    """Patched float32 copy of ComfyUI-layout base weights (keys without the diffusion_model. prefix);
+    `modules`: patch only these ComfyUI modules."""
     out = {k: v.float().clone() for k, v in base.items()}
     for module, entry in comfy_entries(adapter).items():
-        w = out[f"{module}.weight"]
-        out[f"{module}.weight"] = w + strength * patch_delta(entry, w.shape)
+        if modules is not None and module not in modules:
+            continue
+        out[f"{module}.weight"] = patched_weight(entry, out[f"{module}.weight"], strength)
         if "diff_b" in entry:
             out[f"{module}.bias"] = out[f"{module}.bias"] + strength * entry["diff_b"].float()
     return out

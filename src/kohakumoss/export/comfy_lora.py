@@ -15,10 +15,17 @@ Comfy-Org stores q, k, v as one matrix W_qkv = [W_q; W_k; W_v] (rows stacked). P
 - LoHa: dW_i = s_i (A1_i B1_i) * (A2_i B2_i) (elementwise). Stacking rows of Hadamard products is the
   Hadamard product of the stacked factors, and each stack is again block-diagonal @ concat:
   A1 = blockdiag(s_i/s A1_i), B1 = [B1_i], A2 = blockdiag(A2_i), B2 = [B2_i]; alpha = s R.
-- LoKr: a row stack of Kronecker products is not a Kronecker product; fused q/k/v fall back to `diff`.
+- LoKr: a row stack of Kronecker products is not a Kronecker product, but each one is an exact LoRA:
+  with A = L_A R_A and B = L_B R_B (a factor's own decomposition w*_a w*_b, or the factor beside an
+  identity), kron(A, B) = kron(L_A, L_B) @ kron(R_A, R_B). Fused q/k/v become one LoRA of those (scales
+  folded into the ups, alpha = rank) while that is smaller than the full difference, else a `diff`.
   Modules stored alone keep their lokr_* keys.
-- DoRA, OFT, BOFT, GLoRA, IA3, T-LoRA, and Tucker (mid/t) variants: a `diff` key (the full weight
-  difference merged - base, computed by lycoris), which ComfyUI adds as is.
+- GLoRA: ComfyUI reads `a1.weight`, `a2.weight`, `b1.weight`, `b2.weight`, `alpha` as lycoris writes them
+  (dW = s (W a1 a2 + b1 b2)); fused q/k/v become one LoRA, up_i = s_i [W_i a1_i, b1_i], down_i = [a2_i; b2_i].
+  Mixed LoRA / LoKr / GLoRA members of one fused qkv take the same LoRA route.
+- DoRA, OFT, BOFT, IA3, T-LoRA, and Tucker (mid/t) variants: a `diff` key (the full weight difference
+  merged - base, computed by lycoris), which ComfyUI adds as is. (ComfyUI's DoRA normalises per input
+  column and lycoris's default per output row, so lycoris's DoRA files have no `dora_scale` form there.)
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from torch import nn
 
 from kohakumoss.adapters.foreign import is_lycoris_state, to_lycoris_state
 from kohakumoss.adapters.io import AdapterSource, adapter_state_dict, read_adapter
-from kohakumoss.adapters.merge import weight_diffs
+from kohakumoss.adapters.merge import dense_weight, weight_diffs
 from kohakumoss.adapters.targets import module_name_map
 from kohakumoss_common.errors import CheckpointError
 
@@ -39,6 +46,8 @@ from .comfy_keys import COMFY_PREFIX, fused_slot
 
 LORA_KEYS = ("lora_up.weight", "lora_down.weight")
 LOHA_KEYS = ("hada_w1_a", "hada_w1_b", "hada_w2_a", "hada_w2_b")
+GLORA_KEYS = ("a1.weight", "a2.weight", "b1.weight", "b2.weight")
+LOW_RANK = ("lora", "lokr", "glora")  # kinds a fused qkv can hold as one exact LoRA
 
 
 @dataclass
@@ -55,6 +64,8 @@ def _kind(entry: dict[str, torch.Tensor]) -> str:
         return "loha"
     if any(n.startswith("lokr_") for n in names) and "dora_scale" not in names and "lokr_t2" not in names:
         return "lokr"
+    if set(GLORA_KEYS) <= names and "dora_scale" not in names:
+        return "glora"
     return "diff"
 
 
@@ -106,6 +117,63 @@ def _fuse(members: list[str], entries: dict[str, dict], out_dims: list[int], in_
     }
 
 
+def _split(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """m = left @ right with the smaller inner size: (m, I) or (I, m)."""
+    if m.shape[1] <= m.shape[0]:
+        return m, torch.eye(m.shape[1])
+    return torch.eye(m.shape[0]), m
+
+
+def _lokr_factor(entry: dict[str, torch.Tensor], name: str) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """(left, right, decomposed rank or None) of LoKr factor `name` (w1 / w2)."""
+    if f"lokr_{name}" in entry:
+        return (*_split(entry[f"lokr_{name}"].float()), None)
+    a, b = entry[f"lokr_{name}_a"].float(), entry[f"lokr_{name}_b"].float()
+    return a, b, b.shape[0]
+
+
+def _low_rank(
+    entry: dict[str, torch.Tensor], kind: str, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(up, down) with up @ down = the module's weight difference at strength 1 (ComfyUI's scaling)."""
+    if kind == "lora":
+        up, down = entry["lora_up.weight"].float(), entry["lora_down.weight"].float()
+        return up * _scale(entry, down.shape[0]), down
+    if kind == "glora":
+        a1, a2, b1, b2 = (entry[k].float() for k in GLORA_KEYS)
+        s = _scale(entry, a2.shape[0])
+        return torch.cat([s * (weight.float() @ a1), s * b1], 1), torch.cat([a2, b2], 0)
+    l1, r1, d1 = _lokr_factor(entry, "w1")
+    l2, r2, d2 = _lokr_factor(entry, "w2")
+    dim = d2 if d2 is not None else d1  # ComfyUI's alpha / dim: the last decomposed factor's rank
+    s = float(entry["alpha"]) / dim if "alpha" in entry and dim is not None else 1.0
+    return s * torch.kron(l1, l2), torch.kron(r1, r2)
+
+
+def _fuse_low_rank(
+    members: list[str], entries: dict[str, dict], weights: list[torch.Tensor]
+) -> dict[str, torch.Tensor] | None:
+    """One LoRA for a fused qkv of LoRA / LoKr / GLoRA members (scales in the ups, alpha = rank), or None
+    when it would not be smaller than the full difference."""
+    ups, downs = [], []
+    for name, w in zip(members, weights):
+        if name in entries:
+            up, down = _low_rank(entries[name], _kind(entries[name]), w)
+        else:
+            up, down = torch.zeros(w.shape[0], 0), torch.zeros(0, w.shape[1])
+        ups.append(up)
+        downs.append(down)
+    rank = sum(d.shape[0] for d in downs)
+    rows, cols = sum(w.shape[0] for w in weights), weights[0].shape[1]
+    if rank * (rows + cols) >= rows * cols:
+        return None
+    return {
+        "lora_up.weight": torch.block_diag(*ups),
+        "lora_down.weight": torch.cat(downs, 0),
+        "alpha": torch.tensor(float(rank)),
+    }
+
+
 def to_comfy_adapter(
     model: nn.Module, source: AdapterSource, dtype: torch.dtype | None = None, fused: bool = True
 ) -> ComfyAdapter:
@@ -143,22 +211,25 @@ def to_comfy_adapter(
         )
     for target, members in groups.items():
         kinds = {_kind(entries[m]) for m in members if m in entries}
+        weights = [dense_weight(model.get_submodule(m)) for m in members]
+        packed = None
         if len(kinds) == 1 and kinds <= {"lora", "loha"}:
-            kind = kinds.pop()
-            weights = [model.get_submodule(m).weight for m in members]
+            kind = next(iter(kinds))
             packed = _fuse(members, entries, [w.shape[0] for w in weights], weights[0].shape[1], kind)
-            out.formats[target] = kind
-            out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in packed.items()})
-        else:
+        elif kinds <= set(LOW_RANK):
+            kind, packed = "lora", _fuse_low_rank(members, entries, weights)
+        if packed is None:
             need_diff[target] = members
+            continue
+        out.formats[target] = kind
+        out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in packed.items()})
     if need_diff:
         wanted = {m for ms in need_diff.values() for m in ms}
         subset = {k: v for k, v in sd.items() if names[k.partition(".")[0]] in wanted}
         diffs = weight_diffs(model, subset)
         for target, members in need_diff.items():
             parts = [
-                diffs.get(f"{m}.weight", torch.zeros_like(model.get_submodule(m).weight, dtype=torch.float32))
-                for m in members
+                diffs.get(f"{m}.weight", torch.zeros(model.get_submodule(m).weight.shape)) for m in members
             ]
             out.tensors[f"{COMFY_PREFIX}{target}.diff"] = torch.cat(parts, 0)
             biases = [diffs.get(f"{m}.bias") for m in members]
