@@ -1,0 +1,97 @@
+"""The distributed knobs: DISTRIBUTED (which engine) and DEVICES (how many workers, on which devices).
+
+Pure checks, no process group: `kohakumoss-config check` and the train script's schema call them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kohakumoss_common.errors import ConfigError
+
+# every engine the issue names; only BUILT ones are accepted, the others are refused by name
+MODES = ("none", "ddp", "fsdp", "pipeline", "threaded")
+BUILT = ("none", "ddp", "fsdp")
+NOT_BUILT = {
+    "pipeline": "the torch.distributed.pipelining engine is not built yet; use 'ddp' or 'fsdp'",
+    "threaded": "the threaded pipeline (one process, a thread per device) is not built yet; use 'ddp' or 'fsdp'",
+}
+
+
+def mode_problem(mode: Any) -> str | None:
+    """Why DISTRIBUTED=`mode` cannot run, or None."""
+    if mode not in MODES:
+        return f"{mode!r} is not one of {list(MODES)}"
+    return NOT_BUILT.get(mode)
+
+
+def devices_problem(devices: Any, mode: str = "ddp") -> str | None:
+    """Why DEVICES=`devices` is malformed for DISTRIBUTED=`mode`, or None.
+
+    DEVICES is a count (0: every visible GPU of the node) or a list of devices ('cuda:0', 2, 'cpu')."""
+    if isinstance(devices, bool) or not isinstance(devices, (int, list, tuple)):
+        return f"expected a count or a list of devices, got {type(devices).__name__} {devices!r}"
+    if isinstance(devices, int):
+        if devices < 0:
+            return f"{devices} is below 0 (0: every visible GPU)"
+        if mode == "none" and devices not in (0, 1):
+            return f"{devices} workers asked for with DISTRIBUTED='none'; set DISTRIBUTED='ddp' or 'fsdp'"
+        return None
+    if not devices:
+        return "an empty list; give a count or at least one device"
+    try:
+        names = [device_name(d) for d in devices]
+    except ValueError as e:
+        return str(e)
+    cuda = [n for n in names if n != "cpu"]
+    if len(set(cuda)) != len(cuda):
+        return f"a GPU is listed twice in {list(devices)} (one worker per GPU)"
+    if cuda and len(cuda) != len(names):
+        return f"{list(devices)} mixes CPU and GPU workers"
+    if mode == "none" and len(names) != 1:
+        return f"{len(names)} devices listed with DISTRIBUTED='none'; set DISTRIBUTED='ddp' or 'fsdp'"
+    return None
+
+
+def device_name(device: Any) -> str:
+    """'cuda:N' or 'cpu' for an int, 'cuda:N', 'cuda' (cuda:0) or 'cpu' entry of DEVICES."""
+    if isinstance(device, int) and not isinstance(device, bool) and device >= 0:
+        return f"cuda:{device}"
+    if device == "cpu":
+        return "cpu"
+    if isinstance(device, str) and device.startswith("cuda"):
+        index = device[5:] if device.startswith("cuda:") else ("0" if device == "cuda" else "x")
+        if index.isdigit():
+            return f"cuda:{int(index)}"
+    raise ValueError(f"{device!r} is not a device (an index, 'cuda:N' or 'cpu')")
+
+
+def check_knobs(mode: Any, devices: Any) -> None:
+    """Raise ConfigError naming DISTRIBUTED or DEVICES when they cannot run."""
+    if problem := mode_problem(mode):
+        raise ConfigError("DISTRIBUTED", problem)
+    if problem := devices_problem(devices, mode):
+        raise ConfigError("DEVICES", problem)
+
+
+def worker_devices(devices: int | list, device_knob: str, visible_gpus: int) -> list[str]:
+    """One device name per local worker: DEVICES resolved against DEVICE and the GPUs this node sees."""
+    if isinstance(devices, (list, tuple)):
+        names = [device_name(d) for d in devices]
+        for n in names:
+            if n != "cpu" and int(n[5:]) >= visible_gpus:
+                raise ConfigError("DEVICES", f"{n} asked for, but this node sees {visible_gpus} GPU(s)")
+        return names
+    on_cpu = device_knob == "cpu" or (device_knob == "auto" and visible_gpus == 0)
+    if on_cpu:
+        if devices == 0:
+            raise ConfigError("DEVICES", "0 (every GPU) on the CPU: give the number of CPU workers")
+        return ["cpu"] * devices
+    if not device_knob.startswith("cuda") and device_knob != "auto":
+        raise ConfigError("DEVICE", f"{device_knob!r} with DISTRIBUTED: use 'cpu', 'cuda' or 'auto'")
+    count = visible_gpus if devices == 0 else devices
+    if count == 0:
+        raise ConfigError("DEVICES", "0 (every GPU), but torch sees no CUDA GPU")
+    if count > visible_gpus:
+        raise ConfigError("DEVICES", f"{count} workers, but this node sees {visible_gpus} GPU(s)")
+    return [f"cuda:{i}" for i in range(count)]

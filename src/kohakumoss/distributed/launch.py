@@ -1,0 +1,118 @@
+"""Start the workers: the train script's own elastic launcher, or join the ones torchrun started.
+
+    run(k, train)  # DISTRIBUTED='none': train(k) here; else one worker per DEVICES entry, or this
+                   # process as one rank when torchrun set RANK / WORLD_SIZE / LOCAL_RANK
+
+Each worker joins the process group (world.py), finds its World with `current()`, and runs `fn(k)` with
+DEVICE set to its own device. A worker whose collective fails raises a DistributedError naming the
+rank(s) that stopped answering; the launcher stops the others and re-raises the first failure.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, record
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from kohakumoss_common.errors import KohakuMossError
+from kohakumoss_common.log import get_logger
+
+from .knobs import check_knobs, worker_devices
+from .world import SINGLE, DistributedError, World, fault_message, launched_externally, setup, teardown
+
+log = get_logger(__name__)
+_CURRENT: World = SINGLE
+
+
+def current() -> World:
+    """This process's World (SINGLE outside a distributed run)."""
+    return _CURRENT
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """A lost peer or a timed-out collective (gloo and NCCL word these differently), not a bug of ours."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    words = (
+        "Connection closed by peer",
+        "Connection reset",
+        "Timed out",
+        "timed out",
+        "NCCL",
+        "Gloo",
+        "gloo",
+    )
+    return isinstance(error, RuntimeError) and any(w in text for w in words)
+
+
+@record  # the launcher reads a failed worker's error from the file this writes
+def worker(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any], devices: list[str], timeout_s: float):
+    """One rank: join the group, run fn(k) on this rank's device, leave the group."""
+    global _CURRENT
+    world = setup(devices, timeout_s)
+    if world.device.type == "cpu":  # CPU workers share the node's cores instead of each taking all
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
+    _CURRENT = world
+    try:
+        return fn({**k, "DEVICE": str(world.device)})
+    except KohakuMossError:
+        raise
+    except Exception as e:
+        if world.size > 1 and is_collective_failure(e):
+            raise DistributedError(fault_message(world, e)) from e
+        raise
+    finally:
+        _CURRENT = SINGLE
+        teardown()
+
+
+def launch(
+    fn: Callable[..., Any], args: tuple, nprocs: int, start_method: str = "spawn", monitor_s: float = 0.2
+) -> dict[int, Any]:
+    """Run fn(*args) in `nprocs` local worker processes through torch's elastic launcher; {rank: result}."""
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nprocs,
+        run_id=f"kohakumoss-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=monitor_s,
+        start_method=start_method,
+    )
+    try:
+        return elastic_launch(config, fn)(*args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        why = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        why = why or f"exit code {failure.exitcode}"
+        raise DistributedError(
+            f"rank {rank} failed first ({why.strip()}); the other ranks were stopped"
+        ) from e
+
+
+def run(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any]) -> Any:
+    """fn(k) as DISTRIBUTED and DEVICES say; returns rank 0's result."""
+    mode, devices = k.get("DISTRIBUTED", "none"), k.get("DEVICES", 1)
+    check_knobs(mode, devices)
+    if mode == "none":
+        return fn(k)
+    timeout_s = float(k.get("DIST_TIMEOUT", 600.0))
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    names = worker_devices(devices, k.get("DEVICE", "auto"), visible)
+    if launched_externally():  # torchrun started this process as one rank
+        if isinstance(devices, int) and devices == 0 and names[0] != "cpu":
+            names = names[: int(os.environ.get("LOCAL_WORLD_SIZE", len(names)))]
+        return worker(k, fn, names, timeout_s)
+    log.info(f"DISTRIBUTED='{mode}': starting {len(names)} workers on {', '.join(names)}")
+    # forking is quick and safe while this process has touched no GPU; CUDA workers are spawned
+    method = "fork" if all(n == "cpu" for n in names) else "spawn"
+    return launch(worker, (k, fn, names, timeout_s), len(names), method)[0]

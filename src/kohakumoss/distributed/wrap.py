@@ -1,0 +1,112 @@
+"""The trainable model wrapped from outside, as torchtitan does: the model knows nothing of ranks.
+
+- `wrap_ddp`: torch's DistributedDataParallel around the backbone's forward, with the adapter network
+  registered beside it so its parameters are the ones DDP reduces (LyCORIS reroutes the wrapped linears'
+  forward, so the network's own modules are never called). Frozen weights are left out of DDP's
+  broadcast and buckets; gradients are all-reduced in fp32 (a comm hook upcasts bf16/fp16 buckets).
+- `wrap_fsdp`: FSDP2, `fully_shard` per block then the root, under a MixedPrecisionPolicy; adapter
+  parameters (outside the backbone's tree) stay whole on every rank and `all_reduce_grads` averages them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from kohakumoss_common.errors import ConfigError
+
+
+class Forward(nn.Module):
+    """The backbone's forward; `network` is registered only so its parameters belong to this module."""
+
+    def __init__(self, backbone: nn.Module, network: nn.Module | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.network = network
+
+    def forward(self, *args, **kwargs):
+        return self.backbone(*args, **kwargs)
+
+
+def _fp32_allreduce_hook(group, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """Average a bucket in fp32 whatever the gradients' dtype, then hand it back in theirs."""
+    buffer = bucket.buffer()
+    wide = buffer.float() / dist.get_world_size(group)
+    fut = dist.all_reduce(wide, group=group, async_op=True).get_future()
+    return fut.then(lambda f: buffer.copy_(f.value()[0]))
+
+
+def wrap_ddp(
+    backbone: nn.Module,
+    network: nn.Module | None = None,
+    find_unused: bool = False,
+    bucket_mb: float = 25.0,
+) -> DistributedDataParallel:
+    """DDP over the trainable parameters (the network's, or the backbone's for a full fine-tune).
+
+    Call the returned module as the backbone; use `.no_sync()` on all but the last micro-step."""
+    fwd = Forward(backbone, network)
+    trainable = [n for n, p in fwd.named_parameters() if p.requires_grad]
+    if not trainable:
+        raise ConfigError("DISTRIBUTED", "DDP found no trainable parameter (no adapter and a frozen model)")
+    ignored = [n for n, p in fwd.named_parameters() if not p.requires_grad]
+    ignored += [n for n, _ in fwd.named_buffers()]  # buffers are equal on every rank by construction
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(fwd, ignored)
+    ddp = DistributedDataParallel(
+        fwd,
+        device_ids=None,  # inputs stay where the trainer put them (a PackedSeq holds host lists)
+        broadcast_buffers=False,
+        find_unused_parameters=find_unused,
+        bucket_cap_mb=bucket_mb,
+        gradient_as_bucket_view=True,
+    )
+    if any(p.dtype != torch.float32 for p in fwd.parameters() if p.requires_grad):
+        ddp.register_comm_hook(None, _fp32_allreduce_hook)
+    return ddp
+
+
+def blocks(backbone: nn.Module) -> list[nn.Module]:
+    """The units FSDP2 shards one by one: the backbone's transformer blocks."""
+    layers = getattr(backbone, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError("DISTRIBUTED", f"{type(backbone).__name__} has no `layers` ModuleList to shard")
+    return list(layers)
+
+
+def wrap_fsdp(
+    backbone: nn.Module, param_dtype: torch.dtype | None = None, reshard_after_forward: bool = True
+) -> nn.Module:
+    """FSDP2 in place: each block, then the root (embedders, modulations, head); gradients reduce in fp32."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in blocks(backbone):
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    fully_shard(backbone, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    return backbone
+
+
+def all_reduce_grads(params: Iterable[torch.Tensor], bucket_mb: float = 25.0) -> None:
+    """Average the gradients of replicated parameters (adapters beside an FSDP2 base) in fp32 buckets."""
+    grads = [p.grad for p in params if p.grad is not None]
+    world = dist.get_world_size()
+    limit = int(bucket_mb * 2**20 / 4)
+    bucket: list[torch.Tensor] = []
+    size = 0
+    for g in [*grads, None]:
+        if g is not None:
+            bucket.append(g)
+            size += g.numel()
+        if bucket and (g is None or size >= limit):
+            flat = torch.cat([b.reshape(-1).float() for b in bucket])
+            dist.all_reduce(flat)
+            flat /= world
+            offset = 0
+            for b in bucket:
+                b.copy_(flat[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+            bucket, size = [], 0
