@@ -4,11 +4,19 @@ The folder name is a hash of the identity and every shard records the identity i
 a shard whose identity differs is ignored, so a cache from another VAE or text encoder is never used.
 New entries are buffered and written as a new shard (atomically), so an interrupted run loses at
 most one unflushed shard and a rerun skips everything already written.
+
+A shard records each entry's checksum. A shard cut short (its size differs from its header's), one
+whose header cannot be read, or an entry whose bytes differ from its checksum is named in the log and
+set aside as `<shard>.broken`: its entries become misses, encoded again where an encoder is at hand
+(the cache scripts, VAE_ENCODE / TEXT_ENCODE 'auto') and refused by name where none is ('cache').
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,12 +24,35 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+from kohakumoss_common.errors import KohakuMossError
 from kohakumoss_common.hashing import canonical_json, sha256_json
 from kohakumoss_common.io import read_header, save_safetensors
 from kohakumoss_common.log import get_logger
 
 IDENTITY_KEY = "kohakumoss.identity"
+SUMS_KEY = "kohakumoss.sha256"  # {entry key: first 16 hex digits of the sha256 of its bytes}
 log = get_logger(__name__)
+
+
+def entry_sum(tensor: torch.Tensor) -> str:
+    """Checksum of one entry's bytes (its dtype's raw layout, whatever the dtype)."""
+    raw = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def shard_problem(file: Path) -> str | None:
+    """Why `file` cannot be a whole safetensors shard (None: its size matches its header)."""
+    try:
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or n > 100 << 20:
+                return f"header length {n} is implausible"
+            header = json.loads(f.read(n))
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"header unreadable ({type(e).__name__}: {e})"
+    expected, size = 8 + n + max(ends, default=0), file.stat().st_size
+    return None if size == expected else f"{size} bytes, its header says {expected} (cut short)"
 
 
 class TensorCache:
@@ -33,6 +64,7 @@ class TensorCache:
         self._index: dict[str, str] | None = None
         self._pending: dict[str, torch.Tensor] = {}
         self._handles: dict[str, Any] = {}
+        self._sums: dict[str, dict[str, str]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_handles": {}, "_pending": {}}
@@ -43,14 +75,40 @@ class TensorCache:
     def refresh(self) -> dict[str, str]:
         """Re-read which keys live in which shard (shards written since are picked up)."""
         index: dict[str, str] = {}
+        self._sums: dict[str, dict[str, str]] = {}
         for file in sorted(self.dir.glob("*.safetensors")) if self.dir.is_dir() else []:
-            entries, metadata = read_header(file)
+            problem = shard_problem(file)
+            if problem is None:
+                try:
+                    entries, metadata = read_header(file)
+                except KohakuMossError as e:
+                    problem = str(e)
+            if problem is not None:
+                self.set_aside(file.name, problem)
+                continue
             if metadata.get(IDENTITY_KEY) != self._identity_text():
                 log.warning("%s: written by another encoder (identity differs), ignored", file)
                 continue
             index.update(dict.fromkeys(entries, file.name))
+            if SUMS_KEY in metadata:  # shards written before checksums are checked by size only
+                self._sums[file.name] = json.loads(metadata[SUMS_KEY])
         self._index = index
         return index
+
+    def set_aside(self, name: str, problem: str) -> None:
+        """Rename a broken shard to `<name>.broken` (kept for a look) and forget its entries."""
+        file = self.dir / name
+        log.warning(
+            "%s: broken cache shard (%s); set aside as %s.broken, its entries are encoded again",
+            file,
+            problem,
+            name,
+        )
+        with contextlib.suppress(FileNotFoundError):  # another process set it aside first
+            os.replace(file, file.with_name(name + ".broken"))
+        self._handles.pop(name, None)
+        if self._index is not None:
+            self._index = {k: v for k, v in self._index.items() if v != name}
 
     @property
     def index(self) -> dict[str, str]:
@@ -68,9 +126,18 @@ class TensorCache:
         name = self.index.get(key)
         if name is None:
             return None
-        if name not in self._handles:
-            self._handles[name] = safe_open(str(self.dir / name), framework="pt")
-        return self._handles[name].get_tensor(key)
+        try:
+            if name not in self._handles:
+                self._handles[name] = safe_open(str(self.dir / name), framework="pt")
+            tensor = self._handles[name].get_tensor(key)
+        except Exception as e:  # safetensors raises its own error types for damaged files
+            self.set_aside(name, f"cannot read {key!r}: {type(e).__name__}: {e}")
+            return None
+        want = self._sums.get(name, {}).get(key)
+        if want is not None and entry_sum(tensor) != want:
+            self.set_aside(name, f"entry {key!r} differs from its checksum")
+            return None
+        return tensor
 
     def put(self, key: str, tensor: torch.Tensor) -> None:
         self._pending[key] = tensor.detach().to("cpu").contiguous()
@@ -82,9 +149,14 @@ class TensorCache:
         if not self._pending:
             return None
         path = self.dir / f"part-{uuid.uuid4().hex[:16]}.safetensors"
-        meta = {IDENTITY_KEY: self._identity_text(), "identity_json": json.dumps(self.identity)}
+        meta = {
+            IDENTITY_KEY: self._identity_text(),
+            "identity_json": json.dumps(self.identity),
+            SUMS_KEY: json.dumps({k: entry_sum(t) for k, t in self._pending.items()}),
+        }
         save_safetensors(self._pending, path, meta)
         if self._index is not None:
             self._index.update(dict.fromkeys(self._pending, path.name))
+            self._sums[path.name] = json.loads(meta[SUMS_KEY])
         self._pending = {}
         return path

@@ -123,9 +123,11 @@ class Loader:
         misses = []
         for i, task in enumerate(tasks):
             if out[i] is None and self.latent_cache is not None and task.latent_key in self.latent_cache:
-                out[i], hits = self.latent_cache.get(task.latent_key), hits + 1
-            elif out[i] is None:
+                out[i] = self.latent_cache.get(task.latent_key)  # None: its shard was found broken
+            if out[i] is None:
                 misses.append(i)
+            elif results[i].latent is None:
+                hits += 1
         encoded = encode_images(self.image_encoder, [to_chw(results[i].pixels) for i in misses])
         for i, latent in zip(misses, encoded):
             out[i] = latent
