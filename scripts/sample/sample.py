@@ -34,6 +34,7 @@ SLG_START = 0.0  # skipping runs at steps i with SLG_START <= i/n < SLG_STOP
 SLG_STOP = 1.0  # end of that window (fraction of the steps, exclusive)
 MAX_TEXT_TOKENS = 4096  # tokens of the templated prompt kept (the rest truncated)
 BATCH = 4  # images per packed sampler call
+CUDA_GRAPHS = "auto"  # replay each denoising step from a CUDA graph: auto (resident DiT on CUDA), on (refuse otherwise), off
 OUT_DIR = "samples"  # where PNGs and the grid are written
 GRID = True  # also write grid.png of every image
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
@@ -60,6 +61,7 @@ def run(k: dict) -> None:
         sample_images,
         sampler_config,
     )
+    from kohakumoss.diffusion.sampler import SamplerSpeed, use_graphs
     from kohakumoss.encoders.text import load_prompt_tokenizer
     from kohakumoss.memory.engines.encoders import place_encoder
     from kohakumoss.memory.inference import inference_plan
@@ -93,6 +95,8 @@ def run(k: dict) -> None:
     quantize_frozen_linears(model, k["BASE_PRECISION"], device)  # LyCORIS files then wrap it in bypass
     networks = attach_adapters(k, model)
     install_memory_plan(plan, model, device)
+    if use_graphs(SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"]), model, device):
+        model.ops.set_timing("device")  # graphed steps: kernels chosen by device time, as the graphed trainer
     for network in networks:
         network.to(device)
     te_where = device if plan.text_encoder == "resident" else host

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kohakumoss.diffusion import SamplerConfig, euler_sample, initial_noise, released_sigmas
-from kohakumoss.diffusion.sampler import released_uncond_skip_layers
+from kohakumoss.diffusion.sampler import SamplerSpeed, released_uncond_skip_layers
 from kohakumoss.model import get_preset
 from kohakumoss_common.errors import ConfigError
 
@@ -26,17 +26,23 @@ class Depth:
 
 
 class FakeBackbone:
-    """Records each call; v per image token = 0.5 x + the mean of its sample's text (+0.25 with skips)."""
+    """Records each call; v per image token = 0.5 x + the mean of its sample's text (+0.25 where the
+    skip applies: every sample, or those after keep_lead's leading ones)."""
 
     def __init__(self, depth: int = 42):
         self.config = Depth(depth)
-        self.calls: list[tuple[int, frozenset | None, list[float]]] = []
+        self.calls: list[tuple[int, frozenset | None, list[float], int]] = []
 
     def __call__(self, img, text, sigma, seq, **kw):
-        skip = kw.get("skip_layers")
-        self.calls.append((seq.num_samples, None if skip is None else frozenset(skip), sigma.tolist()))
+        skip, lead = kw.get("skip_layers"), kw.get("keep_lead")
+        kept = lead.num_samples if lead is not None else 0
+        self.calls.append((seq.num_samples, None if skip is None else frozenset(skip), sigma.tolist(), kept))
         means = torch.stack([t.mean() for t in torch.split(text, list(seq.text_lens))])
-        return 0.5 * img + means[seq.img_token_sample][:, None] + (0.25 if skip else 0.0)
+        skipped = (torch.arange(seq.num_samples) >= kept).float() * (0.25 if skip else 0.0)
+        return 0.5 * img + (means + skipped)[seq.img_token_sample][:, None]
+
+
+UNBATCHED = SamplerSpeed(batch_cfg=False)
 
 
 def texts(value: float, lens=(3, 2)) -> list[torch.Tensor]:
@@ -59,15 +65,30 @@ def released(config: SamplerConfig, cond: float, uncond: float) -> list[torch.Te
     return out
 
 
+def pattern(fake: FakeBackbone) -> list[tuple[int, frozenset | None, int]]:
+    return [(n, skip, kept) for n, skip, _, kept in fake.calls]
+
+
 def test_uncond_branch_skips_block_22_at_every_step_by_default():
     config = SamplerConfig(steps=4)
     assert config.uncond_skip_layers == (22,) and config.cfg_scale == 3.0 and config.shift == 5.0
     assert SamplerConfig().steps == 50
     fake = FakeBackbone()
-    out = euler_sample(fake, texts(1.0), texts(-1.0), SIZES, SEEDS, config, C)
-    assert [(n, skip) for n, skip, _ in fake.calls] == [(2, None), (2, frozenset({22}))] * 4
+    out = euler_sample(fake, texts(1.0), texts(-1.0), SIZES, SEEDS, config, C, speed=UNBATCHED)
+    assert pattern(fake) == [(2, None, 0), (2, frozenset({22}), 0)] * 4
     sigmas = released_sigmas(4)
-    assert [s for _, _, s in fake.calls[::2]] == [[float(sigmas[i])] * 2 for i in range(4)]
+    assert [s for _, _, s, _ in fake.calls[::2]] == [[float(sigmas[i])] * 2 for i in range(4)]
+    for got, want in zip(out, released(config, 1.0, -1.0)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def test_batched_cfg_is_one_forward_per_step_the_cond_samples_keeping_the_skipped_block():
+    config = SamplerConfig(steps=4)
+    fake = FakeBackbone()
+    out = euler_sample(fake, texts(1.0), texts(-1.0), SIZES, SEEDS, config, C)
+    assert pattern(fake) == [(4, frozenset({22}), 2)] * 4
+    sigmas = released_sigmas(4)
+    assert [s for _, _, s, _ in fake.calls] == [[float(sigmas[i])] * 4 for i in range(4)]
     for got, want in zip(out, released(config, 1.0, -1.0)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
@@ -75,22 +96,28 @@ def test_uncond_branch_skips_block_22_at_every_step_by_default():
 def test_slg_window_uses_start_inclusive_stop_exclusive():
     config = SamplerConfig(steps=4, cfg_scale=4.5, slg_start=0.25, slg_stop=0.75)
     fake = FakeBackbone()
-    out = euler_sample(fake, texts(0.5), texts(0.0), SIZES, SEEDS, config, C)
-    # i/n = 0 and 0.75 are outside [0.25, 0.75): there both branches share one packed call
-    pattern = [(n, skip) for n, skip, _ in fake.calls]
-    assert pattern == [(4, None), (2, None), (2, frozenset({22})), (2, None), (2, frozenset({22})), (4, None)]
+    out = euler_sample(fake, texts(0.5), texts(0.0), SIZES, SEEDS, config, C, speed=UNBATCHED)
+    # i/n = 0 and 0.75 are outside [0.25, 0.75): there the uncond branch runs every block
+    skip = frozenset({22})
+    plain, skipped = [(2, None, 0), (2, None, 0)], [(2, None, 0), (2, skip, 0)]
+    assert pattern(fake) == plain + skipped + skipped + plain
     for got, want in zip(out, released(config, 0.5, 0.0)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    fake = FakeBackbone()
+    batched = euler_sample(fake, texts(0.5), texts(0.0), SIZES, SEEDS, config, C)
+    assert pattern(fake) == [(4, None, 0), (4, skip, 2), (4, skip, 2), (4, None, 0)]
+    for got, want in zip(batched, out):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
 
 def test_cfg_one_runs_the_conditional_branch_alone_and_no_skip_packs_both():
     fake = FakeBackbone()
     euler_sample(fake, texts(1.0), texts(-1.0), SIZES, SEEDS, SamplerConfig(steps=3, cfg_scale=1.0), C)
-    assert [(n, skip) for n, skip, _ in fake.calls] == [(2, None)] * 3
+    assert pattern(fake) == [(2, None, 0)] * 3
     fake = FakeBackbone()
     config = SamplerConfig(steps=3, uncond_skip_layers=())
     out = euler_sample(fake, texts(1.0), texts(-1.0), SIZES, SEEDS, config, C)
-    assert [(n, skip) for n, skip, _ in fake.calls] == [(4, None)] * 3
+    assert pattern(fake) == [(4, None, 0)] * 3
     for got, want in zip(out, released(config, 1.0, -1.0)):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
 
@@ -116,7 +143,7 @@ def test_skip_index_beyond_the_model_is_an_error_naming_the_knob():
     euler_sample(
         fake, texts(1.0), texts(0.0), SIZES, SEEDS, SamplerConfig(steps=2, uncond_skip_layers=(3,)), C
     )
-    assert fake.calls[1][1] == frozenset({3})
+    assert [c[1] for c in fake.calls] == [frozenset({3})] * 2
     assert released_uncond_skip_layers(42) == (22,) and released_uncond_skip_layers(4) == ()
 
 

@@ -57,6 +57,12 @@ SAMPLE_KNOBS = [
     Knob("SLG_STOP", 1.0, "end of that window (fraction of the steps, exclusive)", min=0.0, max=1.0),
     Knob("MAX_TEXT_TOKENS", 4096, "tokens of the templated prompt kept (the rest truncated)", min=1),
     Knob("BATCH", 4, "images per packed sampler call", min=1),
+    Knob(
+        "CUDA_GRAPHS",
+        "auto",
+        "replay each denoising step from a CUDA graph: auto (resident DiT on CUDA), on (refuse otherwise), off",
+        choices=("auto", "on", "off"),
+    ),
     Knob("OUT_DIR", "samples", "where PNGs and the grid are written"),
     Knob("GRID", True, "also write grid.png of every image"),
     Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),

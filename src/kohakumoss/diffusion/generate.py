@@ -15,7 +15,7 @@ from PIL import Image
 from kohakumoss.encoders.latents import unpatchify
 from kohakumoss_common.errors import ConfigError
 
-from .sampler import SamplerConfig, euler_sample
+from .sampler import DEFAULT_SPEED, SamplerConfig, SamplerSpeed, euler_sample
 
 PIXELS_PER_TOKEN = 16  # 8x VAE down-sampling, then 2x2 patches
 
@@ -63,6 +63,7 @@ def generate_latents(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: Callable[[int, int], None] | None = None,
+    speed: SamplerSpeed = DEFAULT_SPEED,
 ) -> list[torch.Tensor]:
     """Latents [32, H/8, W/8] per request (normalized, as the VAE's decode takes them).
 
@@ -77,7 +78,9 @@ def generate_latents(
             plain = [replace(requests[i], steps=None, cfg=None) for i in idx]
             for i, z in zip(
                 idx,
-                generate_latents(backbone, text_encoder, plain, sub, in_channels, device, dtype, progress),
+                generate_latents(
+                    backbone, text_encoder, plain, sub, in_channels, device, dtype, progress, speed
+                ),
             ):
                 out[i] = z
         return out
@@ -99,6 +102,7 @@ def generate_latents(
         device,
         dtype,
         progress,
+        speed,
     )
     return [unpatchify(t.float().cpu(), 2 * h, 2 * w) for t, (h, w) in zip(tokens, grids)]
 
@@ -114,6 +118,9 @@ def generate(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: Callable[[int, int], None] | None = None,
+    speed: SamplerSpeed = DEFAULT_SPEED,
 ) -> list[Image.Image]:
-    latents = generate_latents(backbone, text_encoder, requests, config, in_channels, device, dtype, progress)
+    latents = generate_latents(
+        backbone, text_encoder, requests, config, in_channels, device, dtype, progress, speed
+    )
     return [to_pil(vae.decode(z[None])[0]) for z in latents]

@@ -14,7 +14,7 @@ from kohakumoss_common.log import get_logger
 
 from .generate import GenerationRequest, generate
 from .prompts import PromptLine, parse_prompt_line, read_prompt_file
-from .sampler import SamplerConfig
+from .sampler import SamplerConfig, SamplerSpeed
 
 log = get_logger(__name__)
 
@@ -118,6 +118,7 @@ def sample_images(
     adapters = adapter_entries(k)
     requests = requests_for(k, read_prompts(k))
     config = sampler_config(k, model.config.depth)
+    speed = SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"])
     out = Path(k["OUT_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     paths, images = [], []
@@ -126,7 +127,9 @@ def sample_images(
     for start in range(0, len(requests), batch):
         chunk = requests[start : start + batch]
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            pics = generate(model, text_encoder, vae, chunk, config, model.config.in_channels, device)
+            pics = generate(
+                model, text_encoder, vae, chunk, config, model.config.in_channels, device, speed=speed
+            )
         for i, (req, im) in enumerate(zip(chunk, pics)):
             path = out / f"{start + i:04d}_seed{req.seed}.png"
             im.save(path, pnginfo=png_info(req, k, adapters))

@@ -9,22 +9,35 @@ Per step i of n (sigmas from `released_sigmas`, float32):
 Initial noise per image: float32 `torch.randn(1, C, h, w)` from a CPU generator seeded with the image's
 seed, as the released pipeline draws it; its [C, h, w] grid is the image's tokens row-major with C
 features (encoders/latents.py). So a seed gives the released pipeline's noise, whatever else is in the
-batch. The images of a batch run packed on one token axis; the unconditional branch is a call of its
-own while it skips blocks, else it rides in the conditional call (one backbone call per step).
+batch. The images of a batch run packed on one token axis.
+
+How it runs (`SamplerSpeed`; never what it computes):
+- batch_cfg: both branches in one packed forward at every step, the conditional samples first; a block
+  the unconditional branch skips runs on the conditional tokens alone (`MossBackbone`'s `keep_lead`).
+  Off: one forward per branch (the plain path the batched one is tested against).
+- cuda_graphs: on a CUDA backbone without a memory-plan block runner, each kind of step (with or without
+  the skip) is captured the second time it runs and replayed after: the state x, sigma_i and
+  sigma_{i+1} live in fixed device buffers the graph reads. The first step of each kind runs eagerly in
+  the kernel registry's tuning window.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from kohakumoss.model.seq import PackedSeq
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.log import get_logger
 
 from .schedule import RELEASED_SHIFT, released_sigmas
+
+log = get_logger(__name__)
 
 RELEASED_UNCOND_SKIP_LAYERS = (22,)  # 0-indexed block the released sampler leaves out of the uncond branch
 
@@ -97,10 +110,150 @@ def backbone_depth(backbone: Callable[..., torch.Tensor]) -> int | None:
     return getattr(config, "depth", None)
 
 
-def _call(backbone, img, text, sigma, seq, skip: tuple[int, ...]) -> torch.Tensor:
-    if skip:
-        return backbone(img, text, sigma, seq, skip_layers=frozenset(skip)).float()
-    return backbone(img, text, sigma, seq).float()
+GRAPH_MODES = ("auto", "on", "off")
+
+
+@dataclass(frozen=True)
+class SamplerSpeed:
+    """How the sampler runs; every setting gives the same images (within float rounding)."""
+
+    batch_cfg: bool = True  # both CFG branches in one packed forward per step
+    cuda_graphs: str = "auto"  # auto: graph the steps where possible; on: refuse where not; off: eager
+
+    def __post_init__(self) -> None:
+        if self.cuda_graphs not in GRAPH_MODES:
+            raise ConfigError("CUDA_GRAPHS", f"'{self.cuda_graphs}' is not one of {GRAPH_MODES}")
+
+
+DEFAULT_SPEED = SamplerSpeed()
+
+
+def graph_refusal(backbone: Callable[..., torch.Tensor], device: torch.device | str) -> str | None:
+    """Why the denoising step cannot be a CUDA graph here (naming the knob), or None."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return f"DEVICE: CUDA graphs need a CUDA device, not {device.type}"
+    if getattr(backbone, "block_runner", None) is not None:
+        return "STREAM_BLOCKS: the memory plan's block runner moves weights from Python per block"
+    return None
+
+
+def use_graphs(speed: SamplerSpeed, backbone: Callable[..., torch.Tensor], device) -> bool:
+    refusal = graph_refusal(backbone, device)
+    if speed.cuda_graphs == "on" and refusal is not None:
+        raise ConfigError("CUDA_GRAPHS", f"'on' is not possible here: {refusal}")
+    return speed.cuda_graphs != "off" and refusal is None
+
+
+class _Velocity:
+    """v (float32, guided) of the image tokens at one step; the texts and layouts fixed for the run."""
+
+    def __init__(self, backbone, cond, uncond, img_sizes, config: SamplerConfig, device, dtype, batch_cfg):
+        self.backbone, self.config, self.dtype = backbone, config, dtype
+        self.guided = uncond is not None and config.guided
+        self.batch = batch_cfg and self.guided
+        self.B = len(cond)
+        self.seq_c = PackedSeq.build([t.shape[0] for t in cond], img_sizes, device)
+        self.text_c = torch.cat([t.to(device, dtype) for t in cond])
+        if self.guided:
+            self.seq_u = PackedSeq.build([t.shape[0] for t in uncond], img_sizes, device)
+            self.text_u = torch.cat([t.to(device, dtype) for t in uncond])
+        if self.batch:
+            lens = [t.shape[0] for t in [*cond, *uncond]]
+            self.seq_both = PackedSeq.build(lens, [*img_sizes, *img_sizes], device)
+            self.text_both = torch.cat([self.text_c, self.text_u])
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, skip: tuple[int, ...]) -> torch.Tensor:
+        """x [T, C] float32, sigma a 0-dim float32 tensor; skip: the blocks the uncond branch leaves out."""
+        img, B, net = x.to(self.dtype), self.B, self.backbone
+        if not self.guided:
+            return net(img, self.text_c, sigma.expand(B), self.seq_c).float()
+        if self.batch:
+            kw = {"skip_layers": frozenset(skip), "keep_lead": self.seq_c} if skip else {}
+            both = net(torch.cat([img, img]), self.text_both, sigma.expand(2 * B), self.seq_both, **kw)
+            v_c, v_u = both.float().split(x.shape[0])
+        else:
+            v_c = net(img, self.text_c, sigma.expand(B), self.seq_c).float()
+            kw = {"skip_layers": frozenset(skip)} if skip else {}
+            v_u = net(img, self.text_u, sigma.expand(B), self.seq_u, **kw).float()
+        return v_u + self.config.cfg_scale * (v_c - v_u)
+
+    def step(self, x: torch.Tensor, now: torch.Tensor, nxt: torch.Tensor, skip: tuple[int, ...]) -> None:
+        """One Euler step, in place on x (what a graph replays)."""
+        x.add_((nxt - now) * self(x, now, skip))
+
+
+class _Steps:
+    """Runs the steps: eagerly, or each kind (its skip) captured in a CUDA graph on its second run."""
+
+    def __init__(self, velocity: _Velocity, x: torch.Tensor, graphs: bool, required: bool):
+        self.velocity, self.x, self.graphs, self.required = velocity, x, graphs, required
+        self.ops = getattr(velocity.backbone, "ops", None)
+        self.seen: Counter = Counter()
+        self.captured: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
+        self.failed: str | None = None
+        if graphs:  # the step's sigmas: device buffers the graphs read
+            self.now = torch.zeros((), device=x.device)
+            self.nxt = torch.zeros((), device=x.device)
+            self.pool = torch.cuda.graph_pool_handle()
+
+    def tuning(self) -> contextlib.AbstractContextManager:
+        """The kernel registry's tuning window (as the trainer's first step has it)."""
+        return self.ops.tuning() if hasattr(self.ops, "tuning") else contextlib.nullcontext()
+
+    def __call__(self, sigmas: torch.Tensor, i: int, skip: tuple[int, ...]) -> None:
+        graph = self.captured.get(skip)
+        if graph is not None:
+            self.now.copy_(sigmas[i])
+            self.nxt.copy_(sigmas[i + 1])
+            graph.replay()
+            return
+        self.seen[skip] += 1
+        if self.seen[skip] == 1:
+            with self.tuning():
+                self.velocity.step(self.x, sigmas[i], sigmas[i + 1], skip)
+        elif not self.graphs or self.failed is not None:
+            self.velocity.step(self.x, sigmas[i], sigmas[i + 1], skip)
+        else:
+            self._capture(sigmas, i, skip)
+
+    @contextlib.contextmanager
+    def _no_autocast_cache(self) -> Iterator[None]:
+        """A capture keeps autocast on as the caller set it, without its cast cache (torch's graph rule)."""
+        kind = self.x.device.type
+        with torch.autocast(
+            kind,
+            dtype=torch.get_autocast_dtype(kind),
+            enabled=torch.is_autocast_enabled(kind),
+            cache_enabled=False,
+        ):
+            yield
+
+    def _capture(self, sigmas: torch.Tensor, i: int, skip: tuple[int, ...]) -> None:
+        device = self.x.device
+        self.now.copy_(sigmas[i])
+        self.nxt.copy_(sigmas[i + 1])
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), self._no_autocast_cache():  # this step for real: the capture's warm-up
+            self.velocity.step(self.x, self.now, self.nxt, skip)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with (
+                torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
+                self._no_autocast_cache(),
+            ):
+                self.velocity.step(self.x, self.now, self.nxt, skip)  # recorded, not run
+        except Exception as e:  # an op that cannot be captured: the rest runs eagerly
+            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            if self.required:
+                raise ConfigError(
+                    "CUDA_GRAPHS", f"'on' but the step cannot be captured ({self.failed})"
+                ) from e
+            log.warning(f"sampler CUDA graph capture failed, sampling continues eagerly ({self.failed})")
+            return
+        self.captured[skip] = graph
 
 
 @torch.no_grad()
@@ -115,43 +268,25 @@ def euler_sample(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.float32,
     progress: Callable[[int, int], None] | None = None,
+    speed: SamplerSpeed = DEFAULT_SPEED,
 ) -> list[torch.Tensor]:
     """cond / uncond: per-image text hidden states; returns the clean latent tokens [h*w, C] per image.
 
     The uncond branch runs when `uncond` is given and CFG != 1. A backbone with a `config.depth` has
-    its skip indices checked against it first (ConfigError naming UNCOND_SKIP_LAYERS).
+    its skip indices checked against it first (ConfigError naming UNCOND_SKIP_LAYERS). With
+    speed.batch_cfg the backbone takes `keep_lead` (MossBackbone does).
     """
-    guided = uncond is not None and config.guided
+    velocity = _Velocity(backbone, cond, uncond, img_sizes, config, device, dtype, speed.batch_cfg)
     depth = backbone_depth(backbone)
-    if guided and depth is not None:
+    if velocity.guided and depth is not None:
         config.check_depth(depth)
+    graphs = use_graphs(speed, backbone, device)
     sigmas = released_sigmas(config.steps, config.shift).to(device)
     n = sigmas.numel() - 1
-    B = len(cond)
-    seq_c = PackedSeq.build([t.shape[0] for t in cond], img_sizes, device)
-    text_c = torch.cat([t.to(device, dtype) for t in cond])
-    if guided:
-        seq_u = PackedSeq.build([t.shape[0] for t in uncond], img_sizes, device)
-        text_u = torch.cat([t.to(device, dtype) for t in uncond])
-        seq_both = PackedSeq.build([t.shape[0] for t in [*cond, *uncond]], [*img_sizes, *img_sizes], device)
-        text_both = torch.cat([text_c, text_u])
     x = torch.cat([initial_noise(g, s, in_channels) for g, s in zip(img_sizes, seeds)]).to(device)
-    T = x.shape[0]
+    steps = _Steps(velocity, x, graphs, required=speed.cuda_graphs == "on")
     for i in range(n):
-        sigma = sigmas[i].expand(B)
-        img = x.to(dtype)
-        skip = config.skip_at(i, n) if guided else ()
-        if not guided:
-            v = _call(backbone, img, text_c, sigma, seq_c, ())
-        elif not skip:  # both branches in one packed call
-            both = _call(backbone, torch.cat([img, img]), text_both, torch.cat([sigma, sigma]), seq_both, ())
-            v_c, v_u = both[:T], both[T:]
-            v = v_u + config.cfg_scale * (v_c - v_u)
-        else:
-            v_c = _call(backbone, img, text_c, sigma, seq_c, ())
-            v_u = _call(backbone, img, text_u, sigma, seq_u, skip)
-            v = v_u + config.cfg_scale * (v_c - v_u)
-        x = x + (sigmas[i + 1] - sigmas[i]) * v
+        steps(sigmas, i, config.skip_at(i, n) if velocity.guided else ())
         if progress is not None:
             progress(i + 1, n)
     return list(torch.split(x, [h * w for h, w in img_sizes]))

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from PIL import Image, ImageDraw
 
-from kohakumoss.diffusion import SamplerConfig, released_uncond_skip_layers
+from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
 
@@ -69,6 +69,8 @@ def draw_row(model, text_encoder, vae, k: dict, device, dtype) -> list[Image.Ima
                 sampler_config(k, model.config.depth),
                 model.config.in_channels,
                 device,
+                # the sampler's fast path; CUDA_GRAPHS='off' keeps it eager too
+                speed=SamplerSpeed(cuda_graphs="off" if k.get("CUDA_GRAPHS") == "off" else "auto"),
             )
     finally:
         model.train(was_training)
