@@ -25,6 +25,7 @@ from kohakumoss_common.log import get_logger, log_once
 
 from . import tuning
 from .fp8 import Fp8Weight
+from .int8 import Int8Weight
 from .shape_keys import shape_key
 
 log = get_logger("kohakumoss.kernels.registry")
@@ -44,6 +45,9 @@ _OPS: dict[str, str] = {
     "lora_group": "lora_group",
     "lora_linear_fp8": "lora_linear_fp8",
     "lora_group_fp8": "lora_group_fp8",
+    "int8_linear": "int8_linear",
+    "lora_linear_int8": "lora_linear_int8",
+    "lora_group_int8": "lora_group_int8",
 }
 
 # The `torch` slot of a priority list expands to these, where the op has them.
@@ -56,6 +60,7 @@ TORCH_NATIVE = (
     "addmm_lora_first",
     "addmm_lowrank",
     "onehot",
+    "int_mm",
 )
 BACKENDS = ("triton", "tilelang", *TORCH_NATIVE, "compile", "eager")
 
@@ -252,7 +257,7 @@ def _exact_key(args: tuple, kwargs: dict) -> tuple:
     """Shapes and scalar values of one call: finer than the shape key, cheap to build."""
 
     def one(a):
-        if isinstance(a, (torch.Tensor, Fp8Weight)):
+        if isinstance(a, (torch.Tensor, Fp8Weight, Int8Weight)):
             return (tuple(a.shape), a.dtype, a.device)
         if isinstance(a, (tuple, list)):  # an op over a group of tensors (lora_group)
             return tuple(one(b) for b in a)

@@ -60,6 +60,9 @@ _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "lora_group": _lora_group,
     "lora_linear_fp8": _lora,
     "lora_group_fp8": _lora_group,
+    "int8_linear": _lora,
+    "lora_linear_int8": _lora,
+    "lora_group_int8": _lora_group,
 }
 
 

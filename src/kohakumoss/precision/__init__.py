@@ -1,4 +1,4 @@
-"""Precision modes beyond the compute dtype: frozen base linears in float8 (`fp8_base`)."""
+"""Precision modes beyond the compute dtype: frozen base linears in float8 (`fp8_base`) or int8 (`int8_base`)."""
 
 from .fp8_base import (
     BASE_PRECISIONS,
@@ -8,12 +8,15 @@ from .fp8_base import (
     frozen_weight,
     quantize_frozen_linears,
 )
+from .int8_base import Int8Linear, stored_int8_weights
 
 __all__ = [
     "BASE_PRECISIONS",
     "Fp8Linear",
+    "Int8Linear",
     "base_dtype",
     "base_precision_problem",
     "frozen_weight",
     "quantize_frozen_linears",
+    "stored_int8_weights",
 ]

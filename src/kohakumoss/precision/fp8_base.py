@@ -1,9 +1,13 @@
-"""BASE_PRECISION: the DiT blocks' frozen linears (q, k, v, o and the MLP's) stored in float8 e4m3 with
-one scale per output row (`kohakumoss_kernels.fp8`), for adapter training and sampling.
+"""BASE_PRECISION: the DiT blocks' frozen linears (q, k, v, o and the MLP's) stored in float8 e4m3 or int8
+with one scale per output row (`kohakumoss_kernels.fp8`, `kohakumoss_kernels.int8`), for adapter
+training and sampling.
 
 - `same`: the compute dtype (bf16 / fp16), as loaded.
 - `fp8`: fp8 storage and fp8 GEMMs (activations and gradients quantized per row on the fly), sm89+.
 - `fp8_weight`: fp8 storage, dequantized per call: the memory saving on any card, GEMMs as before.
+- `int8`: int8 storage and int8 forward GEMMs (`torch._int_mm`), sm80+ (`int8_base`); a ConvRot int8
+  file's bytes are kept as stored (`quantize_frozen_linears(..., source=path)`).
+- `int8_weight`: int8 storage, dequantized per call, any card.
 The per-sample modulation linears, the embedders and the final layer stay in the compute dtype (small,
 and they set every token's scale). A quantized linear becomes an `Fp8Linear` in place (same object, its
 class swapped): an nn.Linear whose weight is an fp8 parameter beside a `weight_scale` buffer, which is
@@ -17,9 +21,11 @@ import torch
 from torch import nn
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import fp8
+from kohakumoss_kernels import fp8, int8
 
-BASE_PRECISIONS = ("same", "fp8", "fp8_weight")
+from .int8_base import Int8Linear, stored_int8_weights, to_int8
+
+BASE_PRECISIONS = ("same", "fp8", "fp8_weight", "int8", "int8_weight")
 QUANTIZED = ("q", "k", "v", "o", "ffn_up_gate", "ffn_down")
 
 
@@ -37,28 +43,33 @@ def base_precision_problem(mode: str, algo: str, lycoris_algo: str = "", dora: b
     if lycoris_algo not in FP8_ALGOS or (dora and lycoris_algo != "lokr"):
         return (
             f"'{mode}' with ALGO='{algo}'{' (DoRA)' if dora else ''}: the adapter reads the frozen weight, "
-            f"which LyCORIS does not do on an fp8 one; use 'same', or ALGO one of {FP8_ALGOS} without DoRA"
+            f"which LyCORIS does not do on an fp8 or int8 one; use 'same', or ALGO one of {FP8_ALGOS} without DoRA"
         )
     return None
 
 
-def _quantized_linears(model: nn.Module) -> list[nn.Linear]:
+def _quantized_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [
-        m
-        for block in model.layers
+        (f"layers.{i}.{name}", m)
+        for i, block in enumerate(model.layers)
         for name, m in block.named_modules()
         if name.rsplit(".", 1)[-1] in QUANTIZED and type(m) is nn.Linear
     ]
 
 
-def quantize_frozen_linears(model: nn.Module, mode: str, device: torch.device | None = None) -> int:
+def quantize_frozen_linears(
+    model: nn.Module, mode: str, device: torch.device | None = None, source=None
+) -> int:
     """Quantize the blocks' frozen linears of `model` per BASE_PRECISION `mode`; returns how many.
     Call before the memory plan is installed (streaming then moves the fp8 bytes) and before LyCORIS
-    wraps the linears (it keeps their forward as the bypass's base)."""
+    wraps the linears (it keeps their forward as the bypass's base). source: the checkpoint the model
+    was loaded from; with an int8 mode, its int8 weights (ConvRot ones included) are kept as stored."""
     if mode not in BASE_PRECISIONS:
         raise ConfigError("BASE_PRECISION", f"'{mode}' is not one of {BASE_PRECISIONS}")
     if mode == "same":
         return 0
+    if mode.startswith("int8"):
+        return _quantize_int8(model, mode, device, source)
     if mode == "fp8" and device is not None and not fp8.can_compute(device):
         cap = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else None
         raise ConfigError(
@@ -68,7 +79,7 @@ def quantize_frozen_linears(model: nn.Module, mode: str, device: torch.device | 
             if cap
             else f"'fp8' needs a CUDA card of sm89+ or the CPU, not {device}",
         )
-    linears = _quantized_linears(model)
+    linears = [lin for _, lin in _quantized_linears(model)]
     for lin in linears:
         if lin.weight.requires_grad:
             raise ConfigError(
@@ -85,8 +96,32 @@ def quantize_frozen_linears(model: nn.Module, mode: str, device: torch.device | 
     return len(linears)
 
 
-def frozen_weight(lin: nn.Linear, dtype: torch.dtype) -> torch.Tensor | fp8.Fp8Weight:
-    """The linear's frozen weight for an op computing in `dtype`: a tensor, or its fp8 form."""
+def _quantize_int8(model: nn.Module, mode: str, device, source) -> int:
+    if mode == "int8" and device is not None and not int8.can_compute(device):
+        cap = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else None
+        raise ConfigError(
+            "BASE_PRECISION",
+            f"'int8' computes with int8 GEMMs, which need sm80+ (this card: sm{cap[0]}{cap[1]}); "
+            "use 'int8_weight' (int8 storage, GEMMs in the compute dtype)"
+            if cap
+            else f"'int8' needs a CUDA card of sm80+ or the CPU, not {device}",
+        )
+    stored = stored_int8_weights(source) if source is not None else {}
+    linears = _quantized_linears(model)
+    ops = getattr(model, "ops", None)
+    for name, lin in linears:
+        if lin.weight.requires_grad:
+            raise ConfigError(
+                "BASE_PRECISION", f"'{mode}' is for a frozen base (adapter training); the weights train here"
+            )
+        to_int8(lin, mode == "int8", stored.get(f"{name}.weight"), ops)
+    return len(linears)
+
+
+def frozen_weight(lin: nn.Linear, dtype: torch.dtype) -> torch.Tensor | fp8.Fp8Weight | int8.Int8Weight:
+    """The linear's frozen weight for an op computing in `dtype`: a tensor, or its fp8 / int8 form."""
+    if isinstance(lin, Int8Linear):
+        return lin.int8_weight()
     if isinstance(lin, Fp8Linear):
         return fp8.Fp8Weight(lin.weight, lin.weight_scale, lin.fp8_compute)
     return lin.weight.to(dtype)

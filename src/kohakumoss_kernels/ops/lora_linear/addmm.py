@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import fp8, grad_sink, side_stream
+from ... import fp8, grad_sink, int8, side_stream
 from ...cast_cache import cast
 
 
@@ -74,8 +74,10 @@ def master_grad(
 
 def input_grad(lora: tuple, gys: list, weights: list) -> torch.Tensor:
     """gx = sq down + sum_i gy_i W_i (lora = (sq, down)): the frozen products added in place onto the LoRA
-    part, or, for fp8 weights, the LoRA part onto their one fp8 GEMM."""
+    part, or, for fp8 / int8 weights, the LoRA part onto their frozen product."""
     sq, down = lora
+    if isinstance(weights[0], int8.Int8Weight):
+        return int8.grad_input(gys, weights).addmm_(sq, down)
     if isinstance(weights[0], fp8.Fp8Weight):
         return fp8.grad_input(gys, weights).addmm_(sq, down)
     gx = torch.mm(sq, down)
@@ -85,9 +87,10 @@ def input_grad(lora: tuple, gys: list, weights: list) -> torch.Tensor:
 
 
 def saved_weights(ctx, weights) -> list:
-    """Frozen weights for the backward: tensors through save_for_backward (None here), fp8 ones on ctx."""
-    ctx.fp8_weights = [w if isinstance(w, fp8.Fp8Weight) else None for w in weights]
-    return [None if isinstance(w, fp8.Fp8Weight) else w for w in weights]
+    """Frozen weights for the backward: tensors through save_for_backward (None here), fp8 / int8 ones on ctx."""
+    typed = (fp8.Fp8Weight, int8.Int8Weight)
+    ctx.fp8_weights = [w if isinstance(w, typed) else None for w in weights]
+    return [None if isinstance(w, typed) else w for w in weights]
 
 
 def restored_weights(ctx, saved) -> list:
@@ -108,10 +111,13 @@ def sink_of(master: torch.Tensor, shape, lowrank: bool) -> torch.Tensor | None:
 
 def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool, xq=None) -> torch.Tensor:
     """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output in place, or
-    (lora_first) written first and read by the frozen GEMM's epilogue. An fp8 weight (fp8.Fp8Weight)
-    takes the first order: its GEMM writes a fresh output (xq: x2 already quantized)."""
+    (lora_first) written first and read by the frozen GEMM's epilogue. An fp8 weight (fp8.Fp8Weight) or
+    an int8 one (int8.Int8Weight) takes the first order: its GEMM writes a fresh output (xq: x2 already
+    quantized to fp8)."""
     if isinstance(weight, fp8.Fp8Weight):
         return fp8.linear(x2, weight, bias, xq).addmm_(h, up.t(), alpha=alpha)
+    if isinstance(weight, int8.Int8Weight):
+        return int8.linear(x2, weight, bias).addmm_(h, up.t(), alpha=alpha)
     if lora_first:
         if bias is not None:  # the 1-D bias rides cuBLASLt's epilogue
             return torch.addmm(bias, h, up.t(), alpha=alpha).addmm_(x2, weight.t())

@@ -1,0 +1,101 @@
+"""Frozen-linear products per storage: bf16 against int8 weight-only, int8 compute (torch._int_mm), the
+same ConvRot-rotated, fp8 (row-wise _scaled_mm) and MXFP8 (block-scaled, sm100+ only), at the 5B
+block's shapes (3072 -> 3072, 3072 -> 18432). Per row: forward ms, forward + input-gradient ms (a frozen
+base's backward), TFLOP/s of the forward, and the forward's relative error against the bf16 product of
+the same (dequantized) weight. Random weights; GPU.
+
+    python scripts/bench/quant_linear.py [--tokens 4096] [--iters 50] [--out quant_linear.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+
+from kohakumoss_common.quant import convrot_hadamard  # noqa: E402
+from kohakumoss_kernels import fp8, int8  # noqa: E402
+
+SHAPES = ((3072, 3072), (3072, 18432))
+
+
+def _time_ms(fn, iters: int) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def _rows(tokens: int, in_f: int, out_f: int, dev) -> list[tuple[str, object, torch.Tensor]]:
+    """(name, forward(x) with autograd, the float weight it stands for)."""
+    torch.manual_seed(0)
+    w = torch.randn(out_f, in_f, device=dev) * in_f**-0.5
+    wb = w.bfloat16()
+    rows = [("bf16", lambda x: torch.nn.functional.linear(x, wb), w)]
+    q, s = int8.quantize_weight(w)
+    for name, compute in (("int8_weight", False), ("int8", True)):
+        wq = int8.Int8Weight(q, s, 0, compute)
+        rows.append((name, lambda x, wq=wq: int8.frozen_linear(x, wq), wq.dequant(torch.float32)))
+    wr = (w.reshape(out_f, -1, 256) @ convrot_hadamard(256, dev)).reshape(out_f, in_f)
+    qr, sr = int8.quantize_weight(wr)
+    for name, compute in (("int8_weight convrot", False), ("int8 convrot", True)):
+        wq = int8.Int8Weight(qr, sr, 256, compute)
+        rows.append((name, lambda x, wq=wq: int8.frozen_linear(x, wq), wq.dequant(torch.float32)))
+    if fp8.can_compute(dev):
+        wf = fp8.Fp8Weight(*fp8.quantize_weight(w))
+        rows.append(("fp8", lambda x, wf=wf: fp8.frozen_linear(x, wf), wf.dequant(torch.float32)))
+    try:
+        from kohakumoss_kernels import mxfp8
+
+        if mxfp8.can_compute(dev):
+            wm = mxfp8.quantize_weight(w)
+            rows.append(("mxfp8", lambda x, wm=wm: mxfp8.frozen_linear(x, wm), wm.dequant(torch.float32)))
+    except ImportError:
+        pass
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("quant_linear.py needs a CUDA GPU")
+    dev = torch.device("cuda")
+    print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}, T={a.tokens}, random weights")
+    print(f"{'shape':>12} {'storage':>20} {'fwd ms':>8} {'fwd+bwd ms':>10} {'TFLOP/s':>8} {'rel err':>9}")
+    results = []
+    for in_f, out_f in SHAPES:
+        x = torch.randn(a.tokens, in_f, device=dev).bfloat16()
+        gy = torch.randn(a.tokens, out_f, device=dev).bfloat16()
+        for name, fwd, w_ref in _rows(a.tokens, in_f, out_f, dev):
+            ref = (x.float() @ w_ref.bfloat16().float().t()).float()
+            with torch.no_grad():
+                err = float((fwd(x).float() - ref).norm() / ref.norm())
+                ms = _time_ms(lambda fwd=fwd, x=x: fwd(x), a.iters)
+            xg = x.clone().requires_grad_(True)
+            ms_bwd = _time_ms(lambda fwd=fwd, xg=xg, gy=gy: fwd(xg).backward(gy), a.iters)
+            tflops = 2 * a.tokens * in_f * out_f / ms / 1e9
+            shape = f"{in_f}x{out_f}"
+            print(f"{shape:>12} {name:>20} {ms:8.3f} {ms_bwd:10.3f} {tflops:8.1f} {err:9.2e}")
+            results.append({"shape": shape, "storage": name, "fwd_ms": ms, "fwd_bwd_ms": ms_bwd,
+                            "tflops": tflops, "rel_err": err})  # fmt: skip
+    if a.out:
+        Path(a.out).write_text(json.dumps({"tokens": a.tokens, "rows": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
