@@ -25,7 +25,7 @@ VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
 BASE_PRECISION = (
-    "same"  # frozen block linears: same, fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (storage)
+    "same"  # frozen block linears: same, fp8 (GEMMs sm89+), fp8_weight, int8 (GEMMs sm80+), int8_weight
 )
 # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
 MEMORY_PROFILE = (

@@ -70,7 +70,8 @@ SAMPLE_KNOBS = [
     Knob(
         "BASE_PRECISION",
         "same",
-        "DiT block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (fp8 storage)",
+        "DiT block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+), fp8_weight (fp8 storage), "
+        "int8 (int8 storage and forward GEMMs, sm80+) or int8_weight (int8 storage)",
         choices=BASE_PRECISIONS,
     ),
     Knob(

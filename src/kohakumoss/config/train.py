@@ -97,7 +97,8 @@ TRAIN_KNOBS = [
     Knob(
         "BASE_PRECISION",
         "same",
-        "frozen block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (fp8 storage)",
+        "frozen block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+), fp8_weight (fp8 storage), "
+        "int8 (int8 storage and forward GEMMs, sm80+) or int8_weight (int8 storage)",
         choices=BASE_PRECISIONS,
     ),
     # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
