@@ -3,20 +3,141 @@
 Full fine-tune follows the MOSS recipe: `torch.optim.Muon` (2-D parameters only) takes the attention
 and SiTU-GLU weight matrices of every block and text refiner block; AdamW takes embedders, norms, the
 modulations, biases and the final layer. Muon's `adjust_lr_fn="match_rms_adamw"` scales its update to AdamW's RMS, so one LR fits both.
-Adapters train with AdamW on LoRA+ groups. Every optimizer is wrapped in `CombinedOptimizer` so the
-trainer, the LR schedule and checkpoints see one interface.
+Adapters train with AdamW on LoRA+ groups. OPTIMIZER swaps AdamW (the adapter's, or a full fine-tune's
+non-Muon member) for AdamW 8-bit, Adafactor, Prodigy, schedule-free AdamW or any `package.Class`, with
+OPTIMIZER_ARGS as keyword arguments. Every optimizer is wrapped in `CombinedOptimizer` so the trainer, the
+LR schedule and checkpoints see one interface.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 from torch.optim import AdamW, Muon, Optimizer
 
 from kohakumoss_common.errors import CheckpointError, ConfigError
+
+# OPTIMIZER names -> (module, class, the pip package that provides it; None: torch itself)
+NAMED_OPTIMIZERS: dict[str, tuple[str, str, str | None]] = {
+    "adamw": ("torch.optim", "AdamW", None),
+    "adafactor": ("torch.optim", "Adafactor", None),
+    "adamw8bit": ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes"),
+    "prodigy": ("prodigyopt", "Prodigy", "prodigyopt"),
+    "schedulefree_adamw": ("schedulefree", "AdamWScheduleFree", "schedulefree"),
+}
+OPTIMIZERS = tuple(NAMED_OPTIMIZERS)
+_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+# members whose update placed states can run ('gpu' runs any): 'host' steps them on the CPU over fp32
+# masters; 'stream' steps them chunk by chunk, so an update that looks across a group's params (Prodigy's
+# global d estimate) or keeps state outside `opt.state` (bitsandbytes' per-param configs) cannot stream,
+# and schedule-free's train/eval swap would move the host masters but not the device weights
+_TORCH_PLACEABLE = (torch.optim.Adam, AdamW, Muon, torch.optim.Adafactor)
+_PLACEABLE = {
+    "host": {*(f"{c.__module__}.{c.__qualname__}" for c in _TORCH_PLACEABLE), "prodigyopt.prodigy.Prodigy"},
+    "stream": {f"{c.__module__}.{c.__qualname__}" for c in _TORCH_PLACEABLE},
+}
+
+
+def _where(name: str) -> tuple[str, str, str | None]:
+    if name in NAMED_OPTIMIZERS:
+        return NAMED_OPTIMIZERS[name]
+    if not _DOTTED.match(name):
+        raise ConfigError("OPTIMIZER", f"'{name}' is not one of {OPTIMIZERS} nor a 'package.Class' name")
+    module, cls = name.rsplit(".", 1)
+    return module, cls, module.split(".")[0]
+
+
+def optimizer_problem(name: str) -> str | None:
+    """Why OPTIMIZER `name` cannot be built here (unknown, or its package is not installed), or None."""
+    try:
+        module, _, package = _where(name)
+    except ConfigError as e:
+        return e.args[-1] if e.args else str(e)
+    top = module.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        extra = " (or pip install 'kohakumoss[optim]')" if name in NAMED_OPTIMIZERS else ""
+        return f"'{name}' needs the '{package}' package: pip install {package}{extra}"
+    return None
+
+
+def optimizer_class(name: str) -> type[Optimizer]:
+    """The torch Optimizer class OPTIMIZER `name` stands for (imported on demand)."""
+    problem = optimizer_problem(name)
+    if problem:
+        raise ConfigError("OPTIMIZER", problem)
+    module, cls_name, _ = _where(name)
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError("OPTIMIZER", f"'{name}': cannot import {cls_name} from {module} ({e})") from e
+    if not (isinstance(cls, type) and issubclass(cls, Optimizer)):
+        raise ConfigError("OPTIMIZER", f"'{name}' is not a torch.optim.Optimizer subclass")
+    return cls
+
+
+def make_optimizer(name: str, groups: list[dict], lr: float, args: dict | None = None) -> Optimizer:
+    """OPTIMIZER `name` over `groups` at `lr`, with OPTIMIZER_ARGS as keyword arguments."""
+    cls = optimizer_class(name)
+    try:
+        return cls(groups, lr=lr, **dict(args or {}))
+    except (TypeError, ValueError) as e:
+        raise ConfigError("OPTIMIZER_ARGS", f"{cls.__name__}({args or {}}) refused: {e}") from e
+
+
+def _qualname(opt: Optimizer) -> str:
+    return f"{type(opt).__module__}.{type(opt).__qualname__}"
+
+
+def placement_problem(optimizer, placement: str) -> str | None:
+    """Why a member of `optimizer` cannot step under OPTIMIZER_PLACEMENT `placement`, or None."""
+    if placement == "gpu":
+        return None
+    ok = _PLACEABLE.get(placement, set())
+    for key, opt in getattr(optimizer, "optimizers", {}).items():
+        if _qualname(opt) not in ok:
+            return (
+                f"optimizer '{key}' ({type(opt).__name__}) cannot step with OPTIMIZER_PLACEMENT "
+                f"'{placement}': use 'gpu' or OPTIMIZER 'adamw'"
+            )
+    return None
+
+
+def has_modes(optimizer) -> bool:
+    """A member keeps separate train and eval weights (schedule-free): see `eval_weights`."""
+    return any(callable(getattr(o, "eval", None)) for o in getattr(optimizer, "optimizers", {}).values())
+
+
+def set_train_mode(optimizer, train: bool) -> None:
+    """Put members with train/eval weights (schedule-free) in train or eval mode; others are unaffected."""
+    for opt in getattr(optimizer, "optimizers", {}).values():
+        switch = getattr(opt, "train" if train else "eval", None)
+        if callable(switch):
+            switch()
+
+
+@contextlib.contextmanager
+def eval_weights(optimizer) -> Iterator[None]:
+    """Schedule-free: the parameters hold the averaged (eval) weights inside, the training point after.
+
+    Wrap sampling, validation and checkpoint / export writes in it: what is saved and sampled is the
+    averaged x, and the optimizer state saved beside it says 'eval mode', so a resume that calls
+    `set_train_mode(opt, True)` after loading both is where the run left off.
+    """
+    if not has_modes(optimizer):
+        yield
+        return
+    set_train_mode(optimizer, False)
+    try:
+        yield
+    finally:
+        set_train_mode(optimizer, True)
+
 
 _MUON_NAME = re.compile(
     r"^(layers\.\d+\.proj\.(q|k|v|o|ffn_up_gate|ffn_down)"
@@ -121,8 +242,11 @@ def build_full_ft_optimizer(
     muon_weight_decay: float | None = None,
     adjust_lr_fn: str = "match_rms_adamw",
     use_muon: bool = True,
+    optimizer: str = "adamw",
+    optimizer_args: dict | None = None,
 ) -> CombinedOptimizer:
-    """Muon (hidden matrices) + AdamW (everything else) over the model's trainable parameters."""
+    """Muon (hidden matrices) + AdamW (everything else) over the model's trainable parameters; `optimizer`
+    (an OPTIMIZER name) replaces that AdamW member."""
     muon, decay, no_decay = split_full_ft_params(model)
     if not use_muon:
         decay, muon = decay + muon, []
@@ -142,9 +266,13 @@ def build_full_ft_optimizer(
         {"name": "adamw_no_decay", "params": [p for _, p in no_decay], "weight_decay": 0.0},
     ]
     groups = [g for g in groups if g["params"]]
-    if groups:
+    if groups and optimizer == "adamw" and not optimizer_args:
         opts["adamw"] = AdamW(groups, lr=lr, betas=betas, eps=eps)
-    return CombinedOptimizer(opts)
+    elif groups:
+        opts[optimizer] = make_optimizer(optimizer, groups, lr, optimizer_args)
+    combined = CombinedOptimizer(opts)
+    set_train_mode(combined, True)
+    return combined
 
 
 def build_adamw(
@@ -152,3 +280,18 @@ def build_adamw(
 ) -> CombinedOptimizer:
     """AdamW over prepared groups (e.g. `adapters.adapter_param_groups` for LoRA+)."""
     return CombinedOptimizer({"adamw": AdamW(list(groups), lr=lr, betas=betas, eps=eps)})
+
+
+def build_adapter_optimizer(
+    groups: Iterable[dict], lr: float, optimizer: str = "adamw", optimizer_args: dict | None = None
+) -> CombinedOptimizer:
+    """OPTIMIZER over prepared groups; plain AdamW is `build_adamw`'s (same member name in checkpoints).
+    Schedule-free members start in train mode."""
+    groups = list(groups)
+    if optimizer == "adamw" and not optimizer_args:
+        return build_adamw(groups, lr)
+    if optimizer == "prodigy" and len({g.get("lr", lr) for g in groups}) > 1:
+        raise ConfigError("LORA_PLUS_RATIO", "Prodigy estimates one step size for all groups: set it to 0")
+    combined = CombinedOptimizer({optimizer: make_optimizer(optimizer, groups, lr, optimizer_args)})
+    set_train_mode(combined, True)
+    return combined

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from kohakumoss.train.optim import CombinedOptimizer, zero_grads
+from kohakumoss.train.optim import CombinedOptimizer, placement_problem, zero_grads
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from ..plan import OPTIMIZER_PLACEMENTS
@@ -90,6 +90,9 @@ class PlacedOptimizer:
     ):
         if placement not in OPTIMIZER_PLACEMENTS:
             raise ConfigError("OPTIMIZER_PLACEMENT", f"'{placement}' is not one of {OPTIMIZER_PLACEMENTS}")
+        problem = placement_problem(combined, placement)  # update rules that placed states cannot run
+        if problem:
+            raise ConfigError("OPTIMIZER_PLACEMENT", problem)
         if placement == "gpu" and grad_offload is not None:
             raise ConfigError(
                 "GRAD_OFFLOAD",
