@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import faulthandler
+import itertools
 import json
 import math
 import os
@@ -55,7 +56,6 @@ from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
 from kohakumoss.memory.profiles import PROFILES  # noqa: E402
 from kohakumoss.precision import BASE_PRECISIONS, quantize_frozen_linears  # noqa: E402
 from kohakumoss.train.collector import StepCollector  # noqa: E402
-from kohakumoss.train.finite import arm_skip, skips_on_device  # noqa: E402
 from kohakumoss_common.timing import copy_gbs  # noqa: E402
 from kohakumoss_kernels import triton_utils  # noqa: E402
 
@@ -792,12 +792,14 @@ def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup
 
 def run_moss_row(a, spec: RowSpec) -> dict:
     from kohakumoss.adapters import adapter_param_groups, build_adapter
-    from kohakumoss.diffusion import TimestepConfig
     from kohakumoss.encoders.latents import patchify
     from kohakumoss.model import MossBackbone, PackedSeq, get_preset
     from kohakumoss.train.graphs import StepGraphs, graph_refusal, resolve_graphs
     from kohakumoss.train.optim import build_adamw, build_full_ft_optimizer
-    from kohakumoss.train.step import DeviceBatch, draw_step_noise, flow_loss
+    from kohakumoss.train.prefetch import Prefetcher
+    from kohakumoss.train.runner import StepRunner
+    from kohakumoss.train.step import DeviceBatch, flow_loss
+    from kohakumoss_data.batch import HostBatch
     from kohakumoss_kernels import OpSet
 
     device, full = torch.device(a.device), spec.mode == "full"
@@ -857,20 +859,24 @@ def run_moss_row(a, spec: RowSpec) -> dict:
 
     g = torch.Generator().manual_seed(a.seed)
     seq = PackedSeq.build([n_text] * a.samples, [(side, side)] * a.samples, device)
-    x0_cached = text_cached = pixels = ids = None
-    if vae is None:
-        x0_cached = torch.randn(a.samples * n_img, cfg.in_channels, generator=g).to(device, dtype)
-    else:
+    pixels = ids = None
+    if vae is not None:
         pixels = torch.rand(a.samples, 3, 16 * side, 16 * side, generator=g).mul_(2).sub_(1)
         pixels = pixels.pin_memory() if device.type == "cuda" else pixels
-    if text_enc is None:
-        text_cached = torch.randn(a.samples * n_text, cfg.text_dim, generator=g).to(device, dtype)
-    else:
+    if text_enc is not None:
         ids = torch.randint(0, vocab, (a.samples, n_text), generator=g)
+    latents = [torch.randn(cfg.in_channels // 4, 2 * side, 2 * side, generator=g) for _ in range(a.samples)]
+    text_hidden = torch.randn(a.samples * n_text, cfg.text_dim, generator=g)
+    host = HostBatch(0, [], [], [(16 * side, 16 * side)] * a.samples, latents, None, text_hidden,
+                     torch.full((a.samples,), n_text))  # fmt: skip
+    prefetch = None
+    if vae is None and text_enc is None:  # caches hit: host batches through the trainer's prefetcher
+        prefetch = Prefetcher(itertools.repeat(host), device, dtype)
 
-    def make_batch() -> DeviceBatch:
-        """What the loader hands the step: cached tensors, or the encoders' outputs for this step."""
-        x0, text = x0_cached, text_cached
+    def encoded_batch() -> DeviceBatch:
+        """Encoders online: what the loader hands the step, encoded for this step on the device."""
+        x0 = torch.cat([patchify(lat) for lat in latents]).to(device, dtype)
+        text = text_hidden.to(device, dtype)
         if vae is not None:
             with vae.on_device():  # one load per step when streamed
                 lats = [vae.encode(pixels[i : i + 1].to(device, non_blocking=True)) for i in range(a.samples)]
@@ -879,8 +885,6 @@ def run_moss_row(a, spec: RowSpec) -> dict:
             text = text_enc.encode(ids).to(dtype)
         return DeviceBatch(x0, text, seq)
 
-    tcfg = TimestepConfig()
-    after = getattr(engines, "after_backward", None)  # engines that need a hook between backward and step
     model.train()
     refusal = graph_refusal(plan, device, "full" if full else "lora", 0.0, dtype)
     graphs = None
@@ -889,43 +893,24 @@ def run_moss_row(a, spec: RowSpec) -> dict:
             lambda b, s, n: flow_loss(model, b, s, n, dtype), params, wgrad_stream=a.wgrad_stream
         )
     notes.append("CUDA graphs: " + ("on" if graphs else f"off ({refusal or 'CUDA_GRAPHS off'})"))
-
+    runner = StepRunner(  # the trainer's step (train/runner.py), as train/loop.py builds it
+        opt,
+        lambda b, s, n: flow_loss(model, b, s, n, dtype),
+        prefetch.next_batch if prefetch is not None else encoded_batch,
+        device=device,
+        seed=a.seed,
+        grad_clip=a.grad_clip,
+        graphs=graphs,
+        engines=engines,
+        tuning=lambda: model.ops.tuning(device_time=graphs is not None),
+    )
     nonfinite: list[int] = []
-    device_skip = skips_on_device(opt, device)
-
-    upcoming: dict[int, tuple] = {}
-
-    def inputs(i: int) -> tuple:
-        """Step i's batch, sigma and noise: prepared during step i - 1 where the trainer does that."""
-        if i in upcoming:
-            return upcoming.pop(i)
-        batch = make_batch()
-        return (batch, *draw_step_noise(a.seed, i, batch.x0, batch.seq, tcfg))
 
     def step(i: int) -> None:
-        batch, sigma, noise = inputs(i)
-        engines.before_step()
-        # the first warm-up step is the registry's prewarm: missing shape keys timed, the winner kept
-        window = model.ops.tuning(device_time=graphs is not None) if i == 0 else contextlib.nullcontext()
-        with window:
-            if graphs is not None:  # the trainer's path (train/graphs.py): captured on step 1, replayed after
-                loss = graphs.run(batch, sigma, noise)
-            else:
-                loss = flow_loss(model, batch, sigma, noise, dtype)
-                loss.backward()
-        if after is not None:
-            after()
-        opt.clip_grad_norm_(a.grad_clip)
-        if (
-            device_skip
-        ):  # as the trainer: a non-finite step skipped by the fused kernel, read after the launches
-            arm_skip(opt, torch.isfinite(loss))
-        opt.step()
-        opt.zero_grad(set_to_none=graphs is None)
-        if device_skip:  # as the trainer: the next step's host work while the GPU finishes this one
-            upcoming[i + 1] = inputs(i + 1)
+        result = runner.run(i)
+        runner.prepare_next(i)
         collector.after_launch(i)
-        if not math.isfinite(loss.item()):  # random weights: counted, not fatal (the timing stands)
+        if not result.applied() or not math.isfinite(result.loss()):  # random weights: counted, not fatal
             nonfinite.append(i)
         gc_ms.append(collector.take_paused_ms())
 
@@ -933,7 +918,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     resident = torch.cuda.memory_allocated(device) / GIB if device.type == "cuda" else None
     seq_lens = list(seq.seq_lens)
     collector, gc_ms = StepCollector(a.gc_every), []
-    with collector:
+    with collector, prefetch if prefetch is not None else contextlib.nullcontext():
         row = measure_row(a, spec, cfg, step, a.warmup + measured, seq_lens, device, full)
     row["gc_pause_ms"] = [round(ms, 2) for ms in gc_ms]  # per step, automatic collections or ours
     if any(gc_ms):

@@ -221,6 +221,17 @@ def time_call(
     Host overhead stays in the time, as it does in an eager model. device_time (CUDA): the calls are
     captured in a CUDA graph and replayed, as a graphed training step runs them; a backend that cannot
     be captured raises RuntimeError (and is skipped)."""
+    # outside any saved-tensor hooks (checkpointing counts what its forward saves and recomputes it;
+    # offload packs it to the host): the candidates' own tensors belong to no block
+    with torch.autograd.graph.saved_tensors_hooks(_keep, _keep):
+        return _time_call(fn, args, kwargs, rounds, calls, device_time)
+
+
+def _keep(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def _time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int, calls: int, device_time: bool) -> float:
     first = next(a for a in args if isinstance(a, torch.Tensor))
     a, k, leaves = _fresh_args(args, kwargs)
     backward = bool(leaves) and torch.is_grad_enabled()

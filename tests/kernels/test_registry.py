@@ -465,3 +465,37 @@ def test_out_of_memory_is_not_a_backend_failure(lines):
     n = len(fast.calls)
     getattr(ops, op)(x)
     assert len(fast.calls) == n + 1  # this process keeps the choice
+
+
+def test_timing_inside_a_checkpointed_block_leaves_its_recomputation_intact(cache):
+    """A candidate timed inside torch.utils.checkpoint's forward saves tensors the recomputation never
+    saves: the timing runs outside the checkpoint's saved-tensor hooks, so the backward recomputes as
+    the forward ran (it raised 'A different number of tensors was saved' and broke fresh-machine runs)."""
+    from torch.utils.checkpoint import checkpoint
+
+    op = fake_op(triton=tagged("a", torch.sin), compile=tagged("b", torch.cos))
+    ops = OpSet(backend="triton,compile", tune="table")
+    w = torch.randn(8, 8, requires_grad=True)
+
+    def block(x):
+        return getattr(ops, op)(x @ w).sin()
+
+    x = torch.randn(4, 8, requires_grad=True)
+    with ops.tuning():
+        loss = checkpoint(block, x, use_reentrant=False).sum()
+        loss.backward()
+    expected = torch.autograd.grad(block(x).sum(), w)[0]
+    assert torch.allclose(w.grad, expected)
+
+
+def test_timing_inside_saved_tensor_hooks_packs_nothing_of_its_own(cache):
+    """Memory engines (activation offload) pack saved tensors through hooks; the timing's own tensors
+    must not reach them."""
+    packed = []
+    op = fake_op(triton=tagged("a", torch.sin), compile=tagged("b", torch.cos))
+    ops = OpSet(backend="triton,compile", tune="table")
+    x = torch.randn(4, 8, requires_grad=True)
+    with ops.tuning(), torch.autograd.graph.saved_tensors_hooks(lambda t: packed.append(t) or t, lambda t: t):
+        y = (getattr(ops, op)(x) * x).sum()
+    assert len(packed) == 3  # the chosen backend's input and the multiply's two: nothing of the timing
+    y.backward()

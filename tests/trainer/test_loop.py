@@ -156,7 +156,7 @@ def test_memory_profiles_train_the_same_model(train_world, algo, profile, extra,
 def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_world, monkeypatch):
     """LoRA with fused AdamW: the loss is read after the update is queued; the NaN step's update is
     skipped by the fused kernel (found_inf), counted by the host, and the next steps train."""
-    from kohakumoss.train import loop
+    from kohakumoss.train import loop, runner
 
     real, calls, armed = loop.flow_loss, [0], []
 
@@ -165,9 +165,9 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_wo
         loss = real(*a, **kw)
         return loss * float("nan") if calls[0] == 2 else loss
 
-    arm = loop.arm_skip
+    arm = runner.arm_skip
     monkeypatch.setattr(loop, "flow_loss", flaky)
-    monkeypatch.setattr(loop, "arm_skip", lambda opt, ok: armed.append(bool(ok)) or arm(opt, ok))
+    monkeypatch.setattr(runner, "arm_skip", lambda opt, ok: armed.append(bool(ok)) or arm(opt, ok))
     run = train(tiny_knobs(train_world, "flaky", STEPS=4, MAX_BAD_STEPS=2))
     assert armed == [True, False, True, True]  # every step went through the device-side guard
     assert "non-finite loss, step skipped (1 in a row)" in (run / "log.txt").read_text()
@@ -177,17 +177,17 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_wo
 def test_next_step_is_prepared_before_this_one_is_read(train_world, monkeypatch):
     """With the device-side skip the next step's batch and noise are drawn while the GPU finishes the
     current one (before its loss is read); every micro-step is still drawn once, in order."""
-    from kohakumoss.train import loop
+    from kohakumoss.train import loop, runner
 
     events = []
-    draw, skip = loop.draw_step_noise, loop.arm_skip
+    draw, skip = runner.draw_step_noise, runner.arm_skip
 
     def recording_draw(seed, micro_step, *a, **kw):
         events.append(("draw", micro_step))
         return draw(seed, micro_step, *a, **kw)
 
-    monkeypatch.setattr(loop, "draw_step_noise", recording_draw)
-    monkeypatch.setattr(loop, "arm_skip", lambda opt, ok: events.append(("update", None)) or skip(opt, ok))
+    monkeypatch.setattr(runner, "draw_step_noise", recording_draw)
+    monkeypatch.setattr(runner, "arm_skip", lambda opt, ok: events.append(("update", None)) or skip(opt, ok))
     apply = loop.LRSchedule.apply
     monkeypatch.setattr(
         loop.LRSchedule,

@@ -73,14 +73,24 @@ class PackedSeq:
         return self.cu_seqlens.device
 
     def to(self, device: torch.device | str) -> PackedSeq:
+        return self._map(lambda t: t.to(device, non_blocking=True))
+
+    def pin_memory(self) -> PackedSeq:
+        """A host copy in page-locked memory, so `.to(cuda)` is an asynchronous copy."""
+        return self._map(torch.Tensor.pin_memory)
+
+    def _map(self, fn) -> PackedSeq:
         moved = {
-            f.name: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+            f.name: (fn(v) if isinstance(v, torch.Tensor) else v)
             for f in fields(self)
             for v in [getattr(self, f.name)]
         }
         for name in ("cu_seqlens", "text_cu_seqlens"):
             register_host_values(moved[name], host_values(getattr(self, name)))
         return PackedSeq(**moved)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [v for f in fields(self) for v in [getattr(self, f.name)] if isinstance(v, torch.Tensor)]
 
     @classmethod
     def build(

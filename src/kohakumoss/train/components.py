@@ -133,8 +133,24 @@ def build_vae(
     )
 
 
+def cap_to_card(k: dict[str, Any], device: torch.device) -> float | None:
+    """CARD_GB below this GPU's memory caps the process to it, so the plan for a smaller card is run
+    under that card's limit (an out-of-memory there is one here too); the cap in GiB, or None."""
+    want = float(k.get("CARD_GB") or 0)
+    if device.type != "cuda" or want <= 0:
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
+    if want * 2**30 >= total:
+        return None
+    torch.cuda.set_per_process_memory_fraction(want * 2**30 / total, index)
+    log.info(f"CARD_GB {want:g}: this process is capped at {want:g} GiB of the {total / 2**30:.0f} GiB card")
+    return want
+
+
 def build_components(k: dict[str, Any]) -> Components:
     device = resolve_device(k["DEVICE"])
+    cap_to_card(k, device)  # before anything is allocated
     dtype = PRECISION_DTYPES[k["PRECISION"]]
     full_ft = k["ALGO"] == "full"
     if device.type == "cpu" and dtype == torch.float16:

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import resource
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask, set_tlora_sigma
+from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
@@ -47,16 +45,17 @@ from .collector import StepCollector
 from .components import Components, build_components
 from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
 from .ema import EMA
-from .finite import arm_skip, skips_on_device
 from .graphs import StepGraphs, graph_refusal, resolve_graphs
 from .logbook import MetricsWriter, ProgressLines, loss_plot
 from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
+from .prefetch import Prefetcher
 from .resume import check_resume_knobs, check_run_folder
 from .rng import restore_rng
+from .runner import StepRunner
 from .samples import draw_row, grid, load_row, sample_captions, save_row
 from .schedule import LRSchedule
 from .state import load_trainable_state, trainable_state
-from .step import draw_step_noise, flow_loss, to_device_batch
+from .step import flow_loss, to_device_batch
 from .tracking import Trackers
 from .validation import validation_loss
 
@@ -347,20 +346,22 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         return flow_loss(model, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"])
 
     graphs = build_step_graphs(k, comps, tr, step_loss)
-    keep_grads = graphs is not None  # graphs accumulate into the same .grad tensors: zero them in place
-    on_device = scaler is None and skips_on_device(tr.optimizer, device)
-    batches = iter(loader)
-
-    def prepare(micro_step: int) -> tuple:
-        """A micro-step's batch on the device and its sigma and noise."""
-        try:
-            host = next(batches)
-        except StopIteration as e:
-            raise DataError(f"the plan ran out of steps at micro-step {micro_step}") from e
-        batch = to_device_batch(host, device, dtype)
-        return (batch, *draw_step_noise(int(k["SEED"]), micro_step, batch.x0, batch.seq, tcfg))
-
-    ready = None  # the next step's first micro-step, prepared while the GPU finished this one
+    prefetch = Prefetcher(loader, device, dtype, start=start * accum)
+    runner = StepRunner(
+        tr.optimizer,
+        step_loss,
+        prefetch.next_batch,
+        device=device,
+        seed=int(k["SEED"]),
+        accum=accum,
+        timesteps=tcfg,
+        grad_clip=float(k["GRAD_CLIP"]),
+        graphs=graphs,
+        engines=comps.engines,
+        scaler=scaler,
+        tuning=lambda: model.ops.tuning(device_time=graphs is not None),
+        tlora_rank=int(k["RANK"]) if k["ALGO"] == "tlora" else None,
+    )
     model.train()
     bad_in_row, skipped, step = 0, 0, start
     if device.type == "cuda":
@@ -373,76 +374,29 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         while step < stop_at:
             t0 = time.perf_counter()
             lr_factor = tr.schedule.apply(tr.optimizer, step)
-            losses, samples, tokens, finite, ok = [], 0, 0, True, None
-            for micro in range(accum):
-                micro_step = step * accum + micro
-                if ready is not None and ready[0] == micro_step:
-                    batch, sigma, noise = ready[1:]
-                else:
-                    batch, sigma, noise = prepare(micro_step)
-                ready = None
-                if comps.engines is not None:
-                    comps.engines.before_step()
-                if k["ALGO"] == "tlora":
-                    set_tlora_sigma(sigma, int(k["RANK"]))
-                # the run's first micro-step is the kernel registry's prewarm: every op's missing shape
-                # keys are timed once (TUNE=table) and the winners kept in the card's tuning table
-                first = micro_step == start * accum
-                window = model.ops.tuning(device_time=graphs is not None) if first else nullcontext()
-                with window:
-                    if graphs is not None:  # forward and backward, replayed from a CUDA graph
-                        loss = graphs.run(batch, sigma, noise)
-                    else:
-                        loss = step_loss(batch, sigma, noise)
-                    if on_device:  # read after the update is queued (finite.py)
-                        ok = torch.isfinite(loss) if ok is None else ok & torch.isfinite(loss)
-                    elif not torch.isfinite(loss):
-                        finite = False
-                        break
-                    if graphs is None:
-                        scaled = loss / accum
-                        (scaler.scale(scaled) if scaler else scaled).backward()
-                losses.append(loss.detach() if on_device else loss.item())
-                samples, tokens = samples + batch.num_samples, tokens + batch.tokens
-            if finite:
-                if scaler:
-                    for opt in tr.optimizer.optimizers.values():
-                        scaler.unscale_(opt)
-                clip = float(k["GRAD_CLIP"]) or math.inf
-                grad_norm = tr.optimizer.clip_grad_norm_(clip)  # a device tensor: read when logged
-                if scaler:
-                    for opt in tr.optimizer.optimizers.values():
-                        scaler.step(opt)
-                    scaler.update()
-                else:
-                    if on_device:
-                        arm_skip(tr.optimizer, ok)
-                    tr.optimizer.step()
-            tr.optimizer.zero_grad(set_to_none=not keep_grads)
-            if on_device and step + 1 < stop_at:  # host work for the next step before this one's read
-                ready = (micro_step + 1, *prepare(micro_step + 1))
+            result = runner.run(step)
+            if step + 1 < stop_at:  # host work for the next step before this one's read
+                runner.prepare_next(step)
             collector.after_launch(step)
-            # skipped on the host (a micro-step's loss was read), or on the device (read here, after the launches)
-            if not finite or (on_device and not bool(ok)):
+            if not result.applied():  # read here, after the launches
                 bad_in_row, skipped = bad_in_row + 1, skipped + 1
                 log.warning(f"step {step}: non-finite loss, step skipped ({bad_in_row} in a row)")
                 if bad_in_row >= int(k["MAX_BAD_STEPS"]):
                     raise NonFiniteLoss(
                         f"{bad_in_row} non-finite losses in a row (MAX_BAD_STEPS); lower LR, check the data or use PRECISION='bf16'"
                     )
-                for _ in range(accum - len(losses) - 1):  # keep the data aligned with the step count
-                    next(batches)
+                runner.skip_rest(result)  # keep the data aligned with the step count
                 step += 1
                 bar.update(1)
                 continue
             bad_in_row = 0
-            losses = [float(v) for v in losses]
+            samples, tokens, grad_norm = result.samples, result.tokens, result.grad_norm
             if tr.ema is not None:
                 tr.ema.update(step)
             step += 1
             dt = time.perf_counter() - t0
             bar.update(1)
-            loss_value = sum(losses) / len(losses)
+            loss_value = result.loss()
             bar.set_postfix(loss=f"{loss_value:.4f}")
             if progress is not None:
                 progress.update(step, loss_value, tokens / dt)
@@ -479,6 +433,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         raise
     finally:
         collector.stop()
+        prefetch.close()
     bar.close()
     path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
     log.info(f"checkpoint {path}")

@@ -31,18 +31,42 @@ class DeviceBatch:
         return self.seq.total_tokens
 
 
-def to_device_batch(batch, device: torch.device, dtype: torch.dtype) -> DeviceBatch:
-    """HostBatch (latents [32, h, w] per image, packed text) -> packed device tensors."""
+@dataclass
+class HostReady:
+    """A host batch packed for the model: the host half of a step's input, page-locked when `pin`."""
+
+    x0: torch.Tensor  # [T_img, 128] in the compute dtype
+    text: torch.Tensor  # [T_text, text_dim] in the compute dtype
+    seq: PackedSeq  # on the host
+
+
+def host_ready(batch, dtype: torch.dtype, pin: bool = False) -> HostReady:
+    """HostBatch (latents [32, h, w] per image, packed text) -> packed host tensors (patchify, cast, pin)."""
     if batch.latents is None or batch.text_hidden is None:
         raise DataError(
             f"step {batch.step}: the batch has no latents or no text embeddings (no encoder and no cache)"
         )
-    tokens = [patchify(lat.float()) for lat in batch.latents]
+    x0 = torch.cat([patchify(lat.float()) for lat in batch.latents]).to(dtype)
+    text = batch.text_hidden.to(dtype)
     grids = [(lat.shape[-2] // 2, lat.shape[-1] // 2) for lat in batch.latents]
-    seq = PackedSeq.build(batch.text_lengths.tolist(), grids, device)
-    x0 = torch.cat(tokens).to(device, dtype, non_blocking=True)
-    text = batch.text_hidden.to(device, dtype, non_blocking=True)
-    return DeviceBatch(x0, text, seq)
+    seq = PackedSeq.build(batch.text_lengths.tolist(), grids)
+    if pin:
+        x0, text, seq = x0.pin_memory(), text.pin_memory(), seq.pin_memory()
+    return HostReady(x0, text, seq)
+
+
+def ready_to_device(ready: HostReady, device: torch.device) -> DeviceBatch:
+    """Queue the copies (asynchronous from page-locked memory)."""
+    return DeviceBatch(
+        ready.x0.to(device, non_blocking=True),
+        ready.text.to(device, non_blocking=True),
+        ready.seq.to(device),
+    )
+
+
+def to_device_batch(batch, device: torch.device, dtype: torch.dtype) -> DeviceBatch:
+    """HostBatch -> packed device tensors, in the calling thread (the training loop uses `Prefetcher`)."""
+    return ready_to_device(host_ready(batch, dtype), device)
 
 
 _DEVICE_GENERATORS: dict[torch.device, torch.Generator] = {}

@@ -1,0 +1,96 @@
+"""The shared step runner, the batch prefetcher and the card cap (CPU)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from kohakumoss.train.components import cap_to_card
+from kohakumoss.train.prefetch import Prefetcher
+from kohakumoss.train.step import to_device_batch
+from kohakumoss_common.errors import DataError
+from kohakumoss_data.batch import HostBatch
+
+
+def host_batch(step: int, sizes=((4, 6), (2, 2)), text=(3, 5), dim=8) -> HostBatch:
+    g = torch.Generator().manual_seed(step)
+    latents = [torch.randn(32, h, w, generator=g) for h, w in sizes]
+    return HostBatch(
+        step,
+        [f"k{step}"],
+        ["c"],
+        [(8 * w, 8 * h) for h, w in sizes],
+        latents,
+        None,
+        torch.randn(sum(text), dim, generator=g),
+        torch.tensor(text),
+    )
+
+
+def same_batch(a, b) -> None:
+    assert torch.equal(a.x0, b.x0) and torch.equal(a.text, b.text)
+    assert a.seq.text_lens == b.seq.text_lens and a.seq.img_sizes == b.seq.img_sizes
+    for x, y in zip(a.seq.tensors(), b.seq.tensors()):
+        assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefetcher_gives_the_loaders_batches_in_order_as_the_direct_path_does(dtype):
+    batches = [host_batch(i) for i in range(5)]
+    with Prefetcher(iter(batches), torch.device("cpu"), dtype, ahead=2) as pre:
+        got = [pre.next_batch() for _ in range(5)]
+        with pytest.raises(DataError, match="ran out of steps at micro-step 5"):
+            pre.next_batch()
+    for b, g in zip(batches, got):
+        same_batch(g, to_device_batch(b, torch.device("cpu"), dtype))
+
+
+def test_prefetcher_raises_the_loaders_error_in_the_training_thread():
+    def loader():
+        yield host_batch(0)
+        raise DataError("shard.tar: cut in the middle")
+
+    with Prefetcher(loader(), torch.device("cpu"), torch.float32) as pre:
+        pre.next_batch()
+        with pytest.raises(DataError, match="shard.tar"):
+            pre.next_batch()
+
+
+def test_prefetcher_works_ahead_and_close_stops_its_thread():
+    taken = []
+
+    def loader():
+        for i in range(100):
+            taken.append(i)
+            yield host_batch(i)
+
+    pre = Prefetcher(loader(), torch.device("cpu"), torch.float32, ahead=2)
+    deadline = time.time() + 10
+    while len(taken) < 3 and time.time() < deadline:  # two queued, a third waiting for room
+        time.sleep(0.01)
+    time.sleep(0.1)
+    assert len(taken) == 3  # bounded: never more than `ahead` batches (+ the one in hand) prepared
+    pre.close()
+    assert not pre.thread.is_alive()
+    assert not [t for t in threading.enumerate() if t.name == "prefetch" and t.is_alive()]
+
+
+def test_card_gb_caps_the_process_below_the_card(monkeypatch):
+    calls = []
+
+    class Props:
+        total_memory = 140 * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: Props)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((f, i)))
+    cuda = torch.device("cuda")
+    assert cap_to_card({"CARD_GB": 24.0}, cuda) == 24.0
+    assert calls == [(24 / 140, 0)]
+    assert cap_to_card({"CARD_GB": 0.0}, cuda) is None  # 0: the whole card
+    assert cap_to_card({"CARD_GB": 200.0}, cuda) is None  # above the card: nothing to cap
+    assert cap_to_card({"CARD_GB": 24.0}, torch.device("cpu")) is None
+    assert len(calls) == 1
