@@ -516,3 +516,68 @@ def test_source_guess(tmp_path):
     (tmp_path / "plain" / "a.png").write_bytes(b"")
     got = [guess_source(tmp_path / n) for n in ("m.jsonl", "tars", "shards", "plain")]
     assert got == ["jsonl", "webdataset", "shards", "folder"]
+
+
+# --- answers checked as given; --no-check keeps what the user gave -----------------------------------
+
+
+def test_wizard_says_a_bad_gpu_at_once_and_keeps_the_answers(world, tmp_path, monkeypatch, capsys):
+    answers = ["", "rtx9999", "16", "lokr", str(world["data"]), "", "512", str(world["comfy"]), "wiz"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(answers) + "\n"))
+    assert main(["wizard", "--out-dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    # the card is refused before the next question is asked, then asked again
+    bad = said.index("unknown card 'rtx9999'")
+    assert said.index("GPU: auto") < bad < said.index("algorithm")
+    assert said.count("GPU: auto, a card name") == 2
+    k = TRAIN_SCHEMA.validate(_knobs(tmp_path / "wiz.py"))
+    assert k["ALGO"] == "lokr" and k["AREA"] == 512 * 512 and k["GRAD_ACCUM"] == 2
+
+
+def test_wizard_asks_again_for_missing_data_weights_and_a_taken_name(world, tmp_path, monkeypatch, capsys):
+    (tmp_path / "taken.py").write_text("")
+    answers = [
+        "train", "24", "lora",
+        str(tmp_path / "nope"), str(world["data"]), "", "1mp",
+        str(world["junk"]), str(world["comfy"]),
+        "taken", "fresh",
+    ]  # fmt: skip
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(answers) + "\n"))
+    assert main(["wizard", "--out-dir", str(tmp_path)]) == 0
+    said = capsys.readouterr().out
+    assert f"'{tmp_path / 'nope'}' does not exist: please answer again" in said
+    assert "WEIGHTS:" in said and "taken.py exists" in said
+    k = TRAIN_SCHEMA.validate(_knobs(tmp_path / "fresh.py"))
+    assert k["DATASET"]["path"] == str(world["data"].resolve()) and "moss_image" in k["WEIGHTS"]
+
+
+def test_wizard_that_runs_out_of_answers_says_them_as_a_new_command(world, tmp_path, monkeypatch, capsys):
+    answers = ["train", "12", "loha", str(world["data"]), "", "512", "/no/such/models"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(answers) + "\n"))
+    assert main(["wizard", "--out-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    line = next(ln for ln in err.splitlines() if ln.startswith("your answers so far: "))
+    assert "--gpu 12 --algo loha" in line and f"--data {world['data']}" in line and "--resolution 512" in line
+    assert not list(tmp_path.glob("*.py"))
+
+
+def test_wizard_no_check_keeps_weights_with_problems(world, tmp_path, monkeypatch, capsys):
+    answers = ["sample", "8", str(world["junk"]), "", "samp"]
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(answers) + "\n"))
+    assert main(["wizard", "--out-dir", str(tmp_path), "--no-check"]) == 0
+    assert "(kept: --no-check)" in capsys.readouterr().out
+    # the file found there (not a DiT it recognises) is written, not an empty knob
+    assert SAMPLE_SCHEMA.validate(_knobs(tmp_path / "samp.py"))["WEIGHTS"].startswith(str(world["junk"]))
+
+
+@pytest.mark.parametrize("weights", ["missing", "junk"])
+def test_no_check_never_drops_the_weights_given(world, tmp_path, weights, capsys):
+    path = str(tmp_path / "not-there") if weights == "missing" else str(world["junk"])
+    argv = ["new", "train", "--weights", path, "--data", str(world["data"]), "--name", "nc"]
+    assert main([*argv, "--gpu", "24", "--out-dir", str(tmp_path)]) == 1  # refused without --no-check
+    assert main([*argv, "--gpu", "24", "--out-dir", str(tmp_path), "--no-check"]) == 0
+    assert _knobs(tmp_path / "nc.py")["WEIGHTS"].startswith(path)
+    target = tmp_path / "r.py"
+    assert main(["new", "--from", "lora_8g", str(target), "--weights", path, "--no-check"]) == 0
+    assert _knobs(target)["WEIGHTS"].startswith(path)
+    assert main(["new", "--from", "lora_8g", str(tmp_path / "r2.py"), "--weights", path]) == 1

@@ -15,7 +15,9 @@ docs/guides/configs.md.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -101,6 +103,7 @@ def new_config(req: NewRequest) -> list[Path]:
     _say(req, f"GPU: {gpu.description} -> layer gpu/{gpu.layer}")
     problems: list[tuple[str, str]] = []
     found = WeightsFound("none")
+    given: dict[str, str] = {}
     if req.what in ("train", "sample"):
         if not req.weights:
             raise Refused(
@@ -108,6 +111,7 @@ def new_config(req: NewRequest) -> list[Path]:
             )
         found = find_weights(req.weights)
         problems += found.problems
+        given = given_knobs(found, req.weights)
         if found.dit_layout:
             _say(req, f"weights: {found.kind} folder, DiT {found.dit} ({found.dit_layout} layout)")
         for n in found.notes:
@@ -128,7 +132,7 @@ def new_config(req: NewRequest) -> list[Path]:
     gpu_file = layer_path("gpu", gpu.layer)
     if req.what == "sample":
         path = _target(req)
-        knobs = {**found.knobs(), "ADAPTERS": [req.adapter] if req.adapter else []}
+        knobs = {**given, "ADAPTERS": [req.adapter] if req.adapter else []}
         knobs["PRECISION"] = load_file(gpu_file)[0].get("PRECISION", "bf16")
         knobs["OUT_DIR"] = f"samples/{req.name}"
         usage = [SAMPLE_USAGE.format(p=path.as_posix())]
@@ -154,7 +158,7 @@ def new_config(req: NewRequest) -> list[Path]:
 
     path = _target(req)
     layers = [gpu_file, layer_path("algo", req.algo), data_layer]
-    knobs = {**found.knobs(), "DATASET": spec, "CACHE_DIR": f"cache/{req.name}", "RUN_NAME": req.name}
+    knobs = {**given, "DATASET": spec, "CACHE_DIR": f"cache/{req.name}", "RUN_NAME": req.name}
     comments = {}
     if choice := _memory_profile(found, layers, knobs, gpu.card_gb):
         knobs["MEMORY_PROFILE"], comments["MEMORY_PROFILE"] = choice
@@ -182,6 +186,14 @@ def new_config(req: NewRequest) -> list[Path]:
     written.append(data_path)
     _after_write(req, path)
     return written
+
+
+def given_knobs(found, weights: str) -> dict[str, str]:
+    """The weight knobs to write: what was found, and the user's own --weights path where nothing was
+    (a problem that --no-check lets through must not turn the path they gave into an empty knob)."""
+    knobs = found.knobs()
+    knobs["WEIGHTS"] = knobs["WEIGHTS"] or str(weights)
+    return knobs
 
 
 def _memory_profile(found, layers: list[Path], own: dict[str, Any], card_gb: float) -> tuple[str, str] | None:
@@ -255,7 +267,13 @@ def new_from_recipe(
     return path
 
 
-def _ask(prompt: str, default: str, choices: tuple[str, ...] | None = None) -> str:
+def _ask(
+    prompt: str,
+    default: str,
+    choices: tuple[str, ...] | None = None,
+    check: Callable[[str], str | None] | None = None,
+) -> str:
+    """One answer, checked as it is given: a bad one is said at once and asked again (3 tries)."""
     for _ in range(3):
         hint = f" ({'/'.join(choices)})" if choices and len(choices) <= 14 else ""
         print(f"{prompt}{hint} [{default}]: ", end="", flush=True)
@@ -265,40 +283,125 @@ def _ask(prompt: str, default: str, choices: tuple[str, ...] | None = None) -> s
             answer = default
         else:
             answer = line.strip() or default
-        if (choices is None or answer in choices) and (answer or default):
+        if choices is not None and answer not in choices:
+            print(f"  please answer one of {list(choices)}")
+        elif not (answer or default):
+            print("  an answer is needed")
+        elif check is not None and (problem := check(answer)):
+            print(f"  {problem}: please answer again")
+        else:
             return answer
-        print(f"  please answer one of {list(choices)}" if choices else "  an answer is needed")
         if not line:
             break
     raise Refused(f"no usable answer for: {prompt}")
 
 
-def wizard(out_dir: str = "configs/user", force: bool = False) -> list[Path]:
-    """Ask for what `new` takes, with defaults, then write the same files."""
+class _Answers:
+    """The wizard's answers so far; when it stops, they are said as the `new` command that resumes them."""
+
+    def __init__(self, out_dir: str, force: bool, no_check: bool):
+        self.req = NewRequest(what="", name="", out_dir=out_dir, force=force, no_check=no_check)
+
+    def command(self) -> str:
+        r = self.req
+        parts = ["kohakumoss-config new", r.what or "train"]
+        for flag, value, unset in (
+            ("--gpu", r.gpu, "auto"),
+            ("--algo", r.algo, "lora"),
+            ("--data", r.data, ""),
+            ("--source", r.source, "auto"),
+            ("--resolution", r.resolution, "1mp"),
+            ("--weights", r.weights, ""),
+            ("--adapter", r.adapter, ""),
+            ("--name", r.name, ""),
+        ):
+            if value != unset:
+                parts.append(f"{flag} {shlex.quote(str(value))}")
+        parts.append(f"--out-dir {shlex.quote(r.out_dir)}")
+        parts += ["--force"] * r.force + ["--no-check"] * r.no_check
+        return " ".join(parts)
+
+
+def _problem_or_note(problem: str | None, no_check: bool) -> str | None:
+    """With --no-check a weights or data problem is said and the answer kept."""
+    if problem and no_check:
+        print(f"  note: {problem} (kept: --no-check)")
+        return None
+    return problem
+
+
+def wizard(out_dir: str = "configs/user", force: bool = False, no_check: bool = False) -> list[Path]:
+    """Ask for what `new` takes, checking each answer as it is given, then write the same files."""
     from kohakumoss.config.train import ALGO_CHOICES
+    from kohakumoss.train.resume import run_name_problem
 
-    from .config_gpu import detect_gpu
+    from .config_dataset import check_dataset, dataset_spec, guess_source
+    from .config_gpu import detect_gpu, resolve_gpu
+    from .config_weights import find_weights
 
+    def gpu_problem(answer: str) -> str | None:
+        try:
+            resolve_gpu(answer)
+        except KohakuMossError as e:
+            return str(e)
+        return None
+
+    def data_problem(answer: str, source: str | None = None) -> str | None:
+        if not Path(answer).expanduser().exists():
+            return f"'{answer}' does not exist"
+        spec = dataset_spec(answer, source or guess_source(answer))
+        return _problem_or_note(check_dataset(spec), no_check)
+
+    def weights_problem(answer: str) -> str | None:
+        problems = find_weights(answer).problems
+        msg = "; ".join(f"{knob}: {m}" for knob, m in problems) if problems else None
+        if msg and not Path(answer).expanduser().exists():
+            return msg  # a mistyped path is asked again even with --no-check
+        return _problem_or_note(msg, no_check)
+
+    def adapter_problem(answer: str) -> str | None:
+        return None if answer == "-" or Path(answer).expanduser().is_file() else f"no file '{answer}'"
+
+    def name_problem(answer: str) -> str | None:
+        if problem := run_name_problem(answer):
+            return problem
+        taken = [
+            p for p in (Path(out_dir) / f"{answer}.py", Path(out_dir) / f"{answer}_data.py") if p.exists()
+        ]
+        if taken and not force:
+            return f"{taken[0]} exists (another name, or --force to overwrite)"
+        return None
+
+    answers = _Answers(out_dir, force, no_check)
+    req = answers.req
     found = detect_gpu()
     print(f"GPU found: {found[0]} ({found[1]:.1f} GiB)" if found else "no GPU found")
-    what = _ask("what to write", "train", ("train", "sample", "data"))
-    gpu = _ask("GPU: auto, a card name (rtx4090), vram_<N>g or memory in GB", "auto")
-    req = NewRequest(what=what, name="", gpu=gpu, out_dir=out_dir, force=force)
-    if what == "train":
-        req.algo = _ask("algorithm", "lora", tuple(ALGO_CHOICES))
-    if what in ("train", "data"):
-        req.data = _ask("dataset folder or file", "")
-        from .config_dataset import guess_source
-
-        req.source = _ask("dataset kind", guess_source(req.data), SOURCES)
-        req.resolution = _ask("training resolution", "1mp", RESOLUTIONS)
-    if what in ("train", "sample"):
-        req.weights = _ask("weights folder (ComfyUI models folder, HF folder or DiT file)", "")
-    if what == "sample":
-        req.adapter = _ask("adapter file (empty: the base model)", "-")
-        req.adapter = "" if req.adapter == "-" else req.adapter
-    req.name = _ask("config name", {"train": "my-lora", "sample": "my-sample", "data": "my-data"}[what])
-    return new_config(req)
+    try:
+        req.what = _ask("what to write", "train", ("train", "sample", "data"))
+        req.gpu = _ask(
+            "GPU: auto, a card name (rtx4090), vram_<N>g or memory in GB", "auto", check=gpu_problem
+        )
+        if req.what == "train":
+            req.algo = _ask("algorithm", "lora", tuple(ALGO_CHOICES))
+        if req.what in ("train", "data"):
+            req.data = _ask("dataset folder or file", "", check=data_problem)
+            req.source = _ask(
+                "dataset kind", guess_source(req.data), SOURCES, check=lambda a: data_problem(req.data, a)
+            )
+            req.resolution = _ask("training resolution", "1mp", RESOLUTIONS)
+        if req.what in ("train", "sample"):
+            req.weights = _ask(
+                "weights folder (ComfyUI models folder, HF folder or DiT file)", "", check=weights_problem
+            )
+        if req.what == "sample":
+            adapter = _ask("adapter file (empty: the base model)", "-", check=adapter_problem)
+            req.adapter = "" if adapter == "-" else adapter
+        default_name = {"train": "my-lora", "sample": "my-sample", "data": "my-data"}[req.what]
+        req.name = _ask("config name", default_name, check=name_problem)
+        return new_config(req)
+    except (Refused, KohakuMossError):
+        print(f"your answers so far: {answers.command()}", file=sys.stderr)
+        raise
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -331,6 +434,9 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("wizard", help="ask for the GPU, algorithm, data and weights, then write the config")
     w.add_argument("--out-dir", default="configs/user")
     w.add_argument("--force", action="store_true")
+    w.add_argument(
+        "--no-check", action="store_true", help="keep weights or data answers that have problems (said)"
+    )
     pr = sub.add_parser(
         "profiles", help="the memory catalog: predicted peak and cost of each plan, and the fastest that fits"
     )
@@ -370,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "profiles":
             return _profiles(args)
         if args.command == "wizard":
-            wizard(args.out_dir, args.force)
+            wizard(args.out_dir, args.force, args.no_check)
             return 0
         if args.recipe:
             if not args.what:
@@ -431,7 +537,7 @@ def _weights_and_data(args: argparse.Namespace) -> dict[str, Any]:
     if args.weights:
         found = find_weights(args.weights)
         problems += found.problems
-        extra.update(found.knobs())
+        extra.update(given_knobs(found, args.weights))
     if args.data:
         source = guess_source(args.data) if args.source == "auto" else args.source
         extra["DATASET"] = dataset_spec(args.data, source)
