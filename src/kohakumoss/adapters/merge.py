@@ -76,14 +76,17 @@ def _merged(lora: LycorisBaseModule, multiplier: float) -> tuple[torch.Tensor, t
 
 @torch.no_grad()
 def merged_weights(
-    model: nn.Module, source: AdapterSource, multiplier: float = 1.0
+    model: nn.Module, source: AdapterSource, multiplier: float = 1.0, only: set[str] | None = None
 ) -> dict[str, torch.Tensor]:
-    """{native key: merged tensor} for every weight (and bias) the adapter changes."""
+    """{native key: merged tensor} for every weight (and bias) the adapter changes (`only`: of these
+    native module names)."""
     network = load_adapter(model, source, multiplier=1.0, apply=False)
     names = {id(m): n for n, m in model.named_modules()}
     out: dict[str, torch.Tensor] = {}
     for lora in network.loras:
         module = lora.org_module[0]
+        if only is not None and names[id(module)] not in only:
+            continue
         lora.to(module.weight.device)
         lora.eval()
         w, b = _merged(lora, multiplier)
@@ -94,12 +97,21 @@ def merged_weights(
     return out
 
 
+def dense_tensor(model: nn.Module, key: str) -> torch.Tensor:
+    """One tensor of the model's state as a float32 copy, an fp8 linear's weight dequantized."""
+    module_name, _, leaf = key.rpartition(".")
+    module = model.get_submodule(module_name)
+    if leaf == "weight":
+        return dense_weight(module)
+    return getattr(module, leaf).detach().float()
+
+
 @torch.no_grad()
 def weight_diffs(model: nn.Module, source: AdapterSource, multiplier: float = 1.0) -> dict[str, torch.Tensor]:
     """{native key: merged - base} in float32, for exports that carry a full weight difference (the
     base of an fp8 linear dequantized, so the difference is the adapter's alone)."""
-    state = dense_state_dict(model)
-    return {k: v.float() - state[k].float() for k, v in merged_weights(model, source, multiplier).items()}
+    merged = merged_weights(model, source, multiplier)
+    return {k: v.float() - dense_tensor(model, k) for k, v in merged.items()}
 
 
 def merged_state_dict(

@@ -4,6 +4,9 @@
 <name>-comfy.safetensors     ComfyUI-format adapter, q/k/v fused as in Comfy-Org's DiT (adapter runs)
 merged/                      merged transformer in `merged_layout` (optional; always for full FT)
 transformer/                 the HF transformer/ folder: released names, config.json (optional)
+
+Every file is read back as its consumer reads it and compared with the trainer's merge (`verify.py`);
+one that fails raises `ExportMismatch` after all are written, nothing deleted.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from kohakumoss_common.io import save_safetensors
 
 from .comfy_lora import to_comfy_adapter
 from .merged import save_merged
+from .verify import Verified, raise_on_mismatch, verify_comfy, verify_lycoris, verify_merged
 
 
 def save_comfy_adapter(
@@ -55,23 +59,35 @@ def export_all(
     dtype: torch.dtype | None = torch.bfloat16,
     adapter_dtype: torch.dtype | None = None,
     metadata: dict[str, str] | None = None,
+    verify: bool = True,
 ) -> dict[str, Path]:
     """Write the exports of an adapter run (network given) or a full fine-tune (network None);
-    `metadata` (ss_* / modelspec.*, `export/metadata.py`) goes into every adapter file."""
+    `metadata` (ss_* / modelspec.*, `export/metadata.py`) goes into every adapter file. With `verify`
+    each file is checked after it is written (one log line per file; ExportMismatch when one fails)."""
     directory = Path(directory)
     written: dict[str, Path] = {}
+    checks: list[Verified] = []
     source = None
     if network is not None:
         source = adapter_state_dict(network)
         lycoris = directory / f"{name}-lycoris.safetensors"
         written["lycoris"] = save_adapter(network, lycoris, adapter_dtype, metadata)
+        if verify:
+            checks.append(verify_lycoris(model, source, lycoris))
         comfy = directory / f"{name}-comfy.safetensors"
         save_comfy_adapter(model, network, comfy, adapter_dtype, metadata=metadata)
         written["comfy"] = comfy
+        if verify:
+            checks.append(verify_comfy(model, source, comfy))
     if save_merged_model or network is None:
         save_merged(model, source, directory / "merged", merged_layout, dtype)
         written["merged"] = directory / "merged"
+        if verify:
+            checks.append(verify_merged(model, source, written["merged"], merged_layout))
     if save_diffusers:
         save_merged(model, source, directory / "transformer", "hf", dtype)
         written["diffusers"] = directory / "transformer"
+        if verify:
+            checks.append(verify_merged(model, source, written["diffusers"], "hf"))
+    raise_on_mismatch(checks)
     return written

@@ -32,7 +32,7 @@ def _alpha(entry: dict, dim: int | None) -> float:
     return float(entry["alpha"]) / dim if "alpha" in entry and dim is not None else 1.0
 
 
-def _glora_rank(a1: torch.Tensor, a2: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, shape) -> int:
+def glora_rank(a1: torch.Tensor, a2: torch.Tensor, b1: torch.Tensor, b2: torch.Tensor, shape) -> int:
     """ComfyUI's GLoRA rank: the new layout (W a1 a2 + b1 b2) unless only the old one fits."""
     old = b2.shape[1] == b1.shape[0] == a1.shape[0] == a2.shape[1]
     new = b2.shape[0] == b1.shape[1] == a1.shape[1] == a2.shape[0]
@@ -56,7 +56,7 @@ def patch_delta(entry: dict, shape: torch.Size, weight: torch.Tensor | None = No
         return _alpha(entry, entry["hada_w1_b"].shape[0]) * (m1 * m2).reshape(shape)
     if "a1.weight" in entry:
         a1, a2, b1, b2 = (entry[f"{n}.weight"].float() for n in ("a1", "a2", "b1", "b2"))
-        rank = _glora_rank(a1, a2, b1, b2, shape)
+        rank = glora_rank(a1, a2, b1, b2, shape)
         scale = float(entry["alpha"]) / rank if "alpha" in entry else 1.0
         return scale * (weight.float() @ a1 @ a2 + b1 @ b2).reshape(shape)
     dim = None

@@ -1,0 +1,179 @@
+"""Verified exports: every algorithm's files read back as ComfyUI, lycoris and the project's loader read
+them ("N/N keys matched, 0 unused" and a merged-weight comparison); a wrong file is an ExportMismatch that
+deletes nothing. On an fp8 base every export format is compared with a float64 reference merge."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from kohakumoss.adapters import adapter_state_dict, build_adapter, load_adapter
+from kohakumoss.adapters.merge import _merged, dense_state_dict, merged_weights
+from kohakumoss.export import export_all, fuse_qkv
+from kohakumoss.export.comfy_apply import apply_comfy_adapter
+from kohakumoss.export.verify import (
+    ExportMismatch,
+    comfy_key_check,
+    comfy_shapes,
+    verify_comfy,
+    verify_lycoris,
+)
+from kohakumoss.model.io import load_backbone
+from kohakumoss.precision import quantize_frozen_linears
+from kohakumoss.precision.fp8_base import FP8_ALGOS
+
+from ..adapters.helpers import tiny_model
+
+ALGOS = [
+    ("lora", {}),
+    ("locon", {}),
+    ("loha", {}),
+    ("lokr", {"factor": 4}),
+    ("dora", {}),
+    ("oft", {}),
+    ("boft", {}),
+    ("glora", {}),
+    ("ia3", {}),
+    ("dylora", {"block_size": 4}),
+    ("tlora", {}),
+]
+FP8_CASES = [(a, args) for a, args in ALGOS if a in FP8_ALGOS]
+
+
+def _perturb(net, seed=0, std=0.02):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * std)
+
+
+def _adapted(algo, args, fp8=False, preset="full"):
+    model = tiny_model()
+    if fp8:
+        model.requires_grad_(False)
+        quantize_frozen_linears(model, "fp8_weight")
+    net = build_adapter(model, algo, rank=8, alpha=4, preset=preset, **args)
+    _perturb(net)
+    return model, net
+
+
+@pytest.mark.parametrize("algo,args", ALGOS, ids=[a for a, _ in ALGOS])
+def test_every_export_of_every_algorithm_verifies(monkeypatch, tmp_path, caplog, algo, args):
+    monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
+    model, net = _adapted(algo, args)
+    with caplog.at_level(logging.INFO, logger="kohakumoss.export.verify"):
+        written = export_all(model, net, tmp_path, "run", save_merged_model=True, save_diffusers=True)
+    assert set(written) == {"lycoris", "comfy", "merged", "diffusers"}
+    lines = [r.getMessage() for r in caplog.records if "keys matched" in r.getMessage()]
+    assert len(lines) == 4, lines
+    for line in lines:
+        matched = line.split(": ")[2].split(" keys")[0]
+        n, total = matched.split("/")
+        assert n == total and int(n) > 0 and "0 unused" in line and "merged weights of" in line, line
+
+
+@pytest.mark.parametrize("algo,args", FP8_CASES, ids=[a for a, _ in FP8_CASES])
+def test_fp8_base_exports_match_a_float64_reference(tmp_path, algo, args):
+    """Train-time fp8 base: each written format, read as its consumer reads it, equals the float64 merge
+    of the adapter onto the dequantized base (LoKr's fused qkv included: it once wrote a wrong diff)."""
+    model, net = _adapted(algo, args, fp8=True, preset="attn-mlp")
+    written = export_all(model, net, tmp_path, "run", save_merged_model=True, save_diffusers=True)
+    base = dense_state_dict(model)
+    ref_model = tiny_model().double()
+    ref_model.load_state_dict(base)
+    ref_net = load_adapter(
+        ref_model, {k: v.double() for k, v in adapter_state_dict(net).items()}, apply=False
+    )
+    for lora in ref_net.loras:  # not registered as submodules of the network
+        lora.double()
+    names = {id(m): n for n, m in ref_model.named_modules()}
+    ref = {f"{names[id(lora.org_module[0])]}.weight": _merged(lora, 1.0)[0] for lora in ref_net.loras}
+    assert len(ref) == 6 * 4
+
+    def rel(got, key):  # against the size of the adapter's change
+        change = ref[key] - base[key].double()
+        return float((got.double() - ref[key]).norm() / change.norm())
+
+    lyco = merged_weights(model, written["lycoris"])  # lycoris's loader on the fp8 model
+    assert max(rel(lyco[k], k) for k in ref) < 1e-4
+    comfy = apply_comfy_adapter(fuse_qkv(base), load_file(str(written["comfy"])))
+    want, fused_base = fuse_qkv({**base, **ref}), fuse_qkv(base)
+    changed = [k for k in want if not torch.equal(want[k].double(), fused_base[k].double())]
+    assert len(changed) == 4 * 4  # qkv, o, ffn_up_gate, ffn_down of each block
+    for key in changed:
+        change = (want[key].double() - fused_base[key].double()).norm()
+        assert float((comfy[key].double() - want[key].double()).norm() / change) < 1e-4, key
+    for folder in ("merged", "diffusers"):  # bf16 files: relative to the weight
+        merged = load_backbone(written[folder], dtype=torch.float32).state_dict()
+        for key in ref:
+            err = float((merged[key].double() - ref[key]).norm() / ref[key].norm())
+            assert err < 1e-2, (folder, key, err)
+        assert not any(k.endswith("weight_scale") for k in merged)
+
+
+def test_separate_qkv_keys_are_unused_by_comfyui():
+    """The Comfy-Org layout has no layers.N.proj.q weight: ComfyUI's generic key map leaves such keys
+    unloaded ("lora key not loaded"), and the check says so."""
+    model = tiny_model()
+    d = model.config.dim
+    tensors = {
+        "diffusion_model.layers.0.proj.q.lora_up.weight": torch.zeros(d, 4),
+        "diffusion_model.layers.0.proj.q.lora_down.weight": torch.zeros(4, d),
+        "diffusion_model.layers.0.proj.o.lora_up.weight": torch.zeros(d, 4),
+        "diffusion_model.layers.0.proj.o.lora_down.weight": torch.zeros(4, d),
+        "diffusion_model.layers.0.proj.o.alpha": torch.tensor(4.0),
+        "diffusion_model.layers.0.proj.qkv.diff": torch.zeros(d, d),  # wrong shape: qkv is [3d, d]
+    }
+    consumed, unused, problems = comfy_key_check(tensors, comfy_shapes(model))
+    assert consumed == 4
+    assert unused == sorted(k for k in tensors if ".proj.q." in k)
+    assert len(problems) == 1 and "qkv" in problems[0] and "shape" in problems[0]
+
+
+def test_a_wrong_comfy_file_fails_its_merge_comparison(tmp_path):
+    model, net = _adapted("lora", {}, preset="attn")
+    export_all(model, net, tmp_path, "run")
+    path = tmp_path / "run-comfy.safetensors"
+    tensors = load_file(str(path))
+    source = adapter_state_dict(net)
+    assert verify_comfy(model, source, path).ok
+    for key in [k for k in tensors if k.endswith(".alpha")]:  # every module scaled twice over
+        tensors[key] = tensors[key] * 2
+    save_file(tensors, str(path))
+    result = verify_comfy(model, source, path)
+    assert not result.ok and result.unused == [] and result.error > 0.5
+    assert "keys matched, 0 unused" in result.line()
+
+
+def test_lycoris_check_names_keys_lycoris_does_not_load(tmp_path):
+    model, net = _adapted("lora", {}, preset="attn")
+    export_all(model, net, tmp_path, "run")
+    path = tmp_path / "run-lycoris.safetensors"
+    tensors = load_file(str(path))
+    tensors["lycoris_layers_0_proj_o.lora_mid_typo.weight"] = torch.zeros(2)
+    save_file(tensors, str(path))
+    result = verify_lycoris(model, adapter_state_dict(net), path)
+    assert not result.ok and result.unused == ["lycoris_layers_0_proj_o.lora_mid_typo.weight"]
+
+
+def test_a_mismatch_raises_after_writing_and_deletes_nothing(monkeypatch, tmp_path):
+    """A wrong ComfyUI export is an error naming the file; the correct LyCORIS file stays on disk."""
+    import kohakumoss.export.bundle as bundle
+
+    real = bundle.to_comfy_adapter
+
+    def broken(*a, **k):
+        out = real(*a, **k)
+        key = next(k for k in out.tensors if k.endswith("lora_up.weight"))
+        out.tensors[key] = out.tensors[key] * 3
+        return out
+
+    monkeypatch.setattr(bundle, "to_comfy_adapter", broken)
+    model, net = _adapted("lora", {}, preset="attn")
+    with pytest.raises(ExportMismatch, match=r"run-comfy\.safetensors: ComfyUI: \d+/\d+ keys matched"):
+        export_all(model, net, tmp_path, "run")
+    assert (tmp_path / "run-lycoris.safetensors").is_file() and (tmp_path / "run-comfy.safetensors").is_file()
+    assert verify_lycoris(model, adapter_state_dict(net), tmp_path / "run-lycoris.safetensors").ok
