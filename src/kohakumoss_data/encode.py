@@ -40,9 +40,17 @@ def encode_texts(encoder: TextEncoder, captions: list[str]) -> list[torch.Tensor
 
 
 def caption_embeddings(
-    captions: list[str], encoder: TextEncoder, cache: TensorCache | None, write_back: bool = True
+    captions: list[str],
+    encoder: TextEncoder,
+    cache: TensorCache | None,
+    write_back: bool = True,
+    max_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Packed (hidden [sum_len, D], lengths [B]) for `captions`, reading the cache first; returns hits too."""
+    """Packed (hidden [sum_len, D], lengths [B]) for `captions`, reading the cache first; returns hits too.
+
+    Each caption keeps at most `max_tokens` rows (the plan's MAX_TEXT_TOKENS), whatever the encoder
+    returned: for a causal encoder the first n hidden states are those of the first n tokens, so this
+    is the tokenizer's right truncation, applied to encoders and cache entries that did not cut."""
     keys = [text_key(c, encoder.template, encoder.identity, encoder.layer_choice) for c in captions]
     found: dict[str, torch.Tensor] = {}
     if cache is not None:
@@ -56,6 +64,6 @@ def caption_embeddings(
         found[k] = hidden
         if cache is not None and write_back:
             cache.put(k, hidden)
-    parts = [found[k] for k in keys]
+    parts = [found[k] if max_tokens is None else found[k][:max_tokens] for k in keys]
     lengths = torch.tensor([p.shape[0] for p in parts], dtype=torch.long)
     return torch.cat(parts, 0), lengths, hits

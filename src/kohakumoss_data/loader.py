@@ -148,7 +148,11 @@ class Loader:
             batch.pixels = [to_chw(r.pixels) for r in results]
         if self.text_encoder is not None:
             batch.text_hidden, batch.text_lengths, batch.hits["text"] = caption_embeddings(
-                batch.captions, self.text_encoder, self.text_cache, self.knobs.write_back
+                batch.captions,
+                self.text_encoder,
+                self.text_cache,
+                self.knobs.write_back,
+                self.plan.knobs.max_text_tokens,
             )
         return batch.pin_memory() if self.pin else batch
 

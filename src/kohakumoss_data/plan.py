@@ -37,6 +37,7 @@ class PlanKnobs:
     patch_px: int = 16  # one image token covers patch_px x patch_px pixels
     max_text_tokens: int = 256
     chars_per_token: float = 4.0  # caption length estimate; the plan must not need a tokenizer
+    template_tokens: int = 0  # tokens the text template adds to every caption (the trainer counts them)
     flip_prob: float = 0.0
     caption_dropout: float = 0.0  # probability of training an occurrence with an empty caption
     shuffle_caption: bool = False  # kohya: shuffle comma-separated tags ...
@@ -55,6 +56,8 @@ class PlanKnobs:
             )
         if not 0 < self.min_aspect <= 1 <= self.max_aspect:
             raise ConfigError("MIN_ASPECT/MAX_ASPECT", "need 0 < MIN_ASPECT <= 1 <= MAX_ASPECT")
+        if self.max_text_tokens < 1 or self.template_tokens < 0:
+            raise ConfigError("MAX_TEXT_TOKENS", "must be at least 1 (and the template's tokens >= 0)")
         if self.epochs < 1 or self.tokens_per_step < 1 or self.area < self.multiple**2:
             raise ConfigError("EPOCHS/TOKENS_PER_STEP/AREA", "must be positive (AREA at least one patch)")
         for bucket in self.buckets or ():
@@ -119,7 +122,10 @@ def item_rng(seed: int, epoch: int, key: str, repeat: int) -> random.Random:
 
 
 def text_tokens(caption: str, knobs: PlanKnobs) -> int:
-    return min(knobs.max_text_tokens, max(1, math.ceil(len(caption.encode("utf-8")) / knobs.chars_per_token)))
+    """The templated caption's tokens as budgeted: template + estimated caption, capped where the
+    loader cuts the encoder's output (MAX_TEXT_TOKENS)."""
+    estimate = knobs.template_tokens + math.ceil(len(caption.encode("utf-8")) / knobs.chars_per_token)
+    return min(knobs.max_text_tokens, max(1, estimate))
 
 
 def item_target(item: CatalogItem, knobs: PlanKnobs) -> tuple[int, int]:

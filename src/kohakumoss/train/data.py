@@ -42,9 +42,20 @@ def split_validation(catalog: Catalog, n: int, seed: int) -> tuple[Catalog, Cata
     return train, val
 
 
-def plan_for_steps(catalog: Catalog, k: dict[str, Any], micro_steps: int) -> Plan:
+def template_token_count(text_encoder: Any) -> int:
+    """Tokens the encoder's prompt template adds to a caption (the template alone, as an empty caption
+    encodes); 0 for encoders without a tokenizer (synthetic) or none."""
+    prompts = getattr(text_encoder, "prompts", None)
+    if prompts is None:  # CacheOnly wraps the placed encoder
+        prompts = getattr(getattr(text_encoder, "encoder", None), "prompts", None)
+    if prompts is None:
+        return 0
+    return len(prompts(""))
+
+
+def plan_for_steps(catalog: Catalog, k: dict[str, Any], micro_steps: int, template_tokens: int = 0) -> Plan:
     """A plan with enough epochs for `micro_steps` steps (the epoch count is derived, so still pure)."""
-    knobs = dataclasses.replace(plan_knobs(k), epochs=1)
+    knobs = dataclasses.replace(plan_knobs(k), epochs=1, template_tokens=template_tokens)
     one = build_plan(catalog, int(k["SEED"]), knobs)
     per_epoch = len(one.steps)
     if per_epoch == 0:
@@ -64,10 +75,11 @@ def plan_prefix_sha256(plan: Plan, micro_steps: int) -> str:
     return sha256_json([[dataclasses.asdict(it) for it in step] for step in plan.steps[:micro_steps]])
 
 
-def validation_plan(catalog: Catalog, k: dict[str, Any]) -> Plan:
+def validation_plan(catalog: Catalog, k: dict[str, Any], template_tokens: int = 0) -> Plan:
     """One pass over the held-out items, center crops, no flip, no caption dropout."""
     knobs = dataclasses.replace(
         plan_knobs(k),
+        template_tokens=template_tokens,
         epochs=1,
         crop="center",
         flip_prob=0.0,
@@ -83,8 +95,9 @@ def open_run_data(k: dict[str, Any], image_encoder, text_encoder) -> RunData:
     catalog = scan(source, scan_knobs(k), cache_dir=k["CATALOG_DIR"])
     log.info(catalog.report.summary())
     train_catalog, val_catalog = split_validation(catalog, int(k["VAL_ITEMS"]), int(k["SEED"]))
-    plan = plan_for_steps(train_catalog, k, int(k["STEPS"]) * int(k["GRAD_ACCUM"]))
-    val_plan = validation_plan(val_catalog, k) if val_catalog is not None else None
+    template = template_token_count(text_encoder)
+    plan = plan_for_steps(train_catalog, k, int(k["STEPS"]) * int(k["GRAD_ACCUM"]), template)
+    val_plan = validation_plan(val_catalog, k, template) if val_catalog is not None else None
     cache_dir = k["CACHE_DIR"] or None
     latent_cache, text_cache = open_caches(cache_dir, image_encoder, text_encoder)
     return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache)
