@@ -80,6 +80,7 @@ hold_lycoris_tuning()
 
 MODES = ("off", "table", "always")
 ENV = "KOHAKUMOSS_TUNE"
+BUDGET_ENV = "KOHAKUMOSS_TUNE_BUDGET_S"  # seconds a window may spend timing; later keys keep the default
 _window = threading.local()
 
 
@@ -103,6 +104,9 @@ def tuning_window(mode: str | None = None) -> Iterator[None]:
     depth = getattr(_window, "depth", 0)
     _window.depth = depth + 1
     before, t0 = len(_stored), time.perf_counter()
+    if depth == 0:
+        _window.deadline = t0 + float(os.environ.get(BUDGET_ENV) or 600)
+        _window.over = 0
     try:
         with lycoris_tuning(tune_mode(mode) != "off"):
             yield
@@ -114,10 +118,21 @@ def tuning_window(mode: str | None = None) -> Iterator[None]:
                 f"kernel prewarm: timed {len(_stored) - before} new shape keys in "
                 f"{time.perf_counter() - t0:.0f} s; kept in {', '.join(files)} (later runs reuse them)"
             )
+        if depth == 0 and _window.over:
+            log.warning(
+                f"kernel prewarm: {_window.over} calls of untimed shape keys ran their first backend: "
+                f"the {BUDGET_ENV} budget was spent; a later run times them"
+            )
 
 
 def in_tuning_window() -> bool:
-    return getattr(_window, "depth", 0) > 0
+    """Inside a window whose time budget is not spent (a call past it is counted, not timed)."""
+    if getattr(_window, "depth", 0) == 0:
+        return False
+    if time.perf_counter() > _window.deadline:
+        _window.over += 1
+        return False
+    return True
 
 
 def card_name(device: torch.device | str) -> str:

@@ -499,3 +499,15 @@ def test_timing_inside_saved_tensor_hooks_packs_nothing_of_its_own(cache):
         y = (getattr(ops, op)(x) * x).sum()
     assert len(packed) == 3  # the chosen backend's input and the multiply's two: nothing of the timing
     y.backward()
+
+
+def test_a_spent_tuning_budget_leaves_keys_untimed_and_says_so(cache, lines, monkeypatch):
+    monkeypatch.setenv(tuning.BUDGET_ENV, "0")
+    lazy, fast = slow("lazy", 0.0), slow("fast", 0.0)
+    op = fake_op(triton=lazy, compile=fast)
+    ops = OpSet(backend="triton,compile", tune="table")
+    with ops.tuning():
+        getattr(ops, op)(torch.ones(4))
+    assert lazy.calls == ["lazy"] and fast.calls == []  # the first backend, untimed
+    assert tuning.table_for("cpu").get(shape_key(op, torch.ones(4))) is None
+    assert any("budget was spent" in m for m in lines)

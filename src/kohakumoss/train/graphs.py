@@ -16,6 +16,7 @@ decide in Python per step). `graph_refusal` says which knob stops it.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -168,7 +169,7 @@ class StepGraphs:
             torch._foreach_zero_(zero)
 
     def _capture(self, key: tuple, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
-        device = batch.x0.device
+        device, t0 = batch.x0.device, time.perf_counter()
         self._use_shared_grads()
         torch.cuda.empty_cache()  # the eager steps' cached blocks, or they sit beside the graph's pool
         inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise))
@@ -217,7 +218,10 @@ class StepGraphs:
         self.graphs[key] = _Graph(graph, inputs, static_loss.detach(), static_batch)
         self.captures += 1
         self.capture_peak_bytes = max(self.capture_peak_bytes, torch.cuda.max_memory_allocated(device))
-        log.info(f"CUDA graph captured for batch shape {len(self.graphs)} ({batch.tokens} tokens)")
+        log.info(
+            f"CUDA graph captured for batch shape {len(self.graphs)} ({batch.tokens} tokens) "
+            f"in {time.perf_counter() - t0:.1f} s"
+        )
         return loss
 
     def _replay(self, entry: _Graph, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
