@@ -1,10 +1,10 @@
 """Multi-GPU training on torch.distributed, applied from outside the model.
 
-    launch.run(k, train)          workers started here (elastic launcher) or by torchrun
-    launch.current() -> World     this rank, its world size and device
-    shard.shard_plan / rank_weight / step_noise    each rank's share of every micro-step
-    wrap.wrap_ddp / wrap_fsdp     DistributedDataParallel or FSDP2 around the backbone
-    checkpoint.save_sharded / load_sharded          torch.distributed.checkpoint, any world size
+launch.run(k, train)          workers started here (elastic launcher) or by torchrun
+launch.current() -> World     this rank, its world size and device
+shard.shard_plan / rank_weight / step_noise    each rank's share of every micro-step
+wrap.wrap_ddp / wrap_fsdp     DistributedDataParallel or FSDP2 around the backbone
+checkpoint.save_sharded / load_sharded          torch.distributed.checkpoint, any world size
 """
 
 from .knobs import BUILT, MODES, check_knobs, devices_problem, mode_problem

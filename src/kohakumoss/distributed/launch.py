@@ -10,6 +10,7 @@ rank(s) that stopped answering; the launcher stops the others and re-raises the 
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import Callable
@@ -88,15 +89,27 @@ def launch(
         monitor_interval=monitor_s,
         start_method=start_method,
     )
+    if start_method == "fork":  # a forked child must not collect the parent's garbage (torch objects of
+        gc.collect()  # an earlier launch crashed a child's first collection)
     try:
         return elastic_launch(config, fn)(*args)
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
-        why = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-        why = why or f"exit code {failure.exitcode}"
         raise DistributedError(
-            f"rank {rank} failed first ({why.strip()}); the other ranks were stopped"
+            f"rank {rank} failed first ({failure_text(failure)}); the others were stopped"
         ) from e
+
+
+def failure_text(failure) -> str:
+    """A failed worker's own error (written by @record), else how its process ended."""
+    if failure.error_file_data:
+        message = failure.message
+        if isinstance(message, dict):
+            message = message.get("message", "")
+        return str(message).strip().splitlines()[0] if message else f"exit code {failure.exitcode}"
+    if failure.exitcode < 0:
+        return f"killed by {failure.signal_name()}"
+    return f"exited with code {failure.exitcode} without a Python error"
 
 
 def run(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any]) -> Any:

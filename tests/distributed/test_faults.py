@@ -1,0 +1,54 @@
+"""A rank that dies or hangs stops every rank within a bounded time, with a message naming it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from kohakumoss.distributed import DistributedError, current, run
+from kohakumoss.distributed.world import beat
+
+TIMEOUT_S = 3.0
+
+
+def steps_then(k: dict) -> int:
+    """All-reduce a step counter; rank 1 dies or hangs after finishing step 1."""
+    world = current()
+    for step in range(20):
+        if world.rank == 1 and step == 2:
+            if k["FAULT"] == "die":
+                os._exit(3)
+            time.sleep(120)  # hung: never reaches the collective
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        beat(world, step)
+    return step
+
+
+@pytest.mark.parametrize("fault", ["die", "hang"])
+def test_a_lost_rank_stops_the_others_naming_it(fault):
+    k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": TIMEOUT_S, "FAULT": fault}
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match=r"rank 1\b") as info:
+        run(k, steps_then)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 60, elapsed  # bounded: start-up, the collective timeout, the naming grace, the stop
+    if fault == "hang":  # rank 0 timed out and named the rank that never answered
+        assert "rank 1 (last finished step 1) stopped answering" in str(info.value)
+
+
+def test_without_faults_every_rank_finishes():
+    k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": TIMEOUT_S, "FAULT": "none"}
+    assert run({**k, "FAULT": "none"}, _fine) == 19
+
+
+def _fine(k: dict) -> int:
+    world = current()
+    for step in range(20):
+        dist.all_reduce(torch.ones(1))
+        beat(world, step)
+    return step
