@@ -66,6 +66,12 @@ ENCODER_KNOBS = [
     Knob("TEXT_TEMPLATE", "", "prompt template with {caption}; empty: the encoder's default"),
     Knob("TEXT_LAYERS", [-1], "hidden-state layer(s) of the text encoder (HF numbering)", type=list),
     Knob(
+        "TEXT_ENCODER_QUANT",
+        "none",
+        "text encoder's block linears: none, fp8 (GEMMs sm89+), fp8_weight, int8 (GEMMs sm80+), int8_weight",
+        choices=("none", "fp8", "fp8_weight", "int8", "int8_weight"),  # TextEncoderConfig.quant
+    ),
+    Knob(
         "VAE",
         "",
         "FLUX.2 VAE: diffusers folder or single file ('synthetic': benchmarks only)",

@@ -96,6 +96,7 @@ def text_encoder_config(k: dict[str, Any], device: torch.device, compute: torch.
         layers=tuple(k["TEXT_LAYERS"]),
         device=str(device),
         dtype="float32" if compute.type == "cpu" else "bfloat16",
+        quant=k.get("TEXT_ENCODER_QUANT", "none"),
     )
     if k["TOKENIZER"]:
         kwargs["tokenizer_path"] = k["TOKENIZER"]
