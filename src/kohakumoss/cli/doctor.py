@@ -14,6 +14,10 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from kohakumoss.distributed.doctor import DistInfo
+from kohakumoss.distributed.doctor import checks as distributed_checks
+from kohakumoss.distributed.doctor import probe as probe_distributed
+
 INSTALL = (
     r"powershell -ExecutionPolicy Bypass -File scripts\install\install.ps1"
     if os.name == "nt"
@@ -35,6 +39,7 @@ class Environment:
     free_disk: int = 0
     qwen3_5: bool = False  # transformers has the qwen3_5 model
     flux2_vae: bool = False  # diffusers has AutoencoderKLFlux2
+    dist: DistInfo | None = None  # NCCL / gloo, P2P access and topology (kohakumoss.distributed.doctor)
 
 
 @dataclass
@@ -112,6 +117,7 @@ def probe_environment() -> Environment:
             for i in range(torch.cuda.device_count()):
                 p = torch.cuda.get_device_properties(i)
                 env.gpus.append({"name": p.name, "capability": (p.major, p.minor), "memory": p.total_memory})
+        env.dist = probe_distributed()
     env.nvidia_smi, env.driver, env.driver_cuda = _nvidia_smi()
     try:
         env.host_ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -298,6 +304,8 @@ def run_checks(env: Environment) -> list[Check]:
                 not ok and bool(env.gpus),
             )
         )
+    if env.dist is not None:
+        checks += [Check(*row) for row in distributed_checks(env.dist, len(env.gpus))]
     ram = env.host_ram / 2**30
     checks.append(
         Check(
