@@ -261,23 +261,31 @@ def test_bad_optimizer_names_and_args_name_the_knob():
     assert optimizer_problem("adamw") is None and optimizer_problem("torch.optim.SGD") is None
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @_needs("bitsandbytes")
-def test_adamw8bit_resume_is_bit_exact_on_cuda(tmp_path):
-    """bitsandbytes' AdamW8bit (blockwise 8-bit states on CUDA) through save / load: the resumed run's
-    weights equal the uninterrupted run's, and the loss goes down."""
+@pytest.mark.parametrize(
+    "device",
+    [
+        "cpu",
+        pytest.param(
+            "cuda",
+            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+        ),
+    ],
+)
+def test_adamw8bit_resume_is_bit_exact(tmp_path, device):
+    """bitsandbytes' AdamW8bit (blockwise 8-bit states) through save / load: the resumed run's weights
+    equal the uninterrupted run's, and the loss goes down."""
 
     def build():
         torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)
-        ).cuda()
+        model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(
+            device
+        )
         return model, build_adapter_optimizer([{"params": list(model.parameters())}], 1e-3, "adamw8bit")
 
     def step(model, opt, s):
-        g = torch.Generator(device="cuda").manual_seed(s)
-        x = torch.randn(32, 256, device="cuda", generator=g)
+        g = torch.Generator(device=device).manual_seed(s)
+        x = torch.randn(32, 256, device=device, generator=g)
         loss = (model(x) - x[:, :64]).pow(2).mean()
         opt.zero_grad()
         loss.backward()
@@ -293,7 +301,7 @@ def test_adamw8bit_resume_is_bit_exact_on_cuda(tmp_path):
     save_checkpoint(tmp_path, HALF, trainable_state(first), fopt.state_dict(), None, config={})
     resumed, ropt = build()
     ck = load_checkpoint(resolve_checkpoint(tmp_path, "latest"))
-    load_trainable_state(resumed, {k: v.cuda() for k, v in ck.trainable.items()})
+    load_trainable_state(resumed, {k: v.to(device) for k, v in ck.trainable.items()})
     ropt.load_state_dict(ck.optimizer)
     for s in range(HALF, STEPS):
         step(resumed, ropt, s)
