@@ -123,13 +123,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_row(a, model, row: str, batch: int, config: SamplerConfig, device, dtype, texts) -> dict:
+def run_row(a, model, ops: dict, row: str, batch: int, config: SamplerConfig, device, dtype, texts) -> dict:
     backend, speed = ROW_SPEED[row]
-    if row == "streamed":
+    model.ops = ops[backend]
+    if row == "streamed" and model.block_runner is None:  # the runner takes the model's ops now
         install_memory_plan(MemoryPlan(stream_blocks=-1, stream_slots=2), model, device)
-    model.ops = OpSet(backend)
-    if use_graphs(speed, model, device):
-        model.ops.set_timing("device")  # graphed steps: kernels chosen by device time, as sample.py does
+    # graphed steps: kernels chosen by device time, as sample.py does; eager steps by wall time
+    model.ops.set_timing("device" if use_graphs(speed, model, device) else "wall")
     side = a.size // 16
     cond, uncond = texts
     args = (model, cond[:batch], uncond[:batch], [(side, side)] * batch, list(range(batch)))
@@ -178,11 +178,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for base in a.base_precisions:
         t0 = time.perf_counter()
         model = build_model(a, device, dtype, base)
+        ops = {"eager": OpSet("eager"), "auto": model.ops}  # one registry per model: rows share its tuning
         print(f"built {a.preset} base {base} in {time.perf_counter() - t0:.1f}s")
         for row in a.rows:
             for batch in a.batches:
                 try:
-                    r = run_row(a, model, row, batch, config, device, dtype, texts)
+                    r = run_row(a, model, ops, row, batch, config, device, dtype, texts)
                 except Exception as e:  # report and go on with the next row
                     print(
                         f"{base}/{row}/b{batch}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
