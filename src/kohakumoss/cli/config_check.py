@@ -14,6 +14,7 @@ from typing import Any
 
 from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.config.knobs import Schema
+from kohakumoss.distributed.trainer import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
 
@@ -130,6 +131,7 @@ def trainer_refusals(knobs: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU"))
     if knobs.get("PRECISION") == "fp16" and knobs.get("OPTIMIZER_PLACEMENT") not in (None, "gpu"):
         out.append(("PRECISION", "fp16 loss scaling needs OPTIMIZER_PLACEMENT='gpu'; use bf16"))
+    out += distributed_refusals(knobs)  # DISTRIBUTED / DEVICES together, and what DDP cannot run with
     resume = knobs.get("RESUME")
     if isinstance(resume, str) and resume not in ("", "latest") and not Path(resume).exists():
         out.append(("RESUME", f"no checkpoint at '{resume}'"))

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from kohakumoss_common.errors import ConfigError
 
 from .collectives import barrier
+from .knobs import devices_problem, mode_problem
 from .launch import current
 from .shard import rank_weight, shard_plan, step_noise
 from .wrap import wrap_ddp
@@ -46,6 +47,19 @@ def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
             "gradients summed on the host are not all-reduced by DDP; leave it off with DISTRIBUTED",
         )
     return None
+
+
+def refusals(k: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every (knob, why) the distributed trainer refuses before work starts (kohakumoss-config check)."""
+    mode, devices = k.get("DISTRIBUTED", "none"), k.get("DEVICES", 1)
+    if problem := mode_problem(mode):
+        return [("DISTRIBUTED", problem)]
+    out = []
+    if problem := devices_problem(devices, mode):
+        out.append(("DEVICES", problem))
+    if problem := trainer_problem(k):
+        out.append(problem)
+    return out
 
 
 def rank_knobs(k: dict[str, Any]) -> dict[str, Any]:
