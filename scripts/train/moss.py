@@ -101,6 +101,8 @@ BYPASS = False  # bypass forward (base output + adapter output) instead of merge
 LR = 0.0001  # learning rate (AdamW; adapters and the non-matrix weights of a full fine-tune)
 MUON_LR = 0.0  # full fine-tune: Muon LR for hidden matrices (0: same as LR)
 USE_MUON = True  # full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)
+OPTIMIZER = "adamw"  # adamw, adafactor, adamw8bit, prodigy, schedulefree_adamw or package.Class
+OPTIMIZER_ARGS = {}  # keyword arguments of OPTIMIZER (betas, d_coef, warmup_steps, ...)
 WEIGHT_DECAY = 0.0  # weight decay
 LR_SCHEDULE = "constant"  # constant, linear or cosine
 LR_WARMUP_STEPS = 0  # linear warmup steps
@@ -120,8 +122,12 @@ LOGIT_MEAN = 0.0  # logit-normal mean
 LOGIT_STD = 1.0  # logit-normal std
 TIMESTEP_SHIFT = "resolution"  # none, static or resolution-dependent shift
 STATIC_SHIFT = 3.0  # shift for TIMESTEP_SHIFT='static'
+MODE_SCALE = 1.29  # s of TIMESTEP_SAMPLING='mode' (SD3; 0: uniform, > 0: more mid sigmas)
 LOSS_WEIGHTING = "none"  # per-sigma loss weight
 LOSS_REDUCTION = "token"  # token: every image token alike; sample: every sample alike
+MIN_SNR_GAMMA = 5.0  # gamma of LOSS_WEIGHTING='min_snr'
+LOSS_TYPE = "l2"  # velocity error: l2, l1, huber or pseudo_huber
+HUBER_C = 0.1  # c of LOSS_TYPE huber / pseudo_huber (l2 below c, linear beyond)
 MAX_BAD_STEPS = 5  # stop after this many non-finite losses in a row
 
 # --- run, checkpoints, samples, exports --------------------------------------------------------
@@ -132,6 +138,7 @@ SAVE_EVERY = 500  # checkpoint every N steps (0: only at the end)
 KEEP_LAST = 3  # checkpoints kept (older ones deleted)
 RESUME = ""  # '' (fresh run), 'latest' or a checkpoint folder
 RESUME_ALLOW_CHANGES = []  # knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, VAE are safe
+RESUME_REPLAN = False  # resume a run whose data changed (files removed or added): continue along today's plan from the checkpoint's step
 STOP_AT = 0  # stop this invocation at this step with a checkpoint (0: run to STEPS); resume later
 LOG_EVERY = 1  # metrics line every N steps
 LOGGERS = ["tensorboard"]  # trackers: tensorboard (events in RUN/tensorboard/), wandb (pip install wandb)

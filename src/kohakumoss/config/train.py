@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from kohakumoss.adapters.algos import ALGOS
 from kohakumoss.adapters.targets import TARGET_PRESETS
-from kohakumoss.diffusion.objective import REDUCTIONS, WEIGHTINGS
+from kohakumoss.diffusion.objective import LOSS_TYPES, REDUCTIONS, WEIGHTINGS
 from kohakumoss.diffusion.prompts import prompt_file_problem, prompt_list_problem
-from kohakumoss.diffusion.timestep import SHIFT_MODES, SIGMA_MODES
+from kohakumoss.diffusion.timestep import MODE_SCALE_RANGE, SHIFT_MODES, SIGMA_MODES
 from kohakumoss.memory.plan import (
     ACTIVATION_OFFLOAD_MODES,
     CHECKPOINT_MODES,
@@ -33,6 +33,12 @@ ALGO_CHOICES = (*sorted(ALGOS), "full")
 
 _ANY = (str, type(None))
 _INT_OR_NONE = (int, type(None))
+
+
+def _optimizer_problem(value: str) -> str | None:
+    from kohakumoss.train.optim import optimizer_problem
+
+    return optimizer_problem(value)
 
 
 def _exists_or_synthetic(value: str, knob: str) -> str | None:
@@ -265,6 +271,13 @@ TRAIN_KNOBS = [
     ),
     Knob("MUON_LR", 0.0, "full fine-tune: Muon LR for hidden matrices (0: same as LR)", min=0.0),
     Knob("USE_MUON", True, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)"),
+    Knob(
+        "OPTIMIZER",
+        "adamw",
+        "adamw, adafactor, adamw8bit, prodigy, schedulefree_adamw or package.Class",
+        check=_optimizer_problem,
+    ),
+    Knob("OPTIMIZER_ARGS", {}, "keyword arguments of OPTIMIZER (betas, d_coef, ...)", type=dict),
     Knob("WEIGHT_DECAY", 0.0, "weight decay", min=0.0),
     Knob("LR_SCHEDULE", "constant", "constant, linear or cosine", choices=("constant", "linear", "cosine")),
     Knob("LR_WARMUP_STEPS", 0, "linear warmup steps", min=0),
@@ -283,6 +296,13 @@ TRAIN_KNOBS = [
     Knob("LOGIT_STD", 1.0, "logit-normal std", min=1e-3),
     Knob("TIMESTEP_SHIFT", "resolution", "none, static or resolution-dependent shift", choices=SHIFT_MODES),
     Knob("STATIC_SHIFT", 3.0, "shift for TIMESTEP_SHIFT='static'", min=1e-3),
+    Knob(
+        "MODE_SCALE",
+        1.29,
+        "s of TIMESTEP_SAMPLING='mode' (SD3; 0: uniform, > 0: more mid sigmas)",
+        min=MODE_SCALE_RANGE[0],
+        max=MODE_SCALE_RANGE[1],
+    ),
     Knob("LOSS_WEIGHTING", "none", "per-sigma loss weight", choices=WEIGHTINGS),
     Knob(
         "LOSS_REDUCTION",
@@ -290,6 +310,9 @@ TRAIN_KNOBS = [
         "token: every image token alike; sample: every sample alike",
         choices=REDUCTIONS,
     ),
+    Knob("MIN_SNR_GAMMA", 5.0, "gamma of LOSS_WEIGHTING='min_snr'", min=1e-3),
+    Knob("LOSS_TYPE", "l2", "velocity error: l2, l1, huber or pseudo_huber", choices=LOSS_TYPES),
+    Knob("HUBER_C", 0.1, "c of LOSS_TYPE huber / pseudo_huber (l2 below c, linear beyond)", min=1e-6),
     Knob("MAX_BAD_STEPS", 5, "stop after this many non-finite losses in a row", min=1),
     # run, checkpoints, samples, exports
     Knob("SEED", 0, "seed of the plan, the sigmas and the noise"),
@@ -309,6 +332,11 @@ TRAIN_KNOBS = [
         "knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, VAE are safe",
         type=list,
         check=lambda v: _resume_rule("allow_changes_problem", v),
+    ),
+    Knob(
+        "RESUME_REPLAN",
+        False,
+        "resume a run whose data changed (files removed or added): continue along today's plan from the checkpoint's step",
     ),
     Knob(
         "STOP_AT",

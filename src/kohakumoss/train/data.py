@@ -75,6 +75,27 @@ def plan_prefix_sha256(plan: Plan, micro_steps: int) -> str:
     return sha256_json([[dataclasses.asdict(it) for it in step] for step in plan.steps[:micro_steps]])
 
 
+def check_data_position(plan: Plan, position: dict[str, Any], checkpoint: Any, replan: bool) -> None:
+    """A checkpoint must have seen this plan's first steps; with RESUME_REPLAN the run goes on along the
+    plan of today's data from the checkpoint's micro-step (the knobs were compared already, so only the
+    data changed: files vanished, were added or edited)."""
+    seen, micro = position.get("seen_sha256"), int(position.get("micro_step", 0))
+    if seen is None or seen == plan_prefix_sha256(plan, micro):
+        return
+    if not replan:
+        raise ConfigError(
+            "RESUME",
+            f"{checkpoint} saw other batches than this plan's first ones: the data changed since "
+            f"(files removed, added or edited; SEED and the data knobs were compared). To continue on the "
+            f"plan of the data as it is now from micro-step {micro}, set RESUME_REPLAN=True; or start "
+            "fresh under another RUN_NAME",
+        )
+    log.warning(
+        f"RESUME_REPLAN: {checkpoint} saw another plan's first {micro} micro-steps (the data changed); "
+        f"continuing along the new plan (sha256 {plan.sha256[:16]}) from micro-step {micro}"
+    )
+
+
 def validation_plan(catalog: Catalog, k: dict[str, Any], template_tokens: int = 0) -> Plan:
     """One pass over the held-out items, center crops, no flip, no caption dropout."""
     knobs = dataclasses.replace(

@@ -43,11 +43,24 @@ from .checkpoint import (
 )
 from .collector import StepCollector
 from .components import Components, build_components
-from .data import RunData, make_loader, open_run_data, plan_prefix_sha256, validation_batches
+from .data import (
+    RunData,
+    check_data_position,
+    make_loader,
+    open_run_data,
+    plan_prefix_sha256,
+    validation_batches,
+)
 from .ema import EMA
 from .graphs import StepGraphs, graph_refusal, resolve_graphs
 from .logbook import MetricsWriter, ProgressLines, loss_plot
-from .optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
+from .optim import (
+    CombinedOptimizer,
+    build_adapter_optimizer,
+    build_full_ft_optimizer,
+    eval_weights,
+    set_train_mode,
+)
 from .prefetch import Prefetcher
 from .resume import check_resume_knobs, check_run_folder
 from .rng import restore_rng
@@ -110,6 +123,8 @@ def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
             muon_lr=k["MUON_LR"] or None,
             weight_decay=k["WEIGHT_DECAY"],
             use_muon=k["USE_MUON"],
+            optimizer=k["OPTIMIZER"],
+            optimizer_args=k["OPTIMIZER_ARGS"],
         )
         module, network = model, None
     else:
@@ -129,7 +144,8 @@ def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
         )
         network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
         ratio = k["LORA_PLUS_RATIO"] or None
-        optimizer = build_adamw(adapter_param_groups(network, k["LR"], ratio, k["WEIGHT_DECAY"]), lr=k["LR"])
+        groups = adapter_param_groups(network, k["LR"], ratio, k["WEIGHT_DECAY"])
+        optimizer = build_adapter_optimizer(groups, k["LR"], k["OPTIMIZER"], k["OPTIMIZER_ARGS"])
         module = network
     if comps.engines is not None:  # states on the GPU, streamed or on the host, as the plan says
         optimizer = comps.engines.place_optimizer(optimizer)
@@ -215,6 +231,13 @@ def export_run(
 def save_run_checkpoint(
     comps, tr: Trainable, data: RunData, k: dict[str, Any], ckpt_root: Path, step: int
 ) -> Path:
+    with eval_weights(tr.optimizer):  # schedule-free: its averaged weights, saved with an eval-mode state
+        return _save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
+
+
+def _save_run_checkpoint(
+    comps, tr: Trainable, data: RunData, k: dict[str, Any], ckpt_root: Path, step: int
+) -> Path:
     return save_checkpoint(
         ckpt_root,
         step,
@@ -238,7 +261,7 @@ def export_final(comps: Components, tr: Trainable, k: dict[str, Any], folder: Pa
     """The run's exports, refused (path, needed, free) when they would not fit on the disk."""
     needed = export_bytes(comps, tr, k)
     ensure_free_space(folder, needed)
-    with disk_full_as_error(folder, needed):
+    with disk_full_as_error(folder, needed), eval_weights(tr.optimizer):
         return export_run(comps, tr, k, folder)
 
 
@@ -308,19 +331,13 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     start = 0
     if resume_path is not None:
         ckpt = load_checkpoint(resume_path)
-        seen = ckpt.data_position.get("seen_sha256")
-        if seen is not None and seen != plan_prefix_sha256(
-            data.plan, ckpt.data_position.get("micro_step", 0)
-        ):
-            raise ConfigError(
-                "RESUME",
-                f"{resume_path} saw other batches than this plan's first ones (data, SEED or data knobs changed)",
-            )
+        check_data_position(data.plan, ckpt.data_position, resume_path, bool(k.get("RESUME_REPLAN")))
         if comps.engines is not None and comps.engines.streamer is not None:
             comps.engines.streamer.invalidate()  # streamed parameters point at their host copies
         load_trainable_state(tr.module, ckpt.trainable, resume_path)
         if ckpt.optimizer is not None:
             tr.optimizer.load_state_dict(ckpt.optimizer)
+            set_train_mode(tr.optimizer, True)  # schedule-free states are saved in eval mode
         if tr.ema is not None and ckpt.ema is not None:
             tr.ema.load_state_dict(ckpt.ema)
         restore_rng(ckpt.rng)
@@ -336,14 +353,19 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         logit_std=k["LOGIT_STD"],
         shift=k["TIMESTEP_SHIFT"],
         static_shift=k["STATIC_SHIFT"],
+        mode_scale=k["MODE_SCALE"],
     )
     accum, steps = int(k["GRAD_ACCUM"]), int(k["STEPS"])
     stop_at = min(int(k["STOP_AT"]) or steps, steps)
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     loader = make_loader(data, k, image_encoder, text_encoder, start * accum)
 
+    loss_options = dict(loss_type=k["LOSS_TYPE"], huber_c=k["HUBER_C"], min_snr_gamma=k["MIN_SNR_GAMMA"])
+
     def step_loss(batch, sigma, noise):
-        return flow_loss(model, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"])
+        return flow_loss(
+            model, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **loss_options
+        )
 
     graphs = build_step_graphs(k, comps, tr, step_loss)
     prefetch = Prefetcher(loader, device, dtype, start=start * accum)
@@ -416,13 +438,15 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
                     gc_ms=collector.take_paused_ms(),
                 )
                 if k["VAL_EVERY"] and val and (step % int(k["VAL_EVERY"]) == 0 or step == steps):
-                    record["val_loss"] = validation_loss(
-                        model, val, list(k["VAL_SIGMAS"]), dtype, int(k["SEED"])
-                    )
+                    with eval_weights(tr.optimizer):
+                        record["val_loss"] = validation_loss(
+                            model, val, list(k["VAL_SIGMAS"]), dtype, int(k["SEED"])
+                        )
                 metrics.write(record)
                 log.debug(str(record))
             if can_sample and k["SAMPLE_EVERY"] and step % int(k["SAMPLE_EVERY"]) == 0 and step < steps:
-                sample_grid(comps, k, base_row, samples_dir, step, metrics)
+                with eval_weights(tr.optimizer):
+                    sample_grid(comps, k, base_row, samples_dir, step, metrics)
             if k["SAVE_EVERY"] and step % int(k["SAVE_EVERY"]) == 0 and step < steps:
                 path = save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
                 log.info(f"checkpoint {path}")
@@ -441,7 +465,8 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         log.info(f"stopped at step {step} (STOP_AT); continue with RESUME='latest'")
         return run_dir
     if can_sample:  # before the exports: their thumbnail is the last grid
-        sample_grid(comps, k, base_row, samples_dir, step, metrics)
+        with eval_weights(tr.optimizer):
+            sample_grid(comps, k, base_row, samples_dir, step, metrics)
     written = export_final(comps, tr, k, run_dir / "export")
     log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
     loss_plot(metrics.read(), run_dir / "loss.png")
