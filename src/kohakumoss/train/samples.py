@@ -11,6 +11,8 @@ from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_sk
 from kohakumoss.diffusion.generate import GenerationRequest, generate
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
 
+from .graphs import PYTHON_SIDE_ALGOS
+
 
 def sample_prompts(k: dict) -> list[PromptLine]:
     """SAMPLE_PROMPTS, then the lines of SAMPLE_PROMPTS_FILE (kohya flags parsed)."""
@@ -55,6 +57,13 @@ def sampler_config(k: dict, depth: int) -> SamplerConfig:
     )
 
 
+def sampler_speed(k: dict) -> SamplerSpeed:
+    """The sampler's fast path; its steps graphed unless the run's CUDA_GRAPHS is off or its adapter
+    decides in Python per call (DyLoRA draws a rank each forward: a graph would replay one draw)."""
+    eager = k.get("CUDA_GRAPHS") == "off" or k.get("ALGO") in PYTHON_SIDE_ALGOS
+    return SamplerSpeed(cuda_graphs="off" if eager else "auto")
+
+
 @torch.no_grad()
 def draw_row(model, text_encoder, vae, k: dict, device, dtype) -> list[Image.Image]:
     was_training = model.training
@@ -69,8 +78,7 @@ def draw_row(model, text_encoder, vae, k: dict, device, dtype) -> list[Image.Ima
                 sampler_config(k, model.config.depth),
                 model.config.in_channels,
                 device,
-                # the sampler's fast path; CUDA_GRAPHS='off' keeps it eager too
-                speed=SamplerSpeed(cuda_graphs="off" if k.get("CUDA_GRAPHS") == "off" else "auto"),
+                speed=sampler_speed(k),
             )
     finally:
         model.train(was_training)
