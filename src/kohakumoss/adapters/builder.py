@@ -8,12 +8,17 @@ import lycoris
 from lycoris import LycorisNetwork, create_lycoris
 from torch import nn
 
+from kohakumoss.precision import Fp8Linear
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.log import get_logger
 
 from .algos import resolve_algo
+from .dropouts import KNOBS, resolve_bypass
 from .fast import route_through_ops
 from .spec import AdapterSpec
 from .targets import lycoris_preset, matched_modules, target_patterns
+
+log = get_logger(__name__)
 
 
 def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> LycorisNetwork:
@@ -26,6 +31,13 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
             "TARGET_PRESET", f"preset '{spec.preset}' {patterns} matches no nn.Linear of the model"
         )
     _check_bypass(spec, {**algo.fixed, **spec.algo_args})
+    forced = any(isinstance(model.get_submodule(n), Fp8Linear) for n in names)  # lycoris bypasses fp8 linears
+    values = {k: getattr(spec, k) for k in KNOBS}
+    bypass = resolve_bypass(spec.algo, spec.bypass, forced, values)
+    if bypass and not spec.bypass and not forced:
+        log.info(
+            f"{spec.algo}: dropout {values} acts only in lycoris's bypass forward; using it (BYPASS=True)"
+        )
     model.requires_grad_(False)
     # create_lycoris reads its targets from class attributes; set them for this call
     LycorisNetwork.apply_preset(lycoris_preset(patterns, globs))
@@ -34,7 +46,7 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
         "dropout": spec.dropout,
         "rank_dropout": spec.rank_dropout,
         "module_dropout": spec.module_dropout,
-        "bypass_mode": spec.bypass,
+        "bypass_mode": bypass,
         **algo.fixed,
         **spec.algo_args,
     }

@@ -1,0 +1,68 @@
+"""Which dropout knobs each lycoris forward applies: a dropout the chosen forward cannot apply switches
+the adapter to the bypass forward when that one applies it, and is refused by name otherwise.
+
+lycoris-lora 4.1.3 accepts every dropout for every algorithm but applies them only in some forwards:
+its merged-weight forward (BYPASS=False) rebuilds the weight and never sees the input, so plain DROPOUT
+(on the adapter's input) has nowhere to act there; several algorithms also skip rank or module dropout,
+and diag-OFT's bypass forward fails with dropout. Measured per algorithm and forward by
+tests/adapters/test_knobs.py, which fails when lycoris changes this.
+"""
+
+from __future__ import annotations
+
+from kohakumoss_common.errors import ConfigError
+
+KNOBS = ("dropout", "rank_dropout", "module_dropout")
+_ALL = frozenset(KNOBS)
+_RANK_MODULE = frozenset({"rank_dropout", "module_dropout"})
+_MODULE = frozenset({"module_dropout"})
+
+# algorithm -> (knobs the merged forward applies, knobs the bypass forward applies)
+APPLIED: dict[str, tuple[frozenset, frozenset]] = {
+    "lora": (_RANK_MODULE, _ALL),
+    "locon": (_RANK_MODULE, _ALL),
+    "loha": (_RANK_MODULE, _ALL),
+    "lokr": (_RANK_MODULE, frozenset({"dropout", "module_dropout"})),
+    "dora": (_RANK_MODULE, frozenset()),  # bypass refused for DoRA (builder._check_bypass)
+    "oft": (frozenset({"rank_dropout"}), frozenset()),
+    "diag-oft": (frozenset({"rank_dropout"}), frozenset()),
+    "boft": (frozenset(), frozenset()),
+    "glora": (_MODULE, _ALL),
+    "ia3": (_MODULE, _MODULE),
+    "dylora": (_ALL, frozenset()),  # bypass refused for DyLoRA
+    "tlora": (_MODULE, frozenset({"dropout", "module_dropout"})),
+}
+
+
+def resolve_bypass(algo: str, bypass: bool, forced: bool, values: dict[str, float]) -> bool:
+    """The forward to run (True: bypass) for these dropout `values`: BYPASS as asked when its forward
+    applies every non-zero one, the bypass forward when only it does (BYPASS=False asked), else a
+    ConfigError naming the first knob that would not act. `forced`: an fp8 base, always bypassed."""
+    asked = [k for k in KNOBS if values.get(k)]
+    merged, bypassed = APPLIED[algo]
+    chosen = bypass or forced
+    for candidate in (chosen, True):
+        if all(k in (bypassed if candidate else merged) for k in asked):
+            return candidate
+    applied = bypassed if chosen else merged
+    knob = next(k for k in asked if k not in applied)
+    options = [(b, f) for b, f in ((False, merged), (True, bypassed)) if knob in f and not (forced and not b)]
+    where = "; ".join(
+        f"BYPASS={b} applies it" + (f" but not {[k for k in asked if k not in f]}" if set(asked) - f else "")
+        for b, f in options
+    )
+    fallback = (
+        "only the merged-weight forward applies it, which an fp8 base never runs"
+        if forced and knob in merged
+        else "no forward of this algorithm applies it"
+    )
+    forward = (
+        ("bypass forward" + (" (forced by the fp8 base)" if forced else ""))
+        if chosen
+        else "merged-weight forward"
+    )
+    raise ConfigError(
+        knob.upper(),
+        f"lycoris's {forward} of ALGO='{algo}' does not apply {knob}={values[knob]} (it would train without it); "
+        f"{where or fallback}; set {knob.upper()}=0",
+    )

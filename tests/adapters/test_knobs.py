@@ -1,0 +1,106 @@
+"""Every dropout knob through every forward (merged weights, bypass, an fp8 base's forced bypass) of every
+algorithm: it changes the training forward's output, or the builder refuses it by name. The table in
+adapters/dropouts.py is checked both ways against lycoris itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kohakumoss.adapters.builder as builder
+from kohakumoss.adapters import build_adapter
+from kohakumoss.adapters.dropouts import APPLIED, KNOBS
+from kohakumoss.precision import quantize_frozen_linears
+from kohakumoss.precision.fp8_base import FP8_ALGOS
+from kohakumoss_common.errors import ConfigError
+
+from .helpers import flow_batch, forward, tiny_model
+
+ARGS = {"lokr": {"factor": 4}, "dylora": {"block_size": 4}}
+ALGOS = ["lora", "locon", "loha", "lokr", "dora", "oft", "boft", "glora", "ia3", "dylora", "tlora"]
+MODES = ["merged", "bypass", "fp8"]
+CASES = [
+    (algo, knob, mode)
+    for algo in ALGOS
+    for knob in KNOBS
+    for mode in MODES
+    if mode != "fp8" or algo in FP8_ALGOS
+]
+
+
+def _build(algo, knob, mode, value=0.5):
+    model = tiny_model()
+    if mode == "fp8":
+        model.requires_grad_(False)
+        quantize_frozen_linears(model, "fp8_weight")
+    net = build_adapter(
+        model,
+        algo,
+        rank=8,
+        alpha=4,
+        preset="attn",
+        bypass=mode == "bypass",
+        **{knob: value},
+        **ARGS.get(algo, {}),
+    )
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05)
+    return model, net
+
+
+def _acts(model, net) -> bool:
+    """Whether the training forward differs from the eval forward (the dropout drew something)."""
+    batch = flow_batch()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        net.train()
+        trained = forward(model, batch)
+        net.eval()
+        return not torch.allclose(trained, forward(model, batch))
+
+
+@pytest.fixture(autouse=True)
+def _no_gc(monkeypatch):
+    monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
+
+
+@pytest.mark.parametrize("algo,knob,mode", CASES, ids=["-".join(c) for c in CASES])
+def test_every_dropout_acts_or_is_refused_by_name(algo, knob, mode):
+    try:
+        model, net = _build(algo, knob, mode)
+    except ConfigError as e:
+        assert e.knob in (knob.upper(), "BYPASS"), e  # BYPASS: that forward is refused for the algorithm
+        assert str(e).startswith(e.knob)
+        return
+    assert _acts(model, net), f"{knob} accepted for {algo} ({mode}) but the output does not change"
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+def test_the_table_is_what_lycoris_does(monkeypatch, algo):
+    """With the check off, a knob the table says a forward skips really is skipped (or fails) there, so
+    the refusals refuse nothing lycoris would apply."""
+    monkeypatch.setattr(builder, "resolve_bypass", lambda a, bypass, forced, v: bypass or forced)
+    monkeypatch.setattr(builder, "_check_bypass", lambda *a: None)
+    for mode, applied in zip(("merged", "bypass"), APPLIED[algo]):
+        if mode == "bypass" and algo in ("dora", "dylora"):  # their bypass forward is refused outright
+            continue
+        for knob in KNOBS:
+            try:
+                model, net = _build(algo, knob, mode)
+                acts = _acts(model, net)
+            except Exception:  # lycoris fails with it there (diag-OFT's bypass dropout)
+                acts = False
+            assert acts == (knob in applied), (algo, mode, knob)
+
+
+def test_merged_forward_dropout_switches_to_the_bypass_forward():
+    model, net = _build("lora", "dropout", "merged")
+    assert all(m.bypass_mode for m in net.loras)
+    assert _acts(model, net)
+
+
+def test_zero_dropouts_keep_the_forward_asked():
+    model = tiny_model()
+    net = build_adapter(model, "lora", rank=4, preset="attn", bypass=False)
+    assert not any(m.bypass_mode for m in net.loras)
