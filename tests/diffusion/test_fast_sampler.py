@@ -155,3 +155,14 @@ def test_streamed_sampling_on_the_gpu_equals_resident():
     streamed_model, _ = _cuda_model(stream=True)
     streamed = sample(streamed_model, SamplerSpeed(), device=device)  # auto: graphs refused, eager
     assert_all_close(streamed, resident, 1e-6)
+
+
+def test_trainer_grids_take_the_fast_path_graphs_off_where_the_run_says():
+    from kohakumoss.train.samples import sampler_speed
+
+    assert sampler_speed({"CUDA_GRAPHS": "auto", "ALGO": "lora"}) == SamplerSpeed()
+    assert sampler_speed({"CUDA_GRAPHS": "off", "ALGO": "lora"}).cuda_graphs == "off"
+    assert (
+        sampler_speed({"CUDA_GRAPHS": "on", "ALGO": "dylora"}).cuda_graphs == "off"
+    )  # a rank drawn per call
+    assert sampler_speed({"CUDA_GRAPHS": "on", "ALGO": "lora"}).batch_cfg
