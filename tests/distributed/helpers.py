@@ -27,10 +27,10 @@ def items() -> list[PlannedItem]:
     ]
 
 
-def model(seed: int = 0) -> MossBackbone:
+def model(seed: int = 0, device: str | torch.device = "cpu") -> MossBackbone:
     torch.manual_seed(seed)
     m = MossBackbone(CFG, OpSet("eager", tune="off"))
-    return m.init_weights(std=0.05, generator=torch.Generator().manual_seed(seed))
+    return m.init_weights(std=0.05, generator=torch.Generator().manual_seed(seed)).to(device)
 
 
 def clean(seed: int = 1) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -41,17 +41,19 @@ def clean(seed: int = 1) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return x0, text
 
 
-def local_batch(picks: list[int]) -> DeviceBatch:
+def local_batch(picks: list[int], device: str | torch.device = "cpu") -> DeviceBatch:
     x0, text = clean()
-    seq = PackedSeq.build([TEXT[i] for i in picks], [GRIDS[i] for i in picks])
-    return DeviceBatch(torch.cat([x0[i] for i in picks]), torch.cat([text[i] for i in picks]), seq)
+    seq = PackedSeq.build([TEXT[i] for i in picks], [GRIDS[i] for i in picks], torch.device(device))
+    x0 = torch.cat([x0[i] for i in picks]).to(device)
+    return DeviceBatch(x0, torch.cat([text[i] for i in picks]).to(device), seq)
 
 
 def share_loss(forward, picks: list[int], world: int, reduction: str = "token", micro_step: int = 0):
     """This rank's weighted loss: summed over ranks / world, it is the whole step's loss."""
     step = items()
-    batch = local_batch(picks)
-    sigma, noise = step_noise(7, micro_step, step, picks, TCFG, torch.device("cpu"), torch.float32)
+    device = next(forward.parameters()).device
+    batch = local_batch(picks, device)
+    sigma, noise = step_noise(7, micro_step, step, picks, TCFG, device, torch.float32)
     loss = flow_loss(forward, batch, sigma, noise, torch.float32, "none", reduction)
     return loss * rank_weight(step, picks, world, reduction)
 
@@ -61,5 +63,5 @@ def grads(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     for n, p in module.named_parameters():
         if p.grad is not None:
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-            out[n.replace("module.", "").replace("backbone.", "")] = g.detach().clone()
+            out[n.replace("module.", "").replace("backbone.", "")] = g.detach().cpu().clone()
     return out

@@ -23,8 +23,10 @@ def steps_then(k: dict) -> int:
             if k["FAULT"] == "die":
                 os._exit(3)
             time.sleep(120)  # hung: never reaches the collective
-        t = torch.ones(1)
+        t = torch.ones(1, device=k["DEVICE"])
         dist.all_reduce(t)
+        if t.is_cuda:  # NCCL queues the collective: wait for it, as a training step's host read does
+            torch.cuda.synchronize()
         beat(world, step)
     return step
 

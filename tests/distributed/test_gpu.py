@@ -1,0 +1,51 @@
+"""The distributed engines on 2 GPUs (NCCL): the CPU tests' checks, on CUDA. Skipped with fewer GPUs."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from kohakumoss.distributed import DistributedError, run
+
+from . import test_engines as engines
+from . import test_faults as faults
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    return engines.launch_ranks(tmp_path_factory.mktemp("dcp-gpu"), "cuda")
+
+
+def test_two_nccl_ranks(ranks):
+    out, _, _ = ranks
+    assert (out["rank"], out["size"], out["backend"], out["device"]) == (0, 2, "nccl", "cuda:0")
+
+
+def test_ddp_on_two_gpus_equals_one_gpu(ranks):
+    engines.check_ddp(ranks[0], "cuda")
+
+
+def test_fsdp2_equals_ddp_on_two_gpus(ranks):
+    engines.check_fsdp(ranks[0])
+
+
+def test_sharded_checkpoint_across_world_sizes_on_gpus(ranks):
+    engines.check_dcp(*ranks, device="cuda")
+
+
+def test_a_dead_gpu_rank_stops_the_other(capsys):
+    k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cuda", "DIST_TIMEOUT": 20.0, "FAULT": "die"}
+    t0 = time.monotonic()
+    with pytest.raises(DistributedError, match=r"rank 1\b") as info:
+        run(k, faults.steps_then)
+    print(f"stopped after {time.monotonic() - t0:.1f} s: {info.value}")
+    assert time.monotonic() - t0 < 120
