@@ -22,7 +22,7 @@ from kohakumoss_common.io import iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.quant import QuantPlan, plan_quantization
 
-from . import text_layouts
+from . import text_layouts, text_quant
 from .identity import files_identity, module_identity
 from .streaming import cast, check_keys, expected_shapes, meta_leftovers, set_tensor
 from .text_config import (
@@ -155,6 +155,7 @@ class TextEncoder:
                 "combine": self.config.combine,
                 "max_length": self.config.max_length,
                 "dtype": str(self.dtype),
+                **({"quant": self.config.quant} if self.config.quant != "none" else {}),
             }
         )
 
@@ -230,6 +231,7 @@ def _model_config(path: Path, config: TextEncoderConfig, shapes: dict) -> Qwen3_
 
 
 def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel, Qwen3_5TextConfig]:
+    text_quant.check_device(config.quant, config.device)  # before any weight is read
     header, _ = read_header(path)
     quant = plan_quantization(path, header, rotations=True)  # ConvRot files are un-rotated as they stream
     keys = [k for k in header if k not in quant.dropped]
@@ -247,6 +249,9 @@ def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel
     model.rotary_emb = Qwen3_5TextRotaryEmbedding(config=model.config).to(config.device)
     if left := meta_leftovers(model):
         raise CheckpointError(path, f"nothing loaded these tensors: {left}")
+    if config.quant != "none":
+        n = text_quant.quantize_text_linears(model, config.quant, config.device)
+        log.info("text encoder: %d block linears stored as %s", n, config.quant)
     log.info(
         "text encoder loaded from %s (%s layout, %d of %d blocks)", path, layout, keep, full.num_hidden_layers
     )
@@ -268,6 +273,11 @@ def _stream(model: nn.Module, path: Path, names: dict[str, str], quant: QuantPla
     scales = quant.scales
     scale_values = dict(iter_tensors(path, keys=set(scales.values()))) if scales else {}
     for key, tensor in iter_tensors(path, keys=set(names)):
+        if key in scales and tensor.dtype == torch.int8 and text_quant.keep_stored_int8(
+            model, names[key], tensor, scale_values[scales[key]], quant.rotations.get(key, 0),
+            config.quant, config.device, config.torch_dtype,
+        ):  # fmt: skip
+            continue
         if key in scales:
             tensor = quant.dequantize(key, tensor, scale_values[scales[key]], config.torch_dtype)
         set_tensor(model, names[key], cast(tensor, config.torch_dtype, config.device))

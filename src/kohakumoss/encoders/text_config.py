@@ -22,6 +22,7 @@ from kohakumoss_common.errors import CheckpointError, ConfigError
 from .text_template import CHAT_TEMPLATE, MAX_TEXT_TOKENS, check_template
 
 COMBINE = ("mean", "concat")
+TEXT_QUANTS = ("none", "fp8", "fp8_weight", "int8", "int8_weight")  # text_quant.py's modes
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 QWEN35_9B: dict[str, Any] = {
@@ -70,6 +71,9 @@ class TextEncoderConfig:
     prune_unused_layers: do not load or run blocks after the deepest layer asked for.
     model_overrides: Qwen3.5 config fields set on top of the preset or inferred config (for a single
         file: what shapes cannot tell, e.g. `rope_parameters`, `rms_norm_eps`).
+    quant: the decoder blocks' linears: "none" (dtype), "fp8" / "int8" (stored and multiplied in 8 bits),
+        "fp8_weight" / "int8_weight" (stored in 8 bits, dequantized per call); an int8 file's (ConvRot
+        included) int8 bytes are kept as stored in the int8 modes (`text_quant.py`).
     """
 
     path: str
@@ -84,6 +88,7 @@ class TextEncoderConfig:
     layout: str = "auto"
     prune_unused_layers: bool = True
     model_overrides: dict[str, Any] | None = None
+    quant: str = "none"
 
     def __post_init__(self) -> None:
         self.layers = (self.layers,) if isinstance(self.layers, int) else tuple(self.layers)
@@ -102,6 +107,8 @@ class TextEncoderConfig:
             raise ConfigError("text_encoder.preset", f"{self.preset!r} is not one of {sorted(PRESETS)}")
         if self.layout not in ("auto", "hf", "comfy"):
             raise ConfigError("text_encoder.layout", f"{self.layout!r} is not auto, hf or comfy")
+        if self.quant not in TEXT_QUANTS:
+            raise ConfigError("text_encoder.quant", f"{self.quant!r} is not one of {TEXT_QUANTS}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -57,6 +57,48 @@ def _quantized_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     ]
 
 
+def check_device(knob: str, mode: str, device: torch.device | None) -> None:
+    """A ConfigError naming `knob` when `mode`'s GEMMs do not run on `device` (None: not checked)."""
+    if device is None or mode not in ("fp8", "int8"):
+        return
+    ok, need, fallback = (
+        (fp8.can_compute(device), "sm89+", "fp8 storage")
+        if mode == "fp8"
+        else (int8.can_compute(device), "sm80+", "int8 storage")
+    )
+    if ok:
+        return
+    cap = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else None
+    raise ConfigError(
+        knob,
+        f"'{mode}' computes with {mode} GEMMs, which need {need} (this card: sm{cap[0]}{cap[1]}); "
+        f"use '{mode}_weight' ({fallback}, GEMMs in the compute dtype)"
+        if cap
+        else f"'{mode}' needs a CUDA card of {need} or the CPU, not {device}",
+    )
+
+
+def to_fp8(lin: nn.Linear, compute: bool) -> None:
+    """Turn frozen `lin` into an Fp8Linear in place (e4m3 rows, one float32 scale each)."""
+    source = lin.weight.dtype
+    data, scale = fp8.quantize_weight(lin.weight)
+    lin.weight = nn.Parameter(data, requires_grad=False)
+    lin.register_buffer("weight_scale", scale)
+    # fp8 GEMMs take widths in multiples of 16; another linear keeps the storage, dequantized per call
+    gemm_ok = lin.in_features % 16 == 0 and lin.out_features % 16 == 0
+    lin.fp8_compute, lin.source_dtype = compute and gemm_ok, source
+    lin.__class__ = Fp8Linear
+
+
+def quantize_linear(lin: nn.Linear, mode: str, stored=None, ops=None) -> None:
+    """Store frozen nn.Linear `lin` per `mode` (fp8, fp8_weight, int8, int8_weight) in place; `stored`:
+    an int8 file's (data, scale, ConvRot group) for it, kept as is in an int8 mode."""
+    if mode.startswith("int8"):
+        to_int8(lin, mode == "int8", stored, ops)
+    else:
+        to_fp8(lin, mode == "fp8")
+
+
 def quantize_frozen_linears(
     model: nn.Module, mode: str, device: torch.device | None = None, source=None
 ) -> int:
@@ -68,45 +110,8 @@ def quantize_frozen_linears(
         raise ConfigError("BASE_PRECISION", f"'{mode}' is not one of {BASE_PRECISIONS}")
     if mode == "same":
         return 0
-    if mode.startswith("int8"):
-        return _quantize_int8(model, mode, device, source)
-    if mode == "fp8" and device is not None and not fp8.can_compute(device):
-        cap = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else None
-        raise ConfigError(
-            "BASE_PRECISION",
-            f"'fp8' computes in float8, which needs sm89+ (this card: sm{cap[0]}{cap[1]}); "
-            "use 'fp8_weight' (fp8 storage, GEMMs in the compute dtype)"
-            if cap
-            else f"'fp8' needs a CUDA card of sm89+ or the CPU, not {device}",
-        )
-    linears = [lin for _, lin in _quantized_linears(model)]
-    for lin in linears:
-        if lin.weight.requires_grad:
-            raise ConfigError(
-                "BASE_PRECISION", f"'{mode}' is for a frozen base (adapter training); the weights train here"
-            )
-        source = lin.weight.dtype
-        data, scale = fp8.quantize_weight(lin.weight)
-        lin.weight = nn.Parameter(data, requires_grad=False)
-        lin.register_buffer("weight_scale", scale)
-        # fp8 GEMMs take widths in multiples of 16; another linear keeps the storage, dequantized per call
-        gemm_ok = lin.in_features % 16 == 0 and lin.out_features % 16 == 0
-        lin.fp8_compute, lin.source_dtype = mode == "fp8" and gemm_ok, source
-        lin.__class__ = Fp8Linear
-    return len(linears)
-
-
-def _quantize_int8(model: nn.Module, mode: str, device, source) -> int:
-    if mode == "int8" and device is not None and not int8.can_compute(device):
-        cap = torch.cuda.get_device_capability(device) if torch.device(device).type == "cuda" else None
-        raise ConfigError(
-            "BASE_PRECISION",
-            f"'int8' computes with int8 GEMMs, which need sm80+ (this card: sm{cap[0]}{cap[1]}); "
-            "use 'int8_weight' (int8 storage, GEMMs in the compute dtype)"
-            if cap
-            else f"'int8' needs a CUDA card of sm80+ or the CPU, not {device}",
-        )
-    stored = stored_int8_weights(source) if source is not None else {}
+    check_device("BASE_PRECISION", mode, device)
+    stored = stored_int8_weights(source) if source is not None and mode.startswith("int8") else {}
     linears = _quantized_linears(model)
     ops = getattr(model, "ops", None)
     for name, lin in linears:
@@ -114,7 +119,7 @@ def _quantize_int8(model: nn.Module, mode: str, device, source) -> int:
             raise ConfigError(
                 "BASE_PRECISION", f"'{mode}' is for a frozen base (adapter training); the weights train here"
             )
-        to_int8(lin, mode == "int8", stored.get(f"{name}.weight"), ops)
+        quantize_linear(lin, mode, stored.get(f"{name}.weight"), ops)
     return len(linears)
 
 

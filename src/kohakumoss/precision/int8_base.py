@@ -60,11 +60,14 @@ def to_int8(
     compute: bool,
     stored: tuple[torch.Tensor, torch.Tensor, int] | None = None,
     ops: OpSet | None = None,
+    device: torch.device | str | None = None,
+    source_dtype: torch.dtype | None = None,
 ) -> None:
     """Turn frozen `lin` into an Int8Linear in place: its weight quantized per row, or `stored`
-    (int8 data [O, I], scale [O], ConvRot group) taken as is."""
-    source = lin.weight.dtype
-    device = lin.weight.device
+    (int8 data [O, I], scale [O], ConvRot group) taken as is. device / source_dtype: where the bytes go
+    and the compute dtype, for a linear still on the meta device (a streamed load); else its weight's."""
+    source = source_dtype or lin.weight.dtype
+    device = device if device is not None else lin.weight.device
     if stored is None:
         data, scale = int8.quantize_weight(lin.weight)
         group = 0

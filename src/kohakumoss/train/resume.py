@@ -45,6 +45,11 @@ RESUME_FIXED = (
     "STATIC_SHIFT",
     "LOSS_WEIGHTING",
     "LOSS_REDUCTION",
+    "MODE_SCALE",
+    "MIN_SNR_GAMMA",
+    "LOSS_TYPE",
+    "HUBER_C",
+    "OPTIMIZER",  # another optimizer's state does not load
 )
 # compared too, but RESUME_ALLOW_CHANGES may let them through: the weights, optimizer state and data
 # position stay valid (optimisation and schedule settings, regularisers, the same files moved)
@@ -59,6 +64,7 @@ RESUME_SAFE = (
     "LR",
     "MUON_LR",
     "WEIGHT_DECAY",
+    "OPTIMIZER_ARGS",
     "LR_SCHEDULE",
     "LR_WARMUP_STEPS",
     "LR_MIN_RATIO",

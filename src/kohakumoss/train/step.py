@@ -107,10 +107,14 @@ def flow_loss(
     dtype: torch.dtype,
     weighting: str = "none",
     reduction: str = "token",
+    **loss_options,
 ) -> torch.Tensor:
-    """Forward the backbone on the noised batch (autocast to `dtype`) and return the flow-matching loss."""
+    """Forward the backbone on the noised batch (autocast to `dtype`) and return the flow-matching loss
+    (`loss_options`: flow_matching_loss's loss_type, huber_c, min_snr_gamma)."""
     target = make_flow_target(batch.x0, sigma, batch.seq.img_token_sample, noise)
     device_type = batch.x0.device.type
     with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
         pred = model(target.x_t, batch.text, sigma, batch.seq)
-    return flow_matching_loss(pred, target.target, sigma, batch.seq.img_token_sample, weighting, reduction)
+    return flow_matching_loss(
+        pred, target.target, sigma, batch.seq.img_token_sample, weighting, reduction, **loss_options
+    )
