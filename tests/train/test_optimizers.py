@@ -308,3 +308,21 @@ def test_adamw8bit_resume_is_bit_exact(tmp_path, device):
     for (k, a), b in zip(model.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), k
     assert losses[-1] < losses[0]
+
+
+def test_adapter_metadata_names_the_optimizer_used(tmp_path):
+    from kohakumoss.export.metadata import run_metadata
+
+    k = {
+        "RUN_NAME": "r",
+        "RUNS_DIR": str(tmp_path),
+        "RANK": 4,
+        "ALPHA": 4.0,
+        "STEPS": 10,
+        "WEIGHT_DECAY": 0.01,
+    }
+    assert run_metadata(k, 1)["ss_optimizer"] == "torch.optim.AdamW(weight_decay=0.01)"
+    k.update(OPTIMIZER="prodigy", OPTIMIZER_ARGS={"d_coef": 0.5})
+    assert run_metadata(k, 1)["ss_optimizer"] == "prodigyopt.Prodigy(weight_decay=0.01,d_coef=0.5)"
+    k.update(OPTIMIZER="torch.optim.SGD", OPTIMIZER_ARGS={})
+    assert run_metadata(k, 1)["ss_optimizer"] == "torch.optim.SGD(weight_decay=0.01)"

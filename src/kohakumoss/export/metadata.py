@@ -70,6 +70,8 @@ def _datasets(value: Any) -> list:
 def run_metadata(k: dict[str, Any], step: int, folder: Path | None = None) -> dict[str, str]:
     """ss_* and modelspec.* of a run's adapter at `step` (knobs `k`; `folder`: the run folder, for its
     start time and last sample grid)."""
+    from kohakumoss.train.optim import optimizer_label  # here: kohakumoss.train imports the exporters
+
     folder = run_dir(k) if folder is None else folder
     side = int(math.isqrt(int(k.get("AREA", 1024 * 1024))))
     algo = str(k.get("ALGO", "lora"))
@@ -94,7 +96,9 @@ def run_metadata(k: dict[str, Any], step: int, folder: Path | None = None) -> di
         "ss_unet_lr": str(k.get("LR")),
         "ss_lr_scheduler": str(k.get("LR_SCHEDULE")),
         "ss_lr_warmup_steps": str(k.get("LR_WARMUP_STEPS", 0)),
-        "ss_optimizer": f"torch.optim.AdamW(weight_decay={k.get('WEIGHT_DECAY', 0.0)})",
+        "ss_optimizer": optimizer_label(
+            k.get("OPTIMIZER", "adamw"), k.get("OPTIMIZER_ARGS"), k.get("WEIGHT_DECAY", 0.0)
+        ),
         "ss_gradient_accumulation_steps": str(k.get("GRAD_ACCUM", 1)),
         "ss_max_grad_norm": str(k.get("GRAD_CLIP")),
         "ss_seed": str(k.get("SEED")),

@@ -53,6 +53,17 @@ def _where(name: str) -> tuple[str, str, str | None]:
     return module, cls, module.split(".")[0]
 
 
+def optimizer_label(name: str, args: dict | None = None, weight_decay: float = 0.0) -> str:
+    """kohya's `ss_optimizer` form, `module.Class(key=value, ...)`, without importing the package."""
+    try:
+        module, cls, _ = _where(name)
+    except ConfigError:
+        module, cls = "", name
+    kwargs = {"weight_decay": weight_decay, **(args or {})}
+    inner = ",".join(f"{k}={v}" for k, v in kwargs.items())
+    return f"{module + '.' if module else ''}{cls}({inner})"
+
+
 def optimizer_problem(name: str) -> str | None:
     """Why OPTIMIZER `name` cannot be built here (unknown, or its package is not installed), or None."""
     try:
