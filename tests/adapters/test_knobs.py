@@ -18,21 +18,21 @@ from .helpers import flow_batch, forward, tiny_model
 
 ARGS = {"lokr": {"factor": 4}, "dylora": {"block_size": 4}}
 ALGOS = ["lora", "locon", "loha", "lokr", "dora", "oft", "boft", "glora", "ia3", "dylora", "tlora"]
-MODES = ["merged", "bypass", "fp8"]
+MODES = ["merged", "bypass", "fp8", "int8"]  # the quantized bases run lycoris's bypass forward
 CASES = [
     (algo, knob, mode)
     for algo in ALGOS
     for knob in KNOBS
     for mode in MODES
-    if mode != "fp8" or algo in FP8_ALGOS
+    if mode in ("merged", "bypass") or algo in FP8_ALGOS
 ]
 
 
 def _build(algo, knob, mode, value=0.5):
     model = tiny_model()
-    if mode == "fp8":
+    if mode in ("fp8", "int8"):
         model.requires_grad_(False)
-        quantize_frozen_linears(model, "fp8_weight")
+        quantize_frozen_linears(model, f"{mode}_weight")
     net = build_adapter(
         model,
         algo,
@@ -98,6 +98,22 @@ def test_merged_forward_dropout_switches_to_the_bypass_forward():
     model, net = _build("lora", "dropout", "merged")
     assert all(m.bypass_mode for m in net.loras)
     assert _acts(model, net)
+
+
+def test_an_int8_base_runs_the_bypass_forward_whatever_bypass_says():
+    """lycoris would run its merged-weight forward on an Int8Linear's raw int8 values with BYPASS=False."""
+    outs = []
+    for bypass in (False, True):
+        model = tiny_model()
+        model.requires_grad_(False)
+        quantize_frozen_linears(model, "int8_weight")
+        net = build_adapter(model, "lora", rank=4, preset="attn", bypass=bypass)
+        assert all(m.bypass_mode for m in net.loras)
+        with torch.no_grad():
+            for p in net.parameters():
+                p.add_(0.01)
+            outs.append(forward(model, flow_batch()))
+    torch.testing.assert_close(outs[0], outs[1], rtol=0, atol=0)
 
 
 def test_zero_dropouts_keep_the_forward_asked():

@@ -40,7 +40,10 @@ ALGOS = [
     ("dylora", {"block_size": 4}),
     ("tlora", {}),
 ]
-FP8_CASES = [(a, args) for a, args in ALGOS if a in FP8_ALGOS]
+FP8_CASES = [(a, args) for a, args in ALGOS if a in FP8_ALGOS] + [
+    ("lokr-dora", {"factor": 4, "dora_wd": True})
+]
+BASES = ["fp8_weight", "int8_weight"]  # the quantized bases adapters train beside
 
 
 def _perturb(net, seed=0, std=0.02):
@@ -50,12 +53,12 @@ def _perturb(net, seed=0, std=0.02):
             p.add_(torch.randn(p.shape, generator=g) * std)
 
 
-def _adapted(algo, args, fp8=False, preset="full"):
+def _adapted(algo, args, base="same", preset="full"):
     model = tiny_model()
-    if fp8:
+    if base != "same":
         model.requires_grad_(False)
-        quantize_frozen_linears(model, "fp8_weight")
-    net = build_adapter(model, algo, rank=8, alpha=4, preset=preset, **args)
+        quantize_frozen_linears(model, base)
+    net = build_adapter(model, algo.split("-")[0], rank=8, alpha=4, preset=preset, **args)
     _perturb(net)
     return model, net
 
@@ -75,11 +78,12 @@ def test_every_export_of_every_algorithm_verifies(monkeypatch, tmp_path, caplog,
         assert n == total and int(n) > 0 and "0 unused" in line and "merged weights of" in line, line
 
 
+@pytest.mark.parametrize("base", BASES)
 @pytest.mark.parametrize("algo,args", FP8_CASES, ids=[a for a, _ in FP8_CASES])
-def test_fp8_base_exports_match_a_float64_reference(tmp_path, algo, args):
-    """Train-time fp8 base: each written format, read as its consumer reads it, equals the float64 merge
-    of the adapter onto the dequantized base (LoKr's fused qkv included: it once wrote a wrong diff)."""
-    model, net = _adapted(algo, args, fp8=True, preset="attn-mlp")
+def test_quantized_base_exports_match_a_float64_reference(tmp_path, algo, args, base):
+    """Train-time fp8 / int8 base: each written format, read as its consumer reads it, equals the float64
+    merge of the adapter onto the dequantized base (LoKr's fused qkv included: it once wrote a wrong diff)."""
+    model, net = _adapted(algo, args, base, preset="attn-mlp")
     written = export_all(model, net, tmp_path, "run", save_merged_model=True, save_diffusers=True)
     base = dense_state_dict(model)
     ref_model = tiny_model().double()

@@ -37,7 +37,7 @@ APPLIED: dict[str, tuple[frozenset, frozenset]] = {
 def resolve_bypass(algo: str, bypass: bool, forced: bool, values: dict[str, float]) -> bool:
     """The forward to run (True: bypass) for these dropout `values`: BYPASS as asked when its forward
     applies every non-zero one, the bypass forward when only it does (BYPASS=False asked), else a
-    ConfigError naming the first knob that would not act. `forced`: an fp8 base, always bypassed."""
+    ConfigError naming the first knob that would not act. `forced`: a quantized (fp8 / int8) base, always bypassed."""
     asked = [k for k in KNOBS if values.get(k)]
     merged, bypassed = APPLIED[algo]
     chosen = bypass or forced
@@ -52,12 +52,12 @@ def resolve_bypass(algo: str, bypass: bool, forced: bool, values: dict[str, floa
         for b, f in options
     )
     fallback = (
-        "only the merged-weight forward applies it, which an fp8 base never runs"
+        "only the merged-weight forward applies it, which a quantized base never runs"
         if forced and knob in merged
         else "no forward of this algorithm applies it"
     )
     forward = (
-        ("bypass forward" + (" (forced by the fp8 base)" if forced else ""))
+        ("bypass forward" + (" (forced by the quantized base)" if forced else ""))
         if chosen
         else "merged-weight forward"
     )

@@ -9,9 +9,10 @@ lycoris-lora 4.1.3's LoHa and LoKr apply alpha / rank twice in `get_diff_weight`
 is rebuilt from `get_weight` exactly as their forward does. Every other algorithm uses
 `get_merged_weight`.
 
-On an fp8 base (`precision.Fp8Linear`) lycoris refuses to merge into the stored weight; the merge then
-runs on a dense float32 copy of it (dequantized: e4m3 data times its row scale), and the merged weight
-comes back in the dtype the linear computes in (`base_dtype`), never in fp8.
+On a quantized base (`precision.Fp8Linear`, `Int8Linear`) lycoris cannot merge into the stored weight;
+the merge then runs on a dense float32 copy of it (dequantized: data times its row scale, an int8 ConvRot
+weight rotated back), and the merged weight comes back in the dtype the linear computes in (`base_dtype`),
+never quantized.
 """
 
 from __future__ import annotations
@@ -22,32 +23,36 @@ from lycoris.modules.loha import LohaModule
 from lycoris.modules.lokr import LokrModule
 from torch import nn
 
-from kohakumoss.precision import Fp8Linear, base_dtype
+from kohakumoss.precision import Fp8Linear, Int8Linear, base_dtype
 from kohakumoss_common.errors import ConfigError
 
 from .io import AdapterSource, load_adapter
 
+QUANTIZED = (Fp8Linear, Int8Linear)
+
 
 def dense_weight(module: nn.Module) -> torch.Tensor:
-    """A linear's weight as a float32 tensor: an fp8 one dequantized (data * row scale)."""
+    """A linear's weight as a float32 tensor: an fp8 / int8 one dequantized."""
+    if isinstance(module, Int8Linear):
+        return module.int8_weight().dequant(torch.float32)
     if isinstance(module, Fp8Linear):
         return module.weight.float() * module.weight_scale.float().reshape(-1, 1)
     return module.weight.detach().float()
 
 
 def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with every fp8 linear's weight dense (in the dtype it computes in) and its
-    `weight_scale` dropped: what a merged export writes."""
+    """The model's state dict with every quantized linear's weight dense (in the dtype it computes in)
+    and its `weight_scale` dropped: what a merged export writes."""
     state = {k: v.detach() for k, v in model.state_dict().items()}
     for name, module in model.named_modules():
-        if isinstance(module, Fp8Linear):
+        if isinstance(module, QUANTIZED):
             state[f"{name}.weight"] = dense_weight(module).to(base_dtype(module))
             state.pop(f"{name}.weight_scale", None)
     return state
 
 
 def _dense_twin(module: nn.Module) -> nn.Linear:
-    """A float32 nn.Linear with an fp8 linear's dequantized weight and its bias (for lycoris's merge)."""
+    """A float32 nn.Linear with a quantized linear's dequantized weight and its bias (for lycoris's merge)."""
     twin = nn.Linear(module.in_features, module.out_features, bias=module.bias is not None)
     twin.to(module.weight.device)
     twin.weight.data = dense_weight(module)
@@ -58,7 +63,7 @@ def _dense_twin(module: nn.Module) -> nn.Linear:
 
 def _merged(lora: LycorisBaseModule, multiplier: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     org = lora.org_module[0]
-    if isinstance(org, Fp8Linear):
+    if isinstance(org, QUANTIZED):
         lora.org_module[0] = _dense_twin(org)
         try:
             return _merged(lora, multiplier)
@@ -127,10 +132,10 @@ def merged_state_dict(
 @torch.no_grad()
 def merge_into(model: nn.Module, source: AdapterSource, multiplier: float = 1.0) -> nn.Module:
     """Write the merged weights into `model` (which must not carry the live network's forward)."""
-    if any(isinstance(m, Fp8Linear) for m in model.modules()):
+    if any(isinstance(m, QUANTIZED) for m in model.modules()):
         raise ConfigError(
             "BASE_PRECISION",
-            "merging into an fp8 base's stored weights would round the merge to fp8; "
+            "merging into a quantized base's stored weights would round the merge to fp8 / int8; "
             "write the merged weights out (merged_state_dict) or load the base with 'same'",
         )
     params = dict(model.named_parameters())
