@@ -61,8 +61,9 @@ def run(k: dict) -> None:
         read_prompts,
         sample_images,
         sampler_config,
+        sampler_speed,
     )
-    from kohakumoss.diffusion.sampler import SamplerSpeed, use_graphs
+    from kohakumoss.diffusion.sampler import use_graphs
     from kohakumoss.encoders.text import load_prompt_tokenizer
     from kohakumoss.memory.engines.encoders import place_encoder
     from kohakumoss.memory.inference import inference_plan
@@ -96,7 +97,8 @@ def run(k: dict) -> None:
     quantize_frozen_linears(model, k["BASE_PRECISION"], device)  # LyCORIS files then wrap it in bypass
     networks = attach_adapters(k, model)
     install_memory_plan(plan, model, device)
-    if use_graphs(SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"]), model, device):
+    speed = sampler_speed(k, networks)
+    if use_graphs(speed, model, device):
         model.ops.set_timing("device")  # graphed steps: kernels chosen by device time, as the graphed trainer
     for network in networks:
         network.to(device)
@@ -105,7 +107,7 @@ def run(k: dict) -> None:
     vae = build_vae(k, device if plan.vae == "resident" else host, compute=device)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
-    for path in sample_images(k, model, text_encoder, vae, device, dtype):
+    for path in sample_images(k, model, text_encoder, vae, device, dtype, speed):
         print(path)
 
 

@@ -166,3 +166,15 @@ def test_trainer_grids_take_the_fast_path_graphs_off_where_the_run_says():
         sampler_speed({"CUDA_GRAPHS": "on", "ALGO": "dylora"}).cuda_graphs == "off"
     )  # a rank drawn per call
     assert sampler_speed({"CUDA_GRAPHS": "on", "ALGO": "lora"}).batch_cfg
+
+
+def test_sample_script_graphs_off_with_a_dylora_adapter_and_on_refused():
+    from kohakumoss.adapters import build_adapter
+    from kohakumoss.diffusion.sample_run import sampler_speed
+
+    lora = build_adapter(random_model(CFG), algo="lora", rank=4, alpha=4.0)
+    dylora = build_adapter(random_model(CFG), algo="dylora", rank=4, alpha=4.0)
+    assert sampler_speed({"CUDA_GRAPHS": "on"}, [lora]).cuda_graphs == "on"
+    assert sampler_speed({"CUDA_GRAPHS": "auto"}, [dylora]).cuda_graphs == "off"
+    with pytest.raises(ConfigError, match="CUDA_GRAPHS.*DyLoRA"):
+        sampler_speed({"CUDA_GRAPHS": "on"}, [dylora])

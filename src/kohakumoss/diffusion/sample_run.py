@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +110,36 @@ def sampler_config(k: dict[str, Any], depth: int | None = None) -> SamplerConfig
     return config
 
 
+def sampler_speed(k: dict[str, Any], networks: Sequence = ()) -> SamplerSpeed:
+    """CUDA_GRAPHS, off where an adapter draws its rank per call (DyLoRA: a graph would replay one draw)."""
+    from lycoris.modules.dylora import DyLoraModule
+
+    if any(isinstance(m, DyLoraModule) for n in networks for m in n.modules()):
+        if k["CUDA_GRAPHS"] == "on":
+            raise ConfigError(
+                "CUDA_GRAPHS", "'on' with a DyLoRA adapter, which draws its rank per call: use auto or off"
+            )
+        return SamplerSpeed(cuda_graphs="off")
+    return SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"])
+
+
 def sample_images(
-    k: dict[str, Any], model, text_encoder, vae, device: torch.device, dtype: torch.dtype
+    k: dict[str, Any],
+    model,
+    text_encoder,
+    vae,
+    device: torch.device,
+    dtype: torch.dtype,
+    speed: SamplerSpeed | None = None,
 ) -> list[Path]:
-    """Sample every request of the knobs with `model` as it is (adapters attached by the caller)."""
+    """Sample every request of the knobs with `model` as it is (adapters attached by the caller);
+    `speed` None: `sampler_speed(k)`."""
     from kohakumoss.train.samples import grid
 
     adapters = adapter_entries(k)
     requests = requests_for(k, read_prompts(k))
     config = sampler_config(k, model.config.depth)
-    speed = SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"])
+    speed = speed if speed is not None else sampler_speed(k)
     out = Path(k["OUT_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     paths, images = [], []
