@@ -12,7 +12,7 @@ from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
-from kohakumoss.memory.estimate import file_bytes
+from kohakumoss.memory.estimate import estimate_peak, file_bytes
 from kohakumoss.memory.install import MemoryEngines, install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
@@ -65,7 +65,14 @@ def build_plan(k: dict[str, Any], device: torch.device) -> tuple[MemoryPlan, str
     card = card_memory_gb(k, device) if device.type != "cpu" else None
     te = file_bytes(k["TEXT_ENCODER"]) if k["TEXT_ENCODER"] not in ("", "synthetic") else 0
     vae = file_bytes(k["VAE"]) if k["VAE"] not in ("", "synthetic") else 0
-    return resolve_plan(k, model_config(k), card, k["ALGO"] == "full", text_encoder_bytes=te, vae_bytes=vae)
+    cfg = model_config(k)
+    plan, why = resolve_plan(k, cfg, card, k["ALGO"] == "full", text_encoder_bytes=te, vae_bytes=vae)
+    try:  # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
+        peak = estimate_peak(k, cfg, None, te, vae, plan=plan).total / 2**30
+        why += f"; predicted peak {peak:.1f} GiB"
+    except Exception as e:  # a plan stands without its estimate
+        log.debug(f"no memory estimate for this plan ({type(e).__name__}: {e})")
+    return plan, why
 
 
 def build_backbone(

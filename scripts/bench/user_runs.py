@@ -1,0 +1,233 @@
+"""The trainer as a user starts it (`kogine run scripts/train/moss.py`), over a matrix of cards and runs.
+
+    python scripts/bench/user_runs.py --rows whole/lora/2,card24/lora/2,card24/lora/4 --bench $OUT/train_step.json
+    python scripts/bench/user_runs.py --rows default --out $OUT/user_runs.json
+    python scripts/bench/user_runs.py --preset tiny --device cpu --rows cpu      # CPU smoke (CI)
+
+A row is CARD/ADAPTER/IMAGES[/online][/fp8]:
+- CARD `whole` (the GPU as it is) or `cardN` (CARD_GB=N: MEMORY_PROFILE 'auto' plans for an N GiB card and
+  the process is capped to N GiB, so a smaller card is emulated honestly);
+- ADAPTER `lora` (r32, every DiT linear, bypass: the benchmark's row), `lokr` or `full`;
+- IMAGES per step at 1 MP (TOKENS_PER_STEP = IMAGES x (4096 + 256));
+- `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of caches written on
+  the first pass; `fp8`: BASE_PRECISION=fp8.
+Each row runs in its own process from an EMPTY kernel tuning cache (a fresh machine), random weights of
+the preset, TEXT_ENCODER / VAE 'synthetic' (the real encoders' architectures are not built here), a
+kohya folder of synthetic images. Per row: completed, steps, median tokens/s of the steps after the
+warm-up (the trainer's own metrics.jsonl), the step peak (its peak_mem_gib) against the cap, the
+plan's predicted peak (log.txt), the first step's cost, and the ratio to the train_step.py row of the
+same plan when --bench gives that benchmark's JSON (run in the same device call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUPS = {
+    "default": "whole/lora/2,card48/lora/2,card24/lora/1,card24/lora/2,card24/lora/4,card16/lora/2,"
+    "card12/lora/2,card8/lora/1,card6/lora/1,card24/lora/2/fp8,card24/lora/2/online,whole/lokr/2,"
+    "whole/full/2,card80/full/2,card24/full/1",
+    "cpu": "whole/lora/1,whole/lokr/2",
+}
+TEXT_TOKENS = 256  # MAX_TEXT_TOKENS budgeted per image
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    card_gb: float  # 0: the whole card
+    adapter: str
+    images: int
+    online: bool
+    fp8: bool
+
+
+def parse_row(name: str) -> Row:
+    parts = name.split("/")
+    if len(parts) < 3 or parts[1] not in ("lora", "lokr", "full") or not parts[2].isdigit():
+        raise SystemExit(f"row '{name}': CARD/ADAPTER/IMAGES[/online][/fp8], e.g. card24/lora/2")
+    card = parts[0]
+    if card != "whole" and not re.fullmatch(r"card\d+(\.\d+)?", card):
+        raise SystemExit(f"row '{name}': the card is 'whole' or cardN (GiB)")
+    extra = set(parts[3:])
+    if extra - {"online", "fp8"}:
+        raise SystemExit(f"row '{name}': unknown parts {sorted(extra - {'online', 'fp8'})}")
+    return Row(name, 0.0 if card == "whole" else float(card[4:]), parts[1], int(parts[2]),
+               "online" in extra, "fp8" in extra)  # fmt: skip
+
+
+def knobs(a, row: Row, work: Path) -> dict:
+    side = a.size // 16
+    k = {
+        "MODEL_PRESET": a.preset,
+        "DEVICE": a.device,
+        "TEXT_ENCODER": "synthetic",
+        "VAE": "synthetic",
+        "DATASET": {"kind": "kohya", "path": str(work / "data")},
+        "AREA": a.size * a.size,
+        "MAX_TEXT_TOKENS": a.text_tokens,
+        "TOKENS_PER_STEP": row.images * (side * side + a.text_tokens),
+        "STEPS": a.steps,
+        "RUNS_DIR": str(work / "runs"),
+        "RUN_NAME": row.name.replace("/", "-"),
+        "CACHE_DIR": str(work / "cache"),
+        "WORKERS": 4,
+        "SAVE_EVERY": 0,
+        "SAMPLE_EVERY": 0,
+        "LOG_EVERY": 1,
+        "LR": 1e-4,
+        "SEED": 0,
+        "CARD_GB": row.card_gb,
+        "ALGO": row.adapter,
+    }
+    if row.adapter != "full":  # the benchmark's adapter: every DiT linear, bypass forward
+        k.update(RANK=a.rank, ALPHA=float(a.rank), TARGET_PRESET="full", BYPASS=True)
+    if row.online:
+        k.update(VAE_ENCODE="online", TEXT_ENCODE="online")
+    if row.fp8:
+        k["BASE_PRECISION"] = "fp8"
+    if a.device == "cpu":
+        k.update(PRECISION="fp32", MIN_SIDE=32)
+    return k
+
+
+def kogine_argv(k: dict) -> list[str]:
+    argv = [sys.executable, "-m", "kohakuengine.cli", "run", str(ROOT / "scripts" / "train" / "moss.py")]
+    for name, value in k.items():
+        argv += [
+            "--set",
+            f"{name}={value if isinstance(value, str) else repr(value)}",
+        ]  # kogine: bare strings
+    return argv
+
+
+def read_run(run: Path, warmup: int) -> dict:
+    """What the trainer wrote: its metrics after the warm-up, its plan and predicted peak, first-step cost."""
+    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
+    metrics = [json.loads(line) for line in lines if line.strip()]
+    late = [m for m in metrics if m["step"] > warmup] or metrics
+    log = (run / "log.txt").read_text() if (run / "log.txt").exists() else ""
+    out: dict = {"steps": metrics[-1]["step"] if metrics else 0}
+    if late:
+        out["tokens_per_s"] = statistics.median(m["tokens_per_s"] for m in late)
+        out["step_s"] = statistics.median(m["step_s"] for m in late)
+    if metrics:
+        out["peak_gib"] = max(m["peak_mem_gib"] for m in metrics)
+        out["first_step_s"] = metrics[0]["step_s"]
+    plan = re.search(r"memory plan: (.*)", log)
+    out["plan"] = plan.group(1) if plan else None
+    predicted = re.search(r"predicted peak ([\d.]+) GiB", log)
+    out["predicted_gib"] = float(predicted.group(1)) if predicted else None
+    prewarm = re.search(r"kernel prewarm: timed (\d+) new shape keys in (\d+) s", log)
+    out["prewarm"] = f"{prewarm.group(1)} keys, {prewarm.group(2)} s" if prewarm else None
+    stopped = re.search(r"stopped(?: by [A-Za-z]+)?: (.*)", log)
+    out["stopped"] = stopped.group(1)[:200] if stopped else None
+    return out
+
+
+def run_row(a, row: Row, work: Path) -> dict:
+    cache = work / "tuning-cache" / row.name.replace("/", "-")  # empty: a fresh machine
+    env = {**os.environ, "KOHAKUMOSS_CACHE": str(cache)}
+    t0 = time.perf_counter()
+    log_path = work / f"{row.name.replace('/', '-')}.log"
+    with open(log_path, "w") as f:
+        try:
+            rc = subprocess.run(kogine_argv(knobs(a, row, work)), env=env, stdout=f, stderr=subprocess.STDOUT,
+                                timeout=a.row_timeout, cwd=ROOT).returncode  # fmt: skip
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    result = {"row": row.name, "rc": rc, "wall_s": time.perf_counter() - t0, "cap_gib": row.card_gb or None}
+    result.update(read_run(work / "runs" / row.name.replace("/", "-"), a.warmup))
+    result["completed"] = rc == 0 and result["steps"] == a.steps
+    if not result["completed"] and not result.get("stopped"):
+        tail = log_path.read_text().strip().splitlines()[-1:] if log_path.exists() else []
+        result["stopped"] = f"exit {rc}: {tail[0][:200] if tail else ''}"
+    return result
+
+
+def bench_ratio(result: dict, bench: dict | None) -> float | None:
+    """The trainer's tokens/s over the benchmark row of the same plan (whole-card LoRA rows: lora/speed)."""
+    if not bench or not result.get("tokens_per_s"):
+        return None
+    want = "lora/speed/latent_text" if result["row"].startswith("whole/lora/") else None
+    for r in bench.get("rows", []):
+        if r.get("row") == want:
+            other = (r.get("trainer") or {}).get("tokens_per_s") or r.get("tokens_per_s")
+            return result["tokens_per_s"] / other if other else None
+    return None
+
+
+def fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = [f"{'row':<24} {'done':>4} {'steps':>5} {'tokens/s':>9} {'peak GiB':>8} {'cap':>4} "
+             f"{'pred GiB':>8} {'vs bench':>8} {'step 1 s':>8}  plan / why stopped"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"{r['row']:<24} {'yes' if r['completed'] else 'NO':>4} {r['steps']:>5} "
+            f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('peak_gib'), '.1f'):>8} "
+            f"{fmt(r.get('cap_gib'), 'g'):>4} {fmt(r.get('predicted_gib'), '.1f'):>8} "
+            f"{fmt(r.get('bench_ratio'), '.2f'):>8} {fmt(r.get('first_step_s'), '.0f'):>8}  "
+            f"{r.get('stopped') or r.get('plan') or ''}"
+        )
+    return lines
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rows", default="default", help=f"groups {sorted(GROUPS)} and/or rows, comma-separated")
+    p.add_argument("--preset", default="moss-image-5b")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--size", type=int, default=1024, help="image side in pixels (1 MP: 1024)")
+    p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS)
+    p.add_argument("--rank", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
+    p.add_argument("--images", type=int, default=16, help="synthetic images in the data set")
+    p.add_argument("--row-timeout", type=float, default=900)
+    p.add_argument("--bench", default=None, help="train_step.py JSON of the same device call (ratio column)")
+    p.add_argument("--work", default=None, help="working folder (default $OUT/user_runs or /tmp)")
+    p.add_argument("--out", default=None, help="JSON of every row (default $OUT/user_runs.json)")
+    a = p.parse_args(argv)
+    if a.preset == "tiny":
+        a.size, a.text_tokens = min(a.size, 128), min(a.text_tokens, 16)
+    names = [n for part in a.rows.split(",") for n in GROUPS.get(part.strip(), part.strip()).split(",")]
+    rows = [parse_row(n) for n in names if n]
+    work = Path(
+        a.work or (Path(os.environ["OUT"]) / "user_runs" if os.environ.get("OUT") else "/tmp/user_runs")
+    )
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / "data").exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts/bench/make_images.py"), str(work / "data"),
+                        str(a.images), str(a.size)], check=True)  # fmt: skip
+    bench = json.loads(Path(a.bench).read_text()) if a.bench and Path(a.bench).exists() else None
+    results = []
+    for row in rows:
+        print(f"=== {row.name}", flush=True)
+        result = run_row(a, row, work)
+        result["bench_ratio"] = bench_ratio(result, bench)
+        results.append(result)
+        print("\n".join(table([result])[1:]), flush=True)
+    print(f"\n{a.preset} random weights, synthetic encoders, {a.size}x{a.size} images, {a.steps} steps per row "
+          f"(medians after {a.warmup}), each row from an empty tuning cache")  # fmt: skip
+    print("\n".join(table(results)))
+    out = a.out or (os.path.join(os.environ["OUT"], "user_runs.json") if os.environ.get("OUT") else None)
+    if out:
+        Path(out).write_text(json.dumps({"config": vars(a), "rows": results}, indent=2, default=str))
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

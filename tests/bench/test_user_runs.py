@@ -1,0 +1,60 @@
+"""scripts/bench/user_runs.py: rows, the knobs it hands kogine, and what it reads back from a run folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "user_runs.py"
+
+
+@pytest.fixture(scope="module")
+def ur():
+    spec = importlib.util.spec_from_file_location("user_runs_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
+    row = ur.parse_row("card24/lora/4/fp8")
+    assert (row.card_gb, row.adapter, row.images, row.online, row.fp8) == (24.0, "lora", 4, False, True)
+    a = ur.argparse.Namespace(
+        preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32
+    )
+    k = ur.knobs(a, row, tmp_path)
+    assert k["CARD_GB"] == 24.0 and k["BASE_PRECISION"] == "fp8" and k["TOKENS_PER_STEP"] == 4 * (4096 + 256)
+    assert k["TARGET_PRESET"] == "full" and k["BYPASS"] is True  # the benchmark's adapter
+    argv = ur.kogine_argv(k)
+    assert "TARGET_PRESET=full" in argv and "CARD_GB=24.0" in argv  # strings bare, the rest as literals
+    online = ur.knobs(a, ur.parse_row("whole/full/2/online"), tmp_path)
+    assert online["CARD_GB"] == 0.0 and online["VAE_ENCODE"] == "online" and "RANK" not in online
+    for bad in ("card24/lora", "gpu24/lora/2", "card24/lora/2/turbo", "card24/dora/2"):
+        with pytest.raises(SystemExit):
+            ur.parse_row(bad)
+
+
+def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    steps = [
+        dict(step=s, tokens_per_s=1000.0 + s, step_s=0.5, peak_mem_gib=10.0 + s / 10) for s in range(1, 9)
+    ]
+    steps[0]["step_s"] = 42.0
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in steps))
+    (run / "log.txt").write_text(
+        "memory plan: auto: catalog entry c0250, no ckpt; predicted peak 12.3 GiB\n"
+        "kernel prewarm: timed 48 new shape keys in 61 s; kept in x.json (later runs reuse them)\n"
+    )
+    got = ur.read_run(run, warmup=4)
+    assert got["steps"] == 8 and got["tokens_per_s"] == 1006.5  # median of steps 5..8
+    assert got["peak_gib"] == pytest.approx(10.8) and got["first_step_s"] == 42.0
+    assert got["predicted_gib"] == 12.3 and got["prewarm"] == "48 keys, 61 s" and got["stopped"] is None
+    bench = {"rows": [{"row": "lora/speed/latent_text", "tokens_per_s": 2000.0}]}
+    assert ur.bench_ratio({"row": "whole/lora/2", "tokens_per_s": 1940.0}, bench) == pytest.approx(0.97)
+    assert ur.bench_ratio({"row": "card24/lora/2", "tokens_per_s": 1940.0}, bench) is None
