@@ -48,6 +48,10 @@ class MossBackbone(nn.Module):
         self.rope = RotaryBands(config.head_dim, config.rope_theta)
         # how each block is called; memory engines (checkpointing, streaming) replace this wrapper
         self.block_runner: Callable[..., torch.Tensor] | None = None
+        # the residual streams' dtype (None: the embedders' output dtype); float32 keeps fp16 runs finite
+        # where the stream outgrows fp16's range (kohakumoss.precision.fp16): the ops add in float32 and
+        # store in the stream's dtype, the linears read their normed inputs in the autocast dtype
+        self.residual_dtype: torch.dtype | None = None
 
     def modulations(self, sigma: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(block modulation [6, B, d], head modulation [2, B, d]) from sigma [B]; contiguous per chunk."""
@@ -64,9 +68,10 @@ class MossBackbone(nn.Module):
     ) -> torch.Tensor:
         """Both streams embedded (the text through its refiner) and laid out on the joint axis."""
         text_rope = (rope[0][seq.text_index], rope[1][seq.text_index])
-        txt = self.text_embedder(text, seq, text_rope, self.ops)
+        txt = self.text_embedder(text, seq, text_rope, self.ops, self.residual_dtype)
         vid = self.video_embedder(img.to(self.video_embedder.weight.dtype))
-        return torch.cat([vid, txt.to(vid.dtype)], dim=0)[seq.joint_gather]
+        dtype = self.residual_dtype or vid.dtype
+        return torch.cat([vid.to(dtype), txt.to(dtype)], dim=0)[seq.joint_gather]
 
     def forward(
         self,

@@ -152,9 +152,16 @@ class TextEmbedder(nn.Module):
         self.blocks = nn.ModuleList(TextRefinerBlock(cfg) for _ in range(cfg.refiner_depth))
 
     def forward(
-        self, text: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor], ops
+        self,
+        text: torch.Tensor,
+        seq: PackedSeq,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        ops,
+        residual_dtype: torch.dtype | None = None,
     ) -> torch.Tensor:
+        """residual_dtype: the refiner's residual stream's dtype (MossBackbone.residual_dtype)."""
         x = self.proj(text.to(self.proj.weight.dtype))
+        x = x if residual_dtype is None else x.to(residual_dtype)
         for block in self.blocks:
             x = block(x, seq, rope, ops)
         return x

@@ -8,6 +8,7 @@ from .fp8_base import (
     frozen_weight,
     quantize_frozen_linears,
 )
+from .fp16 import fp32_residuals, wants_fp32_residuals
 from .int8_base import Int8Linear, stored_int8_weights
 
 __all__ = [
@@ -16,7 +17,9 @@ __all__ = [
     "Int8Linear",
     "base_dtype",
     "base_precision_problem",
+    "fp32_residuals",
     "frozen_weight",
     "quantize_frozen_linears",
     "stored_int8_weights",
+    "wants_fp32_residuals",
 ]
