@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -147,7 +148,14 @@ def run_row(a, row: Row, work: Path) -> dict:
         except subprocess.TimeoutExpired:
             rc = "timeout"
     result = {"row": row.name, "rc": rc, "wall_s": time.perf_counter() - t0, "cap_gib": row.card_gb or None}
-    result.update(read_run(work / "runs" / row.name.replace("/", "-"), a.warmup))
+    run = work / "runs" / row.name.replace("/", "-")
+    result.update(read_run(run, a.warmup))
+    if a.logs:  # the run's own records, without its checkpoints
+        keep = Path(a.logs) / run.name
+        keep.mkdir(parents=True, exist_ok=True)
+        for src in (run / "log.txt", run / "metrics.jsonl", log_path):
+            if src.exists():
+                shutil.copy(src, keep / src.name)
     result["completed"] = rc == 0 and result["steps"] == a.steps
     if not result["completed"] and not result.get("stopped"):
         tail = log_path.read_text().strip().splitlines()[-1:] if log_path.exists() else []
@@ -200,6 +208,7 @@ def main(argv=None) -> None:
     p.add_argument("--bench", default=None, help="train_step.py JSON of the same device call (ratio column)")
     p.add_argument("--work", default=None, help="working folder (default $OUT/user_runs or /tmp)")
     p.add_argument("--out", default=None, help="JSON of every row (default $OUT/user_runs.json)")
+    p.add_argument("--logs", default=None, help="copy each run's log.txt, metrics.jsonl and console log here")
     a = p.parse_args(argv)
     if a.preset == "tiny":
         a.size, a.text_tokens = min(a.size, 128), min(a.text_tokens, 16)

@@ -94,3 +94,21 @@ def test_card_gb_caps_the_process_below_the_card(monkeypatch):
     assert cap_to_card({"CARD_GB": 200.0}, cuda) is None  # above the card: nothing to cap
     assert cap_to_card({"CARD_GB": 24.0}, torch.device("cpu")) is None
     assert len(calls) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_prefetcher_on_cuda_copies_pinned_batches_on_its_stream_and_the_step_sees_them():
+    cuda = torch.device("cuda")
+    batches = [host_batch(i, sizes=((64, 64), (32, 48)), text=(200, 17), dim=4096) for i in range(6)]
+    with Prefetcher(iter(batches), cuda, torch.bfloat16) as pre:
+        got = []
+        for _ in range(6):
+            b = pre.next_batch()
+            torch.cuda._sleep(1_000_000)  # the step's work, still running when the next copy is queued
+            got.append(b)
+        torch.cuda.synchronize()
+    for b, g in zip(batches, got):
+        want = to_device_batch(b, cuda, torch.bfloat16)
+        assert g.x0.device.type == "cuda"
+        same_batch(g, want)
