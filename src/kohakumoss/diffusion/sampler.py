@@ -192,6 +192,7 @@ class _Steps:
         self.seen: Counter = Counter()
         self.captured: dict[tuple[int, ...], torch.cuda.CUDAGraph] = {}
         self.failed: str | None = None
+        self.replays = 0
         if graphs:  # the step's sigmas: device buffers the graphs read
             self.now = torch.zeros((), device=x.device)
             self.nxt = torch.zeros((), device=x.device)
@@ -207,6 +208,7 @@ class _Steps:
             self.now.copy_(sigmas[i])
             self.nxt.copy_(sigmas[i + 1])
             graph.replay()
+            self.replays += 1
             return
         self.seen[skip] += 1
         if self.seen[skip] == 1:
@@ -289,4 +291,6 @@ def euler_sample(
         steps(sigmas, i, config.skip_at(i, n) if velocity.guided else ())
         if progress is not None:
             progress(i + 1, n)
+    if graphs:
+        log.info(f"sampler: {steps.replays} of {n} steps replayed from {len(steps.captured)} CUDA graphs")
     return list(torch.split(x, [h * w for h, w in img_sizes]))
