@@ -127,6 +127,7 @@ def test_graphed_steps_replay_what_eager_steps_compute(monkeypatch):
 
     monkeypatch.setattr(sampler, "_Steps", Spy)
     model, device = _cuda_model()
+    model.ops.set_timing("device")  # as sample.py does for graphed steps: uncapturable backends drop out
     config = SamplerConfig(steps=8, cfg_scale=4.0, uncond_skip_layers=(1,), slg_start=0.25, slg_stop=0.75)
     graphed = sample(model, SamplerSpeed(cuda_graphs="on"), config, device)
     # two step kinds (with and without the skip), each eager once, captured on its second run
@@ -143,6 +144,7 @@ def test_graphed_steps_replay_what_eager_steps_compute(monkeypatch):
 @gpu
 def test_graphed_bf16_sampling_tracks_the_eager_sampler():
     model, device = _cuda_model(torch.bfloat16)
+    model.ops.set_timing("device")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         graphed = sample(model, SamplerSpeed(cuda_graphs="on"), device=device, dtype=torch.bfloat16)
     eager = random_model(CFG).to(device, torch.bfloat16)
