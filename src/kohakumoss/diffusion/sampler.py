@@ -240,6 +240,7 @@ class _Steps:
         with torch.cuda.stream(side), self._no_autocast_cache():  # this step for real: the capture's warm-up
             self.velocity.step(self.x, self.now, self.nxt, skip)
         torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.empty_cache()  # the eager steps' cached blocks, or they sit beside the graph's pool
         graph = torch.cuda.CUDAGraph()
         try:
             with (
