@@ -15,6 +15,7 @@ TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder
 TEXT_ENCODER_QUANT = "none"  # text encoder linears: none, fp8, fp8_weight, int8, int8_weight
+ENCODER_PRECISION = "auto"  # text encoder and VAE dtype: auto, bf16, fp16, fp32
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file
 ADAPTERS = []  # adapter files or checkpoint folders; an entry may be [path, multiplier]
 PROMPT = ""  # the prompt (or use PROMPT_FILE); kohya flags as in PROMPT_FILE

@@ -93,3 +93,16 @@ def test_lora_backward_in_fp16_with_a_loss_scaler(residual32):
     scaler.update()
     assert scaler.get_scale() == 2.0**10  # nothing overflowed: no step skipped, scale kept
     assert any(not torch.equal(p, b) for p, b in zip(net.parameters(), before, strict=True))
+
+
+def test_encoder_precision_follows_fp16_and_its_knob():
+    from kohakumoss.train.components import encoder_dtype, text_encoder_config
+
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert encoder_dtype({"PRECISION": "fp16"}, gpu) == torch.float16
+    assert encoder_dtype({"PRECISION": "bf16"}, gpu) == torch.bfloat16
+    assert encoder_dtype({"PRECISION": "fp16"}, cpu) == torch.float32
+    assert encoder_dtype({"PRECISION": "bf16", "ENCODER_PRECISION": "fp16"}, gpu) == torch.float16
+    k = {"TEXT_ENCODER": "te", "TEXT_LAYERS": [-1], "TOKENIZER": "", "TEXT_TEMPLATE": "", "PRECISION": "fp16"}
+    assert text_encoder_config(k, cpu, gpu).dtype == "float16"
+    assert text_encoder_config({**k, "ENCODER_PRECISION": "fp32"}, cpu, gpu).dtype == "float32"

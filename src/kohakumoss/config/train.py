@@ -78,6 +78,12 @@ ENCODER_KNOBS = [
         choices=("none", "fp8", "fp8_weight", "int8", "int8_weight"),  # TextEncoderConfig.quant
     ),
     Knob(
+        "ENCODER_PRECISION",
+        "auto",
+        "text encoder and VAE dtype: auto (fp32 on a CPU, fp16 with PRECISION fp16, else bf16), bf16, fp16, fp32",
+        choices=("auto", "bf16", "fp16", "fp32"),
+    ),
+    Knob(
         "VAE",
         "",
         "FLUX.2 VAE: diffusers folder or single file ('synthetic': benchmarks only)",

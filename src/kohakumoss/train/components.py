@@ -18,7 +18,7 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
-from kohakumoss.precision import quantize_frozen_linears
+from kohakumoss.precision import fp32_residuals, quantize_frozen_linears, wants_fp32_residuals
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
@@ -102,7 +102,7 @@ def text_encoder_config(k: dict[str, Any], device: torch.device, compute: torch.
         path=k["TEXT_ENCODER"],
         layers=tuple(k["TEXT_LAYERS"]),
         device=str(device),
-        dtype="float32" if compute.type == "cpu" else "bfloat16",
+        dtype={torch.float32: "float32", torch.float16: "float16"}.get(encoder_dtype(k, compute), "bfloat16"),
         quant=k.get("TEXT_ENCODER_QUANT", "none"),
     )
     if k["TOKENIZER"]:
@@ -136,9 +136,18 @@ def build_vae(
     if k["VAE"] == "synthetic":
         log.warning("VAE='synthetic': a fixed random patch projection, for benchmarks and smoke runs only")
         return SyntheticVAE(int(k["SEED"]), device)
-    return ImageVAE.load(
-        k["VAE"], dtype=torch.float32 if compute.type == "cpu" else torch.bfloat16, device=device
-    )
+    return ImageVAE.load(k["VAE"], dtype=encoder_dtype(k, compute), device=device)
+
+
+def encoder_dtype(k: dict[str, Any], compute: torch.device) -> torch.dtype:
+    """ENCODER_PRECISION: the text encoder's and the VAE's dtype; auto is fp32 on a CPU, fp16 with
+    PRECISION fp16 (cards without bf16), else bf16."""
+    choice = k.get("ENCODER_PRECISION", "auto")
+    if choice != "auto":
+        return PRECISION_DTYPES[choice]
+    if compute.type == "cpu":
+        return torch.float32
+    return torch.float16 if k.get("PRECISION") == "fp16" else torch.bfloat16
 
 
 def cap_to_card(k: dict[str, Any], device: torch.device) -> float | None:
@@ -176,9 +185,11 @@ def build_components(k: dict[str, Any]) -> Components:
     backbone = build_backbone(k, torch.device("cpu") if host_first else device, dtype, masters_here)
     if full_ft:
         backbone.requires_grad_(True)
-    n_fp8 = quantize_frozen_linears(backbone, k["BASE_PRECISION"], device)  # before streaming places it
+    # before streaming places it; an int8 file's own int8 bytes are kept in the int8 modes
+    n_fp8 = quantize_frozen_linears(backbone, k["BASE_PRECISION"], device, source=k["WEIGHTS"] or None)
     if n_fp8:
-        log.info(f"BASE_PRECISION {k['BASE_PRECISION']}: {n_fp8} frozen block linears stored in fp8")
+        log.info(f"BASE_PRECISION {k['BASE_PRECISION']}: {n_fp8} frozen block linears stored in 8 bits")
+    fp32_residuals(backbone, wants_fp32_residuals(k["PRECISION"]))  # fp16: the residual streams in float32
     engines = install_memory_plan(plan, backbone, device, compute_dtype=dtype, full_ft=full_ft)
     te_device = device if plan.text_encoder == "resident" else torch.device("cpu")
     vae_device = device if plan.vae == "resident" else torch.device("cpu")
