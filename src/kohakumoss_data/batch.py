@@ -17,7 +17,21 @@ class HostBatch:
     pixels: list[torch.Tensor] | None = None  # uint8 [3, h, w] per image, when no image encoder is given
     text_hidden: torch.Tensor | None = None  # packed [sum_len, D]
     text_lengths: torch.Tensor | None = None  # [B] long
+    masks: list[torch.Tensor] | None = None  # float32 [h/16, w/16] per image (loss weight per image token)
+    loss_weights: list[float] | None = None  # per image (its dataset's loss_weight); None: all 1
     hits: dict[str, int] = field(default_factory=dict)  # cache hits per kind, for logging
+
+    def token_weights(self) -> torch.Tensor | None:
+        """float32 [image tokens] in the packed order (images in turn, each row-major): the mask of each
+        image times its loss weight; None when every weight is 1 (the loss is then the plain mean)."""
+        if self.masks is None and self.loss_weights is None:
+            return None
+        parts = []
+        for i, (w, h) in enumerate(self.sizes):
+            mask = self.masks[i] if self.masks is not None else torch.ones(h // 16, w // 16)
+            weight = self.loss_weights[i] if self.loss_weights is not None else 1.0
+            parts.append(mask.reshape(-1) * weight)
+        return torch.cat(parts)
 
     @property
     def image_tokens(self) -> int:
@@ -32,6 +46,7 @@ class HostBatch:
         return replace(
             self,
             latents=pin(self.latents),
+            masks=pin(self.masks),
             pixels=pin(self.pixels),
             text_hidden=None if self.text_hidden is None else self.text_hidden.pin_memory(),
             text_lengths=None if self.text_lengths is None else self.text_lengths.pin_memory(),

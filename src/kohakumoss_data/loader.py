@@ -25,6 +25,7 @@ from .cache import TensorCache
 from .cache_keys import latent_cache_identity, latent_key, text_cache_identity
 from .catalog import Catalog
 from .encode import caption_embeddings, encode_images
+from .masks import missing_masks
 from .plan import Plan
 from .protocols import ImageEncoder, TextEncoder
 from .sources.base import Source
@@ -92,6 +93,10 @@ class Loader:
             raise DataError(f"start_step {start_step} is outside the plan (0..{len(plan.steps)})")
         if plan.catalog != catalog.fingerprint():
             raise DataError("the plan was built from another catalog (fingerprints differ); rebuild the plan")
+        missing = missing_masks([it for step in plan.steps[start_step:] for it in step])
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise DataError(f"DATASET mask: {len(missing)} mask file(s) missing: {shown}")
         self.plan, self.source = plan, source
         self.locators = {it.key: it.locator for it in catalog.usable}
         self.image_encoder, self.text_encoder = image_encoder, text_encoder
@@ -107,6 +112,7 @@ class Loader:
                 self.locators[it.key],
                 it,
                 latent_key(it, vae) if vae and self.latent_cache is not None else None,
+                self.plan.knobs.patch_px,
             )
             for it in self.plan.steps[step]
         ]
@@ -142,6 +148,13 @@ class Loader:
         batch = HostBatch(
             step, [it.key for it in items], [it.caption for it in items], [it.target for it in items]
         )
+        if any(it.mask for it in items):
+            batch.masks = [
+                torch.from_numpy(r.mask) if r.mask is not None else torch.ones(h // 16, w // 16)
+                for r, (w, h) in zip(results, batch.sizes)
+            ]
+        if any(it.loss_weight != 1.0 for it in items):
+            batch.loss_weights = [it.loss_weight for it in items]
         if self.image_encoder is not None:
             batch.latents, batch.hits["latent"] = self._latents(tasks, results)
         else:

@@ -9,6 +9,7 @@ import hashlib
 import math
 import random
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
@@ -17,6 +18,7 @@ from kohakumoss_common.hashing import canonical_json, sha256_bytes
 from .buckets import nearest_bucket
 from .caption_aug import augment_caption
 from .catalog import Catalog
+from .dataset_options import DatasetOptions
 from .packing import pack_steps
 from .records import CatalogItem
 from .resolution import cover_size, crop_offset, target_size
@@ -43,6 +45,8 @@ class PlanKnobs:
     shuffle_caption: bool = False  # kohya: shuffle comma-separated tags ...
     keep_tokens: int = 0  # ... keeping this many leading tags in place
     caption_separator: str = ","
+    tag_dropout: float = 0.0  # kohya: drop each tag after the kept ones with this probability
+    datasets: tuple[DatasetOptions, ...] = ()  # per-dataset options, in DATASET's order (() : defaults)
     epochs: int = 1
     shuffle: bool = True
     drop_last: bool = False
@@ -56,6 +60,8 @@ class PlanKnobs:
             )
         if not 0 < self.min_aspect <= 1 <= self.max_aspect:
             raise ConfigError("MIN_ASPECT/MAX_ASPECT", "need 0 < MIN_ASPECT <= 1 <= MAX_ASPECT")
+        if not 0 <= self.tag_dropout <= 1:
+            raise ConfigError("TAG_DROPOUT", f"must be a probability in [0, 1], got {self.tag_dropout}")
         if self.max_text_tokens < 1 or self.template_tokens < 0:
             raise ConfigError("MAX_TEXT_TOKENS", "must be at least 1 (and the template's tokens >= 0)")
         if self.epochs < 1 or self.tokens_per_step < 1 or self.area < self.multiple**2:
@@ -80,6 +86,8 @@ class PlannedItem:
     image_tokens: int
     text_tokens: int
     epoch: int
+    loss_weight: float = 1.0  # the dataset's (regularization images: their own weight)
+    mask: str = ""  # "": none; "alpha": the image's alpha channel; else the mask file's path
 
     @property
     def tokens(self) -> int:
@@ -144,8 +152,37 @@ def item_target(item: CatalogItem, knobs: PlanKnobs) -> tuple[int, int]:
     )
 
 
-def plan_item(item: CatalogItem, seed: int, epoch: int, repeat: int, knobs: PlanKnobs) -> PlannedItem:
-    """Caption choice, size, crop and flip of one occurrence (pure)."""
+def dataset_of(key: str, several: bool) -> tuple[int, str]:
+    """(DATASET index, key inside that dataset): several datasets prefix their keys with 'i/'."""
+    if not several:
+        return 0, key
+    head, _, rest = key.partition("/")
+    return int(head), rest
+
+
+def options_for(key: str, knobs: PlanKnobs, several: bool) -> tuple[DatasetOptions, str]:
+    i, rel = dataset_of(key, several)
+    return (knobs.datasets[i] if i < len(knobs.datasets) else DatasetOptions()), rel
+
+
+def mask_ref(options: DatasetOptions, rel: str) -> str:
+    """'' , 'alpha' or the mask file of an item: the mask folder mirrors the dataset's relative names."""
+    if options.mask in ("", "alpha"):
+        return options.mask
+    return str(Path(options.mask) / Path(rel).with_suffix(".png"))
+
+
+def plan_item(
+    item: CatalogItem,
+    seed: int,
+    epoch: int,
+    repeat: int,
+    knobs: PlanKnobs,
+    options: DatasetOptions | None = None,
+    rel: str | None = None,
+) -> PlannedItem:
+    """Caption choice, size, crop and flip of one occurrence (pure); `options` are its dataset's."""
+    options = options or DatasetOptions()
     rng = item_rng(seed, epoch, item.key, repeat)
     caption = item.captions[rng.randrange(len(item.captions))] if item.captions else ""
     target = item_target(item, knobs)
@@ -153,8 +190,19 @@ def plan_item(item: CatalogItem, seed: int, epoch: int, repeat: int, knobs: Plan
     u = (rng.random(), rng.random())
     crop = crop_offset(resize, target, knobs.crop, u)
     flip = rng.random() < knobs.flip_prob
+
+    def pick(name: str):
+        value = getattr(options, name)
+        return getattr(knobs, name) if value is None else value
+
     caption = augment_caption(
-        caption, rng, knobs.caption_dropout, knobs.shuffle_caption, knobs.keep_tokens, knobs.caption_separator
+        caption,
+        rng,
+        pick("caption_dropout"),
+        pick("shuffle_caption"),
+        pick("keep_tokens"),
+        pick("caption_separator"),
+        pick("tag_dropout"),
     )
     image_tokens = (target[0] // knobs.patch_px) * (target[1] // knobs.patch_px)
     return PlannedItem(
@@ -168,12 +216,36 @@ def plan_item(item: CatalogItem, seed: int, epoch: int, repeat: int, knobs: Plan
         image_tokens,
         text_tokens(caption, knobs),
         epoch,
+        float(options.loss_weight),
+        mask_ref(options, item.key if rel is None else rel),
     )
 
 
-def epoch_order(items: list[CatalogItem], seed: int, epoch: int, shuffle: bool) -> list[tuple[int, int]]:
-    """(item index, repeat index) for every occurrence in one epoch, seeded-shuffled."""
-    order = [(i, r) for i, it in enumerate(items) for r in range(max(1, it.repeats))]
+def epoch_order(
+    items: list[CatalogItem],
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    repeats: list[int] | None = None,
+    reg: list[bool] | None = None,
+) -> list[tuple[int, int]]:
+    """(item index, repeat index) for every occurrence in one epoch, seeded-shuffled.
+
+    Regularization items (`reg`) take as many places per epoch as the other occurrences (kohya's
+    balance): their occurrences are shuffled per epoch and cycled or cut to that count."""
+    repeats = repeats or [max(1, it.repeats) for it in items]
+    reg = reg or [False] * len(items)
+    order = [(i, r) for i in range(len(items)) if not reg[i] for r in range(repeats[i])]
+    prior = [(i, r) for i in range(len(items)) if reg[i] for r in range(repeats[i])]
+    if prior and order:
+        random.Random(f"{seed}/{epoch}/reg").shuffle(prior)
+        n = len(prior)  # a cycled occurrence gets a fresh repeat index: its own crop and caption draw
+        order += [
+            (prior[j % n][0], prior[j % n][1] + (j // n) * repeats[prior[j % n][0]])
+            for j in range(len(order))
+        ]
+    else:
+        order += prior
     if shuffle:
         random.Random(f"{seed}/{epoch}/shuffle").shuffle(order)
     return order
@@ -187,12 +259,16 @@ def build_plan(catalog: Catalog, seed: int, knobs: PlanKnobs) -> Plan:
         raise ConfigError(
             "DATASET", f"{catalog.source.get('path')}: no usable image ({catalog.report.summary()})"
         )
+    several = catalog.source.get("kind") == "concat"
+    scoped = [options_for(it.key, knobs, several) for it in items]
+    repeats = [max(1, it.repeats) * opts.repeats for it, (opts, _) in zip(items, scoped)]
+    reg = [opts.reg for opts, _ in scoped]
     steps: list[list[PlannedItem]] = []
     epoch_steps = []
     for epoch in range(knobs.epochs):
         planned = [
-            plan_item(items[i], seed, epoch, r, knobs)
-            for i, r in epoch_order(items, seed, epoch, knobs.shuffle)
+            plan_item(items[i], seed, epoch, r, knobs, *scoped[i])
+            for i, r in epoch_order(items, seed, epoch, knobs.shuffle, repeats, reg)
         ]
         packed = pack_steps([p.tokens for p in planned], knobs.tokens_per_step, knobs.drop_last)
         steps.extend([planned[i] for i in step] for step in packed)

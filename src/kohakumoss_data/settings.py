@@ -11,6 +11,7 @@ from kohakumoss_common.errors import ConfigError
 
 from .buckets import kohya_buckets
 from .catalog import ScanKnobs
+from .dataset_options import dataset_options
 from .loader import LoaderKnobs
 from .plan import PlanKnobs
 
@@ -35,6 +36,7 @@ PLAN_KNOBS = {
     "SHUFFLE_CAPTION": "shuffle_caption",
     "KEEP_TOKENS": "keep_tokens",
     "CAPTION_SEPARATOR": "caption_separator",
+    "TAG_DROPOUT": "tag_dropout",
     "EPOCHS": "epochs",
     "SHUFFLE": "shuffle",
     "DROP_LAST": "drop_last",
@@ -73,6 +75,8 @@ def buckets_knob(value: Any, area: int) -> tuple[tuple[int, int], ...] | None:
 def plan_knobs(knobs: Mapping[str, Any]) -> PlanKnobs:
     picked = _pick(knobs, PLAN_KNOBS)
     picked["buckets"] = buckets_knob(knobs.get("BUCKETS"), int(picked.get("area", PlanKnobs.area)))
+    if "DATASET" in knobs:  # per-dataset repeats, caption settings, reg weight and mask
+        picked["datasets"] = dataset_options(knobs["DATASET"])
     return PlanKnobs(**picked).validate()
 
 

@@ -17,6 +17,7 @@ import torch
 from kohakumoss_common.errors import DataError
 
 from .cache import TensorCache
+from .masks import planned_mask
 from .plan import PlannedItem
 from .sources.base import Source
 from .transform import planned_pixels
@@ -27,12 +28,14 @@ class ItemTask:
     locator: Any
     item: PlannedItem
     latent_key: str | None  # None: no latent cache to look in
+    patch_px: int = 16  # pixels per image token side (the mask's grid)
 
 
 @dataclass
 class ItemResult:
     latent: torch.Tensor | None = None
     pixels: np.ndarray | None = None  # uint8 [H, W, 3]
+    mask: np.ndarray | None = None  # float32 [H / 16, W / 16] when the item's dataset has a mask
 
 
 _state: dict[str, Any] = {}
@@ -73,13 +76,19 @@ def init_worker(source: Source, latent_cache: TensorCache | None, parent: int | 
 def run_task(task: ItemTask, source: Source | None = None, cache: TensorCache | None = None) -> ItemResult:
     source = source or _state["source"]
     cache = cache if cache is not None else _state.get("cache")
+    result = ItemResult()
     if cache is not None and task.latent_key is not None:
-        hit = cache.get(task.latent_key)
-        if hit is not None:
-            return ItemResult(latent=hit)
+        result.latent = cache.get(task.latent_key)
     try:
-        return ItemResult(pixels=planned_pixels(source.read(task.locator), task.item))
+        data = source.read(task.locator) if result.latent is None or task.item.mask == "alpha" else None
+        if result.latent is None:
+            result.pixels = planned_pixels(data, task.item)
+        if task.item.mask:
+            result.mask = planned_mask(data, task.item, task.patch_px)
+    except DataError:
+        raise
     except Exception as e:  # the file changed since the scan; name it
         raise DataError(
             f"{task.item.key}: cannot read or decode since the scan ({type(e).__name__}: {e})"
         ) from e
+    return result

@@ -1,4 +1,7 @@
-"""Build a source from a plain dict spec (what configs write): {"kind": "kohya", "path": ..., knobs...}."""
+"""Build a source from a plain dict spec (what configs write): {"kind": "kohya", "path": ..., knobs...}.
+
+Per-dataset options (repeats, caption settings, reg, loss_weight, mask) sit in the same dict; they are
+checked here and left to the plan (`dataset_options.py`)."""
 
 from __future__ import annotations
 
@@ -6,6 +9,7 @@ from typing import Any
 
 from kohakumoss_common.errors import ConfigError
 
+from ..dataset_options import split_options
 from .base import Source
 from .concat import ConcatSource
 from .folder import FolderSource
@@ -36,7 +40,8 @@ def make_source(spec: dict[str, Any] | list | Source, knob: str = "DATASET") -> 
     kind = spec["kind"]
     if kind not in SOURCE_KINDS:
         raise ConfigError(f"{knob}.kind", f"unknown source kind {kind!r}; one of {sorted(SOURCE_KINDS)}")
-    kwargs = {k: v for k, v in spec.items() if k != "kind"}
+    own, _ = split_options(spec, knob)  # per-dataset options are the plan's (dataset_options.py)
+    kwargs = {k: v for k, v in own.items() if k != "kind"}
     try:
         return SOURCE_KINDS[kind](**kwargs)
     except TypeError as e:
