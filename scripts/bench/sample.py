@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"({n_img} image tokens), {n_text} prompt / {n_neg} negative tokens, {a.steps} steps, CFG {a.cfg:g}, "
         f"uncond skips blocks {list(skips)} at every step"
     )
+    print(HEADER, flush=True)
     results = []
     for base in a.base_precisions:
         t0 = time.perf_counter()
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         f"{base}/{row}/b{batch}: failed: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
                     )
                     results.append(dict(base=base, row=row, batch=batch, error=f"{type(e).__name__}: {e}"))
+                    save(a, results)
                     continue
                 flops = sample_flops(cfg, batch, n_img, n_text, n_neg, a.steps, len(skips))
                 r.update(
@@ -204,6 +206,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     ref, lat = eager["latents"], r["latents"]
                     r["vs_eager"] = r["images_per_s"] / eager["images_per_s"]
                     r["err_vs_eager"] = float((lat - ref).norm() / ref.norm().clamp_min(1e-30))
+                print(row_line(r), flush=True)
+                save(a, results)
         del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -215,27 +219,37 @@ def fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def report(a: argparse.Namespace, results: list[dict]) -> None:
-    print(
-        f"\nMFU = forward FLOPs (both branches, skipped blocks left out) / time / {a.peak_tflops:g} TFLOP/s"
+HEADER = f"{'base':<10} {'row':<9} {'batch':>5} {'images/s':>9} {'s/image':>8} {'MFU %':>6} {'vs eager':>8} {'err':>9} {'peak GiB':>9}"
+
+
+def row_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['base']:<10} {r['row']:<9} {r['batch']:>5}  error: {r['error'][:120]}"
+    return (
+        f"{r['base']:<10} {r['row']:<9} {r['batch']:>5} {r['images_per_s']:>9.3f} {r['s_per_image']:>8.2f} "
+        f"{100 * r['mfu']:>6.1f} {fmt(r.get('vs_eager'), '.2f'):>8} {fmt(r.get('err_vs_eager'), '.2e'):>9} "
+        f"{fmt(r['peak_gib'], '.1f'):>9}"
     )
-    print(
-        f"{'base':<10} {'row':<9} {'batch':>5} {'images/s':>9} {'s/image':>8} {'MFU %':>6} {'vs eager':>8} {'err':>9} {'peak GiB':>9}"
-    )
-    for r in results:
-        if "error" in r:
-            print(f"{r['base']:<10} {r['row']:<9} {r['batch']:>5}  error: {r['error'][:120]}")
-            continue
-        print(
-            f"{r['base']:<10} {r['row']:<9} {r['batch']:>5} {r['images_per_s']:>9.3f} {r['s_per_image']:>8.2f} "
-            f"{100 * r['mfu']:>6.1f} {fmt(r.get('vs_eager'), '.2f'):>8} {fmt(r.get('err_vs_eager'), '.2e'):>9} "
-            f"{fmt(r['peak_gib'], '.1f'):>9}"
-        )
+
+
+def save(a: argparse.Namespace, results: list[dict]) -> str:
+    """The rows so far as JSON (after every row: a run cut short keeps what it measured)."""
     out = a.out or (os.path.join(os.environ["OUT"], "sample_bench.json") if os.environ.get("OUT") else "")
     if out:
         rows = [{k: v for k, v in r.items() if k != "latents"} for r in results]
         with open(out, "w") as f:
-            json.dump(dict(args={k: v for k, v in vars(a).items()}, rows=rows), f, indent=2)
+            json.dump(dict(args=vars(a), rows=rows), f, indent=2)
+    return out
+
+
+def report(a: argparse.Namespace, results: list[dict]) -> None:
+    print(
+        f"\nMFU = forward FLOPs (both branches, skipped blocks left out) / time / {a.peak_tflops:g} TFLOP/s"
+    )
+    print(HEADER)
+    for r in results:
+        print(row_line(r))
+    if out := save(a, results):
         print(f"rows -> {out}")
 
 
