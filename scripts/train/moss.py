@@ -56,7 +56,7 @@ GC_EVERY = (
 DATASET = {
     "kind": "kohya",
     "path": "data/train",
-}  # data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}
+}  # data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}, or a list (docs/concepts/data.md: per-dataset options)
 CATALOG_DIR = None  # where the catalog cache lives (None: beside the dataset)
 CACHE_DIR = "cache"  # latent and text caches (safetensors shards)
 VAE_ENCODE = (
@@ -79,6 +79,7 @@ FLIP_PROB = 0.0  # horizontal flip probability
 CAPTION_DROPOUT = 0.0  # probability of an empty caption (trains the unconditional)
 SHUFFLE_CAPTION = False  # shuffle comma-separated tags
 KEEP_TOKENS = 0  # leading tags kept in place when shuffling
+TAG_DROPOUT = 0.0  # drop each tag after the KEEP_TOKENS kept ones with this probability
 WORKERS = 2  # loader worker processes
 PREFETCH_STEPS = 2  # steps prepared ahead
 VAL_ITEMS = 0  # items held out of training for the validation loss (0: none)

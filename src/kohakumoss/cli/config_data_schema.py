@@ -32,6 +32,7 @@ SHARED = (
     "CAPTION_DROPOUT",
     "SHUFFLE_CAPTION",
     "KEEP_TOKENS",
+    "TAG_DROPOUT",
     "CACHE_DIR",
 )
 

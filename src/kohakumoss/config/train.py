@@ -219,8 +219,9 @@ TRAIN_KNOBS = [
     Knob(
         "DATASET",
         {"kind": "kohya", "path": "data/train"},
-        "data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}",
-        type=dict,
+        "data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}, or a list of them; "
+        "per dataset also repeats, caption_dropout, shuffle_caption, keep_tokens, tag_dropout, reg, loss_weight, mask",
+        type=(dict, list),
     ),
     Knob("CATALOG_DIR", None, "where the catalog cache lives (None: beside the dataset)", type=_ANY),
     Knob("CACHE_DIR", "cache", "latent and text caches (safetensors shards)"),
@@ -254,6 +255,13 @@ TRAIN_KNOBS = [
     ),
     Knob("SHUFFLE_CAPTION", False, "shuffle comma-separated tags"),
     Knob("KEEP_TOKENS", 0, "leading tags kept in place when shuffling", min=0),
+    Knob(
+        "TAG_DROPOUT",
+        0.0,
+        "drop each tag after the KEEP_TOKENS kept ones with this probability",
+        min=0.0,
+        max=1.0,
+    ),
     Knob("WORKERS", 2, "loader worker processes", min=0),
     Knob("PREFETCH_STEPS", 2, "steps prepared ahead", min=1),
     Knob("VAL_ITEMS", 0, "items held out of training for the validation loss (0: none)", min=0),
