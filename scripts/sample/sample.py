@@ -69,7 +69,7 @@ def run(k: dict) -> None:
     from kohakumoss.memory.engines.encoders import place_encoder
     from kohakumoss.memory.inference import inference_plan
     from kohakumoss.memory.install import install_memory_plan
-    from kohakumoss.precision import quantize_frozen_linears
+    from kohakumoss.precision import fp32_residuals, quantize_frozen_linears, wants_fp32_residuals
     from kohakumoss.train.components import (
         PRECISION_DTYPES,
         build_backbone,
@@ -95,7 +95,9 @@ def run(k: dict) -> None:
     model = build_backbone(
         {**k, "OPS_BACKEND": "auto"}, host if streamed else device, dtype, fp32_masters=False
     )
-    quantize_frozen_linears(model, k["BASE_PRECISION"], device)  # LyCORIS files then wrap it in bypass
+    # LyCORIS files then wrap it in bypass; an int8 file's own bytes are kept in the int8 modes
+    quantize_frozen_linears(model, k["BASE_PRECISION"], device, source=k["WEIGHTS"] or None)
+    fp32_residuals(model, wants_fp32_residuals(k["PRECISION"]))  # fp16: the residual streams in float32
     networks = attach_adapters(k, model)
     install_memory_plan(plan, model, device)
     speed = sampler_speed(k, networks)
