@@ -93,13 +93,18 @@ def flow_matching_loss(
     loss_type: str = "l2",
     huber_c: float = 0.1,
     min_snr_gamma: float = 5.0,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean velocity error (squared unless `loss_type` says otherwise); 'token' weighs every image token
-    alike, 'sample' every sample alike."""
+    alike, 'sample' every sample alike. `weight` [T_img] scales each token's error before the mean (the
+    data's loss mask times its dataset's loss_weight; kohya's convention: a masked-out token counts as 0
+    in the mean, it is not dropped from it)."""
     if reduction not in REDUCTIONS:
         raise ConfigError("LOSS_REDUCTION", f"'{reduction}' is not one of {REDUCTIONS}")
     per_token = token_error(pred, target, loss_type, huber_c)
     w = loss_weight(sigma.to(per_token.device).float(), weighting, min_snr_gamma)[img_token_sample]
+    if weight is not None:
+        w = w * weight.float()
     per_token = per_token * w
     if reduction == "token":
         return per_token.mean()

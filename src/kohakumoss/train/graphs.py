@@ -78,13 +78,18 @@ def batch_signature(batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor
     """Everything a captured graph depends on besides tensor values: shapes and the packed layout."""
     seq = batch.seq
     shapes = tuple((tuple(t.shape), t.dtype) for t in (batch.x0, batch.text, sigma, noise))
-    return shapes, seq.text_lens, seq.img_sizes, str(batch.x0.device)
+    return shapes, seq.text_lens, seq.img_sizes, str(batch.x0.device), batch.weight is not None
+
+
+def _weight(batch: DeviceBatch) -> tuple[torch.Tensor, ...]:
+    """The per-token loss weight as a fifth static input, when the batch has one (masks, reg weights)."""
+    return () if batch.weight is None else (batch.weight,)
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    inputs: tuple[torch.Tensor, ...]  # static x0, text, sigma, noise: each replay copies into them
+    inputs: tuple[torch.Tensor, ...]  # static x0, text, sigma, noise (, weight): each replay copies into them
     loss: torch.Tensor
     batch: DeviceBatch  # holds the PackedSeq the graph read (its device tensors must stay alive)
 
@@ -172,8 +177,8 @@ class StepGraphs:
         device, t0 = batch.x0.device, time.perf_counter()
         self._use_shared_grads()
         torch.cuda.empty_cache()  # the eager steps' cached blocks, or they sit beside the graph's pool
-        inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise))
-        static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq)
+        inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise, *_weight(batch)))
+        static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq, inputs[4] if len(inputs) > 4 else None)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         if self.wgrad_stream:
@@ -225,7 +230,7 @@ class StepGraphs:
         return loss
 
     def _replay(self, entry: _Graph, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
-        for dst, src in zip(entry.inputs, (batch.x0, batch.text, sigma, noise)):
+        for dst, src in zip(entry.inputs, (batch.x0, batch.text, sigma, noise, *_weight(batch))):
             dst.copy_(src, non_blocking=True)
         self._use_shared_grads()
         entry.graph.replay()

@@ -21,6 +21,7 @@ class DeviceBatch:
     x0: torch.Tensor  # [T_img, 128] clean latent tokens
     text: torch.Tensor  # [T_text, text_dim]
     seq: PackedSeq
+    weight: torch.Tensor | None = None  # [T_img] float32 loss weight per image token (masks, reg weights)
 
     @property
     def num_samples(self) -> int:
@@ -38,6 +39,7 @@ class HostReady:
     x0: torch.Tensor  # [T_img, 128] in the compute dtype
     text: torch.Tensor  # [T_text, text_dim] in the compute dtype
     seq: PackedSeq  # on the host
+    weight: torch.Tensor | None = None  # [T_img] float32 (HostBatch.token_weights), None: all 1
 
 
 def host_ready(batch, dtype: torch.dtype, pin: bool = False) -> HostReady:
@@ -50,9 +52,11 @@ def host_ready(batch, dtype: torch.dtype, pin: bool = False) -> HostReady:
     text = batch.text_hidden.to(dtype)
     grids = [(lat.shape[-2] // 2, lat.shape[-1] // 2) for lat in batch.latents]
     seq = PackedSeq.build(batch.text_lengths.tolist(), grids)
+    weight = batch.token_weights() if hasattr(batch, "token_weights") else None
     if pin:
         x0, text, seq = x0.pin_memory(), text.pin_memory(), seq.pin_memory()
-    return HostReady(x0, text, seq)
+        weight = weight.pin_memory() if weight is not None else None
+    return HostReady(x0, text, seq, weight)
 
 
 def ready_to_device(ready: HostReady, device: torch.device) -> DeviceBatch:
@@ -61,6 +65,7 @@ def ready_to_device(ready: HostReady, device: torch.device) -> DeviceBatch:
         ready.x0.to(device, non_blocking=True),
         ready.text.to(device, non_blocking=True),
         ready.seq.to(device),
+        ready.weight.to(device, non_blocking=True) if ready.weight is not None else None,
     )
 
 
@@ -116,5 +121,12 @@ def flow_loss(
     with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
         pred = model(target.x_t, batch.text, sigma, batch.seq)
     return flow_matching_loss(
-        pred, target.target, sigma, batch.seq.img_token_sample, weighting, reduction, **loss_options
+        pred,
+        target.target,
+        sigma,
+        batch.seq.img_token_sample,
+        weighting,
+        reduction,
+        weight=batch.weight,
+        **loss_options,
     )
