@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -91,3 +93,42 @@ def test_graphed_steps_copy_each_batchs_weights():
         torch.testing.assert_close(scale.grad, eager_grad)
         scale.grad.zero_()
     assert graphs.failed is None and graphs.replays >= 2
+
+
+def test_a_run_with_a_masked_dataset_and_reg_images(train_world, tmp_path, monkeypatch):
+    """End to end on the CPU: two datasets, one masked by its alpha channel, one as weighted reg images."""
+    import json
+
+    from PIL import Image
+
+    from kohakumoss.train.loop import train
+
+    from .conftest import tiny_knobs
+
+    cut = tmp_path / "cut" / "1_cut"
+    cut.mkdir(parents=True)
+    for png in sorted((Path(train_world["DATASET"]["path"]) / "2_style").glob("*.png")):
+        rgba = Image.open(png).convert("RGBA")
+        rgba.putalpha(Image.linear_gradient("L").resize(rgba.size))  # top transparent, bottom solid
+        rgba.save(cut / png.name)
+        (cut / png.with_suffix(".txt").name).write_text(png.with_suffix(".txt").read_text())
+    dataset = [
+        {"kind": "kohya", "path": str(tmp_path / "cut"), "mask": "alpha"},
+        {**train_world["DATASET"], "reg": True, "loss_weight": 0.5},
+    ]
+    from kohakumoss.train import step
+
+    seen = []
+
+    def spy(*args, weight=None, **kwargs):
+        seen.append(None if weight is None else sorted({round(float(w), 2) for w in weight}))
+        return flow_matching_loss(*args, weight=weight, **kwargs)
+
+    monkeypatch.setattr(step, "flow_matching_loss", spy)
+    run = train(tiny_knobs({**train_world, "DATASET": dataset}, "masked", STEPS=3))
+    values = {v for s in seen if s for v in s}
+    assert seen and None not in seen  # every step is weighted (masked or reg images in each)
+    assert 0.5 in values and any(0 < v < 1 and v != 0.5 for v in values)  # reg weight, partial mask
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    assert len(losses) == 3 and all(0 < x < 10 for x in losses)
