@@ -73,7 +73,7 @@ def test_loggers_knob_is_checked():
 def test_wandb_missing_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     with pytest.raises(
-        ConfigError, match=r"LOGGERS: 'wandb' is named but the wandb package is not installed"
+        ConfigError, match=r"LOGGERS: 'wandb' needs the wandb package, not installed here: pip install wandb"
     ):
         Trackers(["wandb"], tmp_path)
 
@@ -115,3 +115,12 @@ def test_wandb_gets_the_same_scalars_and_grids(tmp_path, monkeypatch):
     assert calls["init"]["name"] == "run" and calls["init"]["config"] == {"LR": 1e-4}
     assert logged == [(3, {"train/loss": 0.5, "val/loss": 0.25}), (3, {"samples/grid": ("image", (8, 4))})]
     assert calls["finished"] and not (tmp_path / "run" / "tensorboard").exists()
+
+
+def test_a_logger_whose_package_is_missing_is_refused_when_the_knobs_are_checked(monkeypatch):
+    """Said by the knob check, before the model is built (a GPU run once built 5B weights first)."""
+    from kohakumoss.train import tracking
+
+    monkeypatch.setitem(sys.modules, "tensorboardX", None)  # as if not installed
+    assert "pip install tensorboardX" in tracking.loggers_problem(["tensorboard"])
+    assert tracking.loggers_problem([]) is None

@@ -6,7 +6,9 @@ TensorBoard server's own dependencies); wandb is imported only when LOGGERS name
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,16 @@ def loggers_problem(value: list) -> str | None:
         return f"unknown logger(s) {bad}; known: {list(LOGGERS)}"
     if len(set(value)) != len(value):
         return f"a logger is named twice: {value}"
+    for name, package in (("tensorboard", "tensorboardX"), ("wandb", "wandb")):
+        if name in value and not _installed(package):  # said before any work starts
+            return f"'{name}' needs the {package} package, not installed here: pip install {package} (or leave it out of LOGGERS)"
     return None
+
+
+def _installed(package: str) -> bool:
+    if package in sys.modules:
+        return sys.modules[package] is not None
+    return importlib.util.find_spec(package) is not None
 
 
 def _numbers(record: dict) -> dict[str, float]:
@@ -67,9 +78,7 @@ class Trackers:
             try:
                 import wandb
             except ImportError:
-                raise ConfigError(
-                    "LOGGERS", "'wandb' is named but the wandb package is not installed: pip install wandb"
-                ) from None
+                raise ConfigError("LOGGERS", loggers_problem(["wandb"]) or "wandb failed to import") from None
             self.wandb = wandb.init(
                 name=self.run_dir.name,
                 dir=str(self.run_dir),
