@@ -8,9 +8,12 @@ import pytest
 import torch
 
 from kohakumoss.distributed import DistributedError, run
+from kohakumoss.distributed.trainer import train_on_devices
 
+from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from . import test_engines as engines
 from . import test_faults as faults
+from .test_trainer import records
 
 pytestmark = [
     pytest.mark.gpu,
@@ -49,3 +52,16 @@ def test_a_dead_gpu_rank_stops_the_other(capsys):
         run(k, faults.steps_then)
     print(f"stopped after {time.monotonic() - t0:.1f} s: {info.value}")
     assert time.monotonic() - t0 < 120
+
+
+def test_trainer_ddp_on_two_gpus_logs_the_losses_of_one(train_world):  # noqa: F811
+    """The trainer end to end: DISTRIBUTED='ddp' on 2 GPUs against 1 GPU (fp32, eager ops, tiny model)."""
+    base = dict(DEVICE="cuda", STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")
+    one = train_on_devices(tiny_knobs(train_world, "gpu-one", **base))
+    two = train_on_devices(tiny_knobs(train_world, "gpu-two", DISTRIBUTED="ddp", DEVICES=2, **base))
+    a, b = records(one), records(two)
+    print("one GPU:", [r["loss"] for r in a], "two GPUs:", [r["loss"] for r in b])
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-3)
+        assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])

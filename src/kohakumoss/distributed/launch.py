@@ -25,7 +25,16 @@ from kohakumoss_common.errors import KohakuMossError
 from kohakumoss_common.log import get_logger
 
 from .knobs import check_knobs, worker_devices
-from .world import SINGLE, DistributedError, World, fault_message, launched_externally, setup, teardown
+from .world import (
+    DEFAULT_TIMEOUT_S,
+    SINGLE,
+    DistributedError,
+    World,
+    fault_message,
+    launched_externally,
+    setup,
+    teardown,
+)
 
 log = get_logger(__name__)
 _CURRENT: World = SINGLE
@@ -118,7 +127,7 @@ def run(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any]) -> Any:
     check_knobs(mode, devices)
     if mode == "none":
         return fn(k)
-    timeout_s = float(k.get("DIST_TIMEOUT", 600.0))
+    timeout_s = float(k.get("DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = worker_devices(devices, k.get("DEVICE", "auto"), visible)
     if launched_externally():  # torchrun started this process as one rank

@@ -11,7 +11,10 @@ rr.all_finite(loss), rr.step_loss(...), rr.is_main (files are written by rank 0 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,8 +24,9 @@ from kohakumoss_common.errors import ConfigError
 
 from .collectives import barrier
 from .knobs import devices_problem, mode_problem
-from .launch import current
+from .launch import current, run
 from .shard import rank_weight, shard_plan, step_noise
+from .world import beat
 from .wrap import wrap_ddp
 
 # the engines the trainer drives; the package has FSDP2 (wrap.wrap_fsdp), the trainer not yet
@@ -40,6 +44,11 @@ def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
         return (
             "CUDA_GRAPHS",
             "'on' with DISTRIBUTED: graphed steps are not captured with collectives yet; use 'auto'",
+        )
+    if k.get("ALGO") == "tlora":
+        return (
+            "ALGO",
+            "'tlora' masks its ranks by the step runner's sigmas, which DISTRIBUTED redraws per rank",
         )
     if k.get("GRAD_OFFLOAD"):
         return (
@@ -69,10 +78,23 @@ def rank_knobs(k: dict[str, Any]) -> dict[str, Any]:
     return k if k.get("DISTRIBUTED", "none") == "none" else {**k, "CUDA_GRAPHS": "off"}
 
 
+def train_on_devices(k: dict[str, Any]) -> Any:
+    """The train script's entry: train(k) in this process, or on every rank DISTRIBUTED and DEVICES ask for."""
+    from kohakumoss.train.loop import train
+
+    return run(rank_knobs(k), train)
+
+
 class RankRun:
+    """This process's part of the run. Wraps the trainer's pieces so the step runner needs no change:
+    the batches it takes (`next_batch`: which micro-step each one is) and the loss it calls (`loss_fn`:
+    the whole step's noise, the rank's weight, DDP's gradient sync on the last micro-step only, and a
+    non-finite loss on any rank seen by every rank, so all skip the step together)."""
+
     def __init__(self, k: dict[str, Any]):
         self.world = current()
         self.seed = int(k["SEED"])
+        self.accum = int(k.get("GRAD_ACCUM", 1))
         self.reduction = k["LOSS_REDUCTION"]
         self.find_unused = (
             float(k.get("MODULE_DROPOUT", 0.0)) > 0
@@ -80,6 +102,8 @@ class RankRun:
         self.plan = None
         self.picks: list[list[int]] = []
         self.ddp = None
+        self.micro: dict[int, int] = {}  # id(batch) -> its micro-step
+        self.taken = 0
 
     @property
     def is_main(self) -> bool:
@@ -89,6 +113,12 @@ class RankRun:
     def active(self) -> bool:
         return self.world.size > 1
 
+    def own(self, run_dir: Path) -> Path:
+        """Where this rank writes its log and metrics: the run folder (rank 0) or run_dir/ranks/<rank>."""
+        folder = run_dir if self.is_main else run_dir / "ranks" / str(self.world.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
+
     def local_data(self, data):
         """RunData whose plan holds this rank's images of every micro-step (the global plan is kept here)."""
         self.plan = data.plan
@@ -97,16 +127,62 @@ class RankRun:
         local, self.picks = shard_plan(data.plan, self.world.rank, self.world.size)
         return dataclasses.replace(data, plan=local)
 
-    def noise(self, micro_step: int, batch, tcfg) -> tuple[torch.Tensor, torch.Tensor]:
-        from kohakumoss.train.step import draw_step_noise
-
+    def next_batch(self, take: Callable[[], Any], start: int) -> Callable[[], Any]:
+        """`take` (the prefetcher's next_batch), each batch remembered with its micro-step."""
         if not self.active:
-            return draw_step_noise(self.seed, micro_step, batch.x0, batch.seq, tcfg)
-        step = self.plan.steps[micro_step]
-        x0 = batch.x0
-        return step_noise(
-            self.seed, micro_step, step, self.picks[micro_step], tcfg, x0.device, x0.dtype, x0.shape[-1]
-        )
+            return take
+        self.taken = start
+
+        def next_batch():
+            batch = take()
+            self.micro = {i: m for i, m in self.micro.items() if m >= self.taken - 4}  # the last few
+            self.micro[id(batch)] = self.taken
+            self.taken += 1
+            return batch
+
+        return next_batch
+
+    def wrap(self, model: torch.nn.Module, network: torch.nn.Module | None, plan=None) -> torch.nn.Module:
+        """What the loss calls: the backbone itself, or DDP around it (after resume: DDP broadcasts rank 0's).
+        `plan`: the resolved memory plan; one that sums gradients on the host is refused (DDP never sees them)."""
+        if not self.active:
+            return model
+        if plan is not None and getattr(plan, "grad_offload", False):
+            raise ConfigError(
+                "GRAD_OFFLOAD",
+                "the memory plan sums gradients on the host, where DDP does not all-reduce them; "
+                "set GRAD_OFFLOAD=False (or another MEMORY_PROFILE) with DISTRIBUTED",
+            )
+        self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
+        return self.ddp
+
+    def loss_fn(self, loss: Callable, tcfg) -> Callable:
+        """loss(batch, sigma, noise) as this rank's share of the whole micro-step (see the class)."""
+        if not self.active:
+            return loss
+
+        def share(batch, sigma, noise):
+            m = self.micro[id(batch)]
+            sigma, noise = step_noise(
+                self.seed,
+                m,
+                self.plan.steps[m],
+                self.picks[m],
+                tcfg,
+                batch.x0.device,
+                noise.dtype,
+                batch.x0.shape[-1],
+            )
+            sync = (
+                nullcontext() if self.ddp is None or m % self.accum == self.accum - 1 else self.ddp.no_sync()
+            )
+            with sync:  # DDP decides at the forward whether the backward all-reduces
+                value = loss(batch, sigma, noise) * self.weight(m)
+            finite = torch.isfinite(value.detach()).to(torch.float32).reshape(1)
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # queued on the device: no host read
+            return torch.where(finite.reshape(()) > 0, value, torch.full_like(value, math.nan))
+
+        return share
 
     def weight(self, micro_step: int) -> float:
         if not self.active:
@@ -115,52 +191,18 @@ class RankRun:
             self.plan.steps[micro_step], self.picks[micro_step], self.world.size, self.reduction
         )
 
-    def wrap(self, model: torch.nn.Module, network: torch.nn.Module | None) -> torch.nn.Module:
-        """What the loss calls: the backbone itself, or DDP around it (after resume: DDP broadcasts rank 0's)."""
+    def step_totals(self, step: int, loss: float, samples: int, tokens: int) -> tuple[float, int, int]:
+        """Step `step` done: its loss (mean over ranks of their weighted losses), samples and tokens of all
+        ranks; the step is recorded in the store, where a fault message reads each rank's last step."""
         if not self.active:
-            return model
-        self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
-        return self.ddp
-
-    def sync(self, micro: int, accum: int):
-        """DDP all-reduces only on the step's last micro-step; the others accumulate locally."""
-        if self.ddp is None or micro == accum - 1:
-            return nullcontext()
-        return self.ddp.no_sync()
-
-    def all_finite(self, loss: torch.Tensor) -> bool:
-        """Every rank's loss is finite (all ranks skip a step together, or none does)."""
-        ok = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
-        if self.active:
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        return bool(ok.item())
-
-    def finite_flag(self, ok: torch.Tensor) -> torch.Tensor:
-        """The device-side skip flag agreed by every rank (no host read)."""
-        if not self.active:
-            return ok
-        flag = ok.to(torch.float32).reshape(1)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        return flag.reshape(ok.shape) > 0
-
-    def step_loss(self, losses: list[float], first_micro_step: int) -> list[float]:
-        """The whole micro-steps' losses from this rank's: the mean over ranks of weight * loss."""
-        if not self.active:
-            return losses
-        w = [self.weight(first_micro_step + i) for i in range(len(losses))]
-        t = torch.tensor([v * wi for v, wi in zip(losses, w)], dtype=torch.float64)
+            return loss, samples, tokens
+        beat(self.world, step)
+        t = torch.tensor([loss, samples, tokens], dtype=torch.float64)
         if self.world.backend == "nccl":
             t = t.to(self.world.device)
         dist.all_reduce(t)
-        return [float(v) / self.world.size for v in t.cpu()]
-
-    def total(self, *counts: int) -> list[int]:
-        """Counts (samples, tokens) summed over ranks."""
-        if not self.active:
-            return list(counts)
-        t = torch.tensor(counts, dtype=torch.int64, device=self.world.device)
-        dist.all_reduce(t)
-        return [int(v) for v in t.cpu()]
+        loss_sum, samples_sum, tokens_sum = (float(v) for v in t.cpu())
+        return loss_sum / self.world.size, int(samples_sum), int(tokens_sum)
 
     def barrier(self) -> None:
         barrier(self.world)

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from kohakumoss_common.errors import ConfigError, KohakuMossError
 
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-DEFAULT_TIMEOUT_S = 600.0
+DEFAULT_TIMEOUT_S = 1800.0
 
 
 class DistributedError(KohakuMossError):
