@@ -26,6 +26,7 @@ from kohakumoss_common.log import get_logger, log_once
 from . import tuning
 from .fp8 import Fp8Weight
 from .int8 import Int8Weight
+from .mxfp8 import Mxfp8Weight
 from .shape_keys import shape_key
 
 log = get_logger("kohakumoss.kernels.registry")
@@ -48,6 +49,9 @@ _OPS: dict[str, str] = {
     "int8_linear": "int8_linear",
     "lora_linear_int8": "lora_linear_int8",
     "lora_group_int8": "lora_group_int8",
+    "mxfp8_linear": "mxfp8_linear",
+    "lora_linear_mxfp8": "lora_linear_mxfp8",
+    "lora_group_mxfp8": "lora_group_mxfp8",
 }
 
 # The `torch` slot of a priority list expands to these, where the op has them.
@@ -61,6 +65,7 @@ TORCH_NATIVE = (
     "addmm_lowrank",
     "onehot",
     "int_mm",
+    "scaled_mm",
 )
 BACKENDS = ("triton", "tilelang", *TORCH_NATIVE, "compile", "eager")
 
@@ -257,7 +262,7 @@ def _exact_key(args: tuple, kwargs: dict) -> tuple:
     """Shapes and scalar values of one call: finer than the shape key, cheap to build."""
 
     def one(a):
-        if isinstance(a, (torch.Tensor, Fp8Weight, Int8Weight)):
+        if isinstance(a, (torch.Tensor, Fp8Weight, Int8Weight, Mxfp8Weight)):
             return (tuple(a.shape), a.dtype, a.device)
         if isinstance(a, (tuple, list)):  # an op over a group of tensors (lora_group)
             return tuple(one(b) for b in a)

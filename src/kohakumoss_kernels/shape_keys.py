@@ -63,6 +63,9 @@ _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "int8_linear": _lora,
     "lora_linear_int8": _lora,
     "lora_group_int8": _lora_group,
+    "mxfp8_linear": _lora,
+    "lora_linear_mxfp8": _lora,
+    "lora_group_mxfp8": _lora_group,
 }
 
 

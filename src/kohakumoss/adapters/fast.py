@@ -18,6 +18,7 @@ from kohakumoss.precision import base_dtype, frozen_weight
 from kohakumoss_kernels import cast_cache
 from kohakumoss_kernels.fp8 import Fp8Weight
 from kohakumoss_kernels.int8 import Int8Weight
+from kohakumoss_kernels.mxfp8 import Mxfp8Weight
 
 
 def eligible(module: nn.Module) -> bool:
@@ -67,6 +68,7 @@ def _forward(module: LoConModule, ops, scalar: float, x: torch.Tensor, *args, **
         terms = _terms(module, scalar, dtype)
         op = ops.lora_linear_fp8 if isinstance(terms[0], Fp8Weight) else ops.lora_linear
         op = ops.lora_linear_int8 if isinstance(terms[0], Int8Weight) else op
+        op = ops.lora_linear_mxfp8 if isinstance(terms[0], Mxfp8Weight) else op
         return op(x.to(dtype), *terms)
 
 
@@ -80,6 +82,7 @@ def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: tor
         terms = [_terms(m, s, dtype) for m, s in zip(group, scalars, strict=True)]
         op = ops.lora_group_fp8 if isinstance(terms[0][0], Fp8Weight) else ops.lora_group
         op = ops.lora_group_int8 if isinstance(terms[0][0], Int8Weight) else op
+        op = ops.lora_group_mxfp8 if isinstance(terms[0][0], Mxfp8Weight) else op
         return op(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from kohakumoss.adapters import build_adapter, load_adapter
 from kohakumoss.adapters.foreign import is_lora_state
 from kohakumoss.model import MossBackbone
-from kohakumoss.precision import Fp8Linear, Int8Linear
+from kohakumoss.precision import Fp8Linear, Int8Linear, Mxfp8Linear
 from kohakumoss.train.checkpoint import load_checkpoint
 from kohakumoss.train.state import load_trainable_state
 from kohakumoss_common.errors import CheckpointError, ConfigError
@@ -43,7 +43,7 @@ def _ema_weights(ckpt, where: Path) -> dict[str, torch.Tensor]:
 
 
 def _refuse_fp8_merge(model: MossBackbone, source: str | Path) -> None:
-    if any(isinstance(m, (Fp8Linear, Int8Linear)) for m in model.modules()):
+    if any(isinstance(m, (Fp8Linear, Int8Linear, Mxfp8Linear)) for m in model.modules()):
         raise ConfigError(
             "BASE_PRECISION",
             f"'{source}' is merged into the DiT's weights, which are stored in fp8 / int8 here; "

@@ -10,11 +10,13 @@ from .fp8_base import (
 )
 from .fp16 import fp32_residuals, wants_fp32_residuals
 from .int8_base import Int8Linear, stored_int8_weights
+from .mxfp8_base import Mxfp8Linear
 
 __all__ = [
     "BASE_PRECISIONS",
     "Fp8Linear",
     "Int8Linear",
+    "Mxfp8Linear",
     "base_dtype",
     "base_precision_problem",
     "fp32_residuals",

@@ -8,6 +8,8 @@ training and sampling.
 - `int8`: int8 storage and int8 forward GEMMs (`torch._int_mm`), sm80+ (`int8_base`); a ConvRot int8
   file's bytes are kept as stored (`quantize_frozen_linears(..., source=path)`).
 - `int8_weight`: int8 storage, dequantized per call, any card.
+- `mxfp8`: MXFP8 storage (e4m3, an e8m0 scale per 32 inputs) and block-scaled fp8 GEMMs, sm100+ only
+  (`mxfp8_base`); refused by name on every other card and on the CPU.
 The per-sample modulation linears, the embedders and the final layer stay in the compute dtype (small,
 and they set every token's scale). A quantized linear becomes an `Fp8Linear` in place (same object, its
 class swapped): an nn.Linear whose weight is an fp8 parameter beside a `weight_scale` buffer, which is
@@ -21,11 +23,12 @@ import torch
 from torch import nn
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import fp8, int8
+from kohakumoss_kernels import fp8, int8, mxfp8
 
 from .int8_base import Int8Linear, stored_int8_weights, to_int8
+from .mxfp8_base import Mxfp8Linear, to_mxfp8
 
-BASE_PRECISIONS = ("same", "fp8", "fp8_weight", "int8", "int8_weight")
+BASE_PRECISIONS = ("same", "fp8", "fp8_weight", "int8", "int8_weight", "mxfp8")
 QUANTIZED = ("q", "k", "v", "o", "ffn_up_gate", "ffn_down")
 
 
@@ -59,7 +62,10 @@ def _quantized_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
 
 def check_device(knob: str, mode: str, device: torch.device | None) -> None:
     """A ConfigError naming `knob` when `mode`'s GEMMs do not run on `device` (None: not checked)."""
-    if device is None or mode not in ("fp8", "int8"):
+    if device is None or mode not in ("fp8", "int8", "mxfp8"):
+        return
+    if mode == "mxfp8":
+        _check_mxfp8(knob, torch.device(device))
         return
     ok, need, fallback = (
         (fp8.can_compute(device), "sm89+", "fp8 storage")
@@ -75,6 +81,21 @@ def check_device(knob: str, mode: str, device: torch.device | None) -> None:
         f"use '{mode}_weight' ({fallback}, GEMMs in the compute dtype)"
         if cap
         else f"'{mode}' needs a CUDA card of {need} or the CPU, not {device}",
+    )
+
+
+def _check_mxfp8(knob: str, device: torch.device) -> None:
+    if mxfp8.can_compute(device):
+        return
+    where = (
+        f"this card is sm{''.join(map(str, torch.cuda.get_device_capability(device)))}"
+        if device.type == "cuda"
+        else f"{device} has no block-scaled fp8 GEMM"
+    )
+    raise ConfigError(
+        knob,
+        f"'mxfp8' computes with block-scaled fp8 GEMMs (MXFP8), which only Blackwell cards have (sm100+); "
+        f"{where}; use 'fp8' (row-scaled fp8 GEMMs, sm89+) or 'fp8_weight' / 'int8_weight' (storage only)",
     )
 
 
@@ -95,6 +116,8 @@ def quantize_linear(lin: nn.Linear, mode: str, stored=None, ops=None) -> None:
     an int8 file's (data, scale, ConvRot group) for it, kept as is in an int8 mode."""
     if mode.startswith("int8"):
         to_int8(lin, mode == "int8", stored, ops)
+    elif mode == "mxfp8":
+        to_mxfp8(lin, ops)
     else:
         to_fp8(lin, mode == "fp8")
 
@@ -123,10 +146,12 @@ def quantize_frozen_linears(
     return len(linears)
 
 
-def frozen_weight(lin: nn.Linear, dtype: torch.dtype) -> torch.Tensor | fp8.Fp8Weight | int8.Int8Weight:
-    """The linear's frozen weight for an op computing in `dtype`: a tensor, or its fp8 / int8 form."""
+def frozen_weight(lin: nn.Linear, dtype: torch.dtype):
+    """The linear's frozen weight for an op computing in `dtype`: a tensor, or its fp8 / int8 / MXFP8 form."""
     if isinstance(lin, Int8Linear):
         return lin.int8_weight()
+    if isinstance(lin, Mxfp8Linear):
+        return lin.mxfp8_weight()
     if isinstance(lin, Fp8Linear):
         return fp8.Fp8Weight(lin.weight, lin.weight_scale, lin.fp8_compute)
     return lin.weight.to(dtype)

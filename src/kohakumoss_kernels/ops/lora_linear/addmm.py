@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import fp8, grad_sink, int8, side_stream
+from ... import fp8, grad_sink, int8, mxfp8, side_stream
 from ...cast_cache import cast
 
 
@@ -78,6 +78,8 @@ def input_grad(lora: tuple, gys: list, weights: list) -> torch.Tensor:
     sq, down = lora
     if isinstance(weights[0], int8.Int8Weight):
         return int8.grad_input(gys, weights).addmm_(sq, down)
+    if isinstance(weights[0], mxfp8.Mxfp8Weight):
+        return mxfp8.grad_input(gys, weights).addmm_(sq, down)
     if isinstance(weights[0], fp8.Fp8Weight):
         return fp8.grad_input(gys, weights).addmm_(sq, down)
     gx = torch.mm(sq, down)
@@ -88,7 +90,7 @@ def input_grad(lora: tuple, gys: list, weights: list) -> torch.Tensor:
 
 def saved_weights(ctx, weights) -> list:
     """Frozen weights for the backward: tensors through save_for_backward (None here), fp8 / int8 ones on ctx."""
-    typed = (fp8.Fp8Weight, int8.Int8Weight)
+    typed = (fp8.Fp8Weight, int8.Int8Weight, mxfp8.Mxfp8Weight)
     ctx.fp8_weights = [w if isinstance(w, typed) else None for w in weights]
     return [None if isinstance(w, typed) else w for w in weights]
 
@@ -111,13 +113,15 @@ def sink_of(master: torch.Tensor, shape, lowrank: bool) -> torch.Tensor | None:
 
 def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool, xq=None) -> torch.Tensor:
     """x W^T + b + alpha h up^T: the LoRA term added onto the frozen GEMM's output in place, or
-    (lora_first) written first and read by the frozen GEMM's epilogue. An fp8 weight (fp8.Fp8Weight) or
-    an int8 one (int8.Int8Weight) takes the first order: its GEMM writes a fresh output (xq: x2 already
+    (lora_first) written first and read by the frozen GEMM's epilogue. An fp8 weight (fp8.Fp8Weight), an
+    int8 one (int8.Int8Weight) or an MXFP8 one (mxfp8.Mxfp8Weight) takes the first order: its GEMM writes a fresh output (xq: x2 already
     quantized to fp8)."""
     if isinstance(weight, fp8.Fp8Weight):
         return fp8.linear(x2, weight, bias, xq).addmm_(h, up.t(), alpha=alpha)
     if isinstance(weight, int8.Int8Weight):
         return int8.linear(x2, weight, bias).addmm_(h, up.t(), alpha=alpha)
+    if isinstance(weight, mxfp8.Mxfp8Weight):
+        return mxfp8.linear(x2, weight, bias).addmm_(h, up.t(), alpha=alpha)
     if lora_first:
         if bias is not None:  # the 1-D bias rides cuBLASLt's epilogue
             return torch.addmm(bias, h, up.t(), alpha=alpha).addmm_(x2, weight.t())
