@@ -27,7 +27,7 @@ VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
 BASE_PRECISION = (
-    "same"  # frozen block linears: same, fp8 (GEMMs sm89+), fp8_weight, int8 (GEMMs sm80+), int8_weight
+    "same"  # frozen block linears: same, fp8 (sm89+), fp8_weight, int8 (sm80+), int8_weight, mxfp8 (sm100+)
 )
 # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
 MEMORY_PROFILE = (
@@ -44,6 +44,7 @@ OPTIMIZER_PLACEMENT = None  # optimizer states and fp32 masters: gpu, stream or 
 TEXT_ENCODER_PLACEMENT = None  # resident, streamed or off (off: the text cache must hit)
 VAE_PLACEMENT = None  # resident, streamed or off (off: the latent cache must hit)
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)
+DETERMINISTIC = False  # bitwise reproducible steps: torch's deterministic algorithms, fixed cuBLAS workspace, no atomics-adding kernel backends
 CUDA_GRAPHS = "auto"  # replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off
 WGRAD_STREAM = (
     False  # graphed steps: the LoRA weights' gradient GEMMs on a side stream, beside the input-gradient GEMMs

@@ -116,7 +116,7 @@ TRAIN_KNOBS = [
         "BASE_PRECISION",
         "same",
         "frozen block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+), fp8_weight (fp8 storage), "
-        "int8 (int8 storage and forward GEMMs, sm80+) or int8_weight (int8 storage)",
+        "int8 (int8 storage and forward GEMMs, sm80+), int8_weight (int8 storage) or mxfp8 (block-scaled, sm100+)",
         choices=BASE_PRECISIONS,
     ),
     # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
@@ -196,6 +196,11 @@ TRAIN_KNOBS = [
         "auto",
         "kernel registry backend: auto (per-arch priority) or eager (the reference)",
         choices=("auto", "eager"),
+    ),
+    Knob(
+        "DETERMINISTIC",
+        False,
+        "bitwise reproducible steps: torch's deterministic algorithms, a fixed cuBLAS workspace, no kernel backend that adds with atomics",
     ),
     Knob(
         "CUDA_GRAPHS",

@@ -22,6 +22,7 @@ from kohakumoss.precision import fp32_residuals, quantize_frozen_linears, wants_
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.deterministic import backends_for, set_deterministic
 
 log = get_logger(__name__)
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -75,12 +76,22 @@ def build_plan(k: dict[str, Any], device: torch.device) -> tuple[MemoryPlan, str
     return plan, why
 
 
+def ops_backend(k: dict[str, Any]) -> str:
+    """OPS_BACKEND; with DETERMINISTIC, 'auto' without the backends that add with atomics."""
+    if not k.get("DETERMINISTIC") or k["OPS_BACKEND"] != "auto":
+        return k["OPS_BACKEND"]
+    from kohakumoss_common.device import device_info
+
+    device = resolve_device(k["DEVICE"])
+    return backends_for(device_info(device).arch if device.type != "cpu" else "cpu")
+
+
 def build_backbone(
     k: dict[str, Any], device: torch.device, dtype: torch.dtype, fp32_masters: bool
 ) -> MossBackbone:
     """The weights in the compute dtype, or fp32 when they are a full fine-tune's masters; frozen."""
     store = torch.float32 if fp32_masters else dtype
-    ops = OpSet(k["OPS_BACKEND"])
+    ops = OpSet(ops_backend(k))
     if k["WEIGHTS"]:
         model = load_backbone(k["WEIGHTS"], dtype=store, device=device, ops=ops)
     elif k["MODEL_PRESET"]:
@@ -166,6 +177,10 @@ def cap_to_card(k: dict[str, Any], device: torch.device) -> float | None:
 
 
 def build_components(k: dict[str, Any]) -> Components:
+    if "DETERMINISTIC" in k:  # before any GEMM: cuBLAS reads its workspace setting once
+        set_deterministic(bool(k["DETERMINISTIC"]))
+        if k["DETERMINISTIC"]:
+            log.info(f"DETERMINISTIC: torch deterministic algorithms, kernel backends {ops_backend(k)}")
     device = resolve_device(k["DEVICE"])
     cap_to_card(k, device)  # before anything is allocated
     dtype = PRECISION_DTYPES[k["PRECISION"]]
