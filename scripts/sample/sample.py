@@ -42,7 +42,7 @@ GRID = True  # also write grid.png of every image
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision
 BASE_PRECISION = (
-    "same"  # DiT block linears: same, fp8 (fp8 storage and GEMMs, sm89+) or fp8_weight (fp8 storage)
+    "same"  # DiT block linears: same, fp8 (sm89+), fp8_weight, int8 (sm80+), int8_weight, mxfp8 (sm100+)
 )
 STREAM_BLOCKS = (
     None  # DiT blocks streamed from pinned host memory, -1: all (None: all when the card is too small)

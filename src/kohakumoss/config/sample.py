@@ -71,7 +71,7 @@ SAMPLE_KNOBS = [
         "BASE_PRECISION",
         "same",
         "DiT block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+), fp8_weight (fp8 storage), "
-        "int8 (int8 storage and forward GEMMs, sm80+) or int8_weight (int8 storage)",
+        "int8 (int8 storage and forward GEMMs, sm80+), int8_weight (int8 storage) or mxfp8 (block-scaled, sm100+)",
         choices=BASE_PRECISIONS,
     ),
     Knob(
