@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
@@ -58,7 +58,8 @@ def fill_latent_cache(
     wanted = planned_latents(plan, encoder.identity)
     todo = [(k, it) for k, it in wanted.items() if k not in cache]
     locators = {it.key: it.locator for it in catalog.usable}
-    tasks = [ItemTask(locators[it.key], it, k) for k, it in todo]
+    # the latents only: loss masks are the trainer's, so a cache fill neither reads nor needs them
+    tasks = [ItemTask(locators[it.key], replace(it, mask=""), k) for k, it in todo]
     pool = worker_pool(workers, source, None)
     pending: dict[tuple[int, int], list[tuple[str, object]]] = defaultdict(list)
     results: Iterator = (

@@ -144,6 +144,15 @@ def test_mask_files_and_a_missing_one(photos, tmp_path):
     (masks / "sub" / "p1.png").unlink()
     with pytest.raises(DataError, match=r"1 mask file\(s\) missing: .*sub/p1\.png"):
         Loader(plan, catalog, source)
+    # filling the latent cache needs no mask: it neither reads nor refuses them
+    from kohakumoss_data.cache import TensorCache
+    from kohakumoss_data.offline import fill_latent_cache
+
+    from .fakes import FakeVAE
+
+    cache = TensorCache(tmp_path / "cache", {"kind": "latent", "vae": "fake"})
+    report = fill_latent_cache(plan, catalog, source, FakeVAE(), cache, workers=0, progress=False)
+    assert report.encoded == 2
 
 
 def test_plain_batches_carry_no_weights(kohya_dir, tmp_path):
