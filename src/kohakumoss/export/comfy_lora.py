@@ -53,7 +53,8 @@ LOW_RANK = ("lora", "lokr", "glora")  # kinds a fused qkv can hold as one exact 
 @dataclass
 class ComfyAdapter:
     tensors: dict[str, torch.Tensor]
-    formats: dict[str, str] = field(default_factory=dict)  # comfy module -> lora | loha | lokr | diff
+    formats: dict[str, str] = field(default_factory=dict)  # comfy module -> lora | loha | lokr | glora | diff
+    deferred: list[str] = field(default_factory=list)  # modules that need a diff, left out (full_diffs=False)
 
 
 def _kind(entry: dict[str, torch.Tensor]) -> str:
@@ -175,10 +176,15 @@ def _fuse_low_rank(
 
 
 def to_comfy_adapter(
-    model: nn.Module, source: AdapterSource, dtype: torch.dtype | None = None, fused: bool = True
+    model: nn.Module,
+    source: AdapterSource,
+    dtype: torch.dtype | None = None,
+    fused: bool = True,
+    full_diffs: bool = True,
 ) -> ComfyAdapter:
     """ComfyUI-format tensors for an adapter on `model` (weights are only read for `diff` fallbacks);
-    `fused=False` keeps q, k, v as modules of their own (the published kohya key style)."""
+    `fused=False` keeps q, k, v as modules of their own (the published kohya key style); `full_diffs=False`:
+    an adapter that needs a full weight difference anywhere comes back empty, those modules in `deferred`."""
     sd, _ = read_adapter(adapter_state_dict(source) if isinstance(source, nn.Module) else source)
     if not is_lycoris_state(sd):  # a published-style LoRA: repacked like our own
         sd = to_lycoris_state(model, sd)
@@ -223,6 +229,8 @@ def to_comfy_adapter(
             continue
         out.formats[target] = kind
         out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in packed.items()})
+    if need_diff and not full_diffs:  # no partial file: the caller writes none, or the whole one later
+        return ComfyAdapter({}, out.formats, sorted(need_diff))
     if need_diff:
         wanted = {m for ms in need_diff.values() for m in ms}
         subset = {k: v for k, v in sd.items() if names[k.partition(".")[0]] in wanted}

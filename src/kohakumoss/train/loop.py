@@ -28,6 +28,7 @@ from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
+from kohakumoss.export.verify import ExportMismatch
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space
 from kohakumoss_common.log import add_file_log, get_logger
@@ -201,8 +202,9 @@ def export_bytes(comps: Components, tr: Trainable, k: dict[str, Any]) -> int:
 def export_run(
     comps: Components, tr: Trainable, k: dict[str, Any], folder: Path, step: int | None = None
 ) -> dict[str, Path]:
-    """The run's files into `folder`: ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers;
-    the adapter files carry the run's ss_* / modelspec.* metadata at `step` (None: STEPS)."""
+    """The run's files into `folder`: ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers, each
+    verified (export/verify.py); the adapter files carry the run's ss_* / modelspec.* metadata at `step`
+    (None: STEPS, the final export: the only one with full-difference ComfyUI files unless COMFY_DIFFS='every')."""
     clear_tlora_mask()
     metadata = run_metadata(k, int(k["STEPS"]) if step is None else step)
 
@@ -215,11 +217,9 @@ def export_run(
             save_merged_model=k["SAVE_MERGED"],
             save_diffusers=k["SAVE_DIFFUSERS"],
             metadata=metadata,
+            save_format=k["SAVE_FORMAT"],
+            full_diffs=step is None or k.get("COMFY_DIFFS", "end") == "every",
         )
-        drop = {"comfy": ["lycoris"], "hf": ["comfy"]}.get(k["SAVE_FORMAT"], [])
-        for kind in drop:  # SAVE_FORMAT picks which adapter files stay
-            if kind in written:
-                written.pop(kind).unlink()
         return written
 
     if tr.ema is not None and k["EXPORT_EMA"]:
@@ -238,7 +238,8 @@ def save_run_checkpoint(
 def _save_run_checkpoint(
     comps, tr: Trainable, data: RunData, k: dict[str, Any], ckpt_root: Path, step: int
 ) -> Path:
-    return save_checkpoint(
+    failed: list[ExportMismatch] = []
+    path = save_checkpoint(
         ckpt_root,
         step,
         trainable_state(tr.module),
@@ -252,9 +253,20 @@ def _save_run_checkpoint(
         },
         config=k,
         keep_last=int(k["KEEP_LAST"]),
-        write_extra=lambda tmp: export_run(comps, tr, k, tmp / "export", step),
+        write_extra=lambda tmp: _checked(failed, export_run, comps, tr, k, tmp / "export", step),
         extra_bytes=export_bytes(comps, tr, k),
     )
+    if failed:  # the checkpoint is saved, its trainable weights and every export file kept; then stop
+        raise failed[0]
+    return path
+
+
+def _checked(failed: list, fn, *args) -> None:
+    """fn(*args), an ExportMismatch kept in `failed` instead of aborting the checkpoint being written."""
+    try:
+        fn(*args)
+    except ExportMismatch as e:
+        failed.append(e)
 
 
 def export_final(comps: Components, tr: Trainable, k: dict[str, Any], folder: Path) -> dict[str, Path]:
