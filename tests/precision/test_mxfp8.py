@@ -149,3 +149,20 @@ def test_lora_on_an_mxfp8_base_through_the_lora_ops():
     full_model.requires_grad_(False)
     full = flow_loss(full_model, flow_batch())
     assert abs(float(loss.detach() - full)) < 0.02 * float(full)
+
+
+def test_adapters_run_in_bypass_and_merges_see_the_dequantized_weight():
+    """BYPASS=False on an MXFP8 base still runs lycoris's bypass forward (its merged-weight forward would
+    read the e4m3 bytes); a merged export's state holds the dequantized weight, no scale."""
+    from kohakumoss.adapters.merge import dense_state_dict
+
+    model = tiny_model().requires_grad_(False)
+    quantize_frozen_linears(model, "mxfp8")
+    lin = model.layers[0].proj["q"]
+    want = mxfp8.dequantize(lin.weight, lin.weight_scale)
+    state = dense_state_dict(model)
+    assert torch.equal(state["layers.0.proj.q.weight"], want)
+    assert "layers.0.proj.q.weight_scale" not in state
+    net = build_adapter(model, algo="lokr", rank=4, alpha=4.0, preset="attn-mlp", bypass=False)
+    assert all(m.bypass_mode for m in net.loras)
+    assert torch.isfinite(flow_loss(model, flow_batch())).all()

@@ -8,7 +8,7 @@ import lycoris
 from lycoris import LycorisNetwork, create_lycoris
 from torch import nn
 
-from kohakumoss.precision import Fp8Linear, Int8Linear
+from kohakumoss.precision import Fp8Linear, Int8Linear, Mxfp8Linear
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 
@@ -33,7 +33,7 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
     _check_bypass(spec, {**algo.fixed, **spec.algo_args})
     # a quantized base runs in bypass: lycoris forces it for fp8, but would run its merged-weight forward on
     # an Int8Linear's raw int8 values when asked for BYPASS=False
-    forced = any(isinstance(model.get_submodule(n), (Fp8Linear, Int8Linear)) for n in names)
+    forced = any(isinstance(model.get_submodule(n), (Fp8Linear, Int8Linear, Mxfp8Linear)) for n in names)
     values = {k: getattr(spec, k) for k in KNOBS}
     bypass = resolve_bypass(spec.algo, spec.bypass, forced, values)
     if bypass and not spec.bypass and not forced:

@@ -23,18 +23,20 @@ from lycoris.modules.loha import LohaModule
 from lycoris.modules.lokr import LokrModule
 from torch import nn
 
-from kohakumoss.precision import Fp8Linear, Int8Linear, base_dtype
+from kohakumoss.precision import Fp8Linear, Int8Linear, Mxfp8Linear, base_dtype
 from kohakumoss_common.errors import ConfigError
 
 from .io import AdapterSource, load_adapter
 
-QUANTIZED = (Fp8Linear, Int8Linear)
+QUANTIZED = (Fp8Linear, Int8Linear, Mxfp8Linear)
 
 
 def dense_weight(module: nn.Module) -> torch.Tensor:
     """A linear's weight as a float32 tensor: an fp8 / int8 one dequantized."""
     if isinstance(module, Int8Linear):
         return module.int8_weight().dequant(torch.float32)
+    if isinstance(module, Mxfp8Linear):  # e4m3 times its block's power of two: exact in float32
+        return module.mxfp8_weight().dequant(torch.float32)
     if isinstance(module, Fp8Linear):
         return module.weight.float() * module.weight_scale.float().reshape(-1, 1)
     return module.weight.detach().float()
