@@ -5,6 +5,8 @@ and exports, every file verified as it is written (a wrong one would stop the ru
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from safetensors.torch import load_file
 
@@ -45,3 +47,28 @@ def test_fp8_base_runs_checkpoint_and_export(train_world, caplog, algo, args, me
         folder = next((run / "checkpoints").glob(f"step_*{step}"))
         assert (folder / "trainable.safetensors").is_file()
         assert (folder / "export" / f"fp8-{algo}-comfy.safetensors").is_file()
+
+
+def test_a_wrong_export_keeps_the_checkpoint_and_stops_the_run(train_world, monkeypatch):  # noqa: F811
+    import kohakumoss.export.bundle as bundle
+    from kohakumoss.export.verify import ExportMismatch
+
+    real = bundle.to_comfy_adapter
+
+    def broken(*a, **k):
+        out = real(*a, **k)
+        for key in [k for k in out.tensors if k.endswith("lora_up.weight")]:
+            out.tensors[key] = out.tensors[key] * 3
+        return out
+
+    monkeypatch.setattr(bundle, "to_comfy_adapter", broken)
+    knobs = tiny_knobs(train_world, "wrong-export", STEPS=4, SAVE_EVERY=2)
+    with pytest.raises(ExportMismatch, match="wrong-export-comfy.safetensors: ComfyUI"):
+        train(knobs)
+    folder = next((_run_dir(knobs) / "checkpoints").glob("step_*2"))
+    assert (folder / "trainable.safetensors").is_file() and (folder / "meta.json").is_file()
+    assert (folder / "export" / "wrong-export-lycoris.safetensors").is_file()  # SAVE_FORMAT='comfy' kept it
+
+
+def _run_dir(knobs) -> Path:
+    return Path(knobs["RUNS_DIR"]) / knobs["RUN_NAME"]

@@ -181,3 +181,19 @@ def test_a_mismatch_raises_after_writing_and_deletes_nothing(monkeypatch, tmp_pa
         export_all(model, net, tmp_path, "run")
     assert (tmp_path / "run-lycoris.safetensors").is_file() and (tmp_path / "run-comfy.safetensors").is_file()
     assert verify_lycoris(model, adapter_state_dict(net), tmp_path / "run-lycoris.safetensors").ok
+
+
+def test_checkpoint_exports_defer_full_differences(tmp_path):
+    """full_diffs=False (a checkpoint): no ComfyUI file for an adapter that needs a full weight difference
+    (the LyCORIS file stays even with SAVE_FORMAT='comfy'); compact algorithms are written as always."""
+    model, net = _adapted("dora", {}, preset="attn")
+    written = export_all(model, net, tmp_path / "a", "run", save_format="comfy", full_diffs=False)
+    assert set(written) == {"lycoris"} and written["lycoris"].is_file()
+    assert not (tmp_path / "a" / "run-comfy.safetensors").exists()
+    written = export_all(model, net, tmp_path / "b", "run", save_format="comfy")
+    assert set(written) == {"comfy"} and not (tmp_path / "b" / "run-lycoris.safetensors").exists()
+    model, net = _adapted("loha", {}, preset="attn")
+    written = export_all(model, net, tmp_path / "c", "run", save_format="both", full_diffs=False)
+    assert set(written) == {"lycoris", "comfy"}
+    assert set(export_all(model, net, tmp_path / "d", "run", save_format="hf")) == {"lycoris"}
+    assert not (tmp_path / "d" / "run-comfy.safetensors").exists()
