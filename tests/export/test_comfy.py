@@ -148,3 +148,31 @@ def test_a_loha_comfy_file_merges_into_the_native_model(tmp_path):
         torch.testing.assert_close(forward(target, batch), forward(want, batch), rtol=1e-5, atol=1e-5)
     changed = merge_comfy_adapter(tiny_model(), comfy.tensors)
     assert "layers.0.proj.k.weight" in changed and "text_embedder.blocks.1.qkv.weight" in changed
+
+
+STRENGTH_CASES = [c for c in CASES if c[0] not in ("tlora", "dylora")]
+
+
+@pytest.mark.parametrize(
+    "algo,args,qkv_format,other_format", STRENGTH_CASES, ids=[c[0] for c in STRENGTH_CASES]
+)
+def test_comfy_strength_against_the_lycoris_multiplier(algo, args, qkv_format, other_format):
+    """ComfyUI's strength s adds s times the file's change (W + s dW, DoRA: W + s (W' - W)); lycoris's
+    multiplier does the same except for DoRA (it rescales W + dW by 1 + s (m / |W + dW| - 1)) and BOFT
+    (it scales the rotation's angle): those two agree with ComfyUI only at 1 (docs/concepts/adapters.md)."""
+    model = tiny_model()
+    net = build_adapter(model, algo.split("-")[0], rank=8, alpha=4, preset="attn", **args)
+    _perturb(net, std=0.05)
+    source = adapter_state_dict(net)
+    comfy = to_comfy_adapter(model, source)
+    base = fuse_qkv(_native(model))
+    for strength in (1.0, 0.5):
+        got = apply_comfy_adapter(base, comfy.tensors, strength)
+        want = fuse_qkv(merged_state_dict(model, source, multiplier=strength))
+        full = fuse_qkv(merged_state_dict(model, source))
+        key = "layers.1.proj.o.weight"
+        err = float((got[key] - want[key].float()).norm() / (full[key].float() - base[key].float()).norm())
+        if strength == 1.0 or algo not in ("dora", "boft"):
+            assert err < 1e-4, (strength, err)
+        else:
+            assert err > 1e-2, err
