@@ -106,3 +106,50 @@ def test_encoder_precision_follows_fp16_and_its_knob():
     k = {"TEXT_ENCODER": "te", "TEXT_LAYERS": [-1], "TOKENIZER": "", "TEXT_TEMPLATE": "", "PRECISION": "fp16"}
     assert text_encoder_config(k, cpu, gpu).dtype == "float16"
     assert text_encoder_config({**k, "ENCODER_PRECISION": "fp32"}, cpu, gpu).dtype == "float32"
+
+
+def _scaled_run(placement: str, poison_step: int = -1, steps: int = 3):
+    """A few loss-scaled steps of the optimizer-placement tests' tiny model: 'gpu' through GradScaler
+    itself (the reference), 'host' / 'stream' through placed_scaled_step."""
+    from kohakumoss.precision import placed_scaled_step
+
+    from ..memory.test_optimizer_placement import build, make_model, micro_loss, place
+
+    model = make_model()
+    po = place(build("adamw", model), model, placement)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8, growth_interval=2)
+    norms = []
+    for step in range(steps):
+        scaler.scale(micro_loss(model, step, 0)).backward()
+        if step == poison_step:
+            next(model.parameters()).grad[0, 0] = float("inf")
+        if placement == "gpu":
+            for member in po.optimizers.values():
+                scaler.unscale_(member)
+            norms.append(float(po.clip_grad_norm_(1.0)))
+            for member in po.optimizers.values():
+                scaler.step(member)
+            scaler.update()
+        else:
+            norms.append(float(placed_scaled_step(po, scaler, 1.0)))
+        po.zero_grad(set_to_none=True)
+    return {n: p.detach().clone() for n, p in model.named_parameters()}, norms, scaler.get_scale()
+
+
+@pytest.mark.parametrize("placement", ["host", "stream"])
+@pytest.mark.parametrize("poison_step", [-1, 1])
+def test_loss_scaling_with_the_optimizer_off_the_gpu_equals_grad_scaler(placement, poison_step):
+    """fp16's loss scale with placed masters: the same parameters, norms and scale schedule as GradScaler
+    stepping the optimizer itself, an overflowing step skipped and the scale backed off."""
+    ref, ref_norms, ref_scale = _scaled_run("gpu", poison_step)
+    got, norms, scale = _scaled_run(placement, poison_step)
+    assert scale == ref_scale
+    assert scale == (
+        2.0**8 * 0.5 if poison_step >= 0 else 2.0**9
+    )  # growth after 2 clean steps, or a back-off
+    for name, p in ref.items():
+        torch.testing.assert_close(got[name], p, atol=1e-6, rtol=1e-5)
+    clean = [i for i in range(3) if i != poison_step]
+    torch.testing.assert_close(
+        torch.tensor([norms[i] for i in clean]), torch.tensor([ref_norms[i] for i in clean])
+    )

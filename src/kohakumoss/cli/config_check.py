@@ -129,8 +129,6 @@ def trainer_refusals(knobs: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)"))
     if knobs.get("PRECISION") == "fp16" and str(knobs.get("DEVICE")) == "cpu":
         out.append(("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU"))
-    if knobs.get("PRECISION") == "fp16" and knobs.get("OPTIMIZER_PLACEMENT") not in (None, "gpu"):
-        out.append(("PRECISION", "fp16 loss scaling needs OPTIMIZER_PLACEMENT='gpu'; use bf16"))
     out += distributed_refusals(knobs)  # DISTRIBUTED / DEVICES together, and what DDP cannot run with
     resume = knobs.get("RESUME")
     if isinstance(resume, str) and resume not in ("", "latest") and not Path(resume).exists():

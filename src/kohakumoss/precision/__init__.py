@@ -8,7 +8,7 @@ from .fp8_base import (
     frozen_weight,
     quantize_frozen_linears,
 )
-from .fp16 import fp32_residuals, wants_fp32_residuals
+from .fp16 import fp32_residuals, placed_scaled_step, wants_fp32_residuals
 from .int8_base import Int8Linear, stored_int8_weights
 from .mxfp8_base import Mxfp8Linear
 
@@ -21,6 +21,7 @@ __all__ = [
     "base_precision_problem",
     "fp32_residuals",
     "frozen_weight",
+    "placed_scaled_step",
     "quantize_frozen_linears",
     "stored_int8_weights",
     "wants_fp32_residuals",

@@ -24,3 +24,27 @@ def wants_fp32_residuals(precision: str) -> bool:
     """Whether a run at PRECISION `precision` keeps float32 residual streams: fp16 only (bf16 has fp32's
     range; fp32 has nothing to keep)."""
     return precision == "fp16"
+
+
+def placed_scaled_step(optimizer, scaler: torch.amp.GradScaler, clip: float) -> torch.Tensor:
+    """One update after a loss-scaled (fp16) backward when the optimizer's fp32 masters live off the GPU
+    (`memory.engines.optimizer.PlacedOptimizer`, placements 'host' / 'stream'), where GradScaler cannot
+    reach the grads it would unscale: the placed optimizer unscales its own (`unscale_`), a non-finite one
+    skips the step, and the scale moves by GradScaler's own rule (torch._amp_update_scale_: back off on
+    an overflow, grow after `growth_interval` clean steps). Returns the grad norm (NaN when skipped)."""
+    scale = scaler.get_scale()
+    bad = optimizer.unscale_(1.0 / scale)
+    norm = torch.tensor(float("nan"))
+    if not bad:
+        norm = optimizer.clip_grad_norm_(clip)
+        optimizer.step()
+    found = torch.full((), float(bad), device=scaler._scale.device)
+    torch._amp_update_scale_(
+        scaler._scale,
+        scaler._growth_tracker,
+        found,
+        scaler.get_growth_factor(),
+        scaler.get_backoff_factor(),
+        scaler.get_growth_interval(),
+    )
+    return norm

@@ -191,8 +191,6 @@ def build_components(k: dict[str, Any]) -> Components:
         raise ConfigError("BASE_PRECISION", problem)
     plan, why = build_plan(k, device)
     log.info(f"memory plan: {why}")
-    if dtype == torch.float16 and plan.optimizer != "gpu":
-        raise ConfigError("PRECISION", "fp16 loss scaling needs OPTIMIZER_PLACEMENT='gpu'; use bf16")
     # streamed blocks never sit whole on the device: such a model is loaded on the host first;
     # a full fine-tune with host masters keeps only a compute-dtype copy on the device
     host_first = plan.streamed_count(model_config(k).depth) > 0

@@ -17,6 +17,7 @@ import torch
 
 from kohakumoss.adapters.tlora import set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
+from kohakumoss.precision import placed_scaled_step
 
 from .finite import arm_skip, skips_on_device
 from .graphs import StepGraphs
@@ -139,6 +140,9 @@ class StepRunner:
 
     def update(self, res: StepResult) -> None:
         opt, scaler = self.optimizer, self.scaler
+        if scaler and getattr(opt, "placement", "gpu") != "gpu":  # fp16, masters off the GPU
+            res.grad_norm = placed_scaled_step(opt, scaler, self.clip)
+            return
         if scaler:
             for member in opt.optimizers.values():
                 scaler.unscale_(member)
