@@ -158,6 +158,7 @@ SAMPLE_SHIFT = 5.0  # sampler schedule shift (5: as released)
 SAMPLE_WIDTH = 1024  # sample width in px (multiple of 16)
 SAMPLE_HEIGHT = 1024  # sample height in px (multiple of 16)
 SAVE_FORMAT = "comfy"  # comfy: the ComfyUI LoRA; hf: the LyCORIS file; both
+COMFY_DIFFS = "end"  # full-difference ComfyUI files (DoRA, OFT, BOFT, ...): end (final export only) | every
 SAVE_MERGED = False  # also write the merged transformer
 SAVE_DIFFUSERS = False  # also write a diffusers-layout transformer
 TRIGGER_PHRASE = ""  # the adapter files' modelspec.trigger_phrase (empty: none)

@@ -394,6 +394,13 @@ TRAIN_KNOBS = [
     Knob("SAMPLE_WIDTH", 1024, "sample width in px (multiple of 16)", min=16),
     Knob("SAMPLE_HEIGHT", 1024, "sample height in px (multiple of 16)", min=16),
     Knob("SAVE_FORMAT", "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS),
+    Knob(
+        "COMFY_DIFFS",
+        "end",
+        "ComfyUI files made of full weight differences (DoRA, OFT, BOFT, IA3, T-LoRA): end (the final export "
+        "only; checkpoints keep the LyCORIS file) or every (each checkpoint too)",
+        choices=("end", "every"),
+    ),
     Knob("SAVE_MERGED", False, "also write the merged transformer"),
     Knob("SAVE_DIFFUSERS", False, "also write a diffusers-layout transformer"),
     Knob("TRIGGER_PHRASE", "", "the adapter files' modelspec.trigger_phrase (empty: none)"),

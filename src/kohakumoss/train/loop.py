@@ -218,7 +218,7 @@ def export_run(
             save_diffusers=k["SAVE_DIFFUSERS"],
             metadata=metadata,
             save_format=k["SAVE_FORMAT"],
-            full_diffs=step is None or k.get("COMFY_DIFFS", "end") == "every",
+            full_diffs=step is None or k["COMFY_DIFFS"] == "every",
         )
         return written
 
