@@ -197,8 +197,6 @@ def _placed(name: str, args: dict, lr: float, placement: str):
 
 
 def _placed_steps(name, args, lr, placement) -> dict[str, torch.Tensor]:
-    from .runner import data_at  # noqa: F401  (same data as the resume tests)
-
     model, po = _placed(name, args, lr, placement)
     params = dict(model.named_parameters())
     for step in range(3):
