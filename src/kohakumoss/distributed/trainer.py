@@ -1,11 +1,12 @@
 """What the trainer (train/loop.py) asks of a distributed run, as one object: a no-op in one process.
 
-rr = RankRun(k)                      # this rank; refuses what the trainer cannot run distributed
-loader = make_loader(rr.local_data(data), ...)   # this rank's share of every micro-step
-sigma, noise = rr.noise(...)         # the whole step's draws, cut to this rank's images
-forward = rr.wrap(model, network)    # DDP around the backbone's forward
-with rr.sync(micro, accum): (loss * rr.weight(micro_step) / accum).backward()
-rr.all_finite(loss), rr.step_loss(...), rr.is_main (files are written by rank 0 only)
+rr = RankRun(k)                                      # this rank (launch.current())
+loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
+forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward
+step_loss = rr.loss_fn(step_loss, tcfg)              # the share's loss (noise, weight, sync)
+next_batch = rr.next_batch(prefetch.next_batch, start_micro_step)
+loss, samples, tokens = rr.step_totals(step, loss, samples, tokens)   # every rank's, summed
+rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank's log goes
 """
 
 from __future__ import annotations
