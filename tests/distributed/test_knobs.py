@@ -25,6 +25,8 @@ def test_modes_not_built_are_refused_by_name():
     [
         (-1, "ddp", "below 0"),
         (2, "none", "DISTRIBUTED='none'"),
+        (0, "none", "0 workers asked for with DISTRIBUTED='none'"),
+        (["cuda:1"], "none", "DEVICE picks the one device"),
         ([], "ddp", "empty list"),
         (["cuda:0", 0], "ddp", "listed twice"),
         (["cpu", "cuda:1"], "ddp", "mixes CPU and GPU"),

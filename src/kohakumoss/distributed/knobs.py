@@ -34,7 +34,7 @@ def devices_problem(devices: Any, mode: str = "ddp") -> str | None:
     if isinstance(devices, int):
         if devices < 0:
             return f"{devices} is below 0 (0: every visible GPU)"
-        if mode == "none" and devices not in (0, 1):
+        if mode == "none" and devices != 1:
             return f"{devices} workers asked for with DISTRIBUTED='none'; set DISTRIBUTED='ddp' or 'fsdp'"
         return None
     if not devices:
@@ -48,8 +48,8 @@ def devices_problem(devices: Any, mode: str = "ddp") -> str | None:
         return f"a GPU is listed twice in {list(devices)} (one worker per GPU)"
     if cuda and len(cuda) != len(names):
         return f"{list(devices)} mixes CPU and GPU workers"
-    if mode == "none" and len(names) != 1:
-        return f"{len(names)} devices listed with DISTRIBUTED='none'; set DISTRIBUTED='ddp' or 'fsdp'"
+    if mode == "none":
+        return f"{list(devices)} with DISTRIBUTED='none' (DEVICE picks the one device); set DISTRIBUTED='ddp'"
     return None
 
 
