@@ -11,6 +11,7 @@ rank(s) that stopped answering; the launcher stops the others and re-raises the 
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -70,6 +71,10 @@ def worker(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any], devices: list
     if world.device.type == "cpu":  # CPU workers share the node's cores instead of each taking all
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
     _CURRENT = world
+    if world.rank:  # one console: other ranks print warnings and errors (their whole log: ranks/<rank>/)
+        for handler in logging.getLogger("kohakumoss").handlers:
+            if type(handler) is logging.StreamHandler:
+                handler.setLevel(logging.WARNING)
     try:
         return fn({**k, "DEVICE": str(world.device)})
     except KohakuMossError:
