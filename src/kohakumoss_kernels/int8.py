@@ -98,26 +98,41 @@ def int_mm_fits(x2: torch.Tensor, w: Int8Weight) -> bool:
     return rows_ok and w.shape[0] % 8 == 0 and w.shape[1] % 8 == 0
 
 
-def linear_int_mm(x2: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x2 [T, I] @ W^T (+ bias) as one int8 GEMM: x (rotated) quantized per row, int32 accumulation."""
+def prepare(x2: torch.Tensor, w: Int8Weight) -> tuple:
+    """x2 as `w`'s GEMM reads it: (rotated x, its int8 rows and row scales or None); members of a group
+    that share x and its rotation prepare it once."""
     xr = rotate(x2, w.group) if w.group else x2
-    q, s = quantize_rows(xr)
+    return xr, quantize_rows(xr) if w.compute and int_mm_fits(x2, w) else None
+
+
+def linear_int_mm(
+    x2: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None, prepared: tuple | None = None
+) -> torch.Tensor:
+    """x2 [T, I] @ W^T (+ bias) as one int8 GEMM: x (rotated) quantized per row, int32 accumulation."""
+    if prepared is None or prepared[1] is None:
+        prepared = (None, quantize_rows(rotate(x2, w.group) if w.group else x2))
+    q, s = prepared[1]
     acc = torch._int_mm(q, w.data.t())  # [T, O] int32; the column-major operand is W's own storage
     out = (acc.float() * s).mul_(w.scale[None, :]).to(x2.dtype)
     return out if bias is None else out.add_(bias)
 
 
-def linear_weight_only(x2: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_weight_only(
+    x2: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None, prepared: tuple | None = None
+) -> torch.Tensor:
     """x2 [T, I] @ W^T (+ bias) in x2's dtype: the rotation on x, the rows dequantized for this call."""
-    xr = rotate(x2, w.group) if w.group else x2
+    xr = prepared[0] if prepared is not None else rotate(x2, w.group) if w.group else x2
     return torch.nn.functional.linear(xr, w.rows(x2.dtype), bias)
 
 
-def linear(x2: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x2 [T, I] @ W^T (+ bias): an int8 GEMM where the weight computes and the shapes fit."""
+def linear(
+    x2: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None, prepared: tuple | None = None
+) -> torch.Tensor:
+    """x2 [T, I] @ W^T (+ bias): an int8 GEMM where the weight computes and the shapes fit.
+    prepared: `prepare(x2, w)`'s result, shared by the members of a group."""
     if w.compute and int_mm_fits(x2, w):
-        return linear_int_mm(x2, w, bias)
-    return linear_weight_only(x2, w, bias)
+        return linear_int_mm(x2, w, bias, prepared)
+    return linear_weight_only(x2, w, bias, prepared)
 
 
 def grad_input(gys: list[torch.Tensor], ws: list[Int8Weight]) -> torch.Tensor:

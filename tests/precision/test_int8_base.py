@@ -226,3 +226,36 @@ def test_int8_forward_error_against_the_float64_reference(mode, backend, bound):
     errors = [rel_err(p, r) for p, r in zip(torch.split(packed, list(seq.img_lens)), ref, strict=True)]
     print(f"{mode}: per-sample error against float64 {[f'{e:.2e}' for e in errors]}")
     assert max(errors) < bound and min(errors) > 1e-5  # int8's rounding shows; nothing worse
+
+
+@pytest.mark.parametrize("mode", ["int8", "int8_weight"])
+def test_lora_on_a_convrot_base_fast_path_equals_the_reference(tmp_path, mode):
+    """LoRA on a ConvRot-kept base through the cuBLAS forms (one rotation of x per q/k/v group, the int8
+    GEMM on the CPU) against the eager ops over the un-rotated dequantized weights."""
+    (plain,) = save_backbone(tiny_model(), tmp_path / "plain.safetensors", layout="comfy", key_prefix="")
+    path = tmp_path / "convrot.safetensors"
+    _write_convrot(str(plain), path, group=16)
+
+    def run(backend):
+        model = load_backbone(path, dtype=torch.float32).requires_grad_(False)
+        model.ops = OpSet(backend, tune="off")
+        quantize_frozen_linears(model, mode, torch.device("cpu"), source=path)
+        if backend == "addmm":  # the frozen linears' own GEMM too (the CPU registry runs eager by default)
+            for m in model.modules():
+                if isinstance(m, Int8Linear):
+                    m.__dict__["ops"] = OpSet("int_mm", tune="off")
+        torch.manual_seed(0)  # the same LoRA initialisation in both runs
+        net = build_adapter(model, rank=4, alpha=4.0, preset="attn-mlp", bypass=True)
+        with torch.no_grad():
+            g = torch.Generator().manual_seed(1)
+            for m in net.loras:
+                m.lora_up.weight.copy_(torch.randn(m.lora_up.weight.shape, generator=g) * 0.1)
+        return _loss_grads(model, net)
+
+    loss, grads = run("addmm")
+    ref_loss, ref_grads = run("eager")
+    tol = 1e-5 if mode == "int8_weight" else 1e-2  # int8: x rounded to 8 bits per row in the forward
+    assert abs(float(loss - ref_loss)) <= tol * float(ref_loss)
+    errs = [_rel(g, r) for g, r in zip(grads, ref_grads, strict=True)]
+    print(mode, [f"{e:.1e}" for e in errs])
+    assert max(errs) < (1e-4 if mode == "int8_weight" else 0.05)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ... import fp8, side_stream
+from ... import fp8, int8, side_stream
 from ...cast_cache import cast, cast_cat
 from ..lora_linear.addmm import (
     all_sink,
@@ -43,6 +43,8 @@ class _LoraGroup(torch.autograd.Function):
         h = scaled_rows(x2, down.t(), scales[0] if shared else 1.0, lowrank)
         hs = h.split(ranks, dim=1)
         xq = fp8.quantize_rows(x2) if any(_fp8_compute(w) for w in weights) else None  # once for all
+        if isinstance(weights[0], int8.Int8Weight) and all(w.group == weights[0].group for w in weights):
+            xq = int8.prepare(x2, weights[0])  # one rotation (and int8 rows) for every member
         outs = tuple(
             lora_out(x2, w, b, hi, u, 1.0 if shared else s, lora_first, xq)
             for w, b, hi, u, s in zip(weights, biases, hs, ups_c, scales, strict=True)

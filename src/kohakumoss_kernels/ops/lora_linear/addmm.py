@@ -118,8 +118,8 @@ def lora_out(x2, weight, bias, h, up, alpha: float, lora_first: bool, xq=None) -
     quantized to fp8)."""
     if isinstance(weight, fp8.Fp8Weight):
         return fp8.linear(x2, weight, bias, xq).addmm_(h, up.t(), alpha=alpha)
-    if isinstance(weight, int8.Int8Weight):
-        return int8.linear(x2, weight, bias).addmm_(h, up.t(), alpha=alpha)
+    if isinstance(weight, int8.Int8Weight):  # xq: int8.prepare's (rotated x, int8 rows) of a group
+        return int8.linear(x2, weight, bias, xq).addmm_(h, up.t(), alpha=alpha)
     if isinstance(weight, mxfp8.Mxfp8Weight):
         return mxfp8.linear(x2, weight, bias).addmm_(h, up.t(), alpha=alpha)
     if lora_first:
