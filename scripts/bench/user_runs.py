@@ -138,6 +138,8 @@ def read_run(run: Path, warmup: int) -> dict:
 
 def run_row(a, row: Row, work: Path) -> dict:
     cache = work / "tuning-cache" / row.name.replace("/", "-")  # empty: a fresh machine
+    if a.seed_cache:  # a machine that ran before: its tuning table reused
+        shutil.copytree(a.seed_cache, cache, dirs_exist_ok=True)
     env = {**os.environ, "KOHAKUMOSS_CACHE": str(cache)}
     t0 = time.perf_counter()
     log_path = work / f"{row.name.replace('/', '-')}.log"
@@ -208,6 +210,9 @@ def main(argv=None) -> None:
     p.add_argument("--bench", default=None, help="train_step.py JSON of the same device call (ratio column)")
     p.add_argument("--work", default=None, help="working folder (default $OUT/user_runs or /tmp)")
     p.add_argument("--out", default=None, help="JSON of every row (default $OUT/user_runs.json)")
+    p.add_argument(
+        "--seed-cache", default=None, help="start each row from a copy of this kernel cache folder"
+    )
     p.add_argument("--logs", default=None, help="copy each run's log.txt, metrics.jsonl and console log here")
     a = p.parse_args(argv)
     if a.preset == "tiny":
@@ -230,7 +235,8 @@ def main(argv=None) -> None:
         results.append(result)
         print("\n".join(table([result])[1:]), flush=True)
     print(f"\n{a.preset} random weights, synthetic encoders, {a.size}x{a.size} images, {a.steps} steps per row "
-          f"(medians after {a.warmup}), each row from an empty tuning cache")  # fmt: skip
+          f"(medians after {a.warmup}), each row from "
+          f"{'a copy of ' + a.seed_cache if a.seed_cache else 'an empty tuning cache'}")  # fmt: skip
     print("\n".join(table(results)))
     out = a.out or (os.path.join(os.environ["OUT"], "user_runs.json") if os.environ.get("OUT") else None)
     if out:

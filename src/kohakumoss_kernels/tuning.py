@@ -105,7 +105,7 @@ def tuning_window(mode: str | None = None) -> Iterator[None]:
     _window.depth = depth + 1
     before, t0 = len(_stored), time.perf_counter()
     if depth == 0:
-        _window.deadline = t0 + float(os.environ.get(BUDGET_ENV) or 600)
+        _window.deadline = t0 + float(os.environ.get(BUDGET_ENV) or 180)
         _window.over = 0
     try:
         with lycoris_tuning(tune_mode(mode) != "off"):
