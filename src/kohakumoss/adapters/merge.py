@@ -9,8 +9,9 @@ lycoris-lora 4.1.3's LoHa and LoKr apply alpha / rank twice in `get_diff_weight`
 is rebuilt from `get_weight` exactly as their forward does. Every other algorithm uses
 `get_merged_weight`.
 
-On a quantized base (`precision.Fp8Linear`, `Int8Linear`) lycoris cannot merge into the stored weight;
-the merge then runs on a dense float32 copy of it (dequantized: data times its row scale, an int8 ConvRot
+Every merge runs in float32: lycoris merges in the weight's dtype, so a bf16 weight (or a quantized
+one, `precision.Fp8Linear` / `Int8Linear`, which lycoris cannot merge into at all) is replaced for the
+merge by a dense float32 copy of it (dequantized: data times its row scale, an int8 ConvRot
 weight rotated back), and the merged weight comes back in the dtype the linear computes in (`base_dtype`),
 never quantized.
 """
@@ -65,7 +66,8 @@ def _dense_twin(module: nn.Module) -> nn.Linear:
 
 def _merged(lora: LycorisBaseModule, multiplier: float) -> tuple[torch.Tensor, torch.Tensor | None]:
     org = lora.org_module[0]
-    if isinstance(org, QUANTIZED):
+    # lycoris merges in the weight's dtype (and not at all into a quantized one): merge on a float32 copy
+    if isinstance(org, QUANTIZED) or org.weight.dtype in (torch.bfloat16, torch.float16):
         lora.org_module[0] = _dense_twin(org)
         try:
             return _merged(lora, multiplier)
@@ -83,10 +85,15 @@ def _merged(lora: LycorisBaseModule, multiplier: float) -> tuple[torch.Tensor, t
 
 @torch.no_grad()
 def merged_weights(
-    model: nn.Module, source: AdapterSource, multiplier: float = 1.0, only: set[str] | None = None
+    model: nn.Module,
+    source: AdapterSource,
+    multiplier: float = 1.0,
+    only: set[str] | None = None,
+    dtype: torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
     """{native key: merged tensor} for every weight (and bias) the adapter changes (`only`: of these
-    native module names)."""
+    native module names), merged in float32 and returned in `dtype` (None: the dtype each linear
+    computes in)."""
     network = load_adapter(model, source, multiplier=1.0, apply=False)
     names = {id(m): n for n, m in model.named_modules()}
     out: dict[str, torch.Tensor] = {}
@@ -97,10 +104,10 @@ def merged_weights(
         lora.to(module.weight.device)
         lora.eval()
         w, b = _merged(lora, multiplier)
-        key, dtype = names[id(module)], base_dtype(module)
-        out[f"{key}.weight"] = w.detach().to(dtype)
+        key, to = names[id(module)], dtype or base_dtype(module)
+        out[f"{key}.weight"] = w.detach().to(to)
         if b is not None:
-            out[f"{key}.bias"] = b.detach().to(dtype)
+            out[f"{key}.bias"] = b.detach().to(to)
     return out
 
 
@@ -117,8 +124,8 @@ def dense_tensor(model: nn.Module, key: str) -> torch.Tensor:
 def weight_diffs(model: nn.Module, source: AdapterSource, multiplier: float = 1.0) -> dict[str, torch.Tensor]:
     """{native key: merged - base} in float32, for exports that carry a full weight difference (the
     base of an fp8 linear dequantized, so the difference is the adapter's alone)."""
-    merged = merged_weights(model, source, multiplier)
-    return {k: v.float() - dense_tensor(model, k) for k, v in merged.items()}
+    merged = merged_weights(model, source, multiplier, dtype=torch.float32)  # no rounding of W in the diff
+    return {k: v - dense_tensor(model, k) for k, v in merged.items()}
 
 
 def merged_state_dict(

@@ -134,7 +134,7 @@ def _sample(names: list[str], n: int = SAMPLED_LAYERS) -> list[str]:
 
 
 def _trainer_merge(model: MossBackbone, source: AdapterSource, modules: set[str]) -> dict[str, torch.Tensor]:
-    return merged_weights(model, source, only=modules)
+    return merged_weights(model, source, only=modules, dtype=torch.float32)
 
 
 # ---- ComfyUI ---------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def verify_lycoris(model: MossBackbone, source: AdapterSource, path: str | Path)
         return result
     names = module_name_map(model)
     layers = _sample([names[m.lora_name] for m in network.loras])
-    got = merged_weights(model, path, only=set(layers))
+    got = merged_weights(model, path, only=set(layers), dtype=torch.float32)
     want = _trainer_merge(model, source, set(layers))
     for key, w in want.items():
         result.error = max(result.error, _relative(got[key], w, dense_tensor(model, key)))
