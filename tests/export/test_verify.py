@@ -197,3 +197,15 @@ def test_checkpoint_exports_defer_full_differences(tmp_path):
     assert set(written) == {"lycoris", "comfy"}
     assert set(export_all(model, net, tmp_path / "d", "run", save_format="hf")) == {"lycoris"}
     assert not (tmp_path / "d" / "run-comfy.safetensors").exists()
+
+
+@pytest.mark.parametrize("algo", ["dora", "oft"])
+def test_a_bf16_base_diff_carries_no_rounding_of_the_weight(tmp_path, algo):
+    """A diff taken from the merged weight rounded to bf16 is the change plus the weight's rounding: the
+    diff comes from the float32 merge, and verifies against it."""
+    model = tiny_model().to(torch.bfloat16)
+    net = build_adapter(model, algo, rank=8, alpha=4, preset="attn")
+    net.to(torch.float32)
+    _perturb(net, std=0.002)  # a small change: the weight's bf16 rounding would be a large part of it
+    written = export_all(model, net, tmp_path, "run")
+    assert verify_comfy(model, adapter_state_dict(net), written["comfy"]).error < 1e-4
