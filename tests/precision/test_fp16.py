@@ -153,3 +153,33 @@ def test_loss_scaling_with_the_optimizer_off_the_gpu_equals_grad_scaler(placemen
     torch.testing.assert_close(
         torch.tensor([norms[i] for i in clean]), torch.tensor([ref_norms[i] for i in clean])
     )
+
+
+def test_encoders_in_fp16_track_float32(tmp_path):
+    """ENCODER_PRECISION fp16: the tiny text encoder's last_hidden_state and the tiny VAE's round trip in
+    fp16 against float32 (CPU)."""
+    from kohakumoss.encoders import TextEncoder, TextEncoderConfig
+    from kohakumoss.encoders.tiny import tiny_vae
+
+    from ..encoders import conftest as enc
+
+    folder = enc.write_hf_folder(tmp_path / "hf", enc.random_text_model())
+    tok = enc.make_tokenizer(tmp_path / "tok")
+    captions = ["a red cat sits on the mat", "the quick brown fox"]
+    states = {
+        d: TextEncoder.load(TextEncoderConfig(path=str(folder), tokenizer_path=str(tok), dtype=d)).encode(
+            captions
+        )[0]
+        for d in ("float32", "float16")
+    }
+    assert states["float16"].dtype == torch.float16 and torch.isfinite(states["float16"]).all()
+    e_text = _rel(states["float16"], states["float32"])
+    pixels = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    decoded = {}
+    for dtype in (torch.float32, torch.float16):
+        vae = tiny_vae(dtype=dtype)
+        decoded[dtype] = vae.decode(vae.encode(pixels)).float()
+    assert torch.isfinite(decoded[torch.float16]).all()
+    e_vae = _rel(decoded[torch.float16], decoded[torch.float32])
+    print(f"fp16 encoders vs float32: text {e_text:.2e}, VAE round trip {e_vae:.2e}")
+    assert e_text < 1e-2 and e_vae < 2e-2
