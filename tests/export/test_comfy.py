@@ -25,7 +25,8 @@ CASES = [
     ("lokr-4", {"factor": 4}, "lora", "lokr"),  # kron(4x4, rank-8 64x64): one rank-96 LoRA on the qkv
     ("dylora", {"block_size": 4}, "lora", "lora"),
     ("dora", {}, "diff", "diff"),
-    ("oft", {}, "diff", "diff"),
+    ("oft", {}, "oft", "oft"),
+    ("oft-rescaled", {"rescaled": True}, "diff", "diff"),  # ComfyUI's OFT patch ignores `rescale`
     ("boft", {}, "diff", "diff"),
     ("glora", {}, "lora", "glora"),
     ("ia3", {}, "diff", "diff"),
@@ -157,9 +158,10 @@ STRENGTH_CASES = [c for c in CASES if c[0] not in ("tlora", "dylora")]
     "algo,args,qkv_format,other_format", STRENGTH_CASES, ids=[c[0] for c in STRENGTH_CASES]
 )
 def test_comfy_strength_against_the_lycoris_multiplier(algo, args, qkv_format, other_format):
-    """ComfyUI's strength s adds s times the file's change (W + s dW, DoRA: W + s (W' - W)); lycoris's
-    multiplier does the same except for DoRA (it rescales W + dW by 1 + s (m / |W + dW| - 1)) and BOFT
-    (it scales the rotation's angle): those two agree with ComfyUI only at 1 (docs/concepts/adapters.md)."""
+    """ComfyUI's strength s adds s times the file's change (W + s dW, DoRA: W + s (W' - W); its OFT: s^2
+    times); lycoris's multiplier does the same except for DoRA (it rescales W + dW by
+    1 + s (m / |W + dW| - 1)) and BOFT (it scales the rotation): DoRA, OFT and BOFT agree with ComfyUI only
+    at 1 (docs/concepts/adapters.md)."""
     model = tiny_model()
     net = build_adapter(model, algo.split("-")[0], rank=8, alpha=4, preset="attn", **args)
     _perturb(net, std=0.05)
@@ -172,7 +174,7 @@ def test_comfy_strength_against_the_lycoris_multiplier(algo, args, qkv_format, o
         full = fuse_qkv(merged_state_dict(model, source))
         key = "layers.1.proj.o.weight"
         err = float((got[key] - want[key].float()).norm() / (full[key].float() - base[key].float()).norm())
-        if strength == 1.0 or algo not in ("dora", "boft"):
+        if strength == 1.0 or algo.split("-")[0] not in ("dora", "oft", "boft"):
             assert err < 1e-4, (strength, err)
         else:
             assert err > 1e-2, err

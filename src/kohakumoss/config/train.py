@@ -397,7 +397,7 @@ TRAIN_KNOBS = [
     Knob(
         "COMFY_DIFFS",
         "end",
-        "ComfyUI files made of full weight differences (DoRA, OFT, BOFT, IA3, T-LoRA): end (the final export "
+        "ComfyUI files made of full weight differences (DoRA, BOFT, IA3, T-LoRA): end (the final export "
         "only; checkpoints keep the LyCORIS file) or every (each checkpoint too)",
         choices=("end", "every"),
     ),

@@ -9,7 +9,7 @@ Every file is read back as its consumer reads it and compared with the trainer's
 one that fails raises `ExportMismatch` after all are written, nothing deleted. `save_format` keeps one
 adapter file ("comfy" drops the LyCORIS file only once the ComfyUI file verified; "hf" writes no ComfyUI
 file). `full_diffs=False` (checkpoints, COMFY_DIFFS='end') writes no ComfyUI file for an adapter that
-needs full weight differences there (DoRA, OFT, BOFT, IA3, T-LoRA: a full-size matrix per module); the
+needs full weight differences there (DoRA, BOFT, IA3, T-LoRA: a full-size matrix per module); the
 LyCORIS file stays, and the run's final export writes the ComfyUI file.
 """
 

@@ -43,6 +43,16 @@ def glora_rank(a1: torch.Tensor, a2: torch.Tensor, b1: torch.Tensor, b2: torch.T
     )
 
 
+def oft_rotation_q(entry: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The skew-symmetric Q of an OFT entry after ComfyUI's constraint (alpha > 0: Q scaled down to norm
+    alpha when above it, the norm taken over all blocks at once); R = (I + Q)(I - Q)^-1 per block."""
+    blocks = entry["oft_blocks"].float()
+    q = blocks - blocks.transpose(1, 2)
+    alpha = float(entry["alpha"]) if "alpha" in entry else 0.0
+    norm = torch.norm(q) + 1e-8
+    return q * alpha / norm if alpha > 0 and norm > alpha else q
+
+
 def patch_delta(entry: dict, shape: torch.Size, weight: torch.Tensor | None = None) -> torch.Tensor:
     """The weight difference ComfyUI adds at strength 1 (before a DoRA rescale); GLoRA reads `weight`."""
     if "diff" in entry:
@@ -54,6 +64,13 @@ def patch_delta(entry: dict, shape: torch.Size, weight: torch.Tensor | None = No
         m1 = entry["hada_w1_a"].float() @ entry["hada_w1_b"].float()
         m2 = entry["hada_w2_a"].float() @ entry["hada_w2_b"].float()
         return _alpha(entry, entry["hada_w1_b"].shape[0]) * (m1 * m2).reshape(shape)
+    if "oft_blocks" in entry:
+        q = oft_rotation_q(entry)
+        n = q.shape[-1]
+        eye = torch.eye(n)
+        r = (eye + q) @ torch.linalg.inv(eye - q)
+        w = weight.float().reshape(q.shape[0], n, -1)
+        return torch.einsum("knm,kni->kmi", r - eye, w).reshape(shape)
     if "a1.weight" in entry:
         a1, a2, b1, b2 = (entry[f"{n}.weight"].float() for n in ("a1", "a2", "b1", "b2"))
         rank = glora_rank(a1, a2, b1, b2, shape)
@@ -76,6 +93,8 @@ def patched_weight(entry: dict, weight: torch.Tensor, strength: float = 1.0) -> 
     (W + delta rescaled per input column to dora_scale's norms, then W + strength * (that - W))."""
     w = weight.float()
     delta = patch_delta(entry, w.shape, w)
+    if "oft_blocks" in entry:  # ComfyUI's OFT scales its rotation's change by strength, then again
+        return w + strength * strength * delta
     if "dora_scale" not in entry:
         return w + strength * delta
     calc = w + delta

@@ -23,7 +23,10 @@ Comfy-Org stores q, k, v as one matrix W_qkv = [W_q; W_k; W_v] (rows stacked). P
 - GLoRA: ComfyUI reads `a1.weight`, `a2.weight`, `b1.weight`, `b2.weight`, `alpha` as lycoris writes them
   (dW = s (W a1 a2 + b1 b2)); fused q/k/v become one LoRA, up_i = s_i [W_i a1_i, b1_i], down_i = [a2_i; b2_i].
   Mixed LoRA / LoKr / GLoRA members of one fused qkv take the same LoRA route.
-- DoRA, OFT, BOFT, IA3, T-LoRA, and Tucker (mid/t) variants: a `diff` key (the full weight difference
+- OFT (diag-OFT without rescale): ComfyUI's OFT reads `oft_blocks` [blocks, n, n] and `alpha` (its
+  constraint) and rotates each block of n output rows, as lycoris does. Written with the constraint
+  already applied (blocks = Q / 2, alpha 0), so q, k, v's blocks concatenate into one fused OFT.
+- DoRA, BOFT, IA3, T-LoRA, rescaled OFT and Tucker (mid/t) variants: a `diff` key (the full weight difference
   merged - base, computed by lycoris), which ComfyUI adds as is. (ComfyUI's DoRA normalises per input
   column and lycoris's default per output row, so lycoris's DoRA files have no `dora_scale` form there.)
 """
@@ -42,6 +45,7 @@ from kohakumoss.adapters.merge import dense_weight, weight_diffs
 from kohakumoss.adapters.targets import module_name_map
 from kohakumoss_common.errors import CheckpointError
 
+from .comfy_apply import oft_rotation_q
 from .comfy_keys import COMFY_PREFIX, fused_slot
 
 LORA_KEYS = ("lora_up.weight", "lora_down.weight")
@@ -67,7 +71,24 @@ def _kind(entry: dict[str, torch.Tensor]) -> str:
         return "lokr"
     if set(GLORA_KEYS) <= names and "dora_scale" not in names:
         return "glora"
+    if names == {"oft_blocks", "alpha"} or names == {"oft_blocks"}:  # diag-OFT without rescale
+        return "oft" if entry["oft_blocks"].dim() == 3 else "diff"
     return "diff"
+
+
+def _oft(members: list[str], entries: dict[str, dict], out_dims: list[int]) -> dict | None:
+    """One OFT for modules stacked along the rows (or one module): each member's constrained Q halved into
+    blocks (blocks - blocks^T = Q again) and concatenated, alpha 0 (no constraint over the concatenation);
+    None when the members' block sizes differ."""
+    sizes = {entries[m]["oft_blocks"].shape[-1] for m in members if m in entries}
+    if len(sizes) != 1:
+        return None
+    n = sizes.pop()
+    parts = [
+        oft_rotation_q(entries[m]) / 2 if m in entries else torch.zeros(out // n, n, n)
+        for m, out in zip(members, out_dims)
+    ]
+    return {"oft_blocks": torch.cat(parts, 0), "alpha": torch.tensor(0.0)}
 
 
 def _scale(entry: dict[str, torch.Tensor], rank: int) -> float:
@@ -212,9 +233,8 @@ def to_comfy_adapter(
             need_diff[target] = [name]
             continue
         out.formats[target] = kind
-        out.tensors.update(
-            {f"{COMFY_PREFIX}{target}.{k}": v for k, v in entries[name].items() if k != "dora_scale"}
-        )
+        entry = _oft([name], entries, [0]) if kind == "oft" else entries[name]
+        out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in entry.items() if k != "dora_scale"})
     for target, members in groups.items():
         kinds = {_kind(entries[m]) for m in members if m in entries}
         weights = [dense_weight(model.get_submodule(m)) for m in members]
@@ -224,6 +244,8 @@ def to_comfy_adapter(
             packed = _fuse(members, entries, [w.shape[0] for w in weights], weights[0].shape[1], kind)
         elif kinds <= set(LOW_RANK):
             kind, packed = "lora", _fuse_low_rank(members, entries, weights)
+        elif kinds == {"oft"}:
+            kind, packed = "oft", _oft(members, entries, [w.shape[0] for w in weights])
         if packed is None:
             need_diff[target] = members
             continue

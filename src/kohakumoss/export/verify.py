@@ -62,6 +62,7 @@ _COMFY_LOADERS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
         ("a1.weight", "a2.weight", "b1.weight", "b2.weight"),
         ("a1.weight", "a2.weight", "b1.weight", "b2.weight"),
     ),
+    ("oft", ("oft_blocks", "rescale"), ("oft_blocks",)),
     ("diff", ("diff", "diff_b"), ("diff",)),
 )
 _COMMON = ("alpha", "dora_scale", "reshape_weight")  # read for any module the key map reaches
@@ -204,6 +205,9 @@ def _shape_problem(entry: dict[str, torch.Tensor], kind: str, shape: tuple[int, 
         except CheckpointError as e:
             return str(e)
         got = (b1.shape[0], b2.shape[1])
+    elif kind == "oft":
+        blocks = entry["oft_blocks"]
+        got = (blocks.shape[0] * blocks.shape[1], cols) if blocks.dim() == 3 else (0, 0)
     elif kind == "diff":
         got = (entry["diff"].shape[0], int(entry["diff"][0].numel()) if entry["diff"].dim() > 1 else 1)
     else:
