@@ -27,6 +27,7 @@ CASES = [
     ("dora", {}, "diff", "diff"),
     ("oft", {}, "oft", "oft"),
     ("oft-rescaled", {"rescaled": True}, "diff", "diff"),  # ComfyUI's OFT patch ignores `rescale`
+    ("oft-constrained", {"constraint": 1e-4}, "oft", "oft"),  # lycoris: alpha x width; ComfyUI: alpha
     ("boft", {}, "diff", "diff"),
     ("glora", {}, "lora", "glora"),
     ("ia3", {}, "diff", "diff"),

@@ -24,8 +24,9 @@ Comfy-Org stores q, k, v as one matrix W_qkv = [W_q; W_k; W_v] (rows stacked). P
   (dW = s (W a1 a2 + b1 b2)); fused q/k/v become one LoRA, up_i = s_i [W_i a1_i, b1_i], down_i = [a2_i; b2_i].
   Mixed LoRA / LoKr / GLoRA members of one fused qkv take the same LoRA route.
 - OFT (diag-OFT without rescale): ComfyUI's OFT reads `oft_blocks` [blocks, n, n] and `alpha` (its
-  constraint) and rotates each block of n output rows, as lycoris does. Written with the constraint
-  already applied (blocks = Q / 2, alpha 0), so q, k, v's blocks concatenate into one fused OFT.
+  constraint) and rotates each block of n output rows, as lycoris does; lycoris's constraint is alpha
+  times the output width, ComfyUI's alpha itself. Written with lycoris's constraint already applied
+  (blocks = Q / 2, alpha 0), so q, k, v's blocks concatenate into one fused OFT.
 - DoRA, BOFT, IA3, T-LoRA, rescaled OFT and Tucker (mid/t) variants: a `diff` key (the full weight difference
   merged - base, computed by lycoris), which ComfyUI adds as is. (ComfyUI's DoRA normalises per input
   column and lycoris's default per output row, so lycoris's DoRA files have no `dora_scale` form there.)
@@ -45,7 +46,6 @@ from kohakumoss.adapters.merge import dense_weight, weight_diffs
 from kohakumoss.adapters.targets import module_name_map
 from kohakumoss_common.errors import CheckpointError
 
-from .comfy_apply import oft_rotation_q
 from .comfy_keys import COMFY_PREFIX, fused_slot
 
 LORA_KEYS = ("lora_up.weight", "lora_down.weight")
@@ -76,6 +76,16 @@ def _kind(entry: dict[str, torch.Tensor]) -> str:
     return "diff"
 
 
+def _lycoris_oft_q(entry: dict[str, torch.Tensor]) -> torch.Tensor:
+    """lycoris's constrained Q of a diag-OFT entry: its constraint is the saved alpha times the output
+    width (ComfyUI reads alpha itself as the constraint, hence alpha 0 in our files)."""
+    blocks = entry["oft_blocks"].float()
+    q = blocks - blocks.transpose(1, 2)
+    constraint = float(entry["alpha"]) * blocks.shape[0] * blocks.shape[1] if "alpha" in entry else 0.0
+    norm = torch.norm(q) + 1e-8
+    return q * constraint / norm if constraint > 0 and norm > constraint else q
+
+
 def _oft(members: list[str], entries: dict[str, dict], out_dims: list[int]) -> dict | None:
     """One OFT for modules stacked along the rows (or one module): each member's constrained Q halved into
     blocks (blocks - blocks^T = Q again) and concatenated, alpha 0 (no constraint over the concatenation);
@@ -85,7 +95,7 @@ def _oft(members: list[str], entries: dict[str, dict], out_dims: list[int]) -> d
         return None
     n = sizes.pop()
     parts = [
-        oft_rotation_q(entries[m]) / 2 if m in entries else torch.zeros(out // n, n, n)
+        _lycoris_oft_q(entries[m]) / 2 if m in entries else torch.zeros(out // n, n, n)
         for m, out in zip(members, out_dims)
     ]
     return {"oft_blocks": torch.cat(parts, 0), "alpha": torch.tensor(0.0)}
