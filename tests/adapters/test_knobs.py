@@ -120,3 +120,17 @@ def test_zero_dropouts_keep_the_forward_asked():
     model = tiny_model()
     net = build_adapter(model, "lora", rank=4, preset="attn", bypass=False)
     assert not any(m.bypass_mode for m in net.loras)
+
+
+def test_the_config_check_names_the_same_refusal():
+    from kohakumoss.adapters.dropouts import dropout_check
+
+    knobs = {"ALGO": "boft", "DROPOUT": 0.1, "BYPASS": False, "BASE_PRECISION": "same"}
+    with pytest.raises(ConfigError) as built:
+        _build("boft", "dropout", "merged", 0.1)
+    assert dropout_check(knobs) == str(built.value)
+    assert dropout_check({**knobs, "ALGO": "lora"}) is None  # switched to the bypass forward
+    assert dropout_check({"ALGO": "lokr", "RANK_DROPOUT": 0.1, "BASE_PRECISION": "fp8"}).startswith(
+        "RANK_DROPOUT"
+    )
+    assert dropout_check({"ALGO": "full", "DROPOUT": 0.1}) is None

@@ -66,3 +66,20 @@ def resolve_bypass(algo: str, bypass: bool, forced: bool, values: dict[str, floa
         f"lycoris's {forward} of ALGO='{algo}' does not apply {knob}={values[knob]} (it would train without it); "
         f"{where or fallback}; set {knob.upper()}=0",
     )
+
+
+def dropout_check(knobs: dict) -> str | None:
+    """The dropout refusal `build_adapter` would raise for a config's knobs, as a message (or None),
+    for a check before anything loads (next to algos.base_precision_check)."""
+    from .algos import resolve_algo
+
+    if knobs.get("ALGO", "lora") == "full":
+        return None
+    try:
+        name, _ = resolve_algo(str(knobs.get("ALGO", "lora")))
+        values = {k: float(knobs.get(k.upper(), 0.0) or 0.0) for k in KNOBS}
+        forced = knobs.get("BASE_PRECISION", "same") != "same"
+        resolve_bypass(name, bool(knobs.get("BYPASS", False)), forced, values)
+    except ConfigError as e:
+        return str(e)
+    return None
