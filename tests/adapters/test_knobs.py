@@ -134,3 +134,9 @@ def test_the_config_check_names_the_same_refusal():
         "RANK_DROPOUT"
     )
     assert dropout_check({"ALGO": "full", "DROPOUT": 0.1}) is None
+
+
+def test_dora_with_per_column_norms_is_refused():
+    """lycoris writes such a file but cannot load it back (its loader sizes dora_scale per output row)."""
+    with pytest.raises(ConfigError, match="ALGO_ARGS: DoRA with wd_on_output=False"):
+        build_adapter(tiny_model(), "dora", rank=4, preset="attn", wd_on_output=False)

@@ -209,3 +209,15 @@ def test_a_bf16_base_diff_carries_no_rounding_of_the_weight(tmp_path, algo):
     _perturb(net, std=0.002)  # a small change: the weight's bf16 rounding would be a large part of it
     written = export_all(model, net, tmp_path, "run")
     assert verify_comfy(model, adapter_state_dict(net), written["comfy"]).error < 1e-4
+
+
+def test_a_file_lycoris_cannot_load_is_a_mismatch(tmp_path):
+    model, net = _adapted("lora", {}, preset="attn")
+    export_all(model, net, tmp_path, "run")
+    path = tmp_path / "run-lycoris.safetensors"
+    tensors = load_file(str(path))
+    key = next(k for k in tensors if k.endswith("lora_down.weight"))
+    tensors[key] = torch.zeros(tensors[key].shape[0], 3)  # no longer the module's width
+    save_file(tensors, str(path))
+    result = verify_lycoris(model, adapter_state_dict(net), path)
+    assert not result.ok and "lycoris's loader fails on it" in result.line()

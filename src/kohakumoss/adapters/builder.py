@@ -80,7 +80,14 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
 
 
 def _check_bypass(spec: AdapterSpec, args: dict) -> None:
-    """Refuse the bypass combinations lycoris-lora 4.1.3 computes wrongly (instead of training them)."""
+    """Refuse the combinations lycoris-lora 4.1.3 computes wrongly or cannot read back (instead of
+    training them)."""
+    if args.get("dora_wd") and str(args.get("wd_on_output", True)).lower() in ("false", "0"):
+        raise ConfigError(
+            "ALGO_ARGS",
+            "DoRA with wd_on_output=False: lycoris's loader cannot read its file back (it sizes dora_scale "
+            "per output row); leave wd_on_output at True",
+        )
     if not spec.bypass:
         return
     if args.get("dora_wd"):

@@ -290,8 +290,8 @@ def verify_lycoris(model: MossBackbone, source: AdapterSource, path: str | Path)
     result = Verified(path, "LyCORIS", 0, len(tensors), tolerance=_tolerance(tensors.values()))
     try:
         network = load_adapter(model, path, apply=False)
-    except CheckpointError as e:
-        result.problems.append(str(e))
+    except Exception as e:  # lycoris's loader fails on the file: a mismatch like any other
+        result.problems.append(f"lycoris's loader fails on it: {type(e).__name__}: {e}")
         return result
     loaded = {f"{m.lora_name}.{k}" for m in network.loras for k in m.state_dict()}
     loaded |= {f"{m.lora_name}.on_input" for m in network.loras if hasattr(m, "train_on_input")}
