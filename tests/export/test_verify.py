@@ -20,6 +20,7 @@ from kohakumoss.export.verify import (
     comfy_shapes,
     verify_comfy,
     verify_lycoris,
+    verify_merged,
 )
 from kohakumoss.model.io import load_backbone
 from kohakumoss.precision import quantize_frozen_linears
@@ -221,3 +222,13 @@ def test_a_file_lycoris_cannot_load_is_a_mismatch(tmp_path):
     save_file(tensors, str(path))
     result = verify_lycoris(model, adapter_state_dict(net), path)
     assert not result.ok and "lycoris's loader fails on it" in result.line()
+
+
+def test_a_diffusers_folder_needs_its_config(tmp_path):
+    model, net = _adapted("lora", {}, preset="attn")
+    written = export_all(model, net, tmp_path, "run", save_diffusers=True)
+    source = adapter_state_dict(net)
+    assert verify_merged(model, source, written["diffusers"], "hf").ok
+    (written["diffusers"] / "config.json").write_text('{"_class_name": "SomethingElse"}')
+    result = verify_merged(model, source, written["diffusers"], "hf")
+    assert not result.ok and "config.json" in result.line()

@@ -16,6 +16,7 @@ adapter. A file that fails is an `ExportMismatch`, raised after every file is wr
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,7 @@ from kohakumoss.adapters.io import AdapterSource, adapter_state_dict, load_adapt
 from kohakumoss.adapters.merge import dense_tensor, merged_weights
 from kohakumoss.adapters.targets import module_name_map
 from kohakumoss.model import MossBackbone
-from kohakumoss.model.io import check_keys, read_checkpoint
+from kohakumoss.model.io import check_keys, hf_config_json, read_checkpoint
 from kohakumoss.model.layouts import LAYOUTS
 from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.io import iter_tensors
@@ -337,6 +338,10 @@ def verify_merged(
         check_keys(info, model.config)
     except CheckpointError as e:
         result.problems.append(str(e))
+    if layout in ("hf", "native"):  # a diffusers transformer/ folder: config.json with the released fields
+        config = directory / "config.json"
+        if not config.is_file() or json.loads(config.read_text()) != hf_config_json(model.config):
+            result.problems.append(f"{config.name} absent or not the released fields of this model")
     if result.problems:
         return result
     result.matched = len(info.entries)
