@@ -28,7 +28,9 @@ CASES = [
     ("oft", {}, "oft", "oft"),
     ("oft-rescaled", {"rescaled": True}, "diff", "diff"),  # ComfyUI's OFT patch ignores `rescale`
     ("oft-constrained", {"constraint": 1e-4}, "oft", "oft"),  # lycoris: alpha x width; ComfyUI: alpha
-    ("boft", {}, "diff", "diff"),
+    ("boft", {}, "diff", "boft"),  # a butterfly over q, k and v's rows apart is no butterfly of the qkv
+    ("boft-constrained", {"constraint": 1e-4}, "diff", "boft"),
+    ("boft-rescaled", {"rescaled": True}, "diff", "boft"),
     ("glora", {}, "lora", "glora"),
     ("ia3", {}, "diff", "diff"),
     ("tlora", {}, "diff", "diff"),

@@ -47,10 +47,31 @@ def oft_rotation_q(entry: dict[str, torch.Tensor]) -> torch.Tensor:
     """The skew-symmetric Q of an OFT entry after ComfyUI's constraint (alpha > 0: Q scaled down to norm
     alpha when above it, the norm taken over all blocks at once); R = (I + Q)(I - Q)^-1 per block."""
     blocks = entry["oft_blocks"].float()
-    q = blocks - blocks.transpose(1, 2)
+    q = blocks - blocks.transpose(-1, -2)
     alpha = float(entry["alpha"]) if "alpha" in entry else 0.0
     norm = torch.norm(q) + 1e-8
     return q * alpha / norm if alpha > 0 and norm > alpha else q
+
+
+def boft_weight(entry: dict, weight: torch.Tensor, strength: float = 1.0) -> torch.Tensor:
+    """ComfyUI's BOFT (`oft_blocks` [stages, blocks, b, b]): each stage's rotations R_i (at strength s:
+    s R_i + (1 - s) I) applied to the rows in butterfly order, then `rescale`; returns the patched
+    weight W + s (that - W)."""
+    q = oft_rotation_q(entry)
+    stages, _, b, _ = q.shape
+    eye = torch.eye(b)
+    r = (eye + q) @ torch.linalg.inv(eye - q)
+    w = weight.float()
+    out = w
+    for i in range(stages):
+        rot = r[i] if strength == 1 else r[i] * strength + (1 - strength) * eye
+        k = 2**i * (b // 2)
+        out = out.unflatten(0, (-1, 2, k)).transpose(1, 2).flatten(0, 2).unflatten(0, (-1, b))
+        out = torch.einsum("bij,bj...->bi...", rot, out)
+        out = out.flatten(0, 1).unflatten(0, (-1, k, 2)).transpose(1, 2).flatten(0, 2)
+    if "rescale" in entry:
+        out = out * entry["rescale"].float()
+    return w + strength * (out - w)
 
 
 def patch_delta(entry: dict, shape: torch.Size, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,6 +85,8 @@ def patch_delta(entry: dict, shape: torch.Size, weight: torch.Tensor | None = No
         m1 = entry["hada_w1_a"].float() @ entry["hada_w1_b"].float()
         m2 = entry["hada_w2_a"].float() @ entry["hada_w2_b"].float()
         return _alpha(entry, entry["hada_w1_b"].shape[0]) * (m1 * m2).reshape(shape)
+    if "oft_blocks" in entry and entry["oft_blocks"].dim() == 4:
+        return boft_weight(entry, weight) - weight.float()
     if "oft_blocks" in entry:
         q = oft_rotation_q(entry)
         n = q.shape[-1]
@@ -92,6 +115,8 @@ def patched_weight(entry: dict, weight: torch.Tensor, strength: float = 1.0) -> 
     """ComfyUI's patched float32 weight: W + strength * delta, or with `dora_scale` its weight_decompose
     (W + delta rescaled per input column to dora_scale's norms, then W + strength * (that - W))."""
     w = weight.float()
+    if "oft_blocks" in entry and entry["oft_blocks"].dim() == 4:
+        return boft_weight(entry, w, strength)
     delta = patch_delta(entry, w.shape, w)
     if "oft_blocks" in entry:  # ComfyUI's OFT scales its rotation's change by strength, then again
         return w + strength * strength * delta

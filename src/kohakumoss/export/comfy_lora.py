@@ -27,7 +27,10 @@ Comfy-Org stores q, k, v as one matrix W_qkv = [W_q; W_k; W_v] (rows stacked). P
   constraint) and rotates each block of n output rows, as lycoris does; lycoris's constraint is alpha
   times the output width, ComfyUI's alpha itself. Written with lycoris's constraint already applied
   (blocks = Q / 2, alpha 0), so q, k, v's blocks concatenate into one fused OFT.
-- DoRA, BOFT, IA3, T-LoRA, rescaled OFT and Tucker (mid/t) variants: a `diff` key (the full weight difference
+- BOFT: ComfyUI's BOFT reads lycoris's `oft_blocks` [stages, blocks, b, b] and `rescale` (the same
+  butterfly), written with lycoris's constraint applied like OFT. Its butterfly spans the module's
+  rows, so a fused q/k/v of three is a `diff`.
+- DoRA, IA3, T-LoRA, a rescaled OFT, BOFT's fused q/k/v and Tucker (mid/t) variants: a `diff` key (the full weight difference
   merged - base, computed by lycoris), which ComfyUI adds as is. (ComfyUI's DoRA normalises per input
   column and lycoris's default per output row, so lycoris's DoRA files have no `dora_scale` form there.)
 """
@@ -71,17 +74,20 @@ def _kind(entry: dict[str, torch.Tensor]) -> str:
         return "lokr"
     if set(GLORA_KEYS) <= names and "dora_scale" not in names:
         return "glora"
-    if names == {"oft_blocks", "alpha"} or names == {"oft_blocks"}:  # diag-OFT without rescale
-        return "oft" if entry["oft_blocks"].dim() == 3 else "diff"
+    if "oft_blocks" in names and names <= {"oft_blocks", "alpha", "rescale"}:
+        dims = entry["oft_blocks"].dim()
+        if dims == 4:
+            return "boft"
+        return "oft" if dims == 3 and "rescale" not in names else "diff"  # ComfyUI's OFT ignores rescale
     return "diff"
 
 
 def _lycoris_oft_q(entry: dict[str, torch.Tensor]) -> torch.Tensor:
     """lycoris's constrained Q of a diag-OFT entry: its constraint is the saved alpha times the output
     width (ComfyUI reads alpha itself as the constraint, hence alpha 0 in our files)."""
-    blocks = entry["oft_blocks"].float()
-    q = blocks - blocks.transpose(1, 2)
-    constraint = float(entry["alpha"]) * blocks.shape[0] * blocks.shape[1] if "alpha" in entry else 0.0
+    blocks = entry["oft_blocks"].float()  # [blocks, n, n] (OFT) or [stages, blocks, n, n] (BOFT)
+    q = blocks - blocks.transpose(-1, -2)
+    constraint = float(entry["alpha"]) * blocks.shape[-3] * blocks.shape[-1] if "alpha" in entry else 0.0
     norm = torch.norm(q) + 1e-8
     return q * constraint / norm if constraint > 0 and norm > constraint else q
 
@@ -243,7 +249,9 @@ def to_comfy_adapter(
             need_diff[target] = [name]
             continue
         out.formats[target] = kind
-        entry = _oft([name], entries, [0]) if kind == "oft" else entries[name]
+        entry = entries[name]
+        if kind in ("oft", "boft"):  # lycoris's constraint applied, alpha 0 (ComfyUI's differs)
+            entry = {**entry, "oft_blocks": _lycoris_oft_q(entry) / 2, "alpha": torch.tensor(0.0)}
         out.tensors.update({f"{COMFY_PREFIX}{target}.{k}": v for k, v in entry.items() if k != "dora_scale"})
     for target, members in groups.items():
         kinds = {_kind(entries[m]) for m in members if m in entries}

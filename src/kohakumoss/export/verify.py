@@ -208,7 +208,8 @@ def _shape_problem(entry: dict[str, torch.Tensor], kind: str, shape: tuple[int, 
         got = (b1.shape[0], b2.shape[1])
     elif kind == "oft":
         blocks = entry["oft_blocks"]
-        got = (blocks.shape[0] * blocks.shape[1], cols) if blocks.dim() == 3 else (0, 0)
+        rows_of = {3: blocks.shape[0] * blocks.shape[-1], 4: blocks.shape[1] * blocks.shape[-1]}
+        got = (rows_of.get(blocks.dim(), 0), cols)
     elif kind == "diff":
         got = (entry["diff"].shape[0], int(entry["diff"][0].numel()) if entry["diff"].dim() > 1 else 1)
     else:
