@@ -123,8 +123,9 @@ def _tolerance(tensors) -> float:
 
 def _relative(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor) -> float:
     """|got - want| / |want - base| (Frobenius): the error against the size of the adapter's change."""
-    change = (want.double() - base.double()).norm()
-    return float((got.double() - want.double()).norm() / change.clamp_min(1e-30))
+    got, want, base = (t.detach().cpu().double() for t in (got, want, base))  # model weights may be on a GPU
+    change = (want - base).norm()
+    return float((got - want).norm() / change.clamp_min(1e-30))
 
 
 def _sample(names: list[str], n: int = SAMPLED_LAYERS) -> list[str]:
@@ -248,7 +249,8 @@ def _comfy_base(model: MossBackbone, comfy_modules: list[str]) -> dict[str, torc
     out = {}
     for module in comfy_modules:
         members = fused_members(module) or (module,)
-        out[f"{module}.weight"] = torch.cat([dense_tensor(model, f"{m}.weight") for m in members], 0)
+        weights = [dense_tensor(model, f"{m}.weight").detach().cpu() for m in members]  # beside the file's
+        out[f"{module}.weight"] = torch.cat(weights, 0)
     return out
 
 
