@@ -128,12 +128,21 @@ def test_the_config_check_names_the_same_refusal():
     knobs = {"ALGO": "boft", "DROPOUT": 0.1, "BYPASS": False, "BASE_PRECISION": "same"}
     with pytest.raises(ConfigError) as built:
         _build("boft", "dropout", "merged", 0.1)
-    assert dropout_check(knobs) == str(built.value)
+    knob, message = dropout_check(knobs)
+    assert f"{knob}: {message}" == str(built.value)
     assert dropout_check({**knobs, "ALGO": "lora"}) is None  # switched to the bypass forward
-    assert dropout_check({"ALGO": "lokr", "RANK_DROPOUT": 0.1, "BASE_PRECISION": "fp8"}).startswith(
-        "RANK_DROPOUT"
-    )
+    assert dropout_check({"ALGO": "lokr", "RANK_DROPOUT": 0.1, "BASE_PRECISION": "fp8"})[0] == "RANK_DROPOUT"
     assert dropout_check({"ALGO": "full", "DROPOUT": 0.1}) is None
+
+
+def test_the_trainer_refuses_a_dropout_before_anything_loads():
+    from kohakumoss.config.train import TRAIN_SCHEMA
+    from kohakumoss.train.components import build_components
+
+    knobs = {"ALGO": "boft", "DROPOUT": 0.1, "BYPASS": False, "MODEL_PRESET": "tiny", "DEVICE": "cpu"}
+    full = {**TRAIN_SCHEMA.defaults(), **knobs}
+    with pytest.raises(ConfigError, match="^DROPOUT: "):
+        build_components(full)
 
 
 def test_dora_with_per_column_norms_is_refused():

@@ -68,13 +68,21 @@ def resolve_bypass(algo: str, bypass: bool, forced: bool, values: dict[str, floa
     )
 
 
-def dropout_check(knobs: dict) -> str | None:
-    """The dropout refusal `build_adapter` would raise for a config's knobs, as a message (or None),
+def dropout_check(knobs: dict) -> tuple[str, str] | None:
+    """The dropout refusal `build_adapter` would raise for a config's knobs, as (knob, message) or None,
     for a check before anything loads (next to algos.base_precision_check)."""
     from .algos import resolve_algo
 
     if knobs.get("ALGO", "lora") == "full":
         return None
+    try:
+        name, _ = resolve_algo(str(knobs.get("ALGO", "lora")))
+        values = {k: float(knobs.get(k.upper(), 0.0) or 0.0) for k in KNOBS}
+        forced = knobs.get("BASE_PRECISION", "same") != "same"
+        resolve_bypass(name, bool(knobs.get("BYPASS", False)), forced, values)
+    except ConfigError as e:
+        return e.knob, str(e).removeprefix(f"{e.knob}: ")
+    return None
     try:
         name, _ = resolve_algo(str(knobs.get("ALGO", "lora")))
         values = {k: float(knobs.get(k.upper(), 0.0) or 0.0) for k in KNOBS}

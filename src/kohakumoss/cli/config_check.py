@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss.adapters.algos import base_precision_check
+from kohakumoss.adapters.dropouts import dropout_check
 from kohakumoss.config.knobs import Schema
 from kohakumoss.distributed.trainer import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
@@ -155,6 +156,8 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
         res.problems += [p for p in trainer_refusals(merged) if p[0] not in {k for k, _ in res.problems}]
     if kind == "train" and (msg := base_precision_check(merged)):
         res.problems.append(("BASE_PRECISION", msg))
+    if kind == "train" and (refusal := dropout_check(merged)):
+        res.problems.append(refusal)
     if kind in ("train", "data") and "DATASET" in knobs and (msg := check_dataset(knobs["DATASET"])):
         res.problems.append(("DATASET", msg))
     if kind == "train" and not any(k in MEMORY_INPUTS for k, _ in res.problems):

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from kohakumoss.adapters.algos import base_precision_check
+from kohakumoss.adapters.dropouts import dropout_check
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
@@ -189,6 +190,8 @@ def build_components(k: dict[str, Any]) -> Components:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
     if problem := base_precision_check(k):  # before anything loads
         raise ConfigError("BASE_PRECISION", problem)
+    if refusal := dropout_check(k):
+        raise ConfigError(*refusal)
     plan, why = build_plan(k, device)
     log.info(f"memory plan: {why}")
     # streamed blocks never sit whole on the device: such a model is loaded on the host first;
