@@ -826,7 +826,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     if not full and a.base_precision != "same":  # as the trainer: quantized before the plan places it
         n_fp8 = quantize_frozen_linears(model, a.base_precision, device)
-        notes.append(f"BASE_PRECISION {a.base_precision}: {n_fp8} block linears in fp8")
+        notes.append(f"BASE_PRECISION {a.base_precision}: {n_fp8} block linears quantized")
     engines = install_memory_plan(plan, model, device, compute_dtype=dtype, full_ft=full)
     network = None
     if not full:  # after the plan, as the trainer builds it (train/loop.build_trainable)
