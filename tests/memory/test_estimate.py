@@ -184,3 +184,90 @@ def test_fp32_doubles_activations():
     bf = estimate_plan(MemoryPlan(), MEASURED, MOSS).parts["saved activations"]
     fp = estimate_plan(MemoryPlan(), {**MEASURED, "PRECISION": "fp32"}, MOSS).parts["saved activations"]
     assert fp == 2 * bf
+
+
+@pytest.mark.parametrize("mode", ["fp8_weight", "int8_weight", "int8", "mxfp8"])
+def test_8bit_block_bytes_are_a_quantized_blocks(mode):
+    """Every BASE_PRECISION stores a block as its real quantized linears do (mxfp8's two scale layouts)."""
+    import torch
+
+    from kohakumoss.model import MossBackbone
+    from kohakumoss.precision import quantize_frozen_linears
+    from kohakumoss.precision.fp8_base import QUANTIZED
+    from kohakumoss.precision.mxfp8_base import to_mxfp8
+
+    cfg = get_preset("tiny")
+    model = MossBackbone(cfg).to(torch.bfloat16).requires_grad_(False)
+    block = model.layers[0]
+    if mode == "mxfp8":  # its GEMMs need sm100+: quantize the block's linears directly, as the setup does
+        linears = [m for n, m in block.named_modules() if n.rsplit(".", 1)[-1] in QUANTIZED]
+        assert len(linears) == 6
+        for lin in linears:
+            to_mxfp8(lin)
+    else:
+        quantize_frozen_linears(model, mode, torch.device("cpu"))
+    size = sum(t.numel() * t.element_size() for t in [*block.parameters(), *block.buffers()])
+    k = {"PRECISION": "bf16", "BASE_PRECISION": mode}
+    assert block_weight_bytes(k, cfg) == size
+    # on moss-image-5b every 8-bit mode roughly halves a block (one byte per weight, the scales on top)
+    same = block_weight_bytes({"PRECISION": "bf16"}, MOSS)
+    assert 0.5 * same < block_weight_bytes(k, MOSS) < 0.54 * same
+
+
+def test_text_encoder_quant_shrinks_the_resident_encoder_by_the_derived_fraction():
+    te = 16 * GIB
+    k = {**MEASURED, "TEXT_ENCODE": "online"}
+    plain = estimate_plan(MemoryPlan(), k, MOSS, text_encoder_bytes=te)
+    for quant in ("fp8", "fp8_weight", "int8", "int8_weight"):
+        q = estimate_plan(MemoryPlan(), {**k, "TEXT_ENCODER_QUANT": quant}, MOSS, text_encoder_bytes=te)
+        assert q.parts["text encoder"] == pytest.approx(te * 0.5645)
+        assert plain.total - q.total == pytest.approx(te * (1 - 0.5645) * ALLOCATOR_SLACK)
+    cached = {**k, "TEXT_ENCODE": "cache", "TEXT_ENCODER_QUANT": "fp8"}
+    assert estimate_plan(MemoryPlan(), cached, MOSS, text_encoder_bytes=te).parts["text encoder"] == 0
+
+
+def test_text_encoder_quant_fraction_is_qwen35s():
+    """The fraction is derived from the released text model's structure (meta device, no weights)."""
+    import torch
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextModel
+
+    from kohakumoss.encoders.text_config import QWEN35_9B
+    from kohakumoss.encoders.text_quant import block_linears
+    from kohakumoss.memory.calibration import TEXT_ENCODER_QUANT_FRACTION
+
+    with torch.device("meta"):
+        model = Qwen3_5TextModel(Qwen3_5TextConfig(**QWEN35_9B))
+    total = sum(p.numel() for p in model.parameters())
+    lins = [lin.weight.shape for _, lin in block_linears(model)]
+    quantized = 2 * total - sum(r * c for r, c in lins) + 4 * sum(r for r, _ in lins)
+    assert abs(TEXT_ENCODER_QUANT_FRACTION - quantized / (2 * total)) < 1e-4
+
+
+@pytest.mark.parametrize("algo", ["lora", "full"])
+def test_ema_adds_a_float32_copy_of_the_trainable_weights(algo):
+    k = {**MEASURED, "ALGO": algo}
+    n = trainable_params(k, MOSS)
+    for plan in (MemoryPlan(), MemoryPlan(checkpointing="full", optimizer="host")):
+        off = estimate_plan(plan, k, MOSS)
+        on = estimate_plan(plan, {**k, "EMA": True}, MOSS)
+        assert on.parts["EMA"] == 4 * n and off.parts["EMA"] == 0
+        assert on.total - off.total == pytest.approx(4 * n * ALLOCATOR_SLACK)
+    if algo == "full":  # a streamed block's weights (and so its EMA copy) live on the host
+        plan = MemoryPlan(checkpointing="full", stream_blocks=8, optimizer="host")
+        on = estimate_plan(plan, {**k, "EMA": True}, MOSS)
+        assert on.parts["EMA"] == 4 * (n - 8 * block_params(MOSS))
+
+
+@pytest.mark.parametrize("mode", ["none", "full", "attn", "mlp"])
+def test_fp16_keeps_float32_residuals(mode):
+    """fp16 keeps 2 more bytes per token and dim for each residual copy a block keeps (x2 in a plain block)."""
+    plan = MemoryPlan(checkpointing=mode)
+    bf = estimate_plan(plan, MEASURED, MOSS).parts["saved activations"]
+    fp = estimate_plan(plan, {**MEASURED, "PRECISION": "fp16"}, MOSS).parts["saved activations"]
+    copies = 1 if mode == "full" else 2
+    assert fp - bf == pytest.approx(MOSS.depth * 8704 * MOSS.dim * 2 * copies)
+    off = MemoryPlan(checkpointing=mode, activation_offload="on")
+    bf_off = estimate_plan(off, MEASURED, MOSS).parts["saved activations"]
+    fp_off = estimate_plan(off, {**MEASURED, "PRECISION": "fp16"}, MOSS).parts["saved activations"]
+    assert 0 <= fp_off - bf_off <= fp - bf

@@ -58,6 +58,8 @@ FIXED_PER_TOKEN_DIM = 5.42
 # after qk_norm_rope, v, the attention output, x and its rms_norm again (10 d); the [up | gate]
 # concatenation SiTU-GLU reads (2 h) and its output (h). A frozen refiner keeps nothing.
 REFINER_SAVED = (10, 3)
+# The tables by PRECISION: fp16 as bf16 (the same bytes; its float32 residuals are FP16_RESIDUAL_EXTRA),
+# fp32 twice: DERIVED (the dtypes' sizes).
 ACTIVATIONS: dict[tuple[str, str], dict[str, float]] = {
     (mode, precision): {"kept": kept * scale, "working": working * scale}
     for mode, (kept, working) in _BF16.items()
@@ -70,12 +72,32 @@ ACTIVATIONS_OFFLOADED: dict[tuple[str, str], dict[str, float]] = {
 }
 
 
+# PRECISION fp16 keeps the DiT's residual streams in float32 (precision/fp16.py): per token and dim of a
+# block, 2 more bytes for each copy of the residual x the block keeps. DERIVED from the kept list above:
+# a plain block keeps x twice (norm_modulate, residual_norm_modulate): +4; 'attn' and 'mlp' keep the
+# block's input for the recompute and x at the other half's norm: +4; 'full' keeps only its input: +2.
+# The branch activations stay fp16 (autocast), so nothing else changes.
+FP16_RESIDUAL_EXTRA = {"none": 4.0, "attn": 4.0, "mlp": 4.0, "full": 2.0}
+
+
 # --- weights and trainable state -------------------------------------------------------------------
-WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}  # frozen/compute weights per parameter
-MASTER_BYTES = 4  # fp32 master weight per trained parameter
-GRAD_BYTES_FP32 = 4  # fp32 gradient (trained fp32 weights: adapters, full FT with GPU masters)
-ADAMW_STATE_BYTES = 8  # exp_avg + exp_avg_sq in fp32
-MUON_STATE_BYTES = 4  # one fp32 momentum buffer
+# DERIVED (the dtypes' sizes): frozen / compute weights per parameter by PRECISION.
+WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+MASTER_BYTES = 4  # DERIVED: fp32 master weight per trained parameter (and EMA's copy of it)
+GRAD_BYTES_FP32 = 4  # DERIVED: fp32 gradient (trained fp32 weights: adapters, full FT with GPU masters)
+ADAMW_STATE_BYTES = 8  # DERIVED: exp_avg + exp_avg_sq in fp32
+MUON_STATE_BYTES = 4  # DERIVED: one fp32 momentum buffer
+# BASE_PRECISION's 8-bit linears (fp8, fp8_weight, int8, int8_weight): one byte per weight plus this
+# float32 scale per output row; mxfp8: one e8m0 byte per MXFP8_BLOCK inputs of a row, stored twice (as
+# is and in the GEMM's tile layout). DERIVED (precision/*_base.py's buffers; tests/memory/test_estimate.py
+# compares them with quantized blocks).
+ROW_SCALE_BYTES = 4
+MXFP8_BLOCK = 32
+# TEXT_ENCODER_QUANT (any mode): the text encoder's resident bytes as a fraction of its bf16 bytes. DERIVED
+# from Qwen3.5-9B's text model (encoders/text_config.QWEN35_9B on the meta device): 7,936,684,544
+# parameters, 6,918,504,448 of them in the 248 decoder-block linears (1,426,944 rows) that
+# encoders/text_quant.py quantizes; (2 x 7.937e9 - 6.919e9 + 4 x 1.427e6) / (2 x 7.937e9) = 0.5645.
+TEXT_ENCODER_QUANT_FRACTION = 0.5645
 # Optimizer "stream": states and masters live in pinned host memory and pass through the GPU this
 # many blocks at a time for the update. PLACEHOLDER.
 OPT_STREAM_CHUNKS = 2

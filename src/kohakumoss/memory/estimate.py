@@ -133,16 +133,28 @@ def model_params(config: Any) -> int:
     return config.depth * block_params(config) + nonblock_params(config)
 
 
+def quantized_linear_bytes(mode: str, rows: int, cols: int) -> float:
+    """Bytes of one frozen [rows, cols] linear stored by BASE_PRECISION `mode`: one byte per weight, plus
+    a float32 scale per row (fp8, int8 and their *_weight forms), or MXFP8's one-byte scale per 32 inputs
+    twice (the scales as stored and in the GEMM's 128 x 4 tile layout)."""
+    if mode == "mxfp8":
+        blocks = cols // cal.MXFP8_BLOCK
+        tiled = math.ceil(rows / 128) * 128 * math.ceil(blocks / 4) * 4
+        return rows * cols + rows * blocks + tiled
+    return rows * cols + cal.ROW_SCALE_BYTES * rows
+
+
 def block_weight_bytes(knobs: dict[str, Any], config: Any) -> float:
-    """Bytes of one block's frozen weights (what streaming moves per block): PRECISION's, the fp8-stored
-    linears (BASE_PRECISION) at one byte per parameter plus a float32 scale per output row."""
+    """Bytes of one block's frozen weights (what streaming moves per block): PRECISION's, the 8-bit
+    linears (BASE_PRECISION) as `quantized_linear_bytes` says."""
     wb = cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
     bp = block_params(config)
-    if knobs.get("BASE_PRECISION", "same") == "same" or knobs.get("ALGO", "lora") == "full":
+    mode = knobs.get("BASE_PRECISION", "same")
+    if mode == "same" or knobs.get("ALGO", "lora") == "full":
         return bp * wb
-    sizes = block_linears(config)  # the linears precision/fp8_base.py quantizes
+    sizes = block_linears(config)  # the linears precision/fp8_base.py quantizes, as [out, in]
     quantized = sum(i * o for i, o in sizes)
-    return (bp - quantized) * wb + quantized + 4 * sum(o for _, o in sizes)
+    return (bp - quantized) * wb + sum(quantized_linear_bytes(mode, o, i) for i, o in sizes)
 
 
 def trainable_params(knobs: dict[str, Any], config: Any, params: int | None = None) -> int:
@@ -197,9 +209,22 @@ def saved_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tup
     precision = knobs.get("PRECISION", "bf16")
     per_dim = int(knobs.get("TOKENS_PER_STEP", 8192)) * config.dim
     off = plan.activation_offload == "on"
-    plain = per_dim * activation("none", precision, off)["kept"]
-    ckpt = per_dim * activation(plan.checkpointing, precision, off)["kept"]
+    plain = per_dim * kept_per_dim("none", precision, off)
+    ckpt = per_dim * kept_per_dim(plan.checkpointing, precision, off)
     return ckpt, plain
+
+
+def kept_per_dim(mode: str, precision: str, offload: bool = False) -> float:
+    """What a block of checkpoint `mode` keeps per token and dim; PRECISION fp16 adds its float32 residual
+    streams (FP16_RESIDUAL_EXTRA; with offload, the share of it that stays on the card)."""
+    kept = activation(mode, precision, offload)["kept"]
+    if precision != "fp16":
+        return kept
+    extra = cal.FP16_RESIDUAL_EXTRA[mode]
+    if offload:  # the float32 copies leave the card in the same share as the rest of what the block keeps
+        plain = activation(mode, precision)["kept"]
+        extra *= kept / plain if plain else 0.0
+    return kept + extra
 
 
 def working_set(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
@@ -228,10 +253,29 @@ def encoder_file_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
     return te, vae
 
 
-def _encoder(placement: str, encode: str, size: int) -> float:
+def _encoder(placement: str, encode: str, size: float) -> float:
     if encode == "cache" or not size or placement == "off":
         return 0.0
     return size * (cal.ENCODER_STREAM_FRACTION if placement == "streamed" else 1.0)
+
+
+def text_encoder_resident_bytes(knobs: dict[str, Any], size: int) -> float:
+    """The text encoder's bytes on the card from its file's `size`: with TEXT_ENCODER_QUANT its decoder
+    blocks' linears take one byte per weight plus a row scale (TEXT_ENCODER_QUANT_FRACTION)."""
+    if knobs.get("TEXT_ENCODER_QUANT", "none") in ("none", None):
+        return float(size)
+    return size * cal.TEXT_ENCODER_QUANT_FRACTION
+
+
+def ema_bytes(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: int | None = None) -> float:
+    """EMA's float32 copy of the trainable weights, kept where they live (train/ema.py): on the card,
+    but for a full fine-tune's streamed blocks, whose weights live on the host."""
+    if not knobs.get("EMA"):
+        return 0.0
+    n = trainable_params(knobs, config, params)
+    if knobs.get("ALGO", "lora") == "full" and plan.optimizer != "gpu":
+        n -= plan.streamed_count(config.depth) * block_params(config)
+    return max(n, 0) * cal.MASTER_BYTES
 
 
 def estimate_plan(
@@ -278,6 +322,8 @@ def estimate_plan(
             min(cal.OPT_STREAM_CHUNKS, depth) * per_block * (state + cal.MASTER_BYTES)
         )
 
+    est.parts["EMA"] = ema_bytes(plan, knobs, config, params)
+
     # activations
     ckpt, plain = saved_per_block(plan, knobs, config)
     c = checkpointed_blocks(plan, depth)
@@ -289,7 +335,9 @@ def estimate_plan(
 
     # encoders
     est.parts["text encoder"] = _encoder(
-        plan.text_encoder, knobs.get("TEXT_ENCODE", "auto"), text_encoder_bytes
+        plan.text_encoder,
+        knobs.get("TEXT_ENCODE", "auto"),
+        text_encoder_resident_bytes(knobs, text_encoder_bytes),
     )
     est.parts["VAE"] = _encoder(plan.vae, knobs.get("VAE_ENCODE", "auto"), vae_bytes)
     return est
