@@ -42,8 +42,8 @@ def test_auto_is_the_fastest_fit_and_speed_without_a_gpu():
         best = fastest_fit(catalog(MOSS, KNOBS), gb * GIB)
         assert plan == best.plan and best.id in why and estimate_plan(plan, KNOBS, MOSS).total < gb * GIB
     assert resolve_plan(KNOBS, MOSS, None, False)[0] == PROFILES["speed"]
-    plan, why = resolve_plan(KNOBS, MOSS, 0.5, False)
-    assert "nothing fits" in why
+    with pytest.raises(ConfigError, match="MEMORY_PROFILE: 'auto' found no memory plan that fits"):
+        resolve_plan(KNOBS, MOSS, 0.5, False)
     # a full fine-tune needs a different plan than an adapter on the same card
     assert resolve_plan(KNOBS, MOSS, 24.0, True)[0] != resolve_plan(KNOBS, MOSS, 24.0, False)[0]
 
@@ -64,3 +64,86 @@ def test_bad_values_name_the_knob():
         resolve_plan({**KNOBS, "MEMORY_PROFILE": "minimal", "TEXT_ENCODE": "online"}, MOSS, 8.0, False)
     with pytest.raises(ConfigError, match="OPTIMIZER_PLACEMENT: a full fine-tune with streamed blocks"):
         resolve_plan({**KNOBS, "MEMORY_PROFILE": "speed", "STREAM_BLOCKS": 4}, MOSS, 80.0, True)
+
+
+TE = 18 * GIB  # a text encoder that runs in the step (TEXT_ENCODE 'online'), resident
+
+
+def refusal(knobs: dict, gb: float, te: int = TE) -> str:
+    with pytest.raises(ConfigError) as e:
+        resolve_plan({**knobs, "MEMORY_PROFILE": "auto"}, MOSS, gb, False, text_encoder_bytes=te)
+    assert e.value.knob == "MEMORY_PROFILE"
+    return str(e.value)
+
+
+def fits(knobs: dict, gb: float, te: int = TE) -> bool:
+    try:
+        resolve_plan({**knobs, "MEMORY_PROFILE": "auto"}, MOSS, gb, False, text_encoder_bytes=te)
+    except ConfigError:
+        return False
+    return True
+
+
+def test_auto_refuses_when_nothing_fits_and_lists_the_changes_that_do():
+    """24 GiB with the text encoder online: caching the text fits, and so does the mildest token count;
+    a smaller rank alone does not, so it is not offered."""
+    knobs = {**KNOBS, "TEXT_ENCODE": "online"}
+    assert not fits(knobs, 24.0)
+    msg = refusal(knobs, 24.0)
+    assert "smallest predicted peak is catalog entry" in msg
+    assert "TEXT_ENCODE='cache' (encode the captions first: scripts/data/cache_text.py) -> c" in msg
+    assert fits({**knobs, "TEXT_ENCODE": "cache"}, 24.0)
+    assert "TOKENS_PER_STEP=4352 ->" in msg  # the mildest halving that fits
+    assert fits({**knobs, "TOKENS_PER_STEP": 4352}, 24.0) and not fits(
+        {**knobs, "TOKENS_PER_STEP": 8703}, 24.0
+    )
+    assert "RANK=" not in msg and not fits({**knobs, "RANK": 1}, 24.0)
+
+
+def test_every_kind_of_change_is_offered_when_it_fits():
+    """Each change the refusal can name, each listed with the mildest value that alone fits."""
+    knobs = {**KNOBS, "TEXT_ENCODE": "cache", "RANK": 256, "EMA": True, "STREAM_BLOCKS": 0}
+    msg = refusal(knobs, 18.0)
+    offered = {
+        "TOKENS_PER_STEP=4352 ->": {"TOKENS_PER_STEP": 4352},
+        "BASE_PRECISION='fp8' (sm89+": {"BASE_PRECISION": "fp8"},
+        "RANK=128 ->": {"RANK": 128},
+        "EMA=False ->": {"EMA": False},
+        "another profile: unset STREAM_BLOCKS": {"STREAM_BLOCKS": None},
+    }
+    for text, change in offered.items():
+        assert text in msg and fits({**knobs, **change}, 18.0), text
+    assert "RANK=64" not in msg and "TOKENS_PER_STEP=2176" not in msg  # only the mildest halving that fits
+    # the text encoder quantized and the latents cached, when they run in the step
+    online = {**KNOBS, "TEXT_ENCODE": "online", "VAE_ENCODE": "online"}
+    with pytest.raises(ConfigError) as e:
+        resolve_plan({**online, "MEMORY_PROFILE": "auto"}, MOSS, 22.0, False, None, 14 * GIB, 4 * GIB)
+    assert "TEXT_ENCODER_QUANT='fp8'" in str(e.value) and "VAE_ENCODE='cache'" in str(e.value)
+
+
+def test_full_fine_tunes_are_not_offered_an_8bit_base_or_a_rank():
+    msg = refusal({**KNOBS, "ALGO": "full", "TEXT_ENCODE": "cache"}, 4.0)
+    assert "BASE_PRECISION" not in msg and "RANK=" not in msg
+
+
+def test_no_single_change_fits_but_several_together_do():
+    knobs = {**KNOBS, "TEXT_ENCODE": "online", "CHECKPOINTING": "none"}
+    msg = refusal(knobs, 8.0)
+    assert "No single change fits; these together do" in msg
+    assert "TEXT_ENCODE='cache'" in msg and "unset CHECKPOINTING" in msg
+    assert fits({**knobs, "TEXT_ENCODE": "cache", "CHECKPOINTING": None}, 8.0)
+
+
+def test_nothing_the_estimate_knows_fits():
+    assert "No change the estimate knows of fits" in refusal(KNOBS, 1.0, te=0)
+
+
+def test_an_explicit_profile_above_the_card_runs_with_a_warning():
+    plan, why = resolve_plan({**KNOBS, "MEMORY_PROFILE": "speed"}, MOSS, 24.0, False)
+    peak = estimate_plan(PROFILES["speed"], KNOBS, MOSS).total / GIB
+    assert plan == PROFILES["speed"]
+    assert f"WARNING: predicted peak {peak:.1f} GiB above the card's 24 GiB" in why
+    _, why = resolve_plan({**KNOBS, "MEMORY_PROFILE": "speed"}, MOSS, 141.0, False)
+    assert "WARNING" not in why
+    _, why = resolve_plan({**KNOBS, "MEMORY_PROFILE": "c0000"}, MOSS, None, False)
+    assert "WARNING" not in why  # no card known: nothing to compare with

@@ -51,6 +51,7 @@ from .estimate import (
     saved_per_block,
     trainable_params,
 )
+from .named import profile_of
 from .plan import PLAN_KNOBS, MemoryPlan, plan_with_overrides
 
 CHECKPOINT_VARIANTS = (("none", 1), ("mlp", 1), ("attn", 1), ("full", 3), ("full", 2), ("full", 1))
@@ -209,12 +210,6 @@ def _pins(knobs: dict[str, Any]) -> dict[str, Any]:
     return {k: knobs[k] for k in PLAN_KNOBS if knobs.get(k) is not None}
 
 
-def _profile_of(plan: MemoryPlan) -> str:
-    from .profiles import PROFILES
-
-    return next((name for name, p in PROFILES.items() if p == plan), "")
-
-
 def make_entry(
     entry: str,
     plan: MemoryPlan,
@@ -230,7 +225,7 @@ def make_entry(
     if base_seconds is None:
         base_seconds = step_seconds(MemoryPlan(), knobs, config, params)
     cost = step_seconds(plan, knobs, config, params) / base_seconds
-    return CatalogEntry(entry, plan, est.total, cost, est, _profile_of(plan))
+    return CatalogEntry(entry, plan, est.total, cost, est, profile_of(plan))
 
 
 def catalog(

@@ -1,42 +1,42 @@
-"""The four named memory profiles, from fastest to smallest, and how MEMORY_PROFILE becomes a plan.
-
-    speed     nothing checkpointed, streamed or offloaded
-    balanced  every block checkpointed (only its input kept); everything resident
-    low_vram  every block checkpointed, 32 blocks (of 42) streamed, optimizer states on the host
-    minimal   every block checkpointed and streamed, activations and grads offloaded, optimizer on
-              the host, text encoder and VAE off (both caches must hit)
+"""How MEMORY_PROFILE becomes a plan (the named profiles are in named.py).
 
 MEMORY_PROFILE is 'auto' (the cheapest catalog entry whose predicted peak fits the card; 'speed' without
-a GPU), one of the names above, or a catalog id ('c0042'). The per-engine knobs (CHECKPOINTING,
+a GPU), one of the profile names, or a catalog id ('c0042'). The per-engine knobs (CHECKPOINTING,
 STREAM_BLOCKS, ...) set in a config then override single fields (for 'auto' they pin them before the
 choice, so the choice respects them).
+
+When 'auto' finds nothing that fits, the run is refused before anything loads, and the refusal lists the
+changes (caching the text, fewer tokens per step, an 8-bit base, a smaller rank, dropping the pins, ...)
+with which the estimate finds an entry that fits. A profile or entry named explicitly is taken as asked,
+with a warning when its predicted peak is above the card.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.log import get_logger
 
 from . import calibration as cal
-from .catalog import CATALOG_SIZE, catalog, entry_id, fastest_fit, find_entry, plan_refusal
+from .catalog import (
+    CATALOG_SIZE,
+    CatalogEntry,
+    card_budget,
+    catalog,
+    entry_id,
+    fastest_fit,
+    find_entry,
+    plan_refusal,
+)
+from .estimate import estimate_plan
+from .named import PROFILES
 from .plan import PLAN_KNOBS, MemoryPlan, plan_with_overrides
 
-PROFILES: dict[str, MemoryPlan] = {
-    "speed": MemoryPlan(),
-    "balanced": MemoryPlan(checkpointing="full"),
-    "low_vram": MemoryPlan(checkpointing="full", stream_blocks=32, optimizer="host"),
-    "minimal": MemoryPlan(
-        checkpointing="full",
-        stream_blocks=-1,
-        activation_offload="on",
-        grad_offload=True,
-        optimizer="host",
-        text_encoder="off",
-        vae="off",
-    ),
-}
+log = get_logger(__name__)
+
 PROFILE_CHOICES = ("auto", *PROFILES)
 ENTRY_ID = re.compile(r"c\d{4}")
 
@@ -90,6 +90,153 @@ def _check_encoders(plan: MemoryPlan, knobs: dict[str, Any]) -> None:
             )
 
 
+# A knob change the refusal tries: (what to tell the user, the knobs with it applied).
+Change = tuple[str, dict[str, Any]]
+MIN_TOKENS = 256  # fewer tokens per step than this is no training step worth suggesting
+
+
+def _halvings(value: int, floor: int) -> list[int]:
+    out = []
+    while value // 2 >= floor:
+        value //= 2
+        out.append(value)
+    return out
+
+
+def _base_precision_ok(knobs: dict[str, Any]) -> bool:
+    from kohakumoss.adapters.algos import base_precision_check
+
+    return base_precision_check({**knobs, "BASE_PRECISION": "fp8"}) is None
+
+
+CACHE_TEXT = "TEXT_ENCODE='cache' (encode the captions first: scripts/data/cache_text.py)"
+CACHE_LATENTS = "VAE_ENCODE='cache' (encode the images first: scripts/data/cache_latents.py)"
+QUANT_TEXT = "TEXT_ENCODER_QUANT='fp8' (sm89+; 'int8_weight' elsewhere)"
+QUANT_BASE = "BASE_PRECISION='fp8' (sm89+; 'int8' on sm80, 'fp8_weight' / 'int8_weight' elsewhere)"
+
+
+def fit_changes(knobs: dict[str, Any], text_encoder_bytes: int, vae_bytes: int) -> list[list[Change]]:
+    """The knob changes the refusal tries, grouped: each group is one way out, its changes from the
+    mildest on (the refusal reports the mildest of a group that fits)."""
+    groups: list[list[Change]] = []
+    if text_encoder_bytes and knobs.get("TEXT_ENCODE", "auto") != "cache":
+        groups.append([(CACHE_TEXT, {"TEXT_ENCODE": "cache"})])
+        if knobs.get("TEXT_ENCODER_QUANT", "none") in ("none", None):
+            groups.append([(QUANT_TEXT, {"TEXT_ENCODER_QUANT": "fp8"})])
+    if vae_bytes and knobs.get("VAE_ENCODE", "auto") != "cache":
+        groups.append([(CACHE_LATENTS, {"VAE_ENCODE": "cache"})])
+    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    groups.append([(f"TOKENS_PER_STEP={t}", {"TOKENS_PER_STEP": t}) for t in _halvings(tokens, MIN_TOKENS)])
+    full = knobs.get("ALGO", "lora") == "full"
+    if not full and knobs.get("BASE_PRECISION", "same") == "same" and _base_precision_ok(knobs):
+        groups.append([(QUANT_BASE, {"BASE_PRECISION": "fp8"})])
+    if not full and "RANK" in knobs:
+        groups.append([(f"RANK={r}", {"RANK": r}) for r in _halvings(int(knobs["RANK"]), 1)])
+    if knobs.get("EMA"):
+        groups.append([("EMA=False", {"EMA": False})])
+    if pins := [k for k in PLAN_KNOBS if knobs.get(k) is not None]:
+        label = f"another profile: unset {', '.join(pins)} (let 'auto' pick every engine)"
+        groups.append([(label, dict.fromkeys(pins))])
+    return [g for g in groups if g]
+
+
+def first_fit(
+    knobs: dict[str, Any],
+    groups: list[list[Change]],
+    fit: Callable[[dict[str, Any]], CatalogEntry | None],
+) -> list[tuple[str, CatalogEntry]]:
+    """Per group, the mildest change to `knobs` with which `fit` finds an entry (and that entry)."""
+    out = []
+    for group in groups:
+        for label, change in group:
+            if (entry := fit({**knobs, **change})) is not None:
+                out.append((label, entry))
+                break
+    return out
+
+
+def fit_together(
+    knobs: dict[str, Any],
+    groups: list[list[Change]],
+    fit: Callable[[dict[str, Any]], CatalogEntry | None],
+) -> tuple[list[str], CatalogEntry] | None:
+    """A combination of changes (at most one per group) with which `fit` finds an entry: from the strongest
+    of every group, each group in turn left out or made as mild as the fit allows; None when even the
+    strongest of all does not fit."""
+    chosen: list[int | None] = [len(g) - 1 for g in groups]
+
+    def applied(picks: list[int | None]) -> dict[str, Any]:
+        out = dict(knobs)
+        for group, pick in zip(groups, picks, strict=True):
+            if pick is not None:
+                out.update(group[pick][1])
+        return out
+
+    if not groups or (entry := fit(applied(chosen))) is None:
+        return None
+    for i, group in enumerate(groups):
+        for pick in [None, *range(len(group) - 1)]:
+            trial = [*chosen[:i], pick, *chosen[i + 1 :]]
+            if (found := fit(applied(trial))) is not None:
+                chosen, entry = trial, found
+                break
+    labels = [group[pick][0] for group, pick in zip(groups, chosen, strict=True) if pick is not None]
+    return labels, entry
+
+
+def _gib(b: float) -> str:
+    return f"{b / cal.GIB:.1f} GiB"
+
+
+def nothing_fits(
+    knobs: dict[str, Any],
+    entries: list[CatalogEntry],
+    card_gb: float,
+    fit: Callable[[dict[str, Any]], CatalogEntry | None],
+    text_encoder_bytes: int,
+    vae_bytes: int,
+) -> ConfigError:
+    """The refusal when 'auto' finds no entry for the card: the smallest prediction, and what would fit."""
+    small = min(entries, key=lambda e: (e.peak, e.cost, e.id))
+    budget = card_budget(card_gb * cal.GIB)
+    head = (
+        f"'auto' found no memory plan that fits the card ({card_gb:g} GiB: {_gib(budget)} for the step after "
+        f"the CUDA context and a {cal.CARD_MARGIN:.0%} margin); the smallest predicted peak is catalog entry "
+        f"{small.id} at {_gib(small.peak)}{_set_knobs(knobs)}"
+    )
+    groups = fit_changes(knobs, text_encoder_bytes, vae_bytes)
+    if found := first_fit(knobs, groups, fit):
+        ways = "; ".join(f"{label} -> {e.id} at {_gib(e.peak)}" for label, e in found)
+        return ConfigError("MEMORY_PROFILE", f"{head}. Changes with which the estimate finds a fit: {ways}")
+    if (combined := fit_together(knobs, groups, fit)) is not None:
+        labels, entry = combined
+        why = f"No single change fits; these together do ({entry.id} at {_gib(entry.peak)}): {'; '.join(labels)}"
+        return ConfigError("MEMORY_PROFILE", f"{head}. {why}")
+    return ConfigError(
+        "MEMORY_PROFILE", f"{head}. No change the estimate knows of fits: a card with more memory"
+    )
+
+
+def _explicit_check(
+    plan: MemoryPlan, knobs, model_config, card_gb, params, text_encoder_bytes, vae_bytes, margin
+) -> str:
+    """A warning (logged, and returned for the plan's line) when an explicitly named plan's predicted peak
+    is above the card; '' when it fits or the card is unknown."""
+    if card_gb is None:
+        return ""
+    peak = estimate_plan(plan, knobs, model_config, params, text_encoder_bytes, vae_bytes).total
+    budget = card_budget(card_gb * cal.GIB, margin)
+    if peak <= budget:
+        return ""
+    warning = (
+        f"MEMORY_PROFILE={knobs.get('MEMORY_PROFILE')!r}: predicted peak {_gib(peak)} is above the card's "
+        f"{card_gb:g} GiB ({_gib(budget)} for the step after the CUDA context and margin); running it as asked "
+        f"(MEMORY_PROFILE='auto' picks a plan that fits)"
+    )
+    log.warning(warning)
+    return f"; WARNING: predicted peak {_gib(peak)} above the card's {card_gb:g} GiB"
+
+
 def resolve_plan(
     knobs: dict[str, Any],
     model_config: Any,
@@ -100,11 +247,13 @@ def resolve_plan(
     vae_bytes: int = 0,
     margin: float = cal.CARD_MARGIN,
 ) -> tuple[MemoryPlan, str]:
-    """The memory plan MEMORY_PROFILE and the per-engine knobs give, and one line saying why."""
+    """The memory plan MEMORY_PROFILE and the per-engine knobs give, and one line saying why. 'auto' with
+    nothing that fits the card: a ConfigError naming the changes that would fit (nothing is loaded yet)."""
     knobs = _algo_knobs(knobs, full_ft)
     choice = knobs.get("MEMORY_PROFILE") or "auto"
     if problem := profile_problem(choice):
         raise ConfigError("MEMORY_PROFILE", problem)
+    explicit = choice != "auto"
     if choice in PROFILES:
         base, why = PROFILES[choice], f"profile '{choice}'"
     elif choice != "auto":
@@ -118,21 +267,26 @@ def resolve_plan(
                 "MEMORY_PROFILE", f"no catalog entry can take the per-engine knobs{_set_knobs(knobs)}"
             )
         best = fastest_fit(entries, card_gb * cal.GIB, margin)
-        if best is not None:
-            named = f" (profile '{best.profile}')" if best.profile else ""
-            why = (
-                f"auto: catalog entry {best.id}{named}, the fastest that fits {card_gb:g} GiB "
-                f"(predicted {best.peak / cal.GIB:.1f} GiB, cost {best.cost:.2f}x)"
-            )
-        else:
-            best = min(entries, key=lambda e: (e.peak, e.cost, e.id))
-            why = (
-                f"auto: nothing fits {card_gb:g} GiB; catalog entry {best.id} has the smallest predicted "
-                f"peak ({best.peak / cal.GIB:.1f} GiB)"
-            )
+        if best is None:
+
+            def fit(changed: dict[str, Any]) -> CatalogEntry | None:
+                found = catalog(model_config, changed, params, text_encoder_bytes, vae_bytes)
+                return fastest_fit(found, card_gb * cal.GIB, margin) if found else None
+
+            raise nothing_fits(knobs, entries, card_gb, fit, text_encoder_bytes, vae_bytes)
+        named = f" (profile '{best.profile}')" if best.profile else ""
+        why = (
+            f"auto: catalog entry {best.id}{named}, the fastest that fits {card_gb:g} GiB "
+            f"(predicted {best.peak / cal.GIB:.1f} GiB, cost {best.cost:.2f}x)"
+        )
         base = best.plan
     plan = plan_with_overrides(base, knobs)
     _check_encoders(plan, knobs)
     if refusal := plan_refusal(plan, knobs, model_config.depth):
         raise ConfigError(*refusal)
-    return plan, f"{why}: {plan.label()}{_set_knobs(knobs)}"
+    warning = ""
+    if explicit:
+        warning = _explicit_check(
+            plan, knobs, model_config, card_gb, params, text_encoder_bytes, vae_bytes, margin
+        )
+    return plan, f"{why}: {plan.label()}{_set_knobs(knobs)}{warning}"
