@@ -15,13 +15,17 @@ import contextlib
 import importlib
 import importlib.util
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
 from torch.optim import AdamW, Muon, Optimizer
 
-from kohakumoss_common.errors import CheckpointError, ConfigError
+# defined below the memory engines (which place their states); re-exported for the trainer's callers
+from kohakumoss.memory.engines.combined import CombinedOptimizer
+from kohakumoss.memory.engines.combined import placement_problem as placement_problem
+from kohakumoss.memory.engines.combined import zero_grads as zero_grads
+from kohakumoss_common.errors import ConfigError
 
 # OPTIMIZER names -> (module, class, the pip package that provides it; None: torch itself)
 NAMED_OPTIMIZERS: dict[str, tuple[str, str, str | None]] = {
@@ -33,15 +37,6 @@ NAMED_OPTIMIZERS: dict[str, tuple[str, str, str | None]] = {
 }
 OPTIMIZERS = tuple(NAMED_OPTIMIZERS)
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
-# members whose update placed states can run ('gpu' runs any): 'host' steps them on the CPU over fp32
-# masters; 'stream' steps them chunk by chunk, so an update that looks across a group's params (Prodigy's
-# global d estimate) or keeps state outside `opt.state` (bitsandbytes' per-param configs) cannot stream,
-# and schedule-free's train/eval swap would move the host masters but not the device weights
-_TORCH_PLACEABLE = (torch.optim.Adam, AdamW, Muon, torch.optim.Adafactor)
-_PLACEABLE = {
-    "host": {*(f"{c.__module__}.{c.__qualname__}" for c in _TORCH_PLACEABLE), "prodigyopt.prodigy.Prodigy"},
-    "stream": {f"{c.__module__}.{c.__qualname__}" for c in _TORCH_PLACEABLE},
-}
 
 
 def _where(name: str) -> tuple[str, str, str | None]:
@@ -101,24 +96,6 @@ def make_optimizer(name: str, groups: list[dict], lr: float, args: dict | None =
         raise ConfigError("OPTIMIZER_ARGS", f"{cls.__name__}({args or {}}) refused: {e}") from e
 
 
-def _qualname(opt: Optimizer) -> str:
-    return f"{type(opt).__module__}.{type(opt).__qualname__}"
-
-
-def placement_problem(optimizer, placement: str) -> str | None:
-    """Why a member of `optimizer` cannot step under OPTIMIZER_PLACEMENT `placement`, or None."""
-    if placement == "gpu":
-        return None
-    ok = _PLACEABLE.get(placement, set())
-    for key, opt in getattr(optimizer, "optimizers", {}).items():
-        if _qualname(opt) not in ok:
-            return (
-                f"optimizer '{key}' ({type(opt).__name__}) cannot step with OPTIMIZER_PLACEMENT "
-                f"'{placement}': use 'gpu' or OPTIMIZER 'adamw'"
-            )
-    return None
-
-
 def has_modes(optimizer) -> bool:
     """A member keeps separate train and eval weights (schedule-free): see `eval_weights`."""
     return any(callable(getattr(o, "eval", None)) for o in getattr(optimizer, "optimizers", {}).values())
@@ -176,70 +153,6 @@ def split_full_ft_params(
         else:
             no_decay.append((name, p))
     return muon, decay, no_decay
-
-
-def zero_grads(params: Iterable[torch.Tensor], set_to_none: bool = True) -> None:
-    """Drop or zero every param's grad, zeroing with one multi-tensor launch per device and dtype.
-
-    torch's own zero_grad zeroes tensor by tensor unless the optimizer was *built* foreach or fused: with
-    hundreds of LoRA tensors that is hundreds of launches, and the GPU waits on the host between steps.
-    """
-    groups: dict[tuple, list[torch.Tensor]] = {}
-    for p in params:
-        if p.grad is None:
-            continue
-        if set_to_none:
-            p.grad = None
-            continue
-        if p.grad.grad_fn is not None:
-            p.grad.detach_()
-        else:
-            p.grad.requires_grad_(False)
-        groups.setdefault((p.grad.device, p.grad.dtype, p.grad.is_sparse), []).append(p.grad)
-    for (_, _, sparse), grads in groups.items():
-        if sparse:
-            for g in grads:
-                g.zero_()
-        else:
-            torch._foreach_zero_(grads)
-
-
-class CombinedOptimizer:
-    """Several torch optimizers stepped together; param_groups are the members' own group dicts."""
-
-    def __init__(self, optimizers: dict[str, Optimizer]):
-        if not optimizers:
-            raise ConfigError("OPTIMIZER", "no parameters to optimize")
-        self.optimizers = optimizers
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return [g for opt in self.optimizers.values() for g in opt.param_groups]
-
-    def params(self) -> list[torch.Tensor]:
-        return [p for g in self.param_groups for p in g["params"]]
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> None:
-        if closure is not None:
-            with torch.enable_grad():
-                closure()
-        for opt in self.optimizers.values():
-            opt.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        zero_grads(self.params(), set_to_none)
-
-    def state_dict(self) -> dict:
-        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if set(state) != set(self.optimizers):
-            raise CheckpointError(
-                "<optimizer state>", f"holds {sorted(state)}, this run has {sorted(self.optimizers)}"
-            )
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(state[name])
 
 
 def build_full_ft_optimizer(
