@@ -66,6 +66,7 @@ def run(k: dict) -> None:
     )
     from kohakumoss.diffusion.sampler import use_graphs
     from kohakumoss.encoders.text import load_prompt_tokenizer
+    from kohakumoss.export.from_checkpoint import attach
     from kohakumoss.memory.engines.encoders import place_encoder
     from kohakumoss.memory.inference import inference_plan
     from kohakumoss.memory.install import install_memory_plan
@@ -98,7 +99,7 @@ def run(k: dict) -> None:
     # LyCORIS files then wrap it in bypass; an int8 file's own bytes are kept in the int8 modes
     quantize_frozen_linears(model, k["BASE_PRECISION"], device, source=k["WEIGHTS"] or None)
     fp32_residuals(model, wants_fp32_residuals(k["PRECISION"]))  # fp16: the residual streams in float32
-    networks = attach_adapters(k, model)
+    networks = attach_adapters(k, model, attach)
     install_memory_plan(plan, model, device)
     speed = sampler_speed(k, networks)
     if use_graphs(speed, model, device):

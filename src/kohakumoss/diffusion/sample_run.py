@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 
 from .generate import GenerationRequest, generate
+from .grid import grid
 from .prompts import PromptLine, parse_prompt_line, read_prompt_file
 from .sampler import SamplerConfig, SamplerSpeed
 
@@ -82,10 +83,10 @@ def png_info(
     return info
 
 
-def attach_adapters(k: dict[str, Any], model) -> list:
-    """Every ADAPTERS entry on `model` (LyCORIS networks returned; ComfyUI files merge into the weights)."""
-    from kohakumoss.export.from_checkpoint import attach
-
+def attach_adapters(k: dict[str, Any], model, attach: Callable[..., tuple[Any, Any]]) -> list:
+    """Every ADAPTERS entry on `model` through `attach(model, path, multiplier=...)` (the caller's loader,
+    kohakumoss.export.from_checkpoint.attach: sampling sits below export); LyCORIS networks returned,
+    ComfyUI files merge into the weights."""
     networks = []
     for path, mult in adapter_entries(k):
         network, _ = attach(model, path, multiplier=mult)
@@ -134,8 +135,6 @@ def sample_images(
 ) -> list[Path]:
     """Sample every request of the knobs with `model` as it is (adapters attached by the caller);
     `speed` None: `sampler_speed(k)`."""
-    from kohakumoss.train.samples import grid
-
     adapters = adapter_entries(k)
     requests = requests_for(k, read_prompts(k))
     config = sampler_config(k, model.config.depth)

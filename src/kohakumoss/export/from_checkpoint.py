@@ -18,10 +18,10 @@ from torch import nn
 
 from kohakumoss.adapters import build_adapter, load_adapter
 from kohakumoss.adapters.foreign import is_lora_state
+from kohakumoss.checkpoint.read import load_checkpoint
+from kohakumoss.checkpoint.state import load_trainable_state
 from kohakumoss.model import MossBackbone
 from kohakumoss.precision import Fp8Linear, Int8Linear, Mxfp8Linear
-from kohakumoss.train.checkpoint import load_checkpoint
-from kohakumoss.train.state import load_trainable_state
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from .bundle import export_all

@@ -70,7 +70,7 @@ def _datasets(value: Any) -> list:
 def run_metadata(k: dict[str, Any], step: int, folder: Path | None = None) -> dict[str, str]:
     """ss_* and modelspec.* of a run's adapter at `step` (knobs `k`; `folder`: the run folder, for its
     start time and last sample grid)."""
-    from kohakumoss.train.optim import optimizer_label  # here: kohakumoss.train imports the exporters
+    from kohakumoss.optim.names import optimizer_label
 
     folder = run_dir(k) if folder is None else folder
     side = int(math.isqrt(int(k.get("AREA", 1024 * 1024))))

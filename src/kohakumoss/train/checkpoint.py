@@ -1,4 +1,4 @@
-"""Checkpoint folders `step_XXXXX/`: written atomically, listed, pruned, resolved ('latest') and loaded.
+"""Checkpoint folders `step_XXXXX/`: written atomically, listed, pruned and resolved ('latest'); kohakumoss.checkpoint reads them.
 
 A folder is built under a hidden temporary name and renamed into place only when every file is
 written (`kohakumoss_common.io.atomic_dir`), so a crash or kill during a save leaves the previous
@@ -25,12 +25,15 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
+# reading sits below train and export (kohakumoss.checkpoint); re-exported for the trainer's callers
+from kohakumoss.checkpoint.read import FORMAT
+from kohakumoss.checkpoint.read import Checkpoint as Checkpoint
+from kohakumoss.checkpoint.read import load_checkpoint as load_checkpoint
+from kohakumoss.checkpoint.rng import capture_rng, save_rng
 from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.hashing import sha256_file
 from kohakumoss_common.io import (
@@ -39,16 +42,12 @@ from kohakumoss_common.io import (
     atomic_write_json,
     disk_full_as_error,
     ensure_free_space,
-    load_tensors,
     save_safetensors,
 )
 from kohakumoss_common.log import get_logger
 
-from .rng import capture_rng, load_rng, save_rng
-
 log = get_logger(__name__)
 
-FORMAT = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 # what a crash during a save (atomic_dir's temporary or replaced folder) or a prune leaves behind
 _STALE = re.compile(r"^\.step_\d+\.(.+\.tmp|deleting|old)$")
@@ -58,19 +57,6 @@ _SLACK = 1 << 20  # json files, headers and file-system overhead beside the tens
 def step_dirname(step: int) -> str:
     """`step_00001000`: eight digits, so folders sort by step (older 5-digit names still resolve)."""
     return f"step_{step:08d}"
-
-
-@dataclass
-class Checkpoint:
-    path: Path
-    step: int
-    trainable: dict[str, torch.Tensor]
-    optimizer: dict | None
-    ema: dict | None
-    rng: dict
-    data_position: dict
-    config: dict
-    metadata: dict = field(default_factory=dict)
 
 
 def tensor_bytes(obj: object) -> int:
@@ -283,44 +269,3 @@ def resolve_checkpoint(root: str | Path, which: str | Path = "latest") -> Path |
     if problem is not None:
         raise CheckpointError(path, f"broken checkpoint: {problem}")
     return path
-
-
-def load_checkpoint(path: str | Path) -> Checkpoint:
-    """Read every part of a complete checkpoint folder (tensors on the CPU); a part that cannot be read
-    is a CheckpointError naming its file."""
-    path = Path(path)
-    meta_file = path / "meta.json"
-    if not meta_file.is_file():
-        raise CheckpointError(path, "incomplete checkpoint (no meta.json)")
-    meta = _read(meta_file, lambda f: json.loads(f.read_text()))
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(path, f"checkpoint format {meta.get('format')} is not {FORMAT}")
-    optimizer = None
-    if meta.get("has_optimizer"):
-        optimizer = _read(
-            path / "optimizer.pt", lambda f: torch.load(f, map_location="cpu", weights_only=True)
-        )
-    ema = None
-    if meta.get("ema") is not None:
-        ema = {**meta["ema"], "shadow": _read(path / "ema.safetensors", load_tensors)}
-    return Checkpoint(
-        path=path,
-        step=int(meta["step"]),
-        trainable=_read(path / "trainable.safetensors", load_tensors),
-        optimizer=optimizer,
-        ema=ema,
-        rng=_read(path / "rng.json", lambda f: load_rng(f.parent)),
-        data_position=_read(path / "data.json", lambda f: json.loads(f.read_text())),
-        config=_read(path / "config.json", lambda f: json.loads(f.read_text())),
-        metadata=meta,
-    )
-
-
-def _read(file: Path, reader: Callable[[Path], Any]) -> Any:
-    try:
-        return reader(file)
-    except CheckpointError:
-        raise
-    except Exception as e:  # torch, safetensors and json each raise their own types for a cut file
-        first = (str(e).splitlines() or [""])[0][:200]
-        raise CheckpointError(file, f"unreadable ({type(e).__name__}: {first})") from e

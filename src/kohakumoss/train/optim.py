@@ -21,48 +21,19 @@ import torch
 from torch import nn
 from torch.optim import AdamW, Muon, Optimizer
 
-# defined below the memory engines (which place their states); re-exported for the trainer's callers
-from kohakumoss.memory.engines.combined import CombinedOptimizer
-from kohakumoss.memory.engines.combined import placement_problem as placement_problem
-from kohakumoss.memory.engines.combined import zero_grads as zero_grads
+# defined below the memory engines and the exporters; re-exported for the trainer's callers
+from kohakumoss.optim.combined import CombinedOptimizer
+from kohakumoss.optim.combined import placement_problem as placement_problem
+from kohakumoss.optim.combined import zero_grads as zero_grads
+from kohakumoss.optim.names import NAMED_OPTIMIZERS, optimizer_location
+from kohakumoss.optim.names import optimizer_label as optimizer_label
 from kohakumoss_common.errors import ConfigError
-
-# OPTIMIZER names -> (module, class, the pip package that provides it; None: torch itself)
-NAMED_OPTIMIZERS: dict[str, tuple[str, str, str | None]] = {
-    "adamw": ("torch.optim", "AdamW", None),
-    "adafactor": ("torch.optim", "Adafactor", None),
-    "adamw8bit": ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes"),
-    "prodigy": ("prodigyopt", "Prodigy", "prodigyopt"),
-    "schedulefree_adamw": ("schedulefree", "AdamWScheduleFree", "schedulefree"),
-}
-OPTIMIZERS = tuple(NAMED_OPTIMIZERS)
-_DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
-
-
-def _where(name: str) -> tuple[str, str, str | None]:
-    if name in NAMED_OPTIMIZERS:
-        return NAMED_OPTIMIZERS[name]
-    if not _DOTTED.match(name):
-        raise ConfigError("OPTIMIZER", f"'{name}' is not one of {OPTIMIZERS} nor a 'package.Class' name")
-    module, cls = name.rsplit(".", 1)
-    return module, cls, module.split(".")[0]
-
-
-def optimizer_label(name: str, args: dict | None = None, weight_decay: float = 0.0) -> str:
-    """kohya's `ss_optimizer` form, `module.Class(key=value, ...)`, without importing the package."""
-    try:
-        module, cls, _ = _where(name)
-    except ConfigError:
-        module, cls = "", name
-    kwargs = {"weight_decay": weight_decay, **(args or {})}
-    inner = ",".join(f"{k}={v}" for k, v in kwargs.items())
-    return f"{module + '.' if module else ''}{cls}({inner})"
 
 
 def optimizer_problem(name: str) -> str | None:
     """Why OPTIMIZER `name` cannot be built here (unknown, or its package is not installed), or None."""
     try:
-        module, _, package = _where(name)
+        module, _, package = optimizer_location(name)
     except ConfigError as e:
         return e.args[-1] if e.args else str(e)
     top = module.split(".")[0]
@@ -77,7 +48,7 @@ def optimizer_class(name: str) -> type[Optimizer]:
     problem = optimizer_problem(name)
     if problem:
         raise ConfigError("OPTIMIZER", problem)
-    module, cls_name, _ = _where(name)
+    module, cls_name, _ = optimizer_location(name)
     try:
         cls = getattr(importlib.import_module(module), cls_name)
     except (ImportError, AttributeError) as e:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
+from kohakumoss.diffusion.grid import grid as grid  # the sample grid, beside the sampler
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
 
 from .graphs import PYTHON_SIDE_ALGOS
@@ -93,21 +94,3 @@ def save_row(images: list[Image.Image], folder: Path, prefix: str) -> None:
 def load_row(folder: Path, prefix: str, n: int) -> list[Image.Image] | None:
     paths = [folder / f"{prefix}_{i:02d}.png" for i in range(n)]
     return [Image.open(p).convert("RGB") for p in paths] if all(p.exists() for p in paths) else None
-
-
-def grid(rows: list[tuple[str, list[Image.Image]]], captions: list[str], cell: int = 256) -> Image.Image:
-    """Rows of images (label on the left), prompts above the columns; cells scaled to `cell` px wide."""
-    label_w, head_h = 110, 28
-    ncols = max(len(r[1]) for r in rows)
-    heights = [max(int(im.height * cell / im.width) for im in imgs) for _, imgs in rows]
-    canvas = Image.new("RGB", (label_w + ncols * cell, head_h + sum(heights)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for c, text in enumerate(captions):
-        draw.text((label_w + c * cell + 4, 6), text[: cell // 7], fill="black")
-    y = head_h
-    for (label, imgs), h in zip(rows, heights):
-        draw.text((6, y + h // 2 - 6), label, fill="black")
-        for c, im in enumerate(imgs):
-            canvas.paste(im.resize((cell, int(im.height * cell / im.width))), (label_w + c * cell, y))
-        y += h
-    return canvas

@@ -21,10 +21,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from kohakumoss.optim.combined import CombinedOptimizer, placement_problem, zero_grads
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from ..plan import OPTIMIZER_PLACEMENTS
-from .combined import CombinedOptimizer, placement_problem, zero_grads
 from .grad_offload import GradOffload
 
 MASTERS_KEY = "__masters__"

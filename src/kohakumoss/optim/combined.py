@@ -1,6 +1,6 @@
 """Several torch optimizers stepped as one (`CombinedOptimizer`), their grads zeroed in few launches, and
-which members placed optimizer states can step. Below both the trainer (train/optim.py builds the
-members) and the memory engines (engines/optimizer.py places their states).
+which members placed optimizer states can step (memory/engines/optimizer.py places them; train/optim.py
+builds the members).
 """
 
 from __future__ import annotations
