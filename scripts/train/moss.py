@@ -49,6 +49,9 @@ CUDA_GRAPHS = "auto"  # replay each micro-step from a CUDA graph: auto (where th
 WGRAD_STREAM = (
     False  # graphed steps: the LoRA weights' gradient GEMMs on a side stream, beside the input-gradient GEMMs
 )
+DISTRIBUTED = "none"  # none or ddp: one worker process per DEVICES entry, gradients all-reduced
+DEVICES = 1  # workers of this node: a count (0: every visible GPU) or a list ([0, 2], ["cpu", "cpu"])
+DIST_TIMEOUT = 1800.0  # seconds a collective waits for a missing rank before the run stops, naming it
 GC_EVERY = (
     0  # Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works
 )
@@ -167,9 +170,9 @@ TRIGGER_PHRASE = ""  # the adapter files' modelspec.trigger_phrase (empty: none)
 def main() -> None:
     from kohakumoss.config.knobs import run_checked
     from kohakumoss.config.train import TRAIN_SCHEMA
-    from kohakumoss.train.loop import train
+    from kohakumoss.distributed.trainer import train_on_devices
 
-    sys.exit(run_checked(TRAIN_SCHEMA, globals(), train, "scripts/train/moss.py"))
+    sys.exit(run_checked(TRAIN_SCHEMA, globals(), train_on_devices, "scripts/train/moss.py"))
 
 
 if __name__ == "__main__":

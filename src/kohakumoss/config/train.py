@@ -55,6 +55,23 @@ def _resume_rule(name: str, value: object) -> str | None:
     return getattr(resume, name)(value)
 
 
+def _distributed_mode(value: str) -> str | None:
+    from kohakumoss.distributed.knobs import mode_problem
+    from kohakumoss.distributed.trainer import TRAINER_MODES
+
+    if problem := mode_problem(value):
+        return problem
+    if value not in TRAINER_MODES:
+        return f"'{value}' is not driven by the trainer yet (kohakumoss.distributed has it); use 'ddp'"
+    return None
+
+
+def _distributed_devices(value: int | list) -> str | None:
+    from kohakumoss.distributed.knobs import devices_problem
+
+    return devices_problem(value, "ddp")  # DEVICES with DISTRIBUTED='none': the trainer's own check
+
+
 def _loggers(value: list) -> str | None:
     from kohakumoss.train.tracking import loggers_problem  # imported when checked: a trainer module
 
@@ -213,6 +230,25 @@ TRAIN_KNOBS = [
         False,
         "graphed steps: the LoRA weights' gradient GEMMs on a side stream, beside the input-gradient GEMMs",
         type=bool,
+    ),
+    Knob(
+        "DISTRIBUTED",
+        "none",
+        "none or ddp: one worker process per DEVICES entry, gradients all-reduced (docs/guides/multi-gpu.md)",
+        check=_distributed_mode,
+    ),
+    Knob(
+        "DEVICES",
+        1,
+        "workers of this node: a count (0: every visible GPU) or a list ([0, 2], ['cpu', 'cpu'])",
+        type=(int, list),
+        check=_distributed_devices,
+    ),
+    Knob(
+        "DIST_TIMEOUT",
+        1800.0,
+        "seconds a collective waits for a missing rank before the run stops, naming it",
+        min=1.0,
     ),
     Knob(
         "GC_EVERY",

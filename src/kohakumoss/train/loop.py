@@ -26,6 +26,8 @@ from tqdm import tqdm
 
 from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask
 from kohakumoss.diffusion import TimestepConfig
+from kohakumoss.distributed import current
+from kohakumoss.distributed.trainer import RankRun
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.verify import ExportMismatch
@@ -231,6 +233,8 @@ def export_run(
 def save_run_checkpoint(
     comps, tr: Trainable, data: RunData, k: dict[str, Any], ckpt_root: Path, step: int
 ) -> Path:
+    if not current().is_main:  # DISTRIBUTED: the weights are equal on every rank; rank 0 writes them
+        return ckpt_root / step_dirname(step)
     with eval_weights(tr.optimizer):  # schedule-free: its averaged weights, saved with an eval-mode state
         return _save_run_checkpoint(comps, tr, data, k, ckpt_root, step)
 
@@ -271,6 +275,8 @@ def _checked(failed: list, fn, *args) -> None:
 
 def export_final(comps: Components, tr: Trainable, k: dict[str, Any], folder: Path) -> dict[str, Path]:
     """The run's exports, refused (path, needed, free) when they would not fit on the disk."""
+    if not current().is_main:
+        return {}
     needed = export_bytes(comps, tr, k)
     ensure_free_space(folder, needed)
     with disk_full_as_error(folder, needed), eval_weights(tr.optimizer):
@@ -281,18 +287,21 @@ def train(k: dict[str, Any]) -> Path:
     """Run training as the (validated) knobs say; returns the run folder."""
     run_dir = Path(k["RUNS_DIR"]) / k["RUN_NAME"]
     ckpt_root = run_dir / "checkpoints"
-    check_run_folder(k, run_dir)
+    rr = RankRun(k)  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
+    if rr.is_main:
+        check_run_folder(k, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    handler = add_file_log(run_dir / "log.txt")
+    handler = add_file_log(rr.own(run_dir) / "log.txt")
     try:
-        for stale in clean_stale(ckpt_root):
+        for stale in clean_stale(ckpt_root) if rr.is_main else ():
             log.info(f"removed {stale.name}, left in {ckpt_root} by an interrupted save or prune")
         resume_path = resume_point(k, ckpt_root)
         if resume_path is not None:  # before any weight is loaded
             for change in check_resume_knobs(k, resume_path):
                 log.info(f"resume: {change} (RESUME_ALLOW_CHANGES)")
             step = json.loads((resume_path / "meta.json").read_text())["step"]
-            for moved in set_aside_later(ckpt_root, step):  # else 'latest' and KEEP_LAST would count them
+            later = set_aside_later(ckpt_root, step) if rr.is_main else []
+            for moved in later:  # else 'latest' and KEEP_LAST would count them
                 log.warning(f"checkpoint past the resumed step {step} set aside as {moved}")
         return _train(k, run_dir, ckpt_root, resume_path)
     except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
@@ -309,7 +318,8 @@ def train(k: dict[str, Any]) -> Path:
 
 def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path | None) -> Path:
     seed_everything(int(k["SEED"]))
-    atomic_write_json(run_dir / "config.json", k)
+    rr = RankRun(k)
+    atomic_write_json(rr.own(run_dir) / "config.json", k)
     comps = build_components(k)
     model, device, dtype = comps.backbone, comps.device, comps.dtype
     log.info(f"device {device}, precision {k['PRECISION']}, run folder {run_dir}")
@@ -328,9 +338,10 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         to_device_batch(b, device, dtype) for b in validation_batches(data, k, image_encoder, text_encoder)
     ]
 
+    val = val if rr.is_main else []  # the validation loss is rank 0's to log
     prompts = sample_captions(k)
     samples_dir = run_dir / "samples"
-    can_sample = bool(prompts) and comps.text_encoder is not None and comps.vae is not None
+    can_sample = rr.is_main and bool(prompts) and comps.text_encoder is not None and comps.vae is not None
     base_row = None
     if can_sample:  # the base model's row, drawn before any training and kept for every later grid
         base_row = load_row(samples_dir / "base", "base", len(prompts))
@@ -356,8 +367,9 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
         start = ckpt.step
         log.info(f"resumed from {resume_path} at step {start}")
     resume_step = start if resume_path is not None else None
-    trackers = Trackers(list(k["LOGGERS"]), run_dir, k, resume_step)  # TensorBoard / wandb beside the jsonl
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", resume_step=resume_step, trackers=trackers)
+    loggers = list(k["LOGGERS"]) if rr.is_main else []  # other ranks: their metrics in ranks/<rank>/
+    trackers = Trackers(loggers, run_dir, k, resume_step)  # TensorBoard / wandb beside the jsonl
+    metrics = MetricsWriter(rr.own(run_dir) / "metrics.jsonl", resume_step=resume_step, trackers=trackers)
 
     tcfg = TimestepConfig(
         mode=k["TIMESTEP_SAMPLING"],
@@ -370,21 +382,23 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     accum, steps = int(k["GRAD_ACCUM"]), int(k["STEPS"])
     stop_at = min(int(k["STOP_AT"]) or steps, steps)
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
-    loader = make_loader(data, k, image_encoder, text_encoder, start * accum)
+    loader = make_loader(rr.local_data(data), k, image_encoder, text_encoder, start * accum)
+    forward = rr.wrap(model, tr.network, comps.plan)  # DISTRIBUTED='ddp': DDP around the backbone
 
     loss_options = dict(loss_type=k["LOSS_TYPE"], huber_c=k["HUBER_C"], min_snr_gamma=k["MIN_SNR_GAMMA"])
 
     def step_loss(batch, sigma, noise):
         return flow_loss(
-            model, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **loss_options
+            forward, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **loss_options
         )
 
+    step_loss = rr.loss_fn(step_loss, tcfg)  # this rank's share of each micro-step
     graphs = build_step_graphs(k, comps, tr, step_loss)
     prefetch = Prefetcher(loader, device, dtype, start=start * accum)
     runner = StepRunner(
         tr.optimizer,
         step_loss,
-        prefetch.next_batch,
+        rr.next_batch(prefetch.next_batch, start * accum),
         device=device,
         seed=int(k["SEED"]),
         accum=accum,
@@ -400,8 +414,9 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     bad_in_row, skipped, step = 0, 0, start
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    bar = tqdm(total=steps, initial=start, desc=k["RUN_NAME"], unit="step", dynamic_ncols=True, disable=None)
-    progress = ProgressLines(log, steps) if bar.disable else None  # no terminal: lines in the log instead
+    quiet = None if rr.is_main else True  # one progress bar: rank 0's
+    bar = tqdm(total=steps, initial=start, desc=k["RUN_NAME"], unit="step", dynamic_ncols=True, disable=quiet)
+    progress = ProgressLines(log, steps) if bar.disable and rr.is_main else None  # no terminal: log lines
     collector = StepCollector(int(k["GC_EVERY"]))
     try:
         collector.start()
@@ -431,6 +446,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
             dt = time.perf_counter() - t0
             bar.update(1)
             loss_value = result.loss()
+            loss_value, samples, tokens = rr.step_totals(step, loss_value, samples, tokens)  # all ranks
             bar.set_postfix(loss=f"{loss_value:.4f}")
             if progress is not None:
                 progress.update(step, loss_value, tokens / dt)
