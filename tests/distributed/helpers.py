@@ -9,7 +9,7 @@ import torch
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.distributed.shard import rank_weight, step_noise
 from kohakumoss.model import MossBackbone, PackedSeq, get_preset
-from kohakumoss.train.step import DeviceBatch, flow_loss
+from kohakumoss.train.step import DeviceBatch, draw_step_noise, flow_loss
 from kohakumoss_data.plan import PlannedItem
 from kohakumoss_kernels import OpSet
 
@@ -53,7 +53,7 @@ def share_loss(forward, picks: list[int], world: int, reduction: str = "token", 
     step = items()
     device = next(forward.parameters()).device
     batch = local_batch(picks, device)
-    sigma, noise = step_noise(7, micro_step, step, picks, TCFG, device, torch.float32)
+    sigma, noise = step_noise(draw_step_noise, 7, micro_step, step, picks, TCFG, device, torch.float32)
     loss = flow_loss(forward, batch, sigma, noise, torch.float32, "none", reduction)
     return loss * rank_weight(step, picks, world, reduction)
 

@@ -71,7 +71,7 @@ def test_step_noise_is_the_one_process_draw_cut_to_the_rank():
     batch = h.local_batch(list(range(5)))
     sigma, noise = draw_step_noise(7, 3, batch.x0, batch.seq, h.TCFG)
     got = [
-        step_noise(7, 3, step, picks, h.TCFG, torch.device("cpu"), torch.float32)
+        step_noise(draw_step_noise, 7, 3, step, picks, h.TCFG, torch.device("cpu"), torch.float32)
         for picks in [[1, 3], [0, 2, 4]]
     ]
     assert torch.equal(

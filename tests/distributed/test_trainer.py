@@ -13,14 +13,17 @@ import torch
 from safetensors.torch import load_file
 
 from kohakumoss.distributed import World
-from kohakumoss.distributed.trainer import RankRun, train_on_devices
+from kohakumoss.distributed.trainer import RankRun, on_devices
 from kohakumoss.memory.plan import MemoryPlan
+from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train" / "moss.py"
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")
+
+train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 
 
 def kogine_train(k: dict) -> Path:

@@ -15,7 +15,7 @@ So a run resumed at another world size reshards and continues: same plan, same d
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -70,7 +70,16 @@ def rank_weight(step: Sequence[PlannedItem], picks: Sequence[int], world: int, r
     return world * units([step[i] for i in picks], reduction) / units(step, reduction)
 
 
+class _Shape:
+    """What `draw` reads of a packed batch: its image tokens' rows (shape, device, dtype) and lengths."""
+
+    def __init__(self, lens: list[int], channels: int, device: torch.device, dtype: torch.dtype):
+        self.img_lens = lens
+        self.shape, self.device, self.dtype = (sum(lens), channels), device, dtype
+
+
 def step_noise(
+    draw: Callable,
     seed: int,
     micro_step: int,
     step: Sequence[PlannedItem],
@@ -80,18 +89,14 @@ def step_noise(
     dtype: torch.dtype,
     channels: int = 128,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """This rank's sigmas [b] and noise [T_local, channels]: the whole step's draws, as train/step.py
-    `draw_step_noise` makes them in one process, cut to the rank's images."""
-    from kohakumoss.diffusion import draw_sigmas
-    from kohakumoss.train.step import step_generator
-
+    """This rank's sigmas [b] and noise [T_local, channels]: `draw` (train/step.py `draw_step_noise`,
+    passed in) run on the whole step as one process runs it, then cut to the rank's images."""
     lens = [it.image_tokens for it in step]
-    sigma = draw_sigmas(tcfg, torch.tensor(lens), step_generator(seed, micro_step, 0))
-    gen = step_generator(seed, micro_step, 1, device)
-    noise = torch.randn((sum(lens), channels), generator=gen, dtype=torch.float32, device=device)
+    whole = _Shape(lens, channels, device, dtype)
+    sigma, noise = draw(seed, micro_step, whole, whole, tcfg)
     starts = [0]
     for n in lens:
         starts.append(starts[-1] + n)
     rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in picks]).to(device)
-    index = torch.tensor(list(picks))
-    return sigma[index].to(device, non_blocking=True), noise.index_select(0, rows).to(dtype)
+    index = torch.tensor(list(picks), device=sigma.device)
+    return sigma[index], noise.index_select(0, rows)

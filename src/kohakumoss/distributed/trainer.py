@@ -3,7 +3,7 @@
 rr = RankRun(k)                                      # this rank (launch.current())
 loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
 forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward
-step_loss = rr.loss_fn(step_loss, tcfg)              # the share's loss (noise, weight, sync)
+step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)   # the share's loss, noise, sync
 next_batch = rr.next_batch(prefetch.next_batch, start_micro_step)
 loss, samples, tokens = rr.step_totals(step, loss, samples, tokens)   # every rank's, summed
 rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank's log goes
@@ -79,11 +79,14 @@ def rank_knobs(k: dict[str, Any]) -> dict[str, Any]:
     return k if k.get("DISTRIBUTED", "none") == "none" else {**k, "CUDA_GRAPHS": "off"}
 
 
-def train_on_devices(k: dict[str, Any]) -> Any:
-    """The train script's entry: train(k) in this process, or on every rank DISTRIBUTED and DEVICES ask for."""
-    from kohakumoss.train.loop import train
+def on_devices(train: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    """The train script's entry: train(k) in this process, or on every rank DISTRIBUTED and DEVICES ask for
+    (`train` is passed in: this package imports nothing of kohakumoss.train)."""
 
-    return run(rank_knobs(k), train)
+    def entry(k: dict[str, Any]) -> Any:
+        return run(rank_knobs(k), train)
+
+    return entry
 
 
 class RankRun:
@@ -157,14 +160,16 @@ class RankRun:
         self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
         return self.ddp
 
-    def loss_fn(self, loss: Callable, tcfg) -> Callable:
-        """loss(batch, sigma, noise) as this rank's share of the whole micro-step (see the class)."""
+    def loss_fn(self, loss: Callable, tcfg, draw: Callable) -> Callable:
+        """loss(batch, sigma, noise) as this rank's share of the whole micro-step (see the class); `draw`
+        is the trainer's noise function (train/step.py draw_step_noise), run on the whole step."""
         if not self.active:
             return loss
 
         def share(batch, sigma, noise):
             m = self.micro[id(batch)]
             sigma, noise = step_noise(
+                draw,
                 self.seed,
                 m,
                 self.plan.steps[m],

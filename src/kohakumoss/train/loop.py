@@ -71,7 +71,7 @@ from .runner import StepRunner
 from .samples import draw_row, grid, load_row, sample_captions, save_row
 from .schedule import LRSchedule
 from .state import load_trainable_state, trainable_state
-from .step import flow_loss, to_device_batch
+from .step import draw_step_noise, flow_loss, to_device_batch
 from .tracking import Trackers
 from .validation import validation_loss
 
@@ -392,7 +392,7 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
             forward, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **loss_options
         )
 
-    step_loss = rr.loss_fn(step_loss, tcfg)  # this rank's share of each micro-step
+    step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)  # this rank's share of each micro-step
     graphs = build_step_graphs(k, comps, tr, step_loss)
     prefetch = Prefetcher(loader, device, dtype, start=start * accum)
     runner = StepRunner(
