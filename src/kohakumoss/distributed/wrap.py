@@ -54,12 +54,12 @@ def wrap_ddp(
     if not trainable:
         raise ConfigError("DISTRIBUTED", "DDP found no trainable parameter (no adapter and a frozen model)")
     ignored = [n for n, p in fwd.named_parameters() if not p.requires_grad]
-    ignored += [n for n, _ in fwd.named_buffers()]  # buffers are equal on every rank by construction
+    # buffers are equal on every rank by construction: ignored, DDP neither broadcasts nor syncs them
+    ignored += [n for n, _ in fwd.named_buffers()]
     DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(fwd, ignored)
     ddp = DistributedDataParallel(
         fwd,
         device_ids=None,  # inputs stay where the trainer put them (a PackedSeq holds host lists)
-        broadcast_buffers=False,
         find_unused_parameters=find_unused,
         bucket_cap_mb=bucket_mb,
         gradient_as_bucket_view=True,
