@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .stored_weight import StoredWeight
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
 _TINY = 1e-12  # an all-zero row keeps a finite scale
@@ -40,24 +42,12 @@ def can_compute(device: torch.device) -> bool:
 
 
 @dataclass(frozen=True, eq=False)
-class Fp8Weight:
+class Fp8Weight(StoredWeight):
     """A frozen [O, I] weight: w ~= data * scale[:, None]; `compute` picks fp8 GEMMs over dequantizing."""
 
     data: torch.Tensor  # [O, I] float8_e4m3fn
     scale: torch.Tensor  # [O] float32
     compute: bool = True
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.data.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.data.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
 
     def dequant(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight in `dtype`, made in place in one buffer of that dtype (e4m3 values are exact in

@@ -25,6 +25,8 @@ import torch
 
 from kohakumoss_common.quant import convrot_hadamard
 
+from .stored_weight import StoredWeight
+
 INT8_MAX = 127.0
 _TINY = 1e-12  # an all-zero row keeps a finite scale
 # torch._int_mm on CUDA takes more than 16 rows and widths in multiples of 8 (fewer rows: dequantized)
@@ -40,7 +42,7 @@ def can_compute(device: torch.device) -> bool:
 
 
 @dataclass(frozen=True, eq=False)
-class Int8Weight:
+class Int8Weight(StoredWeight):
     """A frozen [O, I] weight: W = (data * scale[:, None]) @ H per `group` input columns (group 0: no
     rotation); `compute` picks int8 GEMMs over dequantizing."""
 
@@ -48,18 +50,6 @@ class Int8Weight:
     scale: torch.Tensor  # [O] float32
     group: int = 0
     compute: bool = True
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.data.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.data.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
 
     def rows(self, dtype: torch.dtype) -> torch.Tensor:
         """q * scale in `dtype`, still rotated: the operand that meets rotated activations."""

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .stored_weight import StoredWeight
+
 BLOCK = 32
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = 448.0
@@ -75,7 +77,7 @@ def to_blocked(scale: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class Mxfp8Weight:
+class Mxfp8Weight(StoredWeight):
     """A frozen [O, I] weight in MXFP8: `data` e4m3, `scale` e8m0 [O, I / 32], `blocked` the same scales
     in the GEMM's layout (made once); `compute` picks block-scaled GEMMs over dequantizing."""
 
@@ -83,18 +85,6 @@ class Mxfp8Weight:
     scale: torch.Tensor
     blocked: torch.Tensor
     compute: bool = True
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.data.shape
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.data.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.data.device
 
     def dequant(self, dtype: torch.dtype) -> torch.Tensor:
         return dequantize(self.data, self.scale, dtype)
