@@ -16,17 +16,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kohakumoss.precision.default_ops import default_ops
 from kohakumoss_common.errors import CheckpointError
 from kohakumoss_kernels import OpSet, int8
-
-_DEFAULT_OPS: OpSet | None = None
-
-
-def _default_ops() -> OpSet:
-    global _DEFAULT_OPS
-    if _DEFAULT_OPS is None:
-        _DEFAULT_OPS = OpSet()
-    return _DEFAULT_OPS
 
 
 class Int8Linear(nn.Linear):
@@ -42,7 +34,7 @@ class Int8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
-        ops = self.__dict__.get("ops") or _default_ops()  # the model's OpSet: the registry picks the GEMM
+        ops = self.__dict__.get("ops") or default_ops()  # the model's OpSet: the registry picks the GEMM
         return ops.int8_linear(x, self.int8_weight(), bias)
 
     def _apply(self, fn, recurse: bool = True):

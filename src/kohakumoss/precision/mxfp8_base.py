@@ -7,16 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from kohakumoss.precision.default_ops import default_ops
 from kohakumoss_kernels import OpSet, mxfp8
-
-_DEFAULT_OPS: OpSet | None = None
-
-
-def _default_ops() -> OpSet:
-    global _DEFAULT_OPS
-    if _DEFAULT_OPS is None:
-        _DEFAULT_OPS = OpSet()
-    return _DEFAULT_OPS
 
 
 class Mxfp8Linear(nn.Linear):
@@ -33,7 +25,7 @@ class Mxfp8Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
-        ops = self.__dict__.get("ops") or _default_ops()  # the model's OpSet: the registry picks the GEMM
+        ops = self.__dict__.get("ops") or default_ops()  # the model's OpSet: the registry picks the GEMM
         return ops.mxfp8_linear(x, self.mxfp8_weight(), bias)
 
     def _apply(self, fn, recurse: bool = True):
