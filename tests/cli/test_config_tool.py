@@ -198,6 +198,8 @@ def test_new_train_comfy_folder(world, tmp_path, capsys):
     for name in ("DATASET", "AREA", "TOKENS_PER_STEP", "SEED", "CACHE_DIR", "MAX_TEXT_TOKENS"):
         assert d[name] == valid[name], name  # the caches the data scripts fill are the ones training reads
     assert d["VAE_KWARGS"]["path"] == valid["VAE"] and d["TEXT_KWARGS"]["path"] == valid["TEXT_ENCODER"]
+    # the caching runs on this machine (no GPU here): its device and dtype, not a hard-coded cuda / bf16
+    assert d["VAE_KWARGS"]["device"] == "cpu" and d["TEXT_KWARGS"]["dtype"] == "float32"
     assert main(["check", str(out / "my-lora.py")]) == 0
     assert main(["check", str(out / "my-lora_data.py")]) == 0
     # a second run does not overwrite without --force

@@ -130,6 +130,17 @@ def use_line(layer: Path, config_dir: Path) -> str:
     return f'use_config("{Path(ref).as_posix()}")'
 
 
+def machine_device() -> tuple[str, str]:
+    """The device and encoder dtype of the machine the config is written on (the caching runs there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", "bfloat16"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu", "bfloat16"
+    return "cpu", "float32"
+
+
 def data_config(sources: Iterable[str | Path], own: dict[str, Any]) -> Any:
     """The kogine Config of a data-scripts config: plan knobs from `sources` (a training config or
     layers, composed in order), encoder arguments derived from their VAE / TEXT_ENCODER, then `own`."""
@@ -141,10 +152,11 @@ def data_config(sources: Iterable[str | Path], own: dict[str, Any]) -> Any:
 
     knobs = {**TRAIN_SCHEMA.defaults(), **compose(sources)}  # the training run's values, defaults included
     out = {k: knobs[k] for k in SHARED}
+    device, dtype = machine_device()
     if knobs.get("VAE"):
-        out["VAE_KWARGS"] = {"path": knobs["VAE"], "device": "cuda"}
+        out["VAE_KWARGS"] = {"path": knobs["VAE"], "device": device}
     if knobs.get("TEXT_ENCODER"):
-        text: dict[str, Any] = {"path": knobs["TEXT_ENCODER"], "device": "cuda", "dtype": "bfloat16"}
+        text: dict[str, Any] = {"path": knobs["TEXT_ENCODER"], "device": device, "dtype": dtype}
         text["layers"] = list(knobs.get("TEXT_LAYERS", [-1]))
         if knobs.get("TOKENIZER"):
             text["tokenizer_path"] = knobs["TOKENIZER"]
