@@ -791,14 +791,14 @@ def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup
 
 
 def run_moss_row(a, spec: RowSpec) -> dict:
-    from kohakumoss.adapters import adapter_param_groups, build_adapter
+    from kohakumoss.config.train import TRAIN_SCHEMA
     from kohakumoss.encoders.latents import patchify
     from kohakumoss.model import MossBackbone, PackedSeq, get_preset
-    from kohakumoss.train.graphs import StepGraphs, graph_refusal, resolve_graphs
-    from kohakumoss.train.optim import build_adamw, build_full_ft_optimizer
+    from kohakumoss.train.components import Components
+    from kohakumoss.train.graphs import graph_refusal
+    from kohakumoss.train.loop import build_runner, build_trainable, step_loss_fn
     from kohakumoss.train.prefetch import Prefetcher
-    from kohakumoss.train.runner import StepRunner
-    from kohakumoss.train.step import DeviceBatch, flow_loss
+    from kohakumoss.train.step import DeviceBatch
     from kohakumoss_data.batch import HostBatch
     from kohakumoss_kernels import OpSet
 
@@ -828,19 +828,25 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         n_fp8 = quantize_frozen_linears(model, a.base_precision, device)
         notes.append(f"BASE_PRECISION {a.base_precision}: {n_fp8} block linears quantized")
     engines = install_memory_plan(plan, model, device, compute_dtype=dtype, full_ft=full)
-    network = None
-    if not full:  # after the plan, as the trainer builds it (train/loop.build_trainable)
-        network = build_adapter(
-            model, algo="lora", rank=a.rank, alpha=float(a.rank), preset=a.target_preset, bypass=True
-        )
-        network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
-    if full:
-        opt = build_full_ft_optimizer(model, lr=a.lr, use_muon=a.full_optimizer == "muon")
-    else:
-        opt = build_adamw(adapter_param_groups(network, a.lr, None, 0.0), lr=a.lr)
-    opt = engines.place_optimizer(opt)
-    params = [p for g in opt.param_groups for p in g["params"]]
-    n_train = sum(p.numel() for p in params)
+    # the adapter, its optimizer and the step as the trainer builds them (train/loop.py), from its knobs
+    k = {
+        **TRAIN_SCHEMA.defaults(),
+        "MODEL_PRESET": a.preset,
+        "ALGO": "full" if full else "lora",
+        "RANK": a.rank,
+        "ALPHA": float(a.rank),
+        "TARGET_PRESET": a.target_preset,
+        "BYPASS": True,
+        "LR": a.lr,
+        "GRAD_CLIP": a.grad_clip,
+        "USE_MUON": a.full_optimizer == "muon",
+        "SEED": a.seed,
+        "CUDA_GRAPHS": a.cuda_graphs,
+        "WGRAD_STREAM": a.wgrad_stream,
+    }
+    comps = Components(device, dtype, model, None, None, plan, engines)
+    tr = build_trainable(k, comps)
+    n_train = sum(p.numel() for p in tr.params)
     notes.append(f"built in {time.perf_counter() - t0:.0f}s on {build.type}; plan: {plan.label()}")
 
     plan = encoder_plan(plan, spec.cache, notes)
@@ -886,24 +892,12 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         return DeviceBatch(x0, text, seq)
 
     model.train()
-    refusal = graph_refusal(plan, device, "full" if full else "lora", 0.0, dtype)
-    graphs = None
-    if resolve_graphs(a.cuda_graphs, refusal):
-        graphs = StepGraphs(
-            lambda b, s, n: flow_loss(model, b, s, n, dtype), params, wgrad_stream=a.wgrad_stream
-        )
-    notes.append("CUDA graphs: " + ("on" if graphs else f"off ({refusal or 'CUDA_GRAPHS off'})"))
-    runner = StepRunner(  # the trainer's step (train/runner.py), as train/loop.py builds it
-        opt,
-        lambda b, s, n: flow_loss(model, b, s, n, dtype),
-        prefetch.next_batch if prefetch is not None else encoded_batch,
-        device=device,
-        seed=a.seed,
-        grad_clip=a.grad_clip,
-        graphs=graphs,
-        engines=engines,
-        tuning=lambda: model.ops.tuning(device_time=graphs is not None),
+    runner = build_runner(
+        k, comps, tr, step_loss_fn(k, model, dtype), prefetch.next_batch if prefetch else encoded_batch
     )
+    graphs = runner.graphs
+    refusal = graph_refusal(plan, device, k["ALGO"], 0.0, dtype)
+    notes.append("CUDA graphs: " + ("on" if graphs else f"off ({refusal or 'CUDA_GRAPHS off'})"))
     nonfinite: list[int] = []
 
     def step(i: int) -> None:

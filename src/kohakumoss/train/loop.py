@@ -159,6 +159,51 @@ def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
     return Trainable(module, network, params, optimizer, schedule, ema)
 
 
+def timestep_config(k: dict[str, Any]) -> TimestepConfig:
+    return TimestepConfig(
+        mode=k["TIMESTEP_SAMPLING"],
+        logit_mean=k["LOGIT_MEAN"],
+        logit_std=k["LOGIT_STD"],
+        shift=k["TIMESTEP_SHIFT"],
+        static_shift=k["STATIC_SHIFT"],
+        mode_scale=k["MODE_SCALE"],
+    )
+
+
+def step_loss_fn(k: dict[str, Any], forward, dtype: torch.dtype):
+    """The micro-step's loss as the knobs define it: (batch, sigma, noise) -> loss."""
+    options = dict(loss_type=k["LOSS_TYPE"], huber_c=k["HUBER_C"], min_snr_gamma=k["MIN_SNR_GAMMA"])
+
+    def step_loss(batch, sigma, noise):
+        return flow_loss(
+            forward, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **options
+        )
+
+    return step_loss
+
+
+def build_runner(
+    k: dict[str, Any], comps: Components, tr: Trainable, loss_fn, next_batch, scaler=None
+) -> StepRunner:
+    """The step the trainer runs (and scripts/bench/train_step.py measures): graphs where allowed."""
+    graphs = build_step_graphs(k, comps, tr, loss_fn)
+    return StepRunner(
+        tr.optimizer,
+        loss_fn,
+        next_batch,
+        device=comps.device,
+        seed=int(k["SEED"]),
+        accum=int(k["GRAD_ACCUM"]),
+        timesteps=timestep_config(k),
+        grad_clip=float(k["GRAD_CLIP"]),
+        graphs=graphs,
+        engines=comps.engines,
+        scaler=scaler,
+        tuning=lambda: comps.backbone.ops.tuning(device_time=graphs is not None),
+        tlora_rank=int(k["RANK"]) if k["ALGO"] == "tlora" else None,
+    )
+
+
 def build_step_graphs(k: dict[str, Any], comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
     """CUDA_GRAPHS: the micro-step's graphs where the run allows them (train/graphs.py says why not)."""
     refusal = graph_refusal(comps.plan, comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype)
@@ -371,45 +416,16 @@ def _train(k: dict[str, Any], run_dir: Path, ckpt_root: Path, resume_path: Path 
     trackers = Trackers(loggers, run_dir, k, resume_step)  # TensorBoard / wandb beside the jsonl
     metrics = MetricsWriter(rr.own(run_dir) / "metrics.jsonl", resume_step=resume_step, trackers=trackers)
 
-    tcfg = TimestepConfig(
-        mode=k["TIMESTEP_SAMPLING"],
-        logit_mean=k["LOGIT_MEAN"],
-        logit_std=k["LOGIT_STD"],
-        shift=k["TIMESTEP_SHIFT"],
-        static_shift=k["STATIC_SHIFT"],
-        mode_scale=k["MODE_SCALE"],
-    )
+    tcfg = timestep_config(k)
     accum, steps = int(k["GRAD_ACCUM"]), int(k["STEPS"])
     stop_at = min(int(k["STOP_AT"]) or steps, steps)
     scaler = torch.amp.GradScaler(device.type) if dtype == torch.float16 else None
     loader = make_loader(rr.local_data(data), k, image_encoder, text_encoder, start * accum)
     forward = rr.wrap(model, tr.network, comps.plan)  # DISTRIBUTED='ddp': DDP around the backbone
 
-    loss_options = dict(loss_type=k["LOSS_TYPE"], huber_c=k["HUBER_C"], min_snr_gamma=k["MIN_SNR_GAMMA"])
-
-    def step_loss(batch, sigma, noise):
-        return flow_loss(
-            forward, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **loss_options
-        )
-
-    step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)  # this rank's share of each micro-step
-    graphs = build_step_graphs(k, comps, tr, step_loss)
+    step_loss = rr.loss_fn(step_loss_fn(k, forward, dtype), tcfg, draw_step_noise)  # this rank's share
     prefetch = Prefetcher(loader, device, dtype, start=start * accum)
-    runner = StepRunner(
-        tr.optimizer,
-        step_loss,
-        rr.next_batch(prefetch.next_batch, start * accum),
-        device=device,
-        seed=int(k["SEED"]),
-        accum=accum,
-        timesteps=tcfg,
-        grad_clip=float(k["GRAD_CLIP"]),
-        graphs=graphs,
-        engines=comps.engines,
-        scaler=scaler,
-        tuning=lambda: model.ops.tuning(device_time=graphs is not None),
-        tlora_rank=int(k["RANK"]) if k["ALGO"] == "tlora" else None,
-    )
+    runner = build_runner(k, comps, tr, step_loss, rr.next_batch(prefetch.next_batch, start * accum), scaler)
     model.train()
     bad_in_row, skipped, step = 0, 0, start
     if device.type == "cuda":
