@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import stored_weight
 from .stored_weight import StoredWeight
 
 E4M3 = torch.float8_e4m3fn
@@ -130,19 +131,6 @@ def grad_input(gys: list[torch.Tensor], ws: list[Fp8Weight]) -> torch.Tensor:
     )
 
 
-class _FrozenLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2, w: Fp8Weight, bias):
-        ctx.w = w
-        return linear(x2, w, bias)
-
-    @staticmethod
-    def backward(ctx, gy):
-        gx = grad_input([gy], [ctx.w]) if ctx.needs_input_grad[0] else None
-        return gx, None, gy.sum(0) if ctx.needs_input_grad[2] else None
-
-
 def frozen_linear(x: torch.Tensor, w: Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., I] @ W^T (+ bias) with autograd: a frozen fp8 linear that has no LoRA."""
-    out = _FrozenLinear.apply(x.reshape(-1, x.shape[-1]), w, bias)
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+    return stored_weight.frozen_linear(x, w, bias, linear, grad_input)

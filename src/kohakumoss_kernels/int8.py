@@ -25,6 +25,7 @@ import torch
 
 from kohakumoss_common.quant import convrot_hadamard
 
+from . import stored_weight
 from .stored_weight import StoredWeight
 
 INT8_MAX = 127.0
@@ -136,25 +137,12 @@ def grad_input(gys: list[torch.Tensor], ws: list[Int8Weight]) -> torch.Tensor:
     return rotate(out, ws[0].group) if ws[0].group else out
 
 
-class _FrozenLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2, w: Int8Weight, bias, compute: bool):
-        ctx.w = w
-        return linear_int_mm(x2, w, bias) if compute else linear_weight_only(x2, w, bias)
-
-    @staticmethod
-    def backward(ctx, gy):
-        gx = grad_input([gy], [ctx.w]) if ctx.needs_input_grad[0] else None
-        return gx, None, gy.sum(0) if ctx.needs_input_grad[2] else None, None
-
-
 def frozen_linear(
     x: torch.Tensor, w: Int8Weight, bias: torch.Tensor | None = None, compute: bool | None = None
 ) -> torch.Tensor:
     """x [..., I] @ W^T (+ bias) with autograd: a frozen int8 linear that has no LoRA. compute: force the
     int8 GEMM (True) or the weight-only form (False); None: `linear`'s choice."""
-    x2 = x.reshape(-1, x.shape[-1])
     if compute is None:
-        compute = w.compute and int_mm_fits(x2, w)
-    out = _FrozenLinear.apply(x2, w, bias, compute)
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+        compute = w.compute and int_mm_fits(x.reshape(-1, x.shape[-1]), w)
+    forward = linear_int_mm if compute else linear_weight_only
+    return stored_weight.frozen_linear(x, w, bias, forward, grad_input)

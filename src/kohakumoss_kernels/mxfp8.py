@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import stored_weight
 from .stored_weight import StoredWeight
 
 BLOCK = 32
@@ -122,19 +123,6 @@ def grad_input(gys: list[torch.Tensor], ws: list[Mxfp8Weight]) -> torch.Tensor:
     return out
 
 
-class _FrozenLinear(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x2, w: Mxfp8Weight, bias):
-        ctx.w = w
-        return linear(x2, w, bias)
-
-    @staticmethod
-    def backward(ctx, gy):
-        gx = grad_input([gy], [ctx.w]) if ctx.needs_input_grad[0] else None
-        return gx, None, gy.sum(0) if ctx.needs_input_grad[2] else None
-
-
 def frozen_linear(x: torch.Tensor, w: Mxfp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., I] @ W^T (+ bias) with autograd: a frozen MXFP8 linear that has no LoRA."""
-    out = _FrozenLinear.apply(x.reshape(-1, x.shape[-1]), w, bias)
-    return out.reshape(*x.shape[:-1], out.shape[-1])
+    return stored_weight.frozen_linear(x, w, bias, linear, grad_input)

@@ -21,3 +21,24 @@ class StoredWeight:
     @property
     def device(self) -> torch.device:
         return self.data.device
+
+
+class _FrozenLinear(torch.autograd.Function):
+    """y = forward(x2, w, bias); the input gradient from `grad_input`; a frozen weight gets none."""
+
+    @staticmethod
+    def forward(ctx, x2, w, bias, forward, grad_input):
+        ctx.w, ctx.grad_input = w, grad_input
+        return forward(x2, w, bias)
+
+    @staticmethod
+    def backward(ctx, gy):
+        gx = ctx.grad_input([gy], [ctx.w]) if ctx.needs_input_grad[0] else None
+        return gx, None, gy.sum(0) if ctx.needs_input_grad[2] else None, None, None
+
+
+def frozen_linear(x: torch.Tensor, w: StoredWeight, bias, forward, grad_input) -> torch.Tensor:
+    """x [..., I] @ W^T (+ bias) with autograd, for a stored weight with no LoRA: `forward(x2, w, bias)`
+    on the rows, `grad_input([gy], [w])` for the backward (each format's own GEMMs)."""
+    out = _FrozenLinear.apply(x.reshape(-1, x.shape[-1]), w, bias, forward, grad_input)
+    return out.reshape(*x.shape[:-1], out.shape[-1])
