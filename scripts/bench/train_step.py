@@ -842,7 +842,6 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         "USE_MUON": a.full_optimizer == "muon",
         "SEED": a.seed,
         "CUDA_GRAPHS": a.cuda_graphs,
-        "WGRAD_STREAM": a.wgrad_stream,
     }
     comps = Components(device, dtype, model, None, None, plan, engines)
     tr = build_trainable(k, comps)
@@ -1039,7 +1038,7 @@ COMMON = (
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "base_precision", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
-FLAGS = ("profile_trace", "wgrad_stream")  # store_true options, passed on when set
+FLAGS = ("profile_trace",)  # store_true options, passed on when set
 
 
 def child_argv(a, name: str, out: str) -> list[str]:
@@ -1146,11 +1145,6 @@ def parse_args(argv=None):
     p.add_argument("--text-encoder", default=TEXT_ENCODER)
     p.add_argument("--cuda-graphs", default=CUDA_GRAPHS, choices=("auto", "off"))
     p.add_argument("--gc-every", type=int, default=GC_EVERY)
-    p.add_argument(
-        "--wgrad-stream",
-        action="store_true",
-        help="as the trainer's WGRAD_STREAM: the LoRA weight-gradient GEMMs on a side stream in graphed steps",
-    )
     p.add_argument(
         "--timing",
         default=TIMING,

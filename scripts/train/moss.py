@@ -46,9 +46,6 @@ VAE_PLACEMENT = None  # resident, streamed or off (off: the latent cache must hi
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority) or eager (the reference)
 DETERMINISTIC = False  # bitwise reproducible steps: torch's deterministic algorithms, fixed cuBLAS workspace, no atomics-adding kernel backends
 CUDA_GRAPHS = "auto"  # replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off
-WGRAD_STREAM = (
-    False  # graphed steps: the LoRA weights' gradient GEMMs on a side stream, beside the input-gradient GEMMs
-)
 DISTRIBUTED = "none"  # none or ddp: one worker process per DEVICES entry, gradients all-reduced
 DEVICES = 1  # workers of this node: a count (0: every visible GPU) or a list ([0, 2], ["cpu", "cpu"])
 DIST_TIMEOUT = 1800.0  # seconds a collective waits for a missing rank before the run stops, naming it

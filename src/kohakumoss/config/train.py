@@ -226,12 +226,6 @@ TRAIN_KNOBS = [
         choices=("auto", "on", "off"),
     ),
     Knob(
-        "WGRAD_STREAM",
-        False,
-        "graphed steps: the LoRA weights' gradient GEMMs on a side stream, beside the input-gradient GEMMs",
-        type=bool,
-    ),
-    Knob(
         "DISTRIBUTED",
         "none",
         "none or ddp: one worker process per DEVICES entry, gradients all-reduced (docs/guides/multi-gpu.md)",

@@ -15,10 +15,9 @@ decide in Python per step). `graph_refusal` says which knob stops it.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +25,7 @@ import torch
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
-from kohakumoss_kernels import grad_sink, side_stream
+from kohakumoss_kernels import grad_sink
 
 from .step import DeviceBatch
 
@@ -106,10 +105,8 @@ class StepGraphs:
         params: Sequence[torch.Tensor],
         backward_scale: float = 1.0,
         max_graphs: int = 4,
-        wgrad_stream: bool = False,
     ):
         self.loss_fn = loss_fn
-        self.wgrad_stream = wgrad_stream  # WGRAD_STREAM: sunk weight gradients on a side stream
         self.params = [p for p in params if p.requires_grad]
         self.backward_scale = float(backward_scale)
         self.max_graphs = max_graphs
@@ -147,16 +144,6 @@ class StepGraphs:
         (loss * self.backward_scale).backward()
         return loss.detach()
 
-    @contextlib.contextmanager
-    def _windows(self, device: torch.device, sink: bool) -> Iterator[None]:
-        """grad_sink (sink): the LoRA ops' weight-gradient GEMMs accumulate into the `.grad` buffers
-        themselves; side_stream: those GEMMs queued beside the input-gradient GEMMs (WGRAD_STREAM)."""
-        with (
-            grad_sink.into(self.params if sink else ()),
-            side_stream.overlap(device, self.wgrad_stream and sink),
-        ):
-            yield
-
     def _use_shared_grads(self) -> None:
         """Point every parameter's .grad at the shared buffers, keeping what they hold now."""
         if self.grads is None:
@@ -181,12 +168,8 @@ class StepGraphs:
         static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq, inputs[4] if len(inputs) > 4 else None)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        if self.wgrad_stream:
-            side_stream.stream_for(device)  # created before the capture, not during it
-        # this micro-step, for real: also the warm-up the capture needs. With WGRAD_STREAM it runs in the
-        # capture's windows, so the side stream's first GEMMs (cuBLAS's per-stream set-up) come before the
-        # capture too, as for any stream a capture uses
-        with torch.cuda.stream(side), self._windows(device, self.wgrad_stream):
+        # this micro-step, for real: also the warm-up the capture needs
+        with torch.cuda.stream(side):
             loss = self._eager(static_batch, inputs[2], inputs[3])
         torch.cuda.current_stream(device).wait_stream(side)
         # parameters without a gradient after the same computation get none in the graph either
@@ -198,7 +181,7 @@ class StepGraphs:
             # thread_local: loader threads may pin memory while this thread captures
             with (
                 torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
-                self._windows(device, True),
+                grad_sink.into(self.params),  # the LoRA ops' weight gradients straight into the buffers
             ):
                 static_loss = self.loss_fn(static_batch, inputs[2], inputs[3])
                 (static_loss * self.backward_scale).backward()

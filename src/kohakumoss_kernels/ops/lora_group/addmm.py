@@ -16,10 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ... import fp8, int8, side_stream
+from ... import fp8, int8
 from ...cast_cache import cast, cast_cat
 from ..lora_linear.addmm import (
-    all_sink,
     input_grad,
     lora_out,
     master_grad,
@@ -92,19 +91,10 @@ class _LoraGroup(torch.autograd.Function):
             ]
             return g_downs, g_ups
 
-        # every gradient sunk: queued before the input gradient's GEMMs, to run beside them (side_stream.py)
-        aside = (
-            need_down
-            and all(need_up)
-            and side_stream.active(x2.device)
-            and all_sink((*downs_m, *ups_m), lowrank)
-        )
-        if aside:
-            side_stream.run(x2.device, weight_grads, (q, x2, h, *gys))
         gx = None
         if need_x:
             gx = input_grad((q, down), gys, weights)
-        g_downs, g_ups = (None, [None] * n) if aside else weight_grads()
+        g_downs, g_ups = weight_grads()
         g_ws = [torch.mm(g.t(), x2) if nw else None for g, nw in zip(gys, need_w, strict=True)]
         g_bs = [g.sum(0) if nb else None for g, nb in zip(gys, need[n : 2 * n], strict=True)]
         return (gx, None, None, None, None, *g_ws, *g_bs, *(g_downs or [None] * n), *g_ups)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import fp8, grad_sink, int8, mxfp8, side_stream
+from ... import fp8, grad_sink, int8, mxfp8
 from ...cast_cache import cast
 
 
@@ -99,12 +99,6 @@ def restored_weights(ctx, saved) -> list:
     return [w if f is None else f for w, f in zip(saved, ctx.fp8_weights, strict=True)]
 
 
-def all_sink(masters, lowrank: bool = False) -> bool:
-    """Whether every master's gradient accumulates into its `.grad` (grad_sink) rather than returned:
-    then nothing in the backward reads it, and its GEMMs may go to a side stream (side_stream)."""
-    return all(sink_of(m, m.shape, lowrank) is not None for m in masters)
-
-
 def sink_of(master: torch.Tensor, shape, lowrank: bool) -> torch.Tensor | None:
     """grad_sink's target for `master`; the lowrank kernels accumulate into float32 ones only."""
     sink = grad_sink.target(master, shape)
@@ -149,22 +143,13 @@ class _LoraLinear(torch.autograd.Function):
         lowrank = ctx.lowrank
         gx = gw = gb = g_down = g_up = None
         sq = scaled_rows(gy, up, ctx.scale, lowrank) if (need_x or need_down) else None
-
-        def weight_grads() -> tuple[torch.Tensor | None, torch.Tensor | None]:
-            """The LoRA masters' gradients, None where grad_sink accumulated them into `.grad`."""
-            return (
-                master_grad(ctx.masters[0], sq.t(), x2, lowrank) if need_down else None,
-                master_grad(ctx.masters[1], gy.t(), hs, lowrank) if need_up else None,
-            )
-
-        # both sunk: queued before the input gradient's GEMM, to run beside it (side_stream.py)
-        aside = need_down and need_up and side_stream.active(gy.device) and all_sink(ctx.masters, lowrank)
-        if aside:
-            side_stream.run(gy.device, weight_grads, (sq, x2, gy, hs))
         if need_x:
             gx = input_grad((sq, down), [gy], [weight])
-        if not aside:
-            g_down, g_up = weight_grads()
+        # the LoRA masters' gradients, None where grad_sink accumulated them into `.grad`
+        if need_down:
+            g_down = master_grad(ctx.masters[0], sq.t(), x2, lowrank)
+        if need_up:
+            g_up = master_grad(ctx.masters[1], gy.t(), hs, lowrank)
         if need_w:
             gw = torch.mm(gy.t(), x2)
         if need_b:
