@@ -48,7 +48,7 @@ OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as
     "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention,varlen_attention_rope"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
-ATTN_BACKENDS = "triton,sdpa_groups,sdpa_cudnn,torch_varlen,flex"
+ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
 ROPE_ATTN_BACKENDS = (
     "eager,triton,rope+triton,rope+sdpa_groups"  # fused rope-attention vs rope then attention
 )
@@ -60,7 +60,6 @@ HOST_SYNC = (
     "eager",
     "compile",
     "sdpa_groups",
-    "sdpa_cudnn",
     "flex",
     "rope+sdpa_groups",
 )  # attention backends that read cu_seqlens on the host

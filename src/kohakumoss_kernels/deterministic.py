@@ -7,8 +7,7 @@ Three things decide the last bits of a GPU step: torch's own kernels (some add w
 handle is made: set before any GEMM) and this package's backends that add partial sums with atomics
 in an order that depends on scheduling: `addmm_lowrank` (the LoRA weight-gradient `cols_into`),
 `tilelang` (varlen attention's dQ), `compile` and `flex` (Inductor-generated kernels may add with
-atomics); `sdpa_cudnn` is left out too (torch's deterministic mode does not cover cuDNN attention's
-backward). In deterministic mode the backend list is the arch's priority without those
+atomics). In deterministic mode the backend list is the arch's priority without those
 (`backends_for`): the Triton row and attention kernels (partial sums added in a fixed order, see
 `sample_sums.py`), cuBLAS GEMMs, torch's varlen flash attention and the eager references.
 """
@@ -21,7 +20,7 @@ import torch
 
 from .registry import TORCH_NATIVE, priority_for
 
-ATOMIC_BACKENDS = ("addmm_lowrank", "tilelang", "compile", "flex", "sdpa_cudnn")
+ATOMIC_BACKENDS = ("addmm_lowrank", "tilelang", "compile", "flex")
 CUBLAS_WORKSPACE = ":4096:8"  # torch's documented setting for deterministic cuBLAS
 
 

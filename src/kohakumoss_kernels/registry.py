@@ -57,7 +57,6 @@ _OPS: dict[str, str] = {
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
     "sdpa_groups",
-    "sdpa_cudnn",
     "torch_varlen",
     "flex",
     "addmm",

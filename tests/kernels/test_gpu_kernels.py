@@ -147,7 +147,7 @@ def test_rows_not_grouped_by_sample():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lengths", LENGTHS + [[4096 + 256, 4096 + 256]], ids=str)
-@pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "sdpa_cudnn", "torch_varlen", "flex"])
+@pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "torch_varlen", "flex"])
 def test_attention_backends(backend, lengths, dtype):
     if (
         not registry.has_backend("varlen_attention", backend)
