@@ -2,9 +2,10 @@
 
 - Backends of an op are the modules beside its reference, `ops/<op>/<backend>.py`, each exporting a
   function named like the op and optionally `supports(arch, dtype) -> bool`.
-- `DEFAULT_PRIORITY` orders them per arch: TileLang first on sm70/sm75, Triton first on sm80+ and
-  XPU, then torch's own candidates (the `torch` slot: SDPA over equal-length groups, varlen_attn,
+- `DEFAULT_PRIORITY` orders them per arch: Triton first from sm75, then torch's own candidates (the `torch` slot: SDPA over equal-length groups, varlen_attn,
   FlexAttention, a fused addmm for the LoRA linear), then torch.compile, then eager. The CPU gets eager alone unless a backend is named.
+  Backends never run on the hardware they are for stay off it until a card has run them: TileLang on
+  sm70/sm75 and Triton on XPU are used only when named (`OPS_BACKEND`, `OpSet(backend=...)`).
 - A backend that does not import (Triton or TileLang missing, an old torch) is skipped, one log line.
 - Per call, the shape key (`shape_keys.py`) picks a row of the card's tuning table (`tuning.py`);
   a RuntimeError (or a Triton compile error) at call time falls back to the next backend, logged once.
@@ -69,10 +70,10 @@ TORCH_NATIVE = (
 BACKENDS = ("triton", "tilelang", *TORCH_NATIVE, "compile", "eager")
 
 DEFAULT_PRIORITY: dict[str, tuple[str, ...]] = {
-    "sm70": ("tilelang", "torch", "compile", "eager"),  # Triton no longer builds for Volta
-    "sm75": ("tilelang", "triton", "torch", "compile", "eager"),
+    # Triton no longer builds for Volta; TileLang (sm70/sm75) and Triton on XPU never ran on such a card,
+    # so they run only when named, and sm70 and XPU take "other"
+    "sm75": ("triton", "torch", "compile", "eager"),
     "sm80+": ("triton", "torch", "compile", "eager"),
-    "xpu": ("triton", "torch", "compile", "eager"),
     "cpu": ("eager",),
     "other": ("torch", "compile", "eager"),
 }

@@ -6,7 +6,7 @@ import torch
 
 
 def supports(arch: str, dtype: torch.dtype) -> bool:
-    """TileLang leads on sm70/sm75 (Volta/Turing MMA, fp16 only there); it also builds for sm80+."""
+    """TileLang builds for sm70/sm75 (Volta/Turing MMA, fp16 only there) and sm80+; it runs when named."""
     import tilelang  # noqa: F401 -- a missing TileLang makes the backend skip itself
 
     if not (arch.startswith("sm") and arch[2:].isdigit()):

@@ -55,6 +55,16 @@ def _resume_rule(name: str, value: object) -> str | None:
     return getattr(resume, name)(value)
 
 
+def _ops_backend(value: str) -> str | None:
+    """auto, or backend names (comma-separated) the kernel registry knows."""
+    from kohakumoss_kernels.registry import BACKENDS
+
+    if not isinstance(value, str) or not value:
+        return f"{value!r} is not 'auto' or backend names"
+    unknown = [n for n in value.split(",") if n not in BACKENDS] if value != "auto" else []
+    return f"unknown backend(s) {unknown}; known: auto, {', '.join(BACKENDS)}" if unknown else None
+
+
 def _distributed_mode(value: str) -> str | None:
     from kohakumoss.distributed.knobs import mode_problem
     from kohakumoss.distributed.trainer import TRAINER_MODES
@@ -211,8 +221,8 @@ TRAIN_KNOBS = [
     Knob(
         "OPS_BACKEND",
         "auto",
-        "kernel registry backend: auto (per-arch priority) or eager (the reference)",
-        choices=("auto", "eager"),
+        "kernel registry backend: auto (per-arch priority), eager (the reference), or backend names in order (tilelang, triton, ...; the ones never run on this card's kind are used only so)",
+        check=_ops_backend,
     ),
     Knob(
         "DETERMINISTIC",
