@@ -45,13 +45,10 @@ ITERS = 20
 GRAPH_REPS = 10  # calls captured back to back in one CUDA graph: the graph's launch latency spread over them
 OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as in LoRA training)
     "rms_norm,norm_modulate,norm_modulate_fork,norm_modulate_frozen,norm_modulate_fork_frozen,gated_residual,"
-    "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention,varlen_attention_rope"
+    "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
 ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
-ROPE_ATTN_BACKENDS = (
-    "eager,triton,rope+triton,rope+sdpa_groups"  # fused rope-attention vs rope then attention
-)
 BLOCK = True
 LORA = True  # the LoRA linears at the block's shapes: each backend against the frozen GEMMs alone
 LORA_BACKENDS = "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"
@@ -61,7 +58,6 @@ HOST_SYNC = (
     "compile",
     "sdpa_groups",
     "flex",
-    "rope+sdpa_groups",
 )  # attention backends that read cu_seqlens on the host
 DEVICE = "cuda"
 
@@ -188,11 +184,6 @@ def _inputs(op: str, dtype, g):
             None,
             None,
         ),
-        "varlen_attention_rope": (
-            (rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), cu, L, cos, sin),
-            None,
-            None,
-        ),
     }
     return table[op]
 
@@ -228,14 +219,10 @@ def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
     backends = BACKENDS.split(",")
     if op == "varlen_attention":
         backends = [b for b in backends if b != "triton"] + ATTN_BACKENDS.split(",")
-    if op == "varlen_attention_rope":  # the fused kernel vs rope (Triton) then each attention kernel
-        backends = ROPE_ATTN_BACKENDS.split(",")
     for backend in backends:
         row = {"op": op, "backend": backend}
         try:
-            if backend.startswith("rope+"):
-                fn = rope_then(registry.load_backend("varlen_attention", backend[5:], "sm90", dtype), dtype)
-            elif backend == "eager":
+            if backend == "eager":
                 fn = registry.eager_op(base_op(op)[0])
             else:
                 fn = registry.load_backend(base_op(op)[0], backend, "sm90", dtype)
@@ -270,18 +257,6 @@ def copy_ms(nbytes: int) -> float:
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=DEVICE)
     dst = torch.empty_like(src)
     return time_graph_ms(lambda: dst.copy_(src))
-
-
-def rope_then(attention, dtype):
-    """The unfused path the fused rope-attention kernel replaces: Triton rope on q and k, then attention."""
-    rope = registry.load_backend("apply_rope", "triton", "sm90", dtype)
-    if attention is None or rope is None:
-        return None
-
-    def fn(q, k, v, cu, max_len, cos, sin):
-        return attention(rope(q, cos, sin), rope(k, cos, sin), v, cu, max_len)
-
-    return fn
 
 
 def add_rates(row: dict, op: str, bytes_f, bytes_b, ceil: dict) -> None:

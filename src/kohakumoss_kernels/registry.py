@@ -42,7 +42,6 @@ _OPS: dict[str, str] = {
     "qk_norm_rope": "qk_norm_rope",
     "situ_glu": "situ_glu",
     "varlen_attention": "varlen_attention",
-    "varlen_attention_rope": "varlen_attention_rope",
     "lora_linear": "lora_linear",
     "lora_group": "lora_group",
     "lora_linear_fp8": "lora_linear_fp8",

@@ -53,7 +53,6 @@ def _lora_group(x, weights, *args, **kwargs) -> dict[str, int | str]:
 
 _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "varlen_attention": _attention,
-    "varlen_attention_rope": _attention,
     "apply_rope": _rope,
     "qk_norm_rope": _rope,
     "lora_linear": _lora,

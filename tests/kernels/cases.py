@@ -71,9 +71,6 @@ def make_inputs(
         return (rnd(T, 2 * d, scale=spread),), {}
     if op == "varlen_attention":
         return (rnd(T, heads, head_dim), rnd(T, heads, head_dim), rnd(T, heads, head_dim), cu, max_len), {}
-    if op == "varlen_attention_rope":
-        qkv = (rnd(T, heads, head_dim), rnd(T, heads, head_dim), rnd(T, heads, head_dim))
-        return (*qkv, cu, max_len, cos, sin), {}
     if op == "lora_linear":
         w = rnd(d + 8, d, grad=False, scale=d**-0.5)  # unit-scale outputs, as in a real layer
         return (rnd(T, d), w, rnd(d + 8, grad=False), rnd(4, d, scale=d**-0.5), rnd(d + 8, 4), 0.5), {}

@@ -22,11 +22,9 @@ OPS = sys.argv[1:] or [
     "qk_norm_rope",
     "situ_glu",
     "varlen_attention",
-    "varlen_attention_rope",
 ]
 SMALL = {
     "varlen_attention": {"heads": 2, "head_dim": 16},
-    "varlen_attention_rope": {"heads": 2, "head_dim": 32},
 }
 PER_SAMPLE = ("norm_modulate", "gated_residual", "residual_norm_modulate")
 

@@ -161,13 +161,6 @@ def test_attention_backends(backend, lengths, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("lengths", LENGTHS + [[4096 + 256, 4096 + 256]], ids=str)
-def test_attention_with_rope_in_the_prologue(lengths, dtype):
-    heads = 2 if sum(lengths) > 4000 else 4
-    compare("varlen_attention_rope", "triton", lengths, dtype, "cuda", heads=heads, head_dim=128)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(
     "backend", ["triton", "addmm", "addmm_lora_first", "addmm_lowrank"]
 )  # triton: lycoris-lora's fused bypass

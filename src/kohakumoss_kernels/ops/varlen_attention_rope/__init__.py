@@ -1,1 +1,0 @@
-"""Varlen attention with the rotary embedding applied to q and k inside the kernel."""
