@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
 import torch
 
 from kohakumoss.model import get_preset
