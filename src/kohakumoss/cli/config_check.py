@@ -191,17 +191,15 @@ def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
         return
     if est.total <= card_gb * GIB:
         return
+    # an explicit profile ('auto' never gets here: with nothing under the card it refuses in resolve_plan)
     chosen = knobs.get("MEMORY_PROFILE") or "auto"
     hint = "lower TOKENS_PER_STEP, or set per-engine knobs (docs/concepts/profiles.md)"
-    if chosen != "auto":
-        best = fastest_fit(catalog(config, knobs, params, te, vae), card_gb * GIB)
-        if best is not None:
-            hint = (
-                f"MEMORY_PROFILE='auto' picks {best.id} ({best.label}: {best.peak / GIB:.1f} GiB, "
-                f"cost {best.cost:.2f}x)"
-            )
-    else:
-        hint = f"no catalog entry fits; {hint}"
+    best = fastest_fit(catalog(config, knobs, params, te, vae), card_gb * GIB)
+    if best is not None:
+        hint = (
+            f"MEMORY_PROFILE='auto' picks {best.id} ({best.label}: {best.peak / GIB:.1f} GiB, "
+            f"cost {best.cost:.2f}x)"
+        )
     res.problems.append(
         (
             "memory",
