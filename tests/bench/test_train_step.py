@@ -228,7 +228,11 @@ def test_smi_poller_streams_from_one_process_per_query(tmp_path, monkeypatch):
 
     t0 = time.perf_counter()
     with ts.SmiPoller(0.01, gpu_base_mib=1000.0) as poller:
-        time.sleep(0.5)
+        # until both streams passed their 900 MiB reading (a loaded machine starts the fake slowly)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (poller.process_mib == 900 and poller.gpu_mib == 1900):
+            time.sleep(0.05)
+        time.sleep(0.1)
     t1 = time.perf_counter()
     assert poller.result() == (900 / 1024, "process")
     assert poller.gpu_mib == 1900
