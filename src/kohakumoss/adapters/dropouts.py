@@ -83,11 +83,3 @@ def dropout_check(knobs: dict) -> tuple[str, str] | None:
     except ConfigError as e:
         return e.knob, str(e).removeprefix(f"{e.knob}: ")
     return None
-    try:
-        name, _ = resolve_algo(str(knobs.get("ALGO", "lora")))
-        values = {k: float(knobs.get(k.upper(), 0.0) or 0.0) for k in KNOBS}
-        forced = knobs.get("BASE_PRECISION", "same") != "same"
-        resolve_bypass(name, bool(knobs.get("BYPASS", False)), forced, values)
-    except ConfigError as e:
-        return str(e)
-    return None
