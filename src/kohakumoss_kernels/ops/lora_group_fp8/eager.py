@@ -1,21 +1,5 @@
-"""The reference: ../lora_group/eager.py over the weights dequantized to x's dtype."""
+"""The reference: ../lora_group/eager.py over the fp8 weights dequantized to x's dtype."""
 
-from __future__ import annotations
+from ..lora_group.eager import lora_group_dequantized as lora_group_fp8
 
-from collections.abc import Sequence
-
-import torch
-
-from ...fp8 import Fp8Weight
-from ..lora_group.eager import lora_group as _lora_group
-
-
-def lora_group_fp8(
-    x: torch.Tensor,
-    weights: Sequence[Fp8Weight],
-    biases: Sequence[torch.Tensor | None],
-    downs: Sequence[torch.Tensor],
-    ups: Sequence[torch.Tensor],
-    scales: Sequence[float],
-) -> tuple[torch.Tensor, ...]:
-    return _lora_group(x, [w.dequant(x.dtype) for w in weights], biases, downs, ups, scales)
+__all__ = ["lora_group_fp8"]

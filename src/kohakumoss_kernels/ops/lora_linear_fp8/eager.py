@@ -1,19 +1,5 @@
-"""The reference: ../lora_linear/eager.py over the weight dequantized to x's dtype (no activation quantization)."""
+"""The reference: ../lora_linear/eager.py over the fp8 weight dequantized to x's dtype."""
 
-from __future__ import annotations
+from ..lora_linear.eager import lora_linear_dequantized as lora_linear_fp8
 
-import torch
-
-from ...fp8 import Fp8Weight
-from ..lora_linear.eager import lora_linear as _lora_linear
-
-
-def lora_linear_fp8(
-    x: torch.Tensor,
-    weight: Fp8Weight,
-    bias: torch.Tensor | None,
-    down: torch.Tensor,
-    up: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    return _lora_linear(x, weight.dequant(x.dtype), bias, down, up, scale)
+__all__ = ["lora_linear_fp8"]
