@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -144,11 +145,17 @@ def run_row(a, row: Row, work: Path) -> dict:
     t0 = time.perf_counter()
     log_path = work / f"{row.name.replace('/', '-')}.log"
     with open(log_path, "w") as f:
+        proc = subprocess.Popen(kogine_argv(knobs(a, row, work)), env=env, stdout=f, stderr=subprocess.STDOUT,
+                                cwd=ROOT)  # fmt: skip
         try:
-            rc = subprocess.run(kogine_argv(knobs(a, row, work)), env=env, stdout=f, stderr=subprocess.STDOUT,
-                                timeout=a.row_timeout, cwd=ROOT).returncode  # fmt: skip
-        except subprocess.TimeoutExpired:
+            rc = proc.wait(timeout=a.row_timeout)
+        except subprocess.TimeoutExpired:  # where it was: the trainer prints its stacks on SIGUSR1
             rc = "timeout"
+            if hasattr(signal, "SIGUSR1"):
+                proc.send_signal(signal.SIGUSR1)
+                time.sleep(3)
+            proc.kill()
+            proc.wait()
     result = {"row": row.name, "rc": rc, "wall_s": time.perf_counter() - t0, "cap_gib": row.card_gb or None}
     run = work / "runs" / row.name.replace("/", "-")
     result.update(read_run(run, a.warmup))

@@ -11,10 +11,12 @@ and the global RNG states travel in the checkpoint.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import random
 import resource
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,11 +328,18 @@ def export_final(comps: Components, tr: Trainable, k: dict[str, Any], folder: Pa
         return export_run(comps, tr, k, folder)
 
 
+def dump_stacks_on_signal() -> None:
+    """`kill -USR1 <pid>` prints every thread's stack to the console: where a silent run is spending its time."""
+    if hasattr(signal, "SIGUSR1"):  # not on Windows
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def train(k: dict[str, Any]) -> Path:
     """Run training as the (validated) knobs say; returns the run folder."""
     run_dir = Path(k["RUNS_DIR"]) / k["RUN_NAME"]
     ckpt_root = run_dir / "checkpoints"
     rr = RankRun(k)  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
+    dump_stacks_on_signal()
     if rr.is_main:
         check_run_folder(k, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

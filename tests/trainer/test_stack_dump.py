@@ -1,0 +1,27 @@
+"""`kill -USR1 <pid>` on a training process prints where every thread is."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_sigusr1_prints_every_thread_stack_and_the_process_goes_on():
+    code = (
+        "import os, signal, time\n"
+        "from kohakumoss.train.loop import dump_stacks_on_signal\n"
+        "dump_stacks_on_signal()\n"
+        "def waiting_in_a_named_function():\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    time.sleep(0.2)\n"
+        "waiting_in_a_named_function()\n"
+        "print('still running')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONUNBUFFERED": "1"})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "waiting_in_a_named_function" in r.stderr
+    assert "still running" in r.stdout
