@@ -66,9 +66,9 @@ def test_resume_is_exact(train_world):
 
 
 def test_ctrl_c_saves_a_checkpoint_that_resumes(train_world, monkeypatch):
-    from kohakumoss.train import loop
+    from kohakumoss.train import trainer
 
-    real, calls = loop.flow_loss, []
+    real, calls = trainer.flow_loss, []
 
     def interrupt_at_third(*args, **kwargs):
         calls.append(1)
@@ -76,10 +76,10 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(train_world, monkeypatch):
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop, "flow_loss", interrupt_at_third)
+    monkeypatch.setattr(trainer, "flow_loss", interrupt_at_third)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_knobs(train_world, "ctrlc"))
-    monkeypatch.setattr(loop, "flow_loss", real)
+    monkeypatch.setattr(trainer, "flow_loss", real)
     run = Path(tiny_knobs(train_world, "ctrlc")["RUNS_DIR"]) / "ctrlc"
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002"]
     train(tiny_knobs(train_world, "ctrlc", RESUME="latest"))
@@ -99,10 +99,10 @@ def test_resume_from_a_missing_path_is_named(train_world, tmp_path):
 
 
 def test_non_finite_losses_stop_the_run_with_a_message(train_world, monkeypatch):
-    from kohakumoss.train import loop
+    from kohakumoss.train import trainer
 
-    monkeypatch.setattr(loop, "flow_loss", lambda *a, **kw: torch.tensor(float("nan"), requires_grad=True))
-    with pytest.raises(loop.NonFiniteLoss, match="MAX_BAD_STEPS"):
+    monkeypatch.setattr(trainer, "flow_loss", lambda *a, **kw: torch.tensor(float("nan"), requires_grad=True))
+    with pytest.raises(trainer.NonFiniteLoss, match="MAX_BAD_STEPS"):
         train(tiny_knobs(train_world, "nan", MAX_BAD_STEPS=2))
 
 
@@ -156,9 +156,9 @@ def test_memory_profiles_train_the_same_model(train_world, algo, profile, extra,
 def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_world, monkeypatch):
     """LoRA with fused AdamW: the loss is read after the update is queued; the NaN step's update is
     skipped by the fused kernel (found_inf), counted by the host, and the next steps train."""
-    from kohakumoss.train import loop, runner
+    from kohakumoss.train import runner, trainer
 
-    real, calls, armed = loop.flow_loss, [0], []
+    real, calls, armed = trainer.flow_loss, [0], []
 
     def flaky(*a, **kw):
         calls[0] += 1
@@ -166,7 +166,7 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_wo
         return loss * float("nan") if calls[0] == 2 else loss
 
     arm = runner.arm_skip
-    monkeypatch.setattr(loop, "flow_loss", flaky)
+    monkeypatch.setattr(trainer, "flow_loss", flaky)
     monkeypatch.setattr(runner, "arm_skip", lambda opt, ok: armed.append(bool(ok)) or arm(opt, ok))
     run = train(tiny_knobs(train_world, "flaky", STEPS=4, MAX_BAD_STEPS=2))
     assert armed == [True, False, True, True]  # every step went through the device-side guard
@@ -177,7 +177,7 @@ def test_a_non_finite_step_is_skipped_on_the_device_and_the_run_goes_on(train_wo
 def test_next_step_is_prepared_before_this_one_is_read(train_world, monkeypatch):
     """With the device-side skip the next step's batch and noise are drawn while the GPU finishes the
     current one (before its loss is read); every micro-step is still drawn once, in order."""
-    from kohakumoss.train import loop, runner
+    from kohakumoss.train import runner, trainer
 
     events = []
     draw, skip = runner.draw_step_noise, runner.arm_skip
@@ -188,9 +188,9 @@ def test_next_step_is_prepared_before_this_one_is_read(train_world, monkeypatch)
 
     monkeypatch.setattr(runner, "draw_step_noise", recording_draw)
     monkeypatch.setattr(runner, "arm_skip", lambda opt, ok: events.append(("update", None)) or skip(opt, ok))
-    apply = loop.LRSchedule.apply
+    apply = trainer.LRSchedule.apply
     monkeypatch.setattr(
-        loop.LRSchedule,
+        trainer.LRSchedule,
         "apply",
         lambda self, opt, step: events.append(("step", step)) or apply(self, opt, step),
     )

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from kohakumoss.train import checkpoint as ckpt_mod
-from kohakumoss.train import loop
+from kohakumoss.train import trainer
 from kohakumoss.train.checkpoint import list_checkpoints, verify_checkpoint
 from kohakumoss.train.loop import train
+from kohakumoss.train.trainer import Trainer
 from kohakumoss_common import io
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.io import DiskSpaceError
@@ -54,7 +55,7 @@ def test_run_name_must_be_a_plain_name(train_world, name):
 def test_resume_refuses_changed_knobs_by_name_before_loading_weights(train_world, monkeypatch):
     train(tiny_knobs(train_world, "knobs", STEPS=4, STOP_AT=2))
     loaded = []
-    monkeypatch.setattr(loop, "load_trainable_state", lambda *a: loaded.append(a))
+    monkeypatch.setattr(trainer, "load_trainable_state", lambda *a: loaded.append(a))
     with pytest.raises(ConfigError, match=r"ALPHA 4\.0 -> 8\.0, GRAD_ACCUM 1 -> 2") as e:
         train(tiny_knobs(train_world, "knobs", STEPS=4, RESUME="latest", ALPHA=8.0, GRAD_ACCUM=2))
     assert "RESUME_ALLOW_CHANGES" not in str(e.value)  # neither is safe to allow
@@ -154,11 +155,11 @@ def test_a_disk_that_fills_during_a_checkpoint_gives_one_line_and_loses_nothing(
 
 
 def test_the_final_export_is_refused_when_it_would_not_fit(train_world, monkeypatch):
-    real = loop.save_run_checkpoint
+    real = Trainer.save
     monkeypatch.setattr(
-        loop,
-        "save_run_checkpoint",
-        lambda *a: (real(*a), monkeypatch.setattr(io, "free_bytes", lambda path: 0))[0],
+        Trainer,
+        "save",
+        lambda self: (real(self), monkeypatch.setattr(io, "free_bytes", lambda path: 0))[0],
     )
     with pytest.raises(DiskSpaceError, match=r"export: not enough disk space"):
         train(tiny_knobs(train_world, "noexport", STEPS=2))
@@ -170,7 +171,7 @@ def test_an_unexpected_error_is_recorded_in_the_log(train_world, monkeypatch):
     def boom(*a, **kw):
         raise RuntimeError("boom in the step")
 
-    monkeypatch.setattr(loop, "flow_loss", boom)
+    monkeypatch.setattr(trainer, "flow_loss", boom)
     with pytest.raises(RuntimeError, match="boom"):
         train(tiny_knobs(train_world, "boom", STEPS=2))
     last = (run_dir(train_world, "boom") / "log.txt").read_text().splitlines()[-1]
@@ -179,10 +180,10 @@ def test_an_unexpected_error_is_recorded_in_the_log(train_world, monkeypatch):
 
 def test_a_run_that_failed_during_setup_may_start_again_in_its_folder(train_world, monkeypatch):
     def no_data(*a, **kw):
-        raise loop.DataError("no data here")
+        raise trainer.DataError("no data here")
 
-    monkeypatch.setattr(loop, "open_run_data", no_data)
-    with pytest.raises(loop.DataError):
+    monkeypatch.setattr(trainer, "open_run_data", no_data)
+    with pytest.raises(trainer.DataError):
         train(tiny_knobs(train_world, "setup-failed", STEPS=1))
     assert sorted(p.name for p in run_dir(train_world, "setup-failed").iterdir()) == [
         "config.json",

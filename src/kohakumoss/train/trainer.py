@@ -1,0 +1,574 @@
+"""The Trainer: one run built from the (validated) knobs, then trained over the shared step runner.
+
+    Trainer(k, run_dir, rr)   checkpoints to resume -> components -> data -> base samples -> trainable
+                              -> (resume) -> metrics -> step runner
+    .train()                  train_step() until STOP_AT or STEPS, a checkpoint; at STEPS the last grid,
+                              the exports and the loss plot
+    .train_step()             one optimizer step (GRAD_ACCUM micro-steps, clip, optimizer, EMA), then log,
+                              validate, sample, checkpoint as their *_EVERY knobs say
+    .save() .export() .sample() .validate()
+
+Written so that a run stopped at step k and resumed replays exactly what an uninterrupted run does:
+the plan is a pure function of the data and knobs, sigmas and noise are drawn from (SEED, micro-step),
+and the global RNG states travel in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask
+from kohakumoss.diffusion import TimestepConfig
+from kohakumoss.distributed.trainer import RankRun
+from kohakumoss.export import export_all
+from kohakumoss.export.metadata import run_metadata
+from kohakumoss.export.verify import ExportMismatch
+from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
+from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space
+from kohakumoss_common.log import get_logger
+
+from .checkpoint import (
+    clean_stale,
+    load_checkpoint,
+    resolve_checkpoint,
+    save_checkpoint,
+    set_aside_later,
+    step_dirname,
+    tensor_bytes,
+)
+from .collector import StepCollector
+from .components import Components, build_components
+from .data import check_data_position, make_loader, open_run_data, plan_prefix_sha256, validation_batches
+from .ema import EMA
+from .graphs import StepGraphs, graph_refusal, resolve_graphs
+from .logbook import MetricsWriter, ProgressLines, loss_plot
+from .optim import (
+    CombinedOptimizer,
+    build_adapter_optimizer,
+    build_full_ft_optimizer,
+    eval_weights,
+    set_train_mode,
+)
+from .prefetch import Prefetcher
+from .resume import check_resume_knobs
+from .rng import restore_rng
+from .runner import StepResult, StepRunner
+from .samples import draw_row, grid, load_row, sample_captions, save_row
+from .schedule import LRSchedule
+from .state import load_trainable_state, trainable_state
+from .step import draw_step_noise, flow_loss, to_device_batch
+from .tracking import Trackers
+from .validation import validation_loss
+
+log = get_logger(__name__)
+
+
+class NonFiniteLoss(KohakuMossError):
+    pass
+
+
+@dataclass
+class Trainable:
+    module: torch.nn.Module  # what holds the trainable weights: the LyCORIS network or the backbone
+    network: Any  # LycorisNetwork or None (full fine-tune)
+    params: list[torch.nn.Parameter]
+    optimizer: CombinedOptimizer
+    schedule: LRSchedule
+    ema: EMA | None
+
+
+class CacheOnly:
+    """An encoder stand-in for VAE_ENCODE / TEXT_ENCODE = 'cache': same identity, a miss is an error."""
+
+    def __init__(self, encoder, knob: str, script: str):
+        self.encoder, self.knob, self.script = encoder, knob, script
+        self.identity = encoder.identity
+        for attr in ("template", "layer_choice"):
+            if hasattr(encoder, attr):
+                setattr(self, attr, getattr(encoder, attr))
+
+    def encode(self, *args, **kwargs):
+        raise DataError(
+            f"{self.knob}='cache' but the cache misses an entry: run {self.script} first, or set {self.knob}='auto'"
+        )
+
+
+class Trainer:
+    """One run (or this rank's part of a DISTRIBUTED one): `Trainer(k, run_dir, rr).train()`."""
+
+    def __init__(self, k: dict[str, Any], run_dir: Path, rr: RankRun):
+        self.k, self.rr = k, rr
+        self.run_dir, self.ckpt_root, self.samples_dir = run_dir, run_dir / "checkpoints", run_dir / "samples"
+        self.steps, self.accum = int(k["STEPS"]), int(k["GRAD_ACCUM"])
+        self.stop_at = min(int(k["STOP_AT"]) or self.steps, self.steps)
+        resume_path = self.find_resume()
+        seed_everything(int(k["SEED"]))
+        atomic_write_json(rr.own(run_dir) / "config.json", k)
+        self.comps = build_components(k)
+        log.info(f"device {self.comps.device}, precision {k['PRECISION']}, run folder {run_dir}")
+        self.build_data()
+        self.base_row = self.base_samples()
+        self.tr = build_trainable(k, self.comps)
+        self.start = self.load(resume_path) if resume_path is not None else 0
+        self.step, self.bad_in_row, self.skipped = self.start, 0, 0
+        self.build_metrics(self.start if resume_path is not None else None)
+        self.build_runner()
+
+    # ---- build: each piece in the order the run needs them (a resumed run replays this order)
+
+    def find_resume(self) -> Path | None:
+        """Stale temporaries removed; RESUME's checkpoint, its knobs checked before any weight is loaded."""
+        for stale in clean_stale(self.ckpt_root) if self.rr.is_main else ():
+            log.info(f"removed {stale.name}, left in {self.ckpt_root} by an interrupted save or prune")
+        path = resume_point(self.k, self.ckpt_root)
+        if path is None:
+            return None
+        for change in check_resume_knobs(self.k, path):
+            log.info(f"resume: {change} (RESUME_ALLOW_CHANGES)")
+        step = json.loads((path / "meta.json").read_text())["step"]
+        # checkpoints past the resumed step move aside: else 'latest' and KEEP_LAST would count them
+        for moved in set_aside_later(self.ckpt_root, step) if self.rr.is_main else ():
+            log.warning(f"checkpoint past the resumed step {step} set aside as {moved}")
+        return path
+
+    def build_data(self) -> None:
+        """The encoders (or their cache-only stand-ins), the data plan and rank 0's validation batches."""
+        k, comps = self.k, self.comps
+        self.image_encoder = (
+            comps.vae
+            if k["VAE_ENCODE"] != "cache"
+            else CacheOnly(comps.vae, "VAE_ENCODE", "scripts/data/cache_latents.py")
+        )
+        self.text_encoder = (
+            comps.text_encoder
+            if k["TEXT_ENCODE"] != "cache"
+            else CacheOnly(comps.text_encoder, "TEXT_ENCODE", "scripts/data/cache_text.py")
+        )
+        self.data = open_run_data(k, self.image_encoder, self.text_encoder)
+        batches = validation_batches(self.data, k, self.image_encoder, self.text_encoder)
+        val = [to_device_batch(b, comps.device, comps.dtype) for b in batches]
+        self.val = val if self.rr.is_main else []  # the validation loss is rank 0's to log
+
+    def base_samples(self):
+        """The base model's sample row (rank 0), drawn before any training and kept for every later grid."""
+        comps, self.prompts = self.comps, sample_captions(self.k)
+        encoders = comps.text_encoder is not None and comps.vae is not None
+        self.can_sample = self.rr.is_main and bool(self.prompts) and encoders
+        if not self.can_sample:
+            return None
+        row = load_row(self.samples_dir / "base", "base", len(self.prompts))
+        if row is None:
+            row = self.draw_row()
+            save_row(row, self.samples_dir / "base", "base")
+        return row
+
+    def load(self, path: Path) -> int:
+        """The checkpoint's trainable weights, optimizer, EMA and RNG states; returns its step."""
+        k, tr, engines = self.k, self.tr, self.comps.engines
+        ckpt = load_checkpoint(path)
+        check_data_position(self.data.plan, ckpt.data_position, path, bool(k.get("RESUME_REPLAN")))
+        if engines is not None and engines.streamer is not None:
+            engines.streamer.invalidate()  # streamed parameters point at their host copies
+        load_trainable_state(tr.module, ckpt.trainable, path)
+        if ckpt.optimizer is not None:
+            tr.optimizer.load_state_dict(ckpt.optimizer)
+            set_train_mode(tr.optimizer, True)  # schedule-free states are saved in eval mode
+        if tr.ema is not None and ckpt.ema is not None:
+            tr.ema.load_state_dict(ckpt.ema)
+        restore_rng(ckpt.rng)
+        log.info(f"resumed from {path} at step {ckpt.step}")
+        return ckpt.step
+
+    def build_metrics(self, resume_step: int | None) -> None:
+        """metrics.jsonl (this rank's), with TensorBoard / wandb beside it on rank 0."""
+        loggers = list(self.k["LOGGERS"]) if self.rr.is_main else []  # other ranks: ranks/<rank>/
+        trackers = Trackers(loggers, self.run_dir, self.k, resume_step)
+        path = self.rr.own(self.run_dir) / "metrics.jsonl"
+        self.metrics = MetricsWriter(path, resume_step=resume_step, trackers=trackers)
+
+    def build_runner(self) -> None:
+        """The shared step runner over this rank's prefetched batches from the start step's micro-step."""
+        k, comps, rr, first = self.k, self.comps, self.rr, self.start * self.accum
+        scaler = torch.amp.GradScaler(comps.device.type) if comps.dtype == torch.float16 else None
+        loader = make_loader(rr.local_data(self.data), k, self.image_encoder, self.text_encoder, first)
+        forward = rr.wrap(comps.backbone, self.tr.network, comps.plan)  # DISTRIBUTED='ddp': DDP around it
+        loss_fn = step_loss_fn(k, forward, comps.dtype)
+        step_loss = rr.loss_fn(loss_fn, timestep_config(k), draw_step_noise)  # this rank's share
+        self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first)
+        next_batch = rr.next_batch(self.prefetch.next_batch, first)
+        self.runner = build_runner(k, comps, self.tr, step_loss, next_batch, scaler)
+
+    def begin(self) -> None:
+        """Train mode, the peak-memory counter, rank 0's progress (a bar, or log lines off a terminal)."""
+        device = self.comps.device
+        self.comps.backbone.train()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        quiet = None if self.rr.is_main else True
+        self.bar = tqdm(
+            total=self.steps,
+            initial=self.start,
+            desc=self.k["RUN_NAME"],
+            unit="step",
+            dynamic_ncols=True,
+            disable=quiet,
+        )
+        self.progress = ProgressLines(log, self.steps) if self.bar.disable and self.rr.is_main else None
+        self.collector = StepCollector(int(self.k["GC_EVERY"]))
+
+    # ---- the loop
+
+    def train(self) -> Path:
+        """train_step() until STOP_AT (or STEPS) and a checkpoint; at STEPS the last grid and the exports."""
+        self.begin()
+        try:
+            self.collector.start()
+            while self.step < self.stop_at:
+                self.train_step()
+        except KeyboardInterrupt:
+            self.bar.close()
+            log.info(f"interrupted: saved {self.save()}; continue with RESUME='latest'")
+            raise
+        finally:
+            self.collector.stop()
+            self.prefetch.close()
+        self.bar.close()
+        log.info(f"checkpoint {self.save()}")
+        if self.step < self.steps:
+            log.info(f"stopped at step {self.step} (STOP_AT); continue with RESUME='latest'")
+            return self.run_dir
+        self.finish()
+        return self.run_dir
+
+    def train_step(self) -> None:
+        """One optimizer step over the runner; its result is read on the host only after the launches."""
+        step, t0 = self.step, time.perf_counter()
+        lr_factor = self.tr.schedule.apply(self.tr.optimizer, step)
+        result = self.runner.run(step)
+        if step + 1 < self.stop_at:  # host work for the next step before this one's read
+            self.runner.prepare_next(step)
+        self.collector.after_launch(step)
+        if not result.applied():  # read here, after the launches
+            self.skip(result)
+            return
+        self.bad_in_row = 0
+        if self.tr.ema is not None:
+            self.tr.ema.update(step)
+        self.step = step + 1
+        dt = time.perf_counter() - t0
+        self.bar.update(1)
+        self.log_step(result, lr_factor, dt)
+        if self.step < self.steps:  # the last step's grid and checkpoint come after the loop
+            if self.can_sample and self.every("SAMPLE_EVERY"):
+                self.sample()
+            if self.every("SAVE_EVERY"):
+                log.info(f"checkpoint {self.save()}")
+
+    def skip(self, result: StepResult) -> None:
+        """A non-finite step: counted, its remaining batches taken; MAX_BAD_STEPS in a row stop the run."""
+        self.bad_in_row, self.skipped = self.bad_in_row + 1, self.skipped + 1
+        log.warning(f"step {self.step}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
+        if self.bad_in_row >= int(self.k["MAX_BAD_STEPS"]):
+            raise NonFiniteLoss(
+                f"{self.bad_in_row} non-finite losses in a row (MAX_BAD_STEPS); lower LR, check the data or use PRECISION='bf16'"
+            )
+        self.runner.skip_rest(result)  # keep the data aligned with the step count
+        self.step += 1
+        self.bar.update(1)
+
+    def log_step(self, result: StepResult, lr_factor: float, dt: float) -> None:
+        """The step's loss on the progress line; every LOG_EVERY steps (and the last) a metrics record."""
+        step = self.step
+        loss, samples, tokens = self.rr.step_totals(step, result.loss(), result.samples, result.tokens)
+        self.bar.set_postfix(loss=f"{loss:.4f}")
+        if self.progress is not None:
+            self.progress.update(step, loss, tokens / dt)
+        if not (self.every("LOG_EVERY") or step == self.steps):
+            return
+        record = dict(
+            step=step,
+            loss=loss,
+            lr=self.k["LR"] * lr_factor,
+            grad_norm=float(result.grad_norm),
+            samples=samples,
+            tokens=tokens,
+            samples_per_s=samples / dt,
+            tokens_per_s=tokens / dt,
+            step_s=dt,
+            peak_mem_gib=peak_memory_gib(self.comps.device),
+            skipped=self.skipped,
+            gc_ms=self.collector.take_paused_ms(),
+        )
+        if self.val and (self.every("VAL_EVERY") or (self.k["VAL_EVERY"] and step == self.steps)):
+            record["val_loss"] = self.validate()
+        self.metrics.write(record)
+        log.debug(str(record))
+
+    def every(self, knob: str) -> bool:
+        """The step is a multiple of the *_EVERY knob (0: never)."""
+        n = self.k[knob]
+        return bool(n) and self.step % int(n) == 0
+
+    def finish(self) -> None:
+        """After the last step: the final grid (the exports' thumbnail), the exports, the loss plot."""
+        if self.can_sample:
+            self.sample()
+        written = self.export()
+        log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
+        loss_plot(self.metrics.read(), self.run_dir / "loss.png")
+        self.metrics.close()
+        log.info(f"done: {self.step} steps, {self.skipped} skipped; run folder {self.run_dir}")
+
+    # ---- what a step may do besides training: validate, sample, save, export
+
+    def validate(self) -> float:
+        """The validation loss at VAL_SIGMAS (schedule-free: at its averaged weights)."""
+        k, comps = self.k, self.comps
+        with eval_weights(self.tr.optimizer):
+            return validation_loss(
+                comps.backbone, self.val, list(k["VAL_SIGMAS"]), comps.dtype, int(k["SEED"])
+            )
+
+    def sample(self) -> Path:
+        """The sample grid at this step: the base row beside this step's row, saved and logged."""
+        step = self.step
+        with eval_weights(self.tr.optimizer):
+            clear_tlora_mask()
+            row = self.draw_row()
+            save_row(row, self.samples_dir / step_dirname(step), "sample")
+            image = grid([("base", self.base_row), (f"step {step}", row)], self.prompts)
+            path = self.samples_dir / f"grid_{step_dirname(step)}.png"
+            image.save(path)
+            self.metrics.image("samples/grid", image, step)
+        log.info(f"samples {path}")
+        return path
+
+    def draw_row(self):
+        """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile."""
+        comps = self.comps
+        with comps.text_encoder.on_device(), comps.vae.on_device():
+            return draw_row(comps.backbone, comps.text_encoder, comps.vae, self.k, comps.device, comps.dtype)
+
+    def save(self) -> Path:
+        """A checkpoint at this step, its exports inside; rank 0 writes it (the weights are equal on every rank)."""
+        if not self.rr.is_main:
+            return self.ckpt_root / step_dirname(self.step)
+        with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
+            return self.write_checkpoint()
+
+    def write_checkpoint(self) -> Path:
+        k, tr, step, micro = self.k, self.tr, self.step, self.step * self.accum
+        failed: list[ExportMismatch] = []
+        path = save_checkpoint(
+            self.ckpt_root,
+            step,
+            trainable_state(tr.module),
+            tr.optimizer.state_dict(),
+            tr.ema.state_dict() if tr.ema is not None else None,
+            data_position={
+                "step": step,
+                "micro_step": micro,
+                "plan_sha256": self.data.plan.sha256,
+                "seen_sha256": plan_prefix_sha256(self.data.plan, micro),
+            },
+            config=k,
+            keep_last=int(k["KEEP_LAST"]),
+            write_extra=lambda tmp: _checked(failed, self.write_exports, tmp / "export", step),
+            extra_bytes=self.export_bytes(),
+        )
+        if failed:  # the checkpoint is saved, its trainable weights and every export file kept; then stop
+            raise failed[0]
+        return path
+
+    def export(self) -> dict[str, Path]:
+        """The run's final exports into run_dir/export, refused (path, needed, free) when they would not fit."""
+        if not self.rr.is_main:
+            return {}
+        folder, needed = self.run_dir / "export", self.export_bytes()
+        ensure_free_space(folder, needed)
+        with disk_full_as_error(folder, needed), eval_weights(self.tr.optimizer):
+            return self.write_exports(folder)
+
+    def write_exports(self, folder: Path, step: int | None = None) -> dict[str, Path]:
+        """ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers, each verified (export/verify.py);
+        the adapter files carry the run's ss_* / modelspec.* metadata at `step` (None: STEPS, the final
+        export: the only one with full-difference ComfyUI files unless COMFY_DIFFS='every')."""
+        k = self.k
+        clear_tlora_mask()
+        metadata = run_metadata(k, self.steps if step is None else step)
+
+        def write() -> dict[str, Path]:
+            return export_all(
+                self.comps.backbone,
+                self.tr.network,
+                folder,
+                k["RUN_NAME"],
+                save_merged_model=k["SAVE_MERGED"],
+                save_diffusers=k["SAVE_DIFFUSERS"],
+                metadata=metadata,
+                save_format=k["SAVE_FORMAT"],
+                full_diffs=step is None or k["COMFY_DIFFS"] == "every",
+            )
+
+        if self.tr.ema is not None and k["EXPORT_EMA"]:
+            with self.tr.ema.swapped():
+                return write()
+        return write()
+
+    def export_bytes(self) -> int:
+        """An upper estimate of what the exports write: adapter files at their stored size, merged models in bf16."""
+        tr, k = self.tr, self.k
+        adapter = 2 * tensor_bytes(trainable_state(tr.module)) if tr.network is not None else 0
+        backbone = sum(p.numel() for p in self.comps.backbone.parameters()) * 2
+        merged = (bool(k["SAVE_MERGED"]) or tr.network is None) + bool(k["SAVE_DIFFUSERS"])
+        return adapter + merged * backbone
+
+
+# ---- the trainer's pieces as functions of the knobs (scripts/bench/train_step.py builds its step from them)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
+    model, device = comps.backbone, comps.device
+    total = int(k["STEPS"])
+    schedule = LRSchedule(k["LR_SCHEDULE"], int(k["LR_WARMUP_STEPS"]), total, float(k["LR_MIN_RATIO"]))
+    if k["ALGO"] == "full":
+        model.requires_grad_(True)
+        optimizer = build_full_ft_optimizer(
+            model,
+            lr=k["LR"],
+            muon_lr=k["MUON_LR"] or None,
+            weight_decay=k["WEIGHT_DECAY"],
+            use_muon=k["USE_MUON"],
+            optimizer=k["OPTIMIZER"],
+            optimizer_args=k["OPTIMIZER_ARGS"],
+        )
+        module, network = model, None
+    else:
+        algo_args = dict(k["ALGO_ARGS"])
+        network = build_adapter(
+            model,
+            algo=k["ALGO"],
+            rank=int(k["RANK"]),
+            alpha=float(k["ALPHA"]),
+            preset=k["TARGET_PRESET"],
+            patterns=tuple(k["TARGET_PATTERNS"]),
+            dropout=k["DROPOUT"],
+            rank_dropout=k["RANK_DROPOUT"],
+            module_dropout=k["MODULE_DROPOUT"],
+            bypass=k["BYPASS"],
+            **algo_args,
+        )
+        network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
+        ratio = k["LORA_PLUS_RATIO"] or None
+        groups = adapter_param_groups(network, k["LR"], ratio, k["WEIGHT_DECAY"])
+        optimizer = build_adapter_optimizer(groups, k["LR"], k["OPTIMIZER"], k["OPTIMIZER_ARGS"])
+        module = network
+    if comps.engines is not None:  # states on the GPU, streamed or on the host, as the plan says
+        optimizer = comps.engines.place_optimizer(optimizer)
+    params = [p for p in module.parameters() if p.requires_grad]
+    ema = EMA(module, k["EMA_DECAY"], int(k["EMA_WARMUP"]), int(k["EMA_EVERY"])) if k["EMA"] else None
+    n = sum(p.numel() for p in params)
+    log.info(f"training {'the full model' if network is None else k['ALGO']}: {n:,} trainable parameters")
+    return Trainable(module, network, params, optimizer, schedule, ema)
+
+
+def timestep_config(k: dict[str, Any]) -> TimestepConfig:
+    return TimestepConfig(
+        mode=k["TIMESTEP_SAMPLING"],
+        logit_mean=k["LOGIT_MEAN"],
+        logit_std=k["LOGIT_STD"],
+        shift=k["TIMESTEP_SHIFT"],
+        static_shift=k["STATIC_SHIFT"],
+        mode_scale=k["MODE_SCALE"],
+    )
+
+
+def step_loss_fn(k: dict[str, Any], forward, dtype: torch.dtype):
+    """The micro-step's loss as the knobs define it: (batch, sigma, noise) -> loss."""
+    options = dict(loss_type=k["LOSS_TYPE"], huber_c=k["HUBER_C"], min_snr_gamma=k["MIN_SNR_GAMMA"])
+
+    def step_loss(batch, sigma, noise):
+        return flow_loss(
+            forward, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **options
+        )
+
+    return step_loss
+
+
+def build_runner(
+    k: dict[str, Any], comps: Components, tr: Trainable, loss_fn, next_batch, scaler=None
+) -> StepRunner:
+    """The step the trainer runs (and scripts/bench/train_step.py measures): graphs where allowed."""
+    graphs = build_step_graphs(k, comps, tr, loss_fn)
+    return StepRunner(
+        tr.optimizer,
+        loss_fn,
+        next_batch,
+        device=comps.device,
+        seed=int(k["SEED"]),
+        accum=int(k["GRAD_ACCUM"]),
+        timesteps=timestep_config(k),
+        grad_clip=float(k["GRAD_CLIP"]),
+        graphs=graphs,
+        engines=comps.engines,
+        scaler=scaler,
+        tuning=lambda: comps.backbone.ops.tuning(device_time=graphs is not None),
+        tlora_rank=int(k["RANK"]) if k["ALGO"] == "tlora" else None,
+    )
+
+
+def build_step_graphs(k: dict[str, Any], comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
+    """CUDA_GRAPHS: the micro-step's graphs where the run allows them (train/graphs.py says why not)."""
+    refusal = graph_refusal(comps.plan, comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype)
+    if not resolve_graphs(k["CUDA_GRAPHS"], refusal):
+        if k["CUDA_GRAPHS"] == "auto" and comps.device.type == "cuda":
+            log.info(f"CUDA graphs off ({refusal})")
+        return None
+    log.info("CUDA graphs on: each batch shape is captured on its second micro-step, then replayed")
+    return StepGraphs(loss_fn, tr.params, backward_scale=1.0 / int(k["GRAD_ACCUM"]))
+
+
+def resume_point(k: dict[str, Any], ckpt_root: Path) -> Path | None:
+    """The checkpoint RESUME names; None for a fresh start ('latest' with none yet)."""
+    if not k["RESUME"]:
+        return None
+    try:
+        path = resolve_checkpoint(ckpt_root, k["RESUME"])
+    except CheckpointError as e:
+        raise ConfigError("RESUME", str(e)) from e
+    if path is None:
+        if k["RESUME"] == "latest":
+            log.info(f"RESUME='latest': no checkpoint under {ckpt_root}, starting fresh")
+            return None
+        raise ConfigError("RESUME", f"no checkpoint at '{k['RESUME']}'")
+    return path
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: process peak RSS
+
+
+def _checked(failed: list, fn, *args) -> None:
+    """fn(*args), an ExportMismatch kept in `failed` instead of aborting the checkpoint being written."""
+    try:
+        fn(*args)
+    except ExportMismatch as e:
+        failed.append(e)
