@@ -259,27 +259,53 @@ def test_bad_optimizer_names_and_args_name_the_knob():
     assert optimizer_problem("adamw") is None and optimizer_problem("torch.optim.SGD") is None
 
 
-@_needs("bitsandbytes")
+_CUDA = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+# (OPTIMIZER, package, the state class): bitsandbytes keeps plain uint8 tensors; torchao keeps tensor
+# subclasses, which the checkpoint stores as their component tensors (kohakumoss/optim/portable.py)
 @pytest.mark.parametrize(
-    "device",
+    "name,state_cls,device",
     [
-        "cpu",
+        pytest.param("adamw8bit", "Tensor", "cpu", marks=_needs("bitsandbytes"), id="bnb-cpu"),
+        pytest.param("adamw8bit", "Tensor", "cuda", marks=[_needs("bitsandbytes"), *_CUDA], id="bnb-cuda"),
         pytest.param(
+            "torchao.optim.AdamW8bit", "OptimState8bit", "cpu", marks=_needs("torchao"), id="ao8-cpu"
+        ),
+        pytest.param(
+            "torchao.optim.AdamW8bit",
+            "OptimState8bit",
             "cuda",
-            marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")],
+            marks=[_needs("torchao"), *_CUDA],
+            id="ao8-cuda",
+        ),
+        pytest.param(
+            "torchao.optim.AdamW4bit",
+            "OptimState4bit",
+            "cuda",
+            marks=[_needs("torchao"), *_CUDA],
+            id="ao4-cuda",
+        ),
+        pytest.param(
+            "torchao.optim.AdamWFp8",
+            "OptimStateFp8",
+            "cuda",
+            marks=[_needs("torchao"), *_CUDA],
+            id="aofp8-cuda",
         ),
     ],
 )
-def test_adamw8bit_resume_is_bit_exact(tmp_path, device):
-    """bitsandbytes' AdamW8bit (blockwise 8-bit states) through save / load: the resumed run's weights
-    equal the uninterrupted run's, and the loss goes down."""
+def test_low_bit_adamw_resume_is_bit_exact(tmp_path, name, state_cls, device):
+    """8-bit (and torchao's 4-bit / fp8) AdamW states through save / load: the checkpoint reads under
+    weights_only with no class registered (as the exporter reads it), the resumed run's weights equal
+    the uninterrupted run's, and the loss goes down."""
 
     def build():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).to(
             device
-        )
-        return model, build_adapter_optimizer([{"params": list(model.parameters())}], 1e-3, "adamw8bit")
+        )  # 256x256 weights: above torchao's 4096-element floor for quantized states
+        return model, build_adapter_optimizer([{"params": list(model.parameters())}], 1e-3, name)
 
     def step(model, opt, s):
         g = torch.Generator(device=device).manual_seed(s)
@@ -291,16 +317,28 @@ def test_adamw8bit_resume_is_bit_exact(tmp_path, device):
         return loss.item()
 
     model, opt = build()
-    assert type(opt.optimizers["adamw8bit"]).__name__ == "AdamW8bit"
     losses = [step(model, opt, s) for s in range(STEPS)]
     first, fopt = build()
     for s in range(HALF):
         step(first, fopt, s)
+    (member,) = fopt.optimizers.values()
+    weight_state = member.state[first[0].weight]
+    assert type(weight_state["exp_avg"]).__name__ == state_cls
     save_checkpoint(tmp_path, HALF, trainable_state(first), fopt.state_dict(), None, config={})
+
+    # a reader that never imported the optimizer's package: no tensor subclass is a safe global
+    registered = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()
+    try:
+        ck = load_checkpoint(resolve_checkpoint(tmp_path, "latest"))
+    finally:
+        torch.serialization.add_safe_globals(registered)
     resumed, ropt = build()
-    ck = load_checkpoint(resolve_checkpoint(tmp_path, "latest"))
     load_trainable_state(resumed, {k: v.to(device) for k, v in ck.trainable.items()})
     ropt.load_state_dict(ck.optimizer)
+    (rmember,) = ropt.optimizers.values()
+    loaded = rmember.state[resumed[0].weight]["exp_avg"]
+    assert type(loaded).__name__ == state_cls and loaded.device.type == device
     for s in range(HALF, STEPS):
         step(resumed, ropt, s)
     for (k, a), b in zip(model.state_dict().items(), resumed.state_dict().values()):

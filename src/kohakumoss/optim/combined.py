@@ -12,6 +12,8 @@ from torch.optim import AdamW, Muon, Optimizer
 
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
+from .portable import portable_state, restore_state
+
 # members whose update placed states can run ('gpu' runs any): 'host' steps them on the CPU over fp32
 # masters; 'stream' steps them chunk by chunk, so an update that looks across a group's params (Prodigy's
 # global d estimate) or keeps state outside `opt.state` (bitsandbytes' per-param configs) cannot stream,
@@ -94,7 +96,11 @@ class CombinedOptimizer:
         zero_grads(self.params(), set_to_none)
 
     def state_dict(self) -> dict:
-        return {name: opt.state_dict() for name, opt in self.optimizers.items()}
+        """Each member's state_dict, tensor-subclass states (torchao's) as plain tensors (optim/portable.py)."""
+        return {
+            name: portable_state(opt.state_dict(), f"<optimizer state>.{name}")
+            for name, opt in self.optimizers.items()
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if set(state) != set(self.optimizers):
@@ -102,4 +108,4 @@ class CombinedOptimizer:
                 "<optimizer state>", f"holds {sorted(state)}, this run has {sorted(self.optimizers)}"
             )
         for name, opt in self.optimizers.items():
-            opt.load_state_dict(state[name])
+            opt.load_state_dict(restore_state(state[name], f"<optimizer state>.{name}"))
