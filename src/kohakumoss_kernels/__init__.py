@@ -1,9 +1,11 @@
 """Per-op kernels for KohakuMoss: eager references, Triton / TileLang / torch.compile backends, a registry.
 
-The model calls ops only through `registry.OpSet`, so the eager op stays the single reference.
+The ops are listed in `op_list.py` (name, arguments, reference, variants). The model calls them only
+through `registry.OpSet`, so the eager op stays the single reference.
 Imports only `kohakumoss_common`.
 """
 
+from .op_list import OPS, OpSpec
 from .registry import (
     DEFAULT_PRIORITY,
     BoundOp,
@@ -18,7 +20,9 @@ from .tuning import tuning_window
 
 __all__ = [
     "DEFAULT_PRIORITY",
+    "OPS",
     "BoundOp",
+    "OpSpec",
     "OpSet",
     "available_ops",
     "priority_for",

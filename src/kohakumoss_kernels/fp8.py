@@ -46,6 +46,8 @@ def can_compute(device: torch.device) -> bool:
 class Fp8Weight(StoredWeight):
     """A frozen [O, I] weight: w ~= data * scale[:, None]; `compute` picks fp8 GEMMs over dequantizing."""
 
+    kind = "fp8"
+
     data: torch.Tensor  # [O, I] float8_e4m3fn
     scale: torch.Tensor  # [O] float32
     compute: bool = True

@@ -47,6 +47,8 @@ class Int8Weight(StoredWeight):
     """A frozen [O, I] weight: W = (data * scale[:, None]) @ H per `group` input columns (group 0: no
     rotation); `compute` picks int8 GEMMs over dequantizing."""
 
+    kind = "int8"
+
     data: torch.Tensor  # [O, I] int8
     scale: torch.Tensor  # [O] float32
     group: int = 0

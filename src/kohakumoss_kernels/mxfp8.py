@@ -82,6 +82,8 @@ class Mxfp8Weight(StoredWeight):
     """A frozen [O, I] weight in MXFP8: `data` e4m3, `scale` e8m0 [O, I / 32], `blocked` the same scales
     in the GEMM's layout (made once); `compute` picks block-scaled GEMMs over dequantizing."""
 
+    kind = "mxfp8"
+
     data: torch.Tensor
     scale: torch.Tensor
     blocked: torch.Tensor

@@ -1,7 +1,12 @@
 """Op registry: each op binds per (arch, dtype) to a list of backends; the eager backend is the reference.
 
-- Backends of an op are the modules beside its reference, `ops/<op>/<backend>.py`, each exporting a
-  function named like the op and optionally `supports(arch, dtype) -> bool`.
+- The ops are listed in `op_list.py` (name, signature, reference, variants). Backends of an op are the
+  modules beside its reference, `ops/<op>/<backend>.py`, each exporting a function named like the op
+  and optionally `supports(arch, dtype) -> bool` and `WEIGHTS` (the weight kinds it takes); the
+  registry makes `eager` (the reference) and `compile` (the reference under torch.compile) itself, and
+  each listed variant from its base backend's function with fixed keyword arguments.
+- An op with a frozen weight argument binds per weight kind too (a tensor, fp8, int8, MXFP8): each kind
+  gets the backends that take it.
 - `DEFAULT_PRIORITY` orders them per arch: Triton first from sm75, then torch's own candidates (the `torch` slot: SDPA over equal-length groups, varlen_attn,
   FlexAttention, a fused addmm for the LoRA linear), then torch.compile, then eager. The CPU gets eager alone unless a backend is named.
   Backends never run on the hardware they are for stay off it until a card has run them: TileLang on
@@ -18,6 +23,7 @@ import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -25,34 +31,13 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger, log_once
 
 from . import tuning
-from .fp8 import Fp8Weight
-from .int8 import Int8Weight
-from .mxfp8 import Mxfp8Weight
+from .compile_utils import compiled
+from .compile_utils import supports as compile_supports
+from .op_list import DENSE, SPECS
 from .shape_keys import shape_key
+from .stored_weight import WEIGHT_KINDS, StoredWeight, weight_kind
 
 log = get_logger("kohakumoss.kernels.registry")
-
-# op name -> its folder under ops/
-_OPS: dict[str, str] = {
-    "rms_norm": "rms_norm",
-    "norm_modulate": "norm_modulate",
-    "gated_residual": "gated_residual",
-    "residual_norm_modulate": "residual_norm_modulate",
-    "apply_rope": "rope",
-    "qk_norm_rope": "qk_norm_rope",
-    "situ_glu": "situ_glu",
-    "varlen_attention": "varlen_attention",
-    "lora_linear": "lora_linear",
-    "lora_group": "lora_group",
-    "lora_linear_fp8": "lora_linear_fp8",
-    "lora_group_fp8": "lora_group_fp8",
-    "int8_linear": "int8_linear",
-    "lora_linear_int8": "lora_linear_int8",
-    "lora_group_int8": "lora_group_int8",
-    "mxfp8_linear": "mxfp8_linear",
-    "lora_linear_mxfp8": "lora_linear_mxfp8",
-    "lora_group_mxfp8": "lora_group_mxfp8",
-}
 
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
@@ -99,12 +84,18 @@ _REGISTERED: dict[tuple[str, str], Callable] = {}
 
 
 def available_ops() -> list[str]:
-    return sorted(set(_OPS) | {op for op, _ in _REGISTERED})
+    return sorted(set(SPECS) | {op for op, _ in _REGISTERED})
 
 
-def register_op(op: str, eager: Callable) -> None:
-    """Add an op defined outside ops/ (its eager reference); backends follow via register_backend."""
+# Ops registered at run time whose reference the registry also offers under torch.compile.
+_COMPILABLE: set[str] = set()
+
+
+def register_op(op: str, eager: Callable, compile: bool = True) -> None:
+    """Add an op defined outside ops/ (its eager reference, and unless `compile=False` that reference under
+    torch.compile as its `compile` backend); further backends follow via register_backend."""
     _REGISTERED[(op, "eager")] = eager
+    (_COMPILABLE.add if compile else _COMPILABLE.discard)(op)
 
 
 def register_backend(op: str, backend: str, fn: Callable) -> None:
@@ -116,7 +107,7 @@ def register_backend(op: str, backend: str, fn: Callable) -> None:
 
 
 def _check_op(op: str) -> None:
-    if op not in _OPS and (op, "eager") not in _REGISTERED:
+    if op not in SPECS and (op, "eager") not in _REGISTERED:
         raise KeyError(f"unknown op '{op}'; known: {available_ops()}")
 
 
@@ -140,22 +131,64 @@ def _expand(names: Sequence[str]) -> list[str]:
 
 def has_backend(op: str, backend: str) -> bool:
     _check_op(op)
-    if (op, backend) in _REGISTERED:
+    spec = SPECS.get(op)
+    if (op, backend) in _REGISTERED or backend == "eager":
         return True
-    if op not in _OPS:
+    if backend == "compile":
+        return spec.compile if spec is not None else op in _COMPILABLE
+    if spec is None:
         return False
-    return importlib.util.find_spec(f"kohakumoss_kernels.ops.{_OPS[op]}.{backend}") is not None
+    if backend in spec.variants:
+        return True
+    return importlib.util.find_spec(_module_name(op, backend)) is not None
 
 
-def load_backend(op: str, backend: str, arch: str, dtype: torch.dtype) -> Callable | None:
-    """The backend's function, or None (with one log line) when it does not import or support (arch, dtype)."""
+def _module_name(op: str, module: str) -> str:
+    return f"kohakumoss_kernels.ops.{SPECS[op].folder}.{module}"
+
+
+# the reference under torch.compile, one per reference function and process (compiled on first call)
+_COMPILED: dict[Callable, Callable] = {}
+
+
+def _backend(op: str, backend: str) -> tuple[Callable, Callable | None, tuple[str, ...]]:
+    """(function, supports or None, the weight kinds it takes) of one backend; imports its module."""
+    if (op, backend) in _REGISTERED:
+        fn = _REGISTERED[(op, backend)]
+        return fn, getattr(fn, "supports", None), getattr(fn, "weights", DENSE)
+    if backend == "eager":
+        return eager_op(op), None, WEIGHT_KINDS  # the reference dequantizes a stored weight
+    if backend == "compile" and has_backend(op, "compile"):
+        ref = eager_op(op)
+        if ref not in _COMPILED:
+            _COMPILED[ref] = compiled(ref)
+        return _COMPILED[ref], compile_supports, DENSE
+    variant = SPECS[op].variants.get(backend)
+    if variant is not None:
+        fn = partial(getattr(importlib.import_module(_module_name(op, variant.base)), op), **variant.kwargs)
+        supports = None
+        if variant.supports_from is not None:
+            supports = importlib.import_module(f"kohakumoss_kernels.ops.{variant.supports_from}").supports
+        return fn, supports, variant.weights
+    module = importlib.import_module(_module_name(op, backend))
+    return getattr(module, op), getattr(module, "supports", None), getattr(module, "WEIGHTS", DENSE)
+
+
+def backend_fn(op: str, backend: str) -> Callable:
+    """One backend's function as is, whatever the card (tests and benchmarks call it directly)."""
+    _check_op(op)
+    return _backend(op, backend)[0]
+
+
+def load_backend(
+    op: str, backend: str, arch: str, dtype: torch.dtype, kind: str | None = None
+) -> Callable | None:
+    """The backend's function, or None (with one log line) when it does not import or support (arch, dtype).
+    kind: the weight kind of an op with a weight argument; None (quietly) when the backend does not take it."""
     try:
-        if (op, backend) in _REGISTERED:
-            fn = _REGISTERED[(op, backend)]
-            supports = getattr(fn, "supports", None)
-        else:
-            module = importlib.import_module(f"kohakumoss_kernels.ops.{_OPS[op]}.{backend}")
-            fn, supports = getattr(module, op), getattr(module, "supports", None)
+        fn, supports, weights = _backend(op, backend)
+        if kind is not None and kind not in weights:
+            return None
         if supports is not None and not supports(arch, dtype):
             return None
         return fn
@@ -169,8 +202,19 @@ def eager_op(op: str) -> Callable:
     _check_op(op)
     if (op, "eager") in _REGISTERED:
         return _REGISTERED[(op, "eager")]
-    module = importlib.import_module(f"kohakumoss_kernels.ops.{_OPS[op]}.eager")
-    return getattr(module, op)
+    module_name, name = SPECS[op].reference.split(":")
+    return getattr(importlib.import_module(module_name), name)
+
+
+def call_kind(op: str, args: tuple, kwargs: dict) -> str | None:
+    """The weight kind that picks `op`'s backends for one call (args include x), or None: no weight argument."""
+    spec = SPECS.get(op)
+    if spec is None or spec.weight_arg is None:
+        return None
+    w = args[spec.weight_arg] if len(args) > spec.weight_arg else kwargs.get("weight", kwargs.get("weights"))
+    if isinstance(w, (tuple, list)):  # a group: its first member's kind (a model quantizes them alike)
+        w = w[0]
+    return weight_kind(w)
 
 
 @dataclass
@@ -186,6 +230,7 @@ class BoundOp:
     choices: dict[str, str] = field(default_factory=dict)  # shape key -> backend, this process
     failed: set[str] = field(default_factory=set)
     timing: str = "wall"  # wall: host overhead counts (eager steps); device: graph-replayed (graphed steps)
+    kind: str | None = None  # the weight kind this binding serves (ops with a weight argument)
     _decided: dict[tuple, list] = field(default_factory=dict, repr=False)  # exact shapes -> order
 
     @property
@@ -197,7 +242,10 @@ class BoundOp:
         exact = _exact_key(args, kwargs)
         if exact in self._decided:  # the hot path: no string key, no table lookup
             return self._decided[exact]
-        live = [(n, f) for n, f in self.backends if n not in self.failed] or self.backends[-1:]
+        live = (
+            _graph_safe([(n, f) for n, f in self.backends if n not in self.failed], self.timing)
+            or self.backends[-1:]
+        )
         if self.tune == "off" or len(live) == 1:
             self._decided[exact] = live
             return live
@@ -257,12 +305,23 @@ class BoundOp:
         raise AssertionError("unreachable")
 
 
+def _graph_safe(live: list[tuple[str, Callable]], timing: str) -> list[tuple[str, Callable]]:
+    """A graphed step replays one graph for batches whose sequence lengths differ (train/graphs.py): where
+    an op has backends that read the lengths on the device (`fn.device_lengths`), only they and the
+    reference (last resort) stay; the others would bake one batch's lengths into the graph."""
+    if timing != "device" or not any(getattr(f, "device_lengths", False) for _, f in live):
+        return live
+    return [(n, f) for n, f in live if getattr(f, "device_lengths", False) or n == "eager"]
+
+
 def _exact_key(args: tuple, kwargs: dict) -> tuple:
     """Shapes and scalar values of one call: finer than the shape key, cheap to build."""
 
     def one(a):
-        if isinstance(a, (torch.Tensor, Fp8Weight, Int8Weight, Mxfp8Weight)):
+        if isinstance(a, torch.Tensor):
             return (tuple(a.shape), a.dtype, a.device)
+        if isinstance(a, StoredWeight):  # fp8 and MXFP8 data share a dtype: the kind tells them apart
+            return (a.kind, tuple(a.shape), a.dtype, a.device)
         if isinstance(a, (tuple, list)):  # an op over a group of tensors (lora_group)
             return tuple(one(b) for b in a)
         return a if isinstance(a, (int, float, str, bool, type(None))) else type(a)
@@ -296,18 +355,25 @@ def resolve(
     backend: str = "auto",
     tune: str | None = None,
     table: tuning.TuningTable | None = None,
+    kind: str | None = None,
 ) -> BoundOp:
-    """Bind `op` for (arch, dtype). backend='eager' forces the reference; 'auto' uses DEFAULT_PRIORITY."""
+    """Bind `op` for (arch, dtype) and, for an op with a weight argument, the weight kind (None: a tensor).
+    backend='eager' forces the reference; 'auto' uses DEFAULT_PRIORITY."""
+    if kind is None and SPECS.get(op) is not None and SPECS[op].weight_arg is not None:
+        kind = "dense"
+    if kind is not None and kind not in WEIGHT_KINDS:
+        raise ConfigError("resolve(kind=...)", f"unknown weight kind '{kind}'; known: {list(WEIGHT_KINDS)}")
     backends = []
     for name in candidate_names(op, arch, backend):
-        fn = eager_op(op) if name == "eager" else load_backend(op, name, arch, dtype)
+        fn = eager_op(op) if name == "eager" else load_backend(op, name, arch, dtype, kind)
         if fn is not None:
             backends.append((name, fn))
-    return BoundOp(op, arch, dtype, backends, tuning.tune_mode(tune), table)
+    return BoundOp(op, arch, dtype, backends, tuning.tune_mode(tune), table, kind=kind)
 
 
 class OpSet:
-    """The ops a model calls: `ops.rms_norm(x, w)`; each binds on first use per (device, dtype).
+    """The ops a model calls: `ops.rms_norm(x, w)`; each binds on first use per (device, dtype), and per
+    weight kind for an op with a weight argument (`ops.lora_linear(x, fp8_weight, ...)`).
 
     backend: "auto" (per-arch priority), "eager" (the pure reference), a backend name or a comma list.
     tune: "off" | "table" | "always" (default: $KOHAKUMOSS_TUNE, else "table").
@@ -317,16 +383,16 @@ class OpSet:
         self.backend = backend
         self.tune = tuning.tune_mode(tune)
         self.timing = "wall"
-        self._bound: dict[tuple[str, str, torch.dtype], BoundOp] = {}
+        self._bound: dict[tuple[str, str, torch.dtype, str | None], BoundOp] = {}  # (op, device, dtype, kind)
 
-    def bind(self, op: str, device: torch.device, dtype: torch.dtype) -> BoundOp:
+    def bind(self, op: str, device: torch.device, dtype: torch.dtype, kind: str | None = None) -> BoundOp:
         from kohakumoss_common.device import device_info
 
-        key = (op, str(device), dtype)
+        key = (op, str(device), dtype, kind)
         if key not in self._bound:
             arch = device_info(device).arch if device.type != "cpu" else "cpu"
             table = tuning.table_for(tuning.card_name(device)) if self.tune != "off" else None
-            self._bound[key] = resolve(op, arch, dtype, self.backend, self.tune, table)
+            self._bound[key] = resolve(op, arch, dtype, self.backend, self.tune, table, kind)
             self._bound[key].timing = self.timing
         return self._bound[key]
 
@@ -352,13 +418,20 @@ class OpSet:
 
     def chosen(self) -> dict[str, dict[str, str]]:
         """What each bound op picked per shape key so far (for logs and benchmarks)."""
-        return {f"{k[0]}@{k[1]}/{k[2]}": dict(b.choices) or {"*": b.names[0]} for k, b in self._bound.items()}
+        return {f"{_label(k[0], k[3])}@{k[1]}/{k[2]}": dict(b.choices) or {"*": b.names[0]}
+                for k, b in self._bound.items()}  # fmt: skip
 
     def __getattr__(self, op: str) -> Callable:
         if op.startswith("_") or op not in available_ops():
             raise AttributeError(op)
 
         def call(x: torch.Tensor, *args, **kwargs):
-            return self.bind(op, x.device, x.dtype)(x, *args, **kwargs)
+            kind = call_kind(op, (x, *args), kwargs)
+            return self.bind(op, x.device, x.dtype, kind)(x, *args, **kwargs)
 
         return call
+
+
+def _label(op: str, kind: str | None) -> str:
+    """An op's name in logs: `lora_linear`, `lora_linear[fp8]` for a stored weight."""
+    return op if kind in (None, "dense") else f"{op}[{kind}]"

@@ -2,7 +2,8 @@
 
 A key is `op|dtype|dim=value|...`. Model widths (d, heads, head_dim) are kept exact; the token
 count T and max_seqlen are rounded up to a power of two (at least 64) so that every packed batch
-of a similar size shares a row. No key needs a device-to-host copy.
+of a similar size shares a row. The LoRA ops over a stored (fp8 / int8 / MXFP8) weight add its kind
+first (`lora_linear|bf16|W=fp8|T=...`): other backends race there. No key needs a device-to-host copy.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from .stored_weight import weight_kind
 
 _DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -42,13 +45,24 @@ def _rope(x, *args, **kwargs) -> dict[str, int]:
     return {"T": bucket(x.shape[0]), "H": x.shape[1], "D": x.shape[2]}
 
 
-def _lora(x, weight, *args, **kwargs) -> dict[str, int]:
+def _linear(x, weight, *args, **kwargs) -> dict[str, int]:
     return {"T": bucket(x.reshape(-1, x.shape[-1]).shape[0]), "I": weight.shape[1], "O": weight.shape[0]}
+
+
+def _kind(weight) -> dict[str, str]:
+    """W=<kind> for a stored weight; nothing for a tensor (the plain rows keep their names)."""
+    kind = weight_kind(weight)
+    return {} if kind == "dense" else {"W": kind}
+
+
+def _lora(x, weight, *args, **kwargs) -> dict[str, int | str]:
+    return {**_kind(weight), **_linear(x, weight)}
 
 
 def _lora_group(x, weights, *args, **kwargs) -> dict[str, int | str]:
     outs = ",".join(str(w.shape[0]) for w in weights)
-    return {"T": bucket(x.reshape(-1, x.shape[-1]).shape[0]), "I": weights[0].shape[1], "O": outs}
+    rows = bucket(x.reshape(-1, x.shape[-1]).shape[0])
+    return {**_kind(weights[0]), "T": rows, "I": weights[0].shape[1], "O": outs}
 
 
 _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
@@ -57,14 +71,8 @@ _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "qk_norm_rope": _rope,
     "lora_linear": _lora,
     "lora_group": _lora_group,
-    "lora_linear_fp8": _lora,
-    "lora_group_fp8": _lora_group,
-    "int8_linear": _lora,
-    "lora_linear_int8": _lora,
-    "lora_group_int8": _lora_group,
-    "mxfp8_linear": _lora,
-    "lora_linear_mxfp8": _lora,
-    "lora_group_mxfp8": _lora_group,
+    "int8_linear": _linear,
+    "mxfp8_linear": _linear,
 }
 
 

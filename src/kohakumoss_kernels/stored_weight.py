@@ -4,11 +4,22 @@ from __future__ import annotations
 
 import torch
 
+# The frozen weight types an op with a weight argument dispatches on (`op_list.OpSpec.weight_arg`):
+# a plain tensor, then each StoredWeight subclass's `kind`.
+WEIGHT_KINDS = ("dense", "fp8", "int8", "mxfp8")
+
+
+def weight_kind(w) -> str:
+    """'dense' for a tensor, the record's `kind` for a stored (quantized) weight."""
+    return w.kind if isinstance(w, StoredWeight) else "dense"
+
 
 class StoredWeight:
-    """Base of the quantized weight records: `shape`, `dtype` and `device` are those of `data`."""
+    """Base of the quantized weight records: `shape`, `dtype` and `device` are those of `data`; `kind`
+    names the format (one of WEIGHT_KINDS) and picks the LoRA ops' backends."""
 
     data: torch.Tensor
+    kind = ""
 
     @property
     def shape(self) -> torch.Size:

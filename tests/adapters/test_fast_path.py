@@ -46,7 +46,7 @@ def test_qkv_run_as_one_group_with_the_per_linear_results():
         f"lycoris_layers_0_proj_{p}" for p in "qkv"
     ]
     loss, grads = loss_and_grads(model, net)
-    bound = {op for op, _, _ in model.ops._bound}
+    bound = {op for op, *_ in model.ops._bound}
     assert "lora_group" in bound and "lora_linear" in bound  # o, ffn_up_gate, ffn_down stay single
     net.zero_grad(set_to_none=True)
     for block in blocks:  # back to the class's project_qkv: q, k, v one by one
@@ -62,7 +62,7 @@ def test_no_group_unless_q_k_and_v_are_all_routed():
     model, _ = adapted(preset="custom", patterns=(r"layers\.\d+\.proj\.(q|k)",))
     assert grouped(model) == []
     flow_loss(model, flow_batch()).backward()
-    assert "lora_group" not in {op for op, _, _ in model.ops._bound}
+    assert "lora_group" not in {op for op, *_ in model.ops._bound}
 
 
 def test_rank_dropout_while_training_takes_lycoris_forward():
@@ -70,7 +70,7 @@ def test_rank_dropout_while_training_takes_lycoris_forward():
     model.train()
     assert grouped(model)
     flow_loss(model, flow_batch()).backward()
-    assert not {"lora_group", "lora_linear"} & {op for op, _, _ in model.ops._bound}
+    assert not {"lora_group", "lora_linear"} & {op for op, *_ in model.ops._bound}
 
 
 class _CastCount(TorchDispatchMode):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 from unittest import mock
 
 import torch
@@ -10,7 +9,7 @@ import torch
 from kohakumoss_kernels import sample_sums
 from kohakumoss_kernels.ops.norm_modulate import eager as norm_modulate_eager
 from kohakumoss_kernels.ops.rms_norm import eager as rms_norm_eager
-from kohakumoss_kernels.registry import _OPS, eager_op
+from kohakumoss_kernels.registry import backend_fn, eager_op
 
 TOL = {torch.float32: (2e-4, 2e-4), torch.float16: (2e-2, 2e-2), torch.bfloat16: (6e-2, 6e-2)}
 
@@ -75,11 +74,6 @@ def make_inputs(
         w = rnd(d + 8, d, grad=False, scale=d**-0.5)  # unit-scale outputs, as in a real layer
         return (rnd(T, d), w, rnd(d + 8, grad=False), rnd(4, d, scale=d**-0.5), rnd(d + 8, 4), 0.5), {}
     raise KeyError(op)
-
-
-def backend_fn(op: str, backend: str):
-    module = importlib.import_module(f"kohakumoss_kernels.ops.{_OPS[op]}.{backend}")
-    return getattr(module, op)
 
 
 def _grad_leaves(args) -> list[torch.Tensor]:

@@ -56,9 +56,10 @@ def cache(tmp_path, monkeypatch):
 
 
 def fake_op(**backends):
-    """A fresh op name whose eager doubles x (slowly: 2 ms), and the given fake backends (name -> fn)."""
+    """A fresh op name whose eager doubles x (slowly: 2 ms), and the given fake backends (name -> fn); no
+    generic compile backend (a test that wants one registers its own)."""
     op = f"fake_op_{next(_ids)}"
-    register_op(op, slow_eager)
+    register_op(op, slow_eager, compile=False)
     for name, fn in backends.items():
         register_backend(op, name, fn)
     return op
@@ -196,7 +197,7 @@ def test_which_errors_mean_try_the_next_backend():
 
 def test_last_backend_error_propagates():
     op = fake_op()
-    register_op(op, lambda x: (_ for _ in ()).throw(RuntimeError("bad shape")))
+    register_op(op, lambda x: (_ for _ in ()).throw(RuntimeError("bad shape")), compile=False)
     with pytest.raises(RuntimeError, match="bad shape"):
         resolve(op, "sm90", torch.float32)(torch.ones(2))
 

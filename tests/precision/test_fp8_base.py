@@ -112,8 +112,9 @@ def test_lora_training_on_an_fp8_base_tracks_the_full_precision_one(mode):
     )
     assert model.shared_block_modulation.weight.dtype == torch.float32  # the per-sample linears stay
     loss, grads = _loss_grads(model, net)
-    bound = {op for op, _, _ in model.ops._bound}
-    assert {"lora_group_fp8", "lora_linear_fp8"} <= bound and not {"lora_group", "lora_linear"} & bound
+    bound = {(op, kind) for op, _, _, kind in model.ops._bound}  # every LoRA op bound for fp8 weights alone
+    assert {("lora_group", "fp8"), ("lora_linear", "fp8")} <= bound
+    assert not {("lora_group", "dense"), ("lora_linear", "dense")} & bound
     assert abs(float(loss - ref_loss)) < 0.02 * float(ref_loss)
     errs = [_rel(g, r) for g, r in zip(grads, ref_grads, strict=True)]
     assert max(errs) < 0.15, errs  # e4m3's rounding, through every block

@@ -79,10 +79,10 @@ def _rel(a, b) -> float:
 def test_lora_linear_fp8_tracks_the_dequantized_reference(backend, compute):
     x, (w,), (down,), (up,) = _lora_inputs(outs=(4096,))
     wq = fp8.Fp8Weight(*fp8.quantize_weight(w), compute=compute)
-    fn = load_backend("lora_linear_fp8", backend, "sm90", torch.bfloat16)
+    fn = load_backend("lora_linear", backend, "sm90", torch.bfloat16, "fp8")
     y = fn(x, wq, None, down, up, 0.5)
     grads = _grads([y], [x, down, up])
-    y_ref = eager_op("lora_linear_fp8")(x, wq, None, down, up, 0.5)
+    y_ref = eager_op("lora_linear")(x, wq, None, down, up, 0.5)
     ref = _grads([y_ref], [x, down, up])
     bound = 0.08 if compute else 0.01  # compute: x and gy rounded to e4m3 too (3 mantissa bits)
     assert _rel(y, y_ref) < bound
@@ -96,12 +96,12 @@ def test_lora_group_fp8_tracks_the_dequantized_reference(backend):
     against the eager group over dequantized weights, and against three single fp8 linears."""
     x, ws, downs, ups = _lora_inputs(outs=(3072, 3072, 3072))
     wqs = [fp8.Fp8Weight(*fp8.quantize_weight(w)) for w in ws]
-    group = load_backend("lora_group_fp8", backend, "sm90", torch.bfloat16)
-    single = load_backend("lora_linear_fp8", backend, "sm90", torch.bfloat16)
+    group = load_backend("lora_group", backend, "sm90", torch.bfloat16, "fp8")
+    single = load_backend("lora_linear", backend, "sm90", torch.bfloat16, "fp8")
     leaves = [x, *downs, *ups]
     outs = group(x, wqs, [None] * 3, downs, ups, [0.5] * 3)
     grads = _grads(outs, leaves)
-    ref_outs = eager_op("lora_group_fp8")(x, wqs, [None] * 3, downs, ups, [0.5] * 3)
+    ref_outs = eager_op("lora_group")(x, wqs, [None] * 3, downs, ups, [0.5] * 3)
     ref = _grads(ref_outs, leaves)
     singles = [single(x, w, None, d, u, 0.5) for w, d, u in zip(wqs, downs, ups, strict=True)]
     single_grads = _grads(singles, leaves)
@@ -115,7 +115,7 @@ def test_lora_group_fp8_tracks_the_dequantized_reference(backend):
 def test_fp8_lora_step_replays_from_a_cuda_graph():
     x, (w,), (down,), (up,) = _lora_inputs(outs=(3072,))
     wq = fp8.Fp8Weight(*fp8.quantize_weight(w))
-    fn = load_backend("lora_linear_fp8", "addmm_lowrank", "sm90", torch.bfloat16)
+    fn = load_backend("lora_linear", "addmm_lowrank", "sm90", torch.bfloat16, "fp8")
     leaves = [x, down, up]
     eager = _grads([fn(x, wq, None, down, up, 0.5)], leaves)
     for leaf in leaves:

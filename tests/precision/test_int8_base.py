@@ -124,8 +124,9 @@ def test_lora_training_on_an_int8_base_tracks_the_full_precision_one(mode):
     lin = model.layers[0].proj["q"]
     assert lin.weight.dtype == torch.int8 and lin.weight_scale.dtype == torch.float32
     loss, grads = _loss_grads(model, net)
-    bound = {op for op, _, _ in model.ops._bound}
-    assert {"lora_group_int8", "lora_linear_int8"} <= bound and not {"lora_group", "lora_linear"} & bound
+    bound = {(op, kind) for op, _, _, kind in model.ops._bound}  # every LoRA op bound for int8 weights alone
+    assert {("lora_group", "int8"), ("lora_linear", "int8")} <= bound
+    assert not {("lora_group", "dense"), ("lora_linear", "dense")} & bound
     assert abs(float(loss - ref_loss)) < 0.01 * float(ref_loss)
     errs = [_rel(g, r) for g, r in zip(grads, ref_grads, strict=True)]
     assert max(errs) < 0.05, errs  # int8 rows: ~8x finer than e4m3

@@ -136,8 +136,8 @@ def test_lora_on_an_mxfp8_base_through_the_lora_ops():
     loss = flow_loss(model, flow_batch())
     loss.backward()
     grads = [p.grad.clone() for p in net.parameters()]
-    bound = {op for op, _, _ in model.ops._bound}
-    assert {"lora_group_mxfp8", "lora_linear_mxfp8"} <= bound
+    bound = {(op, kind) for op, _, _, kind in model.ops._bound}
+    assert {("lora_group", "mxfp8"), ("lora_linear", "mxfp8")} <= bound
     ref_model, ref_net = _model(False, "eager")
     ref = flow_loss(ref_model, flow_batch())
     ref.backward()

@@ -16,9 +16,6 @@ from torch import nn
 
 from kohakumoss.precision import base_dtype, frozen_weight
 from kohakumoss_kernels import cast_cache
-from kohakumoss_kernels.fp8 import Fp8Weight
-from kohakumoss_kernels.int8 import Int8Weight
-from kohakumoss_kernels.mxfp8 import Mxfp8Weight
 
 
 def eligible(module: nn.Module) -> bool:
@@ -65,11 +62,8 @@ def _forward(module: LoConModule, ops, scalar: float, x: torch.Tensor, *args, **
     with torch.autocast(
         x.device.type, enabled=False
     ):  # the op gets one dtype, whatever the caller's autocast
-        terms = _terms(module, scalar, dtype)
-        op = ops.lora_linear_fp8 if isinstance(terms[0], Fp8Weight) else ops.lora_linear
-        op = ops.lora_linear_int8 if isinstance(terms[0], Int8Weight) else op
-        op = ops.lora_linear_mxfp8 if isinstance(terms[0], Mxfp8Weight) else op
-        return op(x.to(dtype), *terms)
+        # a stored (fp8 / int8 / MXFP8) weight binds that kind's backends: the registry reads its type
+        return ops.lora_linear(x.to(dtype), *_terms(module, scalar, dtype))
 
 
 def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: torch.Tensor) -> tuple:
@@ -80,10 +74,7 @@ def _grouped_forward(group: list[LoConModule], ops, scalars: list[float], x: tor
     dtype = _compute_dtype(x)
     with torch.autocast(x.device.type, enabled=False):
         terms = [_terms(m, s, dtype) for m, s in zip(group, scalars, strict=True)]
-        op = ops.lora_group_fp8 if isinstance(terms[0][0], Fp8Weight) else ops.lora_group
-        op = ops.lora_group_int8 if isinstance(terms[0][0], Int8Weight) else op
-        op = ops.lora_group_mxfp8 if isinstance(terms[0][0], Mxfp8Weight) else op
-        return op(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
+        return ops.lora_group(x.to(dtype), *(tuple(t[i] for t in terms) for i in range(5)))
 
 
 def _open_cast_window(model: nn.Module, groups: list[list[torch.Tensor]], modules: list, *args) -> None:

@@ -18,6 +18,7 @@ import torch
 
 from ... import fp8, int8
 from ...cast_cache import cast, cast_cat
+from ...stored_weight import WEIGHT_KINDS
 from ..lora_linear.addmm import (
     input_grad,
     lora_out,
@@ -28,6 +29,8 @@ from ..lora_linear.addmm import (
     sink_of,
     weight_grad,
 )
+
+WEIGHTS = WEIGHT_KINDS  # as ../lora_linear/addmm.py
 
 
 class _LoraGroup(torch.autograd.Function):

@@ -17,11 +17,7 @@ def lora_group(
     ups: Sequence[torch.Tensor],
     scales: Sequence[float],
 ) -> tuple[torch.Tensor, ...]:
-    """x [..., I]; per member: weight [O_i, I], bias [O_i] or None, down [r_i, I], up [O_i, r_i]."""
+    """x [..., I]; per member: weight [O_i, I] (or a stored one, dequantized), bias [O_i] or None,
+    down [r_i, I], up [O_i, r_i]."""
     members = zip(weights, biases, downs, ups, scales, strict=True)
     return tuple(lora_linear(x, w, b, d, u, s) for w, b, d, u, s in members)
-
-
-def lora_group_dequantized(x: torch.Tensor, weights, biases, downs, ups, scales) -> tuple[torch.Tensor, ...]:
-    """The reference for stored (fp8 / int8 / MXFP8) weights: `lora_group` over them dequantized to x's dtype."""
-    return lora_group(x, [w.dequant(x.dtype) for w in weights], biases, downs, ups, scales)

@@ -22,6 +22,9 @@ import torch.nn.functional as F
 
 from ... import fp8, grad_sink, int8, mxfp8
 from ...cast_cache import cast
+from ...stored_weight import WEIGHT_KINDS
+
+WEIGHTS = WEIGHT_KINDS  # a tensor, or an fp8 / int8 / MXFP8 weight: `lora_out` and `input_grad` branch on it
 
 
 def scaled_rows(a: torch.Tensor, b: torch.Tensor, scale: float, lowrank: bool) -> torch.Tensor:

@@ -1,5 +1,0 @@
-"""The reference: ../lora_linear/eager.py over the MXFP8 weight dequantized to x's dtype."""
-
-from ..lora_linear.eager import lora_linear_dequantized as lora_linear_mxfp8
-
-__all__ = ["lora_linear_mxfp8"]
