@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import logging
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +46,15 @@ log = get_logger(__name__)
 
 def dump_stacks_on_signal() -> None:
     """`kill -USR1 <pid>` prints every thread's stack to the console: where a silent run is spending its time."""
-    if hasattr(signal, "SIGUSR1"):  # not on Windows
-        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+    if not hasattr(signal, "SIGUSR1"):  # not on Windows
+        return
+    stream = sys.stderr
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # stderr captured (pytest, a notebook): the process's own
+        stream = sys.__stderr__
+    if stream is not None:
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
 
 
 def train(k: dict[str, Any]) -> Path:
