@@ -71,9 +71,9 @@ def test_lora_group_returns_master_dtype_grads(scales, lora_first):
 )
 @pytest.mark.parametrize("backend", ["addmm", "addmm_lora_first", "addmm_lowrank", "triton"])
 def test_cuda_bf16_compute_with_fp32_masters(backend):
-    import importlib
+    from kohakumoss_kernels.registry import backend_fn
 
-    fn = importlib.import_module(f"kohakumoss_kernels.ops.lora_linear.{backend}").lora_linear
+    fn = backend_fn("lora_linear", backend)  # addmm_lora_first and addmm_lowrank: addmm's variants
     x, (w,), (b,), (d,), (u,) = _inputs(torch.bfloat16, "cuda", outs=(320,), ranks=(32,), d=256)
     out = fn(x, w, b, d, u, 0.5)
     seed = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
