@@ -13,6 +13,12 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 # keyed by tensor identity (a plain WeakKeyDictionary would compare tensors with ==)
 _VALUES = WeakTensorKeyDictionary()
+_READS = [0]  # host_values calls so far: a CUDA graph captured around one bakes those values in
+
+
+def reads() -> int:
+    """How many times ops have read host values: compare before and after a capture."""
+    return _READS[0]
 
 
 def register_host_values(tensor: torch.Tensor, values) -> torch.Tensor:
@@ -26,6 +32,7 @@ def register_host_values(tensor: torch.Tensor, values) -> torch.Tensor:
 
 def host_values(tensor: torch.Tensor) -> tuple[int, ...]:
     """The tensor's values as ints: the registered copy, else read from the device (a sync)."""
+    _READS[0] += 1
     values = _VALUES.get(tensor)
     if values is None:
         values = tuple(tensor.tolist())

@@ -42,6 +42,7 @@ log = get_logger("kohakumoss.kernels.registry")
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
     "sdpa_groups",
+    "cudnn_varlen",
     "torch_varlen",
     "flex",
     "addmm",

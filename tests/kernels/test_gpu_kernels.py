@@ -147,7 +147,7 @@ def test_rows_not_grouped_by_sample():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lengths", LENGTHS + [[4096 + 256, 4096 + 256]], ids=str)
-@pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "torch_varlen", "flex"])
+@pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "cudnn_varlen", "torch_varlen", "flex"])
 def test_attention_backends(backend, lengths, dtype):
     if (
         not registry.has_backend("varlen_attention", backend)
@@ -228,3 +228,58 @@ def test_pick_times_the_device_not_the_hosts_launch_overhead(monkeypatch):
 
     best = triton_utils.pick("test.pick_host", (id(x),), [("slow_device",), ("slow_host",)], launch)
     assert best == ("slow_host",)
+
+
+def _cudnn_at_any_version(monkeypatch) -> None:
+    """cudnn_varlen below torch's 9.18 gate too: these tests say whether this card's cuDNN gets it right."""
+    from kohakumoss_kernels.ops.varlen_attention import cudnn_varlen
+
+    print(f"cuDNN {torch.backends.cudnn.version()}, torch {torch.__version__}")
+    monkeypatch.setattr(cudnn_varlen, "MIN_CUDNN", 0)
+
+
+@pytest.mark.parametrize("lengths", LENGTHS[1:] + [[4096 + 256, 4096 + 77]], ids=str)
+def test_cudnn_varlen_on_this_cudnn(lengths, monkeypatch):
+    _cudnn_at_any_version(monkeypatch)
+    heads = 2 if sum(lengths) > 4000 else 4
+    compare("varlen_attention", "cudnn_varlen", lengths, torch.bfloat16, "cuda", heads=heads, head_dim=128)
+
+
+@pytest.mark.parametrize("backend", ["triton", "cudnn_varlen", "torch_varlen"])
+def test_attention_graph_replays_other_lengths(backend, monkeypatch):
+    """A graph of forward and backward captured at one batch's lengths, replayed with another's (same
+    token count, cu_seqlens copied in, the bound kept): the eager reference's outputs and gradients."""
+    _cudnn_at_any_version(monkeypatch)
+    dtype = torch.bfloat16
+    fn = registry.load_backend("varlen_attention", backend, "sm90", dtype)
+    if fn is None:
+        pytest.skip(f"{backend} not available here")
+    assert getattr(fn, "device_lengths", False)
+    T, H, D, bound = 1024, 4, 128, 768
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, grad = (torch.randn(T, H, D, device="cuda", dtype=dtype, generator=g) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    cu = torch.tensor([0, 600, 900, T], device="cuda", dtype=torch.int32)
+
+    def step():
+        out = fn(q, k, v, cu, bound)
+        return (out, *torch.autograd.grad(out, (q, k, v), grad))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    cu.copy_(torch.tensor([0, 100, 800, T], device="cuda", dtype=torch.int32))
+    with torch.no_grad():
+        for t in (q, k, v, grad):
+            t.normal_(generator=g)
+    graph.replay()
+    ref_args = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    ref = registry.eager_op("varlen_attention")(*ref_args, cu.clone(), bound)
+    ref_grads = torch.autograd.grad(ref, ref_args, grad.float())
+    for got, want in zip(static, (ref, *ref_grads), strict=True):
+        torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)

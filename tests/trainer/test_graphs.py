@@ -179,9 +179,89 @@ def test_shapes_that_keep_evicting_each_other_turn_graphs_off(monkeypatch):
     monkeypatch.setattr(graphs, "_eager", lambda *a: calls.append("eager"))
     monkeypatch.setattr(graphs, "_capture", fake_capture)
     monkeypatch.setattr(graphs, "_replay", lambda *a: calls.append("replay"))
-    monkeypatch.setattr("kohakumoss.train.graphs.batch_signature", lambda b, s, n: b.shape)
+    monkeypatch.setattr("kohakumoss.train.graphs.batch_signature", lambda b, s, n, exact=False: b.shape)
     for step in range(60):  # three shapes in turn, two graph slots: every shape keeps being evicted
         graphs.run(SimpleNamespace(shape=step % 3), None, None)
     assert graphs.failed is not None and "max_graphs" in graphs.failed
     assert calls.count("capture") == 2 * graphs.max_graphs
     assert "capture" not in calls[-30:] and "eager" in calls[-30:]  # cached shapes may still replay
+
+
+def _padded_batch(text_lens, grids, pad_to, device="cpu", seed=0, cfg=None):
+    from kohakumoss.model import PackedSeq, get_preset
+    from kohakumoss.train.step import DeviceBatch
+
+    cfg = cfg or get_preset("tiny")
+    seq = PackedSeq.build(text_lens, grids, device, pad_to=pad_to)
+    g = torch.Generator(device=device).manual_seed(seed)
+    n_img = sum(h * w for h, w in grids)
+    x0 = torch.randn(n_img, cfg.in_channels, device=device, generator=g)
+    text = torch.randn(sum(text_lens), cfg.text_dim, device=device, generator=g)
+    text = torch.cat([text, text.new_zeros(seq.text_pad, cfg.text_dim)])
+    sigma = torch.rand(len(text_lens), device=device, generator=g)
+    noise = torch.randn(n_img, cfg.in_channels, device=device, generator=g)
+    return DeviceBatch(x0, text, seq), sigma, noise
+
+
+def test_other_captions_share_a_graph_key_unless_lengths_are_read_on_the_host():
+    from kohakumoss.train.graphs import batch_signature
+
+    a = _padded_batch([5, 3], [(4, 4), (2, 6)], pad_to=16)
+    b = _padded_batch([2, 9], [(4, 4), (2, 6)], pad_to=16, seed=1)
+    other_size = _padded_batch([5, 3], [(4, 4), (3, 6)], pad_to=16)
+    assert batch_signature(*a) == batch_signature(*b)
+    assert batch_signature(*a, exact=True) != batch_signature(*b, exact=True)
+    assert batch_signature(*a) != batch_signature(*other_size)
+
+
+def test_graphed_timing_keeps_the_backends_that_read_lengths_on_the_device():
+    from kohakumoss_kernels.registry import _graph_safe
+
+    def backend(device_lengths):
+        def fn():
+            pass
+
+        if device_lengths:
+            fn.device_lengths = True
+        return fn
+
+    live = [("sdpa_groups", backend(False)), ("triton", backend(True)), ("flex", backend(False)),
+            ("eager", backend(False))]  # fmt: skip
+    assert [n for n, _ in _graph_safe(live, "device")] == ["triton", "eager"]
+    assert _graph_safe(live, "wall") == live  # eager steps: every backend
+    no_lengths = [("triton", backend(False)), ("eager", backend(False))]  # an op without sequence lengths
+    assert _graph_safe(no_lengths, "device") == no_lengths
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("backend, exact", [("auto", False), ("sdpa_groups", True)])
+def test_one_graph_replays_batches_with_other_captions(backend, exact):
+    """Padded text: captions of other lengths replay the same graph (sequence tensors copied in) with the
+    eager step's losses and gradients; a backend that reads lengths on the host keys graphs exactly."""
+    from kohakumoss.train.step import flow_loss
+    from kohakumoss_kernels import OpSet
+
+    captions = [[5, 3], [2, 9], [7, 1], [5, 3], [4, 4], [1, 10]]  # 8..11 text tokens: one padded shape
+    results = []
+    for graphed in (False, True):
+        ops = OpSet(backend, tune="off")
+        ops.set_timing("device")
+        model, net = _lora_model(ops=ops)
+        params = list(net.parameters())
+        graphs = StepGraphs(lambda b, s, n, m=model: flow_loss(m, b, s, n, torch.float32), params)
+        losses, grads = [], []
+        for i, lens in enumerate(captions):
+            batch = _padded_batch(lens, [(4, 4), (2, 6)], pad_to=16, device=GPU, seed=i, cfg=model.config)
+            run = graphs.run if graphed else graphs._eager
+            losses.append(run(*batch).item())
+            grads.append(torch.cat([p.grad.flatten() for p in params]).clone())
+            for p in params:
+                p.grad.zero_()
+        results.append((losses, grads, graphs))
+    (eager_l, eager_g, _), (graph_l, graph_g, graphs) = results
+    assert graphs.failed is None and graphs.exact_lengths is exact
+    assert graphs.replays == (0 if exact else len(captions) - 2)  # exact: [5, 3] is seen twice, never thrice
+    torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-5, atol=1e-6)
+    for a, b in zip(graph_g, eager_g, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -5,6 +5,11 @@ two packed tensors (all image tokens, all text tokens, each sample's run contigu
 `img_index` / `text_index` say where each lands on the joint axis. Rotary positions (r, t, h, w) per token:
 image token (row, col) -> (0, text_len, row - (rows - 1) / 2, col - (cols - 1) / 2); text token j -> (0, j, 0, 0).
 The text refiner attends within each sample's text alone: `text_cu_seqlens` over the packed text tokens.
+
+`build(..., pad_to=Q)` rounds the text tokens up to a multiple of Q with a trailing pad segment: text-only
+tokens that attend among themselves, so they touch no real token, and carry no loss. With it and the
+length bounds rounded too, batches whose captions differ in length have the same tensor shapes, so one
+CUDA graph serves them (`train/graphs.py`); `text_lens`, `img_sizes` and the token counts stay the real ones.
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ def sample_positions(n_text: int, rows: int, cols: int) -> tuple[torch.Tensor, t
     return img, text
 
 
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple if multiple > 0 else n
+
+
 def _cu(lens: Sequence[int]) -> torch.Tensor:
     cu = [0]
     for n in lens:
@@ -51,6 +60,7 @@ class PackedSeq:
     joint_gather: torch.Tensor  # [T] long: cat(img_tokens, text_tokens)[joint_gather] is the joint axis
     max_seqlen: int
     text_max_seqlen: int
+    text_pad: int = 0  # pad tokens after the last sample's (a segment of their own on both axes)
 
     @property
     def num_samples(self) -> int:
@@ -98,8 +108,11 @@ class PackedSeq:
         text_lens: Sequence[int],
         img_sizes: Sequence[tuple[int, int]],
         device: torch.device | str = "cpu",
+        pad_to: int = 0,
     ) -> PackedSeq:
-        """Describe a batch from per-sample text lengths and image token grids (rows, cols)."""
+        """Describe a batch from per-sample text lengths and image token grids (rows, cols).
+        pad_to > 0: a pad segment makes the text tokens a multiple of it (at least one pad token), and
+        the length bounds are rounded up to multiples of it."""
         text_lens = tuple(int(t) for t in text_lens)
         img_sizes = tuple((int(h), int(w)) for h, w in img_sizes)
         if len(text_lens) != len(img_sizes) or not text_lens:
@@ -119,23 +132,32 @@ class PackedSeq:
             img_pos.append(pi)
             text_pos.append(pt)
             start += n_img + n_text
+        seq_lens = [t + h * w for t, (h, w) in zip(text_lens, img_sizes)]
+        segments, text_segments = list(seq_lens), list(text_lens)
+        pad = _round_up(sum(text_lens) + 1, pad_to) - sum(text_lens) if pad_to > 0 else 0
+        if pad:  # its own segment at the end; sample 0's modulation (any would do: nothing reads them)
+            text_index.append(torch.arange(start, start + pad))
+            sample.append(torch.zeros(pad, dtype=torch.long))
+            text_pos.append(torch.zeros(pad, 4))
+            segments.append(pad)
+            text_segments.append(pad)
         token_sample = torch.cat(sample).long()
         img_index_t = torch.cat(img_index).long()
         text_index_t = torch.cat(text_index).long()
         joint_gather = torch.argsort(torch.cat([img_index_t, text_index_t]))
         positions = torch.cat([torch.cat(img_pos), torch.cat(text_pos)])[joint_gather]
-        seq_lens = [t + h * w for t, (h, w) in zip(text_lens, img_sizes)]
         return cls(
             text_lens=text_lens,
             img_sizes=img_sizes,
-            cu_seqlens=_cu(seq_lens),
-            text_cu_seqlens=_cu(text_lens),
+            cu_seqlens=_cu(segments),
+            text_cu_seqlens=_cu(text_segments),
             token_sample=token_sample,
             img_token_sample=token_sample[img_index_t],
             text_index=text_index_t,
             img_index=img_index_t,
             positions=positions,
             joint_gather=joint_gather,
-            max_seqlen=max(seq_lens),
-            text_max_seqlen=max(text_lens),
+            max_seqlen=_round_up(max(segments), pad_to),
+            text_max_seqlen=_round_up(max(text_segments), pad_to),
+            text_pad=pad,
         ).to(device)

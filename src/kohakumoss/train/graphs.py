@@ -8,6 +8,13 @@ a capture needs), so no micro-step is lost or repeated. Every graph accumulates 
 gradient buffers, which become the parameters' `.grad` before each replay; ops that can (the LoRA
 linears) add their weight gradients into those buffers from their GEMMs (kohakumoss_kernels.grad_sink).
 
+Captions differ in length from batch to batch; the trainer pads each batch's text tokens to a multiple
+of TEXT_PAD (a pad segment, `PackedSeq.build(pad_to=...)`), so batches of the same image sizes share
+tensor shapes and one graph: a graph is keyed by shapes and length bounds alone, and each replay copies
+the batch's sequence tensors (cu_seqlens, indices, positions) into the graph's. That holds while every
+captured kernel reads the lengths on the device; a capture during which an op read lengths on the host
+(`kohakumoss_kernels.host_values`) keys the graphs by the exact lengths instead.
+
 Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
 and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
 decide in Python per step). `graph_refusal` says which knob stops it.
@@ -25,13 +32,14 @@ import torch
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
-from kohakumoss_kernels import grad_sink
+from kohakumoss_kernels import grad_sink, host_values
 
 from .step import DeviceBatch
 
 log = get_logger("kohakumoss.train.graphs")
 
 MODES = ("auto", "on", "off")
+TEXT_PAD = 128  # text tokens per batch rounded up to this: ~1.5% more tokens at 1 MP x 2, few graph shapes
 PYTHON_SIDE_ALGOS = ("tlora", "dylora")  # their forward reads Python state set per step
 
 
@@ -73,11 +81,16 @@ def resolve_graphs(mode: str, refusal: str | None) -> bool:
     return mode != "off" and refusal is None
 
 
-def batch_signature(batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> tuple:
-    """Everything a captured graph depends on besides tensor values: shapes and the packed layout."""
+def batch_signature(
+    batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor, exact: bool = False
+) -> tuple:
+    """Everything a captured graph depends on besides tensor values: shapes and the length bounds the
+    kernels' grids are sized by; `exact` adds the lengths themselves (ops that read them on the host)."""
     seq = batch.seq
-    shapes = tuple((tuple(t.shape), t.dtype) for t in (batch.x0, batch.text, sigma, noise))
-    return shapes, seq.text_lens, seq.img_sizes, str(batch.x0.device), batch.weight is not None
+    tensors = (batch.x0, batch.text, sigma, noise, *seq.tensors())
+    shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
+    key = (shapes, seq.max_seqlen, seq.text_max_seqlen, str(batch.x0.device), batch.weight is not None)
+    return (*key, seq.text_lens, seq.img_sizes) if exact else key
 
 
 def _weight(batch: DeviceBatch) -> tuple[torch.Tensor, ...]:
@@ -104,7 +117,7 @@ class StepGraphs:
         loss_fn: Callable[[DeviceBatch, torch.Tensor, torch.Tensor], torch.Tensor],
         params: Sequence[torch.Tensor],
         backward_scale: float = 1.0,
-        max_graphs: int = 4,
+        max_graphs: int = 8,
     ):
         self.loss_fn = loss_fn
         self.params = [p for p in params if p.requires_grad]
@@ -118,9 +131,11 @@ class StepGraphs:
         self.capture_peak_bytes = 0  # the allocator's peak up to the last capture (replays allocate nothing)
         self.replays = 0
         self.captures = 0
+        self.exact_lengths = False  # an op read lengths on the host during a capture: key by them
+        self.side: torch.cuda.Stream | None = None  # the warm-ups' stream (one: its cached blocks are reused)
 
     def run(self, batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        key = batch_signature(batch, sigma, noise)
+        key = batch_signature(batch, sigma, noise, self.exact_lengths)
         entry = self.graphs.get(key)
         if entry is not None:
             self.graphs.move_to_end(key)
@@ -166,12 +181,16 @@ class StepGraphs:
         torch.cuda.empty_cache()  # the eager steps' cached blocks, or they sit beside the graph's pool
         inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise, *_weight(batch)))
         static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq, inputs[4] if len(inputs) > 4 else None)
-        side = torch.cuda.Stream(device)
+        if self.side is None:
+            self.side = torch.cuda.Stream(device)
+        side = self.side
         side.wait_stream(torch.cuda.current_stream(device))
         # this micro-step, for real: also the warm-up the capture needs
         with torch.cuda.stream(side):
             loss = self._eager(static_batch, inputs[2], inputs[3])
         torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.empty_cache()  # the warm-up's activations, cached for the side stream: the graph needs them
+        reads = host_values.reads()
         # parameters without a gradient after the same computation get none in the graph either
         before = [p.grad for p in self.params]
         if self.pool is None:
@@ -197,6 +216,13 @@ class StepGraphs:
             for p, g in zip(self.params, before):
                 p.grad = g
             return loss
+        if not self.exact_lengths and host_values.reads() != reads:
+            self.exact_lengths = True  # graphs so far baked lengths in too: keep none of them
+            self.graphs.clear()
+            key = batch_signature(batch, sigma, noise, exact=True)
+            log.info(
+                "CUDA graphs keyed by exact sequence lengths: an op read them on the host during capture"
+            )
         if self.grads is None:
             self.grads = before
         else:  # a parameter this shape trains for the first time: its buffer joins the shared set
@@ -215,6 +241,9 @@ class StepGraphs:
     def _replay(self, entry: _Graph, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
         for dst, src in zip(entry.inputs, (batch.x0, batch.text, sigma, noise, *_weight(batch))):
             dst.copy_(src, non_blocking=True)
+        if entry.batch.seq is not batch.seq:  # this batch's lengths, where the kernels read them
+            for dst, src in zip(entry.batch.seq.tensors(), batch.seq.tensors()):
+                dst.copy_(src, non_blocking=True)
         self._use_shared_grads()
         entry.graph.replay()
         self.replays += 1

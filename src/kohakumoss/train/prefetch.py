@@ -25,9 +25,18 @@ class Prefetcher:
     """next() -> DeviceBatch, in the loader's order; `ahead` host batches prepared in a thread."""
 
     def __init__(
-        self, batches: Iterator, device: torch.device, dtype: torch.dtype, ahead: int = 2, start: int = 0
+        self,
+        batches: Iterator,
+        device: torch.device,
+        dtype: torch.dtype,
+        ahead: int = 2,
+        start: int = 0,
+        pad_to: int = 0,
     ):
         self.device, self.dtype = device, dtype
+        self.pad_to = (
+            pad_to  # text tokens padded to a multiple of it (host_ready): graphs replay across captions
+        )
         self.taken = start  # micro-steps handed out (counted from the plan's start)
         self.cuda = device.type == "cuda"
         self.copy_stream = torch.cuda.Stream(device) if self.cuda else None
@@ -40,7 +49,7 @@ class Prefetcher:
     def _work(self, batches: Iterator) -> None:
         while not self.stop.is_set():
             try:
-                item = host_ready(next(batches), self.dtype, pin=self.cuda)
+                item = host_ready(next(batches), self.dtype, pin=self.cuda, pad_to=self.pad_to)
             except StopIteration:
                 item = _END
             except BaseException as e:  # handed to the training thread, raised there

@@ -42,8 +42,9 @@ class HostReady:
     weight: torch.Tensor | None = None  # [T_img] float32 (HostBatch.token_weights), None: all 1
 
 
-def host_ready(batch, dtype: torch.dtype, pin: bool = False) -> HostReady:
-    """HostBatch (latents [32, h, w] per image, packed text) -> packed host tensors (patchify, cast, pin)."""
+def host_ready(batch, dtype: torch.dtype, pin: bool = False, pad_to: int = 0) -> HostReady:
+    """HostBatch (latents [32, h, w] per image, packed text) -> packed host tensors (patchify, cast, pin).
+    pad_to > 0: the text tokens padded to a multiple of it (`PackedSeq.build`), so shapes repeat."""
     if batch.latents is None or batch.text_hidden is None:
         raise DataError(
             f"step {batch.step}: the batch has no latents or no text embeddings (no encoder and no cache)"
@@ -51,7 +52,9 @@ def host_ready(batch, dtype: torch.dtype, pin: bool = False) -> HostReady:
     x0 = torch.cat([patchify(lat.float()) for lat in batch.latents]).to(dtype)
     text = batch.text_hidden.to(dtype)
     grids = [(lat.shape[-2] // 2, lat.shape[-1] // 2) for lat in batch.latents]
-    seq = PackedSeq.build(batch.text_lengths.tolist(), grids)
+    seq = PackedSeq.build(batch.text_lengths.tolist(), grids, pad_to=pad_to)
+    if seq.text_pad:
+        text = torch.cat([text, text.new_zeros(seq.text_pad, text.shape[1])])
     weight = batch.token_weights() if hasattr(batch, "token_weights") else None
     if pin:
         x0, text, seq = x0.pin_memory(), text.pin_memory(), seq.pin_memory()

@@ -50,7 +50,7 @@ from .collector import StepCollector
 from .components import Components, build_components
 from .data import check_data_position, make_loader, open_run_data, plan_prefix_sha256, validation_batches
 from .ema import EMA
-from .graphs import StepGraphs, graph_refusal, resolve_graphs
+from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
 from .logbook import MetricsWriter, ProgressLines, loss_plot
 from .optim import (
     CombinedOptimizer,
@@ -204,9 +204,10 @@ class Trainer:
         forward = rr.wrap(comps.backbone, self.tr.network, comps.plan)  # DISTRIBUTED='ddp': DDP around it
         loss_fn = step_loss_fn(k, forward, comps.dtype)
         step_loss = rr.loss_fn(loss_fn, timestep_config(k), draw_step_noise)  # this rank's share
-        self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first)
-        next_batch = rr.next_batch(self.prefetch.next_batch, first)
+        next_batch = rr.next_batch(lambda: self.prefetch.next_batch(), first)
         self.runner = build_runner(k, comps, self.tr, step_loss, next_batch, scaler)
+        pad = TEXT_PAD if self.runner.graphs is not None else 0  # other captions, the same graph
+        self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first, pad_to=pad)
 
     def begin(self) -> None:
         """Train mode, the peak-memory counter, rank 0's progress (a bar, or log lines off a terminal)."""

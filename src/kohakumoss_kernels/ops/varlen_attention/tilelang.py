@@ -277,3 +277,6 @@ def varlen_attention(
 def programs_for_check() -> list[tuple[str, object]]:
     """The forward and backward at the moss-image-5b head shape, for a lowering check without a GPU."""
     return [("fwd", fwd_program(24, 128, "float16")), ("bwd", bwd_program(24, 128, "float16"))]
+
+
+varlen_attention.device_lengths = True  # cu_seqlens read on the device: graph-safe across lengths

@@ -22,3 +22,6 @@ def varlen_attention(
     if scale is None:
         return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen)
     return varlen_attn(q, k, v, cu, cu, max_seqlen, max_seqlen, scale=scale)
+
+
+varlen_attention.device_lengths = True  # cu_seqlens read on the device: graph-safe across lengths

@@ -278,3 +278,6 @@ def varlen_attention(
     scale: float | None = None,
 ) -> torch.Tensor:
     return _VarlenAttention.apply(q, k, v, cu_seqlens, int(max_seqlen), scale)
+
+
+varlen_attention.device_lengths = True  # cu_seqlens read on the device: graph-safe across lengths
