@@ -1,10 +1,17 @@
-"""The knobs of scripts/train/moss.py: names, defaults, types, ranges and one line of help each.
+"""The knobs of scripts/train/moss.py as one typed config: `TrainConfig`, a frozen dataclass of sections.
 
-The script lists the same knobs with the same defaults (tests/config/test_train_knobs.py checks it);
-this schema is what validates them before any work starts, and what `kohakumoss-config` documents.
+Each field is one knob (its name upper-cased) with its type, its one default, its help and its bounds
+(config/typed.py). The schema that validates the script's knobs before any work starts, what
+`kohakumoss-config` writes and checks, and the knob reference (docs/guides/train-knobs.md,
+`python -m kohakumoss.config.reference`) are generated from it. The script lists the same knobs with
+the same defaults (tests/trainer/test_scripts.py checks it).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from kohakumoss.adapters.algos import ALGOS
 from kohakumoss.adapters.targets import TARGET_PRESETS
@@ -20,7 +27,8 @@ from kohakumoss.memory.plan import (
 from kohakumoss.memory.profiles import profile_problem
 from kohakumoss.precision import BASE_PRECISIONS
 
-from .knobs import Knob, Schema
+from .knobs import Schema
+from .typed import config_knobs, from_knobs, knob, section, to_knobs
 
 ENCODE_PLACEMENTS = (
     "auto",
@@ -30,9 +38,6 @@ ENCODE_PLACEMENTS = (
 SAVE_FORMATS = ("comfy", "hf", "both")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ALGO_CHOICES = (*sorted(ALGOS), "full")
-
-_ANY = (str, type(None))
-_INT_OR_NONE = (int, type(None))
 
 
 def _optimizer_problem(value: str) -> str | None:
@@ -88,362 +93,379 @@ def _loggers(value: list) -> str | None:
     return loggers_problem(value)
 
 
-ENCODER_KNOBS = [
-    Knob(
-        "TEXT_ENCODER",
+@dataclass(frozen=True)
+class ModelConfig:
+    """The DiT's weights."""
+
+    weights: str = knob(
+        "", "DiT checkpoint: file, index json or folder, any layout (native / hf / comfy)", path="any"
+    )
+    model_preset: str = knob(
+        "", "with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks"
+    )
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """The text encoder and the VAE (shared with scripts/sample/sample.py)."""
+
+    text_encoder: str = knob(
         "",
         "Qwen3.5 text encoder: HF folder or single ComfyUI-style file ('synthetic': benchmarks only)",
         check=lambda v: _exists_or_synthetic(v, "TEXT_ENCODER"),
-    ),
-    Knob("TOKENIZER", "", "tokenizer folder (needed with a single-file text encoder)", path="any"),
-    Knob("TEXT_TEMPLATE", "", "prompt template with {caption}; empty: the encoder's default"),
-    Knob("TEXT_LAYERS", [-1], "hidden-state layer(s) of the text encoder (HF numbering)", type=list),
-    Knob(
-        "TEXT_ENCODER_QUANT",
+    )
+    tokenizer: str = knob("", "tokenizer folder (needed with a single-file text encoder)", path="any")
+    text_template: str = knob("", "prompt template with {caption}; empty: the encoder's default")
+    text_layers: list = knob([-1], "hidden-state layer(s) of the text encoder (HF numbering)")
+    text_encoder_quant: str = knob(
         "none",
         "text encoder's block linears: none, fp8 (GEMMs sm89+), fp8_weight, int8 (GEMMs sm80+), int8_weight",
-        choices=("none", "fp8", "fp8_weight", "int8", "int8_weight"),  # TextEncoderConfig.quant
-    ),
-    Knob(
-        "ENCODER_PRECISION",
+        choices=("none", "fp8", "fp8_weight", "int8", "int8_weight"),
+    )
+    encoder_precision: str = knob(
         "auto",
         "text encoder and VAE dtype: auto (fp32 on a CPU, fp16 with PRECISION fp16, else bf16), bf16, fp16, fp32",
         choices=("auto", "bf16", "fp16", "fp32"),
-    ),
-    Knob(
-        "VAE",
+    )
+    vae: str = knob(
         "",
         "FLUX.2 VAE: diffusers folder or single file ('synthetic': benchmarks only)",
         check=lambda v: _exists_or_synthetic(v, "VAE"),
-    ),
-]
+    )
 
-TRAIN_KNOBS = [
-    # model and weights
-    Knob(
-        "WEIGHTS",
-        "",
-        "DiT checkpoint: file, index json or folder, any layout (native / hf / comfy)",
-        path="any",
-    ),
-    Knob(
-        "MODEL_PRESET",
-        "",
-        "with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks",
-    ),
-    *ENCODER_KNOBS,
-    Knob("DEVICE", "auto", "auto, cpu, cuda, cuda:N or xpu"),
-    Knob(
-        "PRECISION",
-        "bf16",
-        "compute precision (autocast); weights of the frozen base follow it",
-        choices=PRECISIONS,
-    ),
-    Knob(
-        "BASE_PRECISION",
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Where the run computes and in what precision."""
+
+    device: str = knob("auto", "auto, cpu, cuda, cuda:N or xpu")
+    precision: str = knob(
+        "bf16", "compute precision (autocast); weights of the frozen base follow it", choices=PRECISIONS
+    )
+    base_precision: str = knob(
         "same",
         "frozen block linears: same (as PRECISION), fp8 (fp8 storage and GEMMs, sm89+), fp8_weight (fp8 storage), "
         "int8 (int8 storage and forward GEMMs, sm80+), int8_weight (int8 storage) or mxfp8 (block-scaled, sm100+)",
         choices=BASE_PRECISIONS,
-    ),
-    # memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)
-    Knob(
-        "MEMORY_PROFILE",
+    )
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """The memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)."""
+
+    memory_profile: str = knob(
         "auto",
         "auto (fastest catalog entry that fits the card), speed, balanced, low_vram, minimal, or an id like c0042",
         check=profile_problem,
-    ),
-    Knob(
-        "CARD_GB", 0.0, "card memory in GiB that MEMORY_PROFILE 'auto' plans for (0: read the GPU)", min=0.0
-    ),
-    Knob(
-        "CHECKPOINTING",
+    )
+    card_gb: float = knob(
+        0.0, "card memory in GiB that MEMORY_PROFILE 'auto' plans for (0: read the GPU)", min=0.0
+    )
+    checkpointing: str | None = knob(
         None,
         "activation checkpointing: none, full block, attn half or mlp half (None: from the profile)",
-        type=_ANY,
         choices=(None, *CHECKPOINT_MODES),
-    ),
-    Knob(
-        "CHECKPOINT_EVERY",
-        None,
-        "checkpoint every k-th block (None: from the profile)",
-        type=_INT_OR_NONE,
-        min=1,
-    ),
-    Knob(
-        "STREAM_BLOCKS",
-        None,
-        "blocks whose weights stream from pinned host memory, -1: all (None: from the profile)",
-        type=_INT_OR_NONE,
-        min=-1,
-    ),
-    Knob(
-        "STREAM_SLOTS",
-        None,
-        "GPU slots of the streaming ring, >= 2 (None: from the profile)",
-        type=_INT_OR_NONE,
-        min=2,
-    ),
-    Knob(
-        "ACTIVATION_OFFLOAD",
+    )
+    checkpoint_every: int | None = knob(None, "checkpoint every k-th block (None: from the profile)", min=1)
+    stream_blocks: int | None = knob(
+        None, "blocks whose weights stream from pinned host memory, -1: all (None: from the profile)", min=-1
+    )
+    stream_slots: int | None = knob(
+        None, "GPU slots of the streaming ring, >= 2 (None: from the profile)", min=2
+    )
+    activation_offload: str | None = knob(
         None,
         "saved activations to host memory: none or on (None: from the profile)",
-        type=_ANY,
         choices=(None, *ACTIVATION_OFFLOAD_MODES),
-    ),
-    Knob(
-        "GRAD_OFFLOAD",
-        None,
-        "grads to host fp32 sums (needs OPTIMIZER_PLACEMENT stream or host; None: from the profile)",
-        type=(bool, type(None)),
-    ),
-    Knob(
-        "OPTIMIZER_PLACEMENT",
+    )
+    grad_offload: bool | None = knob(
+        None, "grads to host fp32 sums (needs OPTIMIZER_PLACEMENT stream or host; None: from the profile)"
+    )
+    optimizer_placement: str | None = knob(
         None,
         "optimizer states and fp32 masters: gpu, stream or host (None: from the profile)",
-        type=_ANY,
         choices=(None, *OPTIMIZER_PLACEMENTS),
-    ),
-    Knob(
-        "TEXT_ENCODER_PLACEMENT",
+    )
+    text_encoder_placement: str | None = knob(
         None,
         "text encoder: resident, streamed or off (off: the text cache must hit; None: from the profile)",
-        type=_ANY,
         choices=(None, *ENCODER_PLACEMENTS),
-    ),
-    Knob(
-        "VAE_PLACEMENT",
+    )
+    vae_placement: str | None = knob(
         None,
         "VAE: resident, streamed or off (off: the latent cache must hit; None: from the profile)",
-        type=_ANY,
         choices=(None, *ENCODER_PLACEMENTS),
-    ),
-    Knob(
-        "OPS_BACKEND",
+    )
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Kernels, determinism, CUDA graphs, several devices, the garbage collector."""
+
+    ops_backend: str = knob(
         "auto",
         "kernel registry backend: auto (per-arch priority), eager (the reference), or backend names in order (tilelang, triton, ...; the ones never run on this card's kind are used only so)",
         check=_ops_backend,
-    ),
-    Knob(
-        "DETERMINISTIC",
+    )
+    deterministic: bool = knob(
         False,
         "bitwise reproducible steps: torch's deterministic algorithms, a fixed cuBLAS workspace, no kernel backend that adds with atomics",
-    ),
-    Knob(
-        "CUDA_GRAPHS",
+    )
+    cuda_graphs: str = knob(
         "auto",
         "replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off",
         choices=("auto", "on", "off"),
-    ),
-    Knob(
-        "DISTRIBUTED",
+    )
+    distributed: str = knob(
         "none",
         "none or ddp: one worker process per DEVICES entry, gradients all-reduced (docs/guides/multi-gpu.md)",
         check=_distributed_mode,
-    ),
-    Knob(
-        "DEVICES",
+    )
+    devices: int | list = knob(
         1,
         "workers of this node: a count (0: every visible GPU) or a list ([0, 2], ['cpu', 'cpu'])",
-        type=(int, list),
         check=_distributed_devices,
-    ),
-    Knob(
-        "DIST_TIMEOUT",
-        1800.0,
-        "seconds a collective waits for a missing rank before the run stops, naming it",
-        min=1.0,
-    ),
-    Knob(
-        "GC_EVERY",
+    )
+    dist_timeout: float = knob(
+        1800.0, "seconds a collective waits for a missing rank before the run stops, naming it", min=1.0
+    )
+    gc_every: int = knob(
         0,
         "Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works",
-        type=int,
-    ),
-    # data
-    Knob(
-        "DATASET",
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """The dataset, its plan (areas, buckets, tokens per step, captions) and the loader."""
+
+    dataset: dict | list = knob(
         {"kind": "kohya", "path": "data/train"},
         "data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}, or a list of them; "
         "per dataset also repeats, caption_dropout, shuffle_caption, keep_tokens, tag_dropout, reg, loss_weight, mask",
-        type=(dict, list),
-    ),
-    Knob("CATALOG_DIR", None, "where the catalog cache lives (None: beside the dataset)", type=_ANY),
-    Knob("CACHE_DIR", "cache", "latent and text caches (safetensors shards)"),
-    Knob(
-        "VAE_ENCODE",
+    )
+    catalog_dir: str | None = knob(None, "where the catalog cache lives (None: beside the dataset)")
+    cache_dir: str = knob("cache", "latent and text caches (safetensors shards)")
+    vae_encode: str = knob(
         "auto",
         "latents: auto (cache, misses encoded in the step and written back), cache (must hit), online",
         choices=ENCODE_PLACEMENTS,
-    ),
-    Knob(
-        "TEXT_ENCODE",
-        "auto",
-        "text embeddings: auto, cache or online (as VAE_ENCODE)",
-        choices=ENCODE_PLACEMENTS,
-    ),
-    Knob("MIN_SIDE", 64, "images with a shorter side are dropped", min=1),
-    Knob("MAX_PIXELS", 178_956_970, "decompression-bomb limit in pixels", min=1),
-    Knob("MISSING_CAPTION", "empty", "error, empty or filename", choices=("error", "empty", "filename")),
-    Knob("SCAN_WORKERS", 4, "threads that probe images during the catalog scan", min=1),
-    Knob("AREA", 1024 * 1024, "target pixel area per image (native aspect kept)", min=256),
-    Knob("MIN_ASPECT", 0.25, "smallest width/height kept", min=0.01, max=1.0),
-    Knob("MAX_ASPECT", 4.0, "largest width/height kept", min=1.0),
-    Knob("NO_UPSCALE", False, "never enlarge an image past its own size"),
-    Knob("CROP", "center", "center or random (seeded) crop to the target size", choices=("center", "random")),
-    Knob("BUCKETS", None, "None, 'kohya', or a list of [w, h] buckets", type=(str, list, type(None))),
-    Knob("TOKENS_PER_STEP", 8192, "token budget per optimizer micro-step (image + text tokens)", min=2),
-    Knob("MAX_TEXT_TOKENS", 256, "caption tokens budgeted per image", min=1),
-    Knob("FLIP_PROB", 0.0, "horizontal flip probability", min=0.0, max=1.0),
-    Knob(
-        "CAPTION_DROPOUT", 0.0, "probability of an empty caption (trains the unconditional)", min=0.0, max=1.0
-    ),
-    Knob("SHUFFLE_CAPTION", False, "shuffle comma-separated tags"),
-    Knob("KEEP_TOKENS", 0, "leading tags kept in place when shuffling", min=0),
-    Knob(
-        "TAG_DROPOUT",
-        0.0,
-        "drop each tag after the KEEP_TOKENS kept ones with this probability",
-        min=0.0,
-        max=1.0,
-    ),
-    Knob("WORKERS", 2, "loader worker processes", min=0),
-    Knob("PREFETCH_STEPS", 2, "steps prepared ahead", min=1),
-    Knob("VAL_ITEMS", 0, "items held out of training for the validation loss (0: none)", min=0),
-    Knob("VAL_EVERY", 0, "validation loss every N steps (0: never)", min=0),
-    Knob("VAL_SIGMAS", [0.1, 0.3, 0.5, 0.7, 0.9], "fixed sigmas of the validation loss", type=list),
-    # adapter or full fine-tune
-    Knob("ALGO", "lora", "adapter algorithm (LyCORIS) or 'full' for a full fine-tune", choices=ALGO_CHOICES),
-    Knob("RANK", 16, "adapter rank (block size for OFT / BOFT)", min=1),
-    Knob("ALPHA", 16.0, "adapter alpha (scale = ALPHA / RANK)", min=0.0),
-    Knob("ALGO_ARGS", {}, "extra LyCORIS arguments (factor, block_size, constraint, ...)", type=dict),
-    Knob("TARGET_PRESET", "attn-mlp", "which modules the adapter wraps", choices=(*TARGET_PRESETS, "custom")),
-    Knob("TARGET_PATTERNS", [], "module name regexes or globs for TARGET_PRESET='custom'", type=list),
-    Knob("DROPOUT", 0.0, "adapter dropout", min=0.0, max=1.0),
-    Knob("RANK_DROPOUT", 0.0, "adapter rank dropout", min=0.0, max=1.0),
-    Knob("MODULE_DROPOUT", 0.0, "adapter module dropout", min=0.0, max=1.0),
-    Knob("LORA_PLUS_RATIO", 0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0),
-    Knob("BYPASS", False, "bypass forward (base output + adapter output) instead of merged weights"),
-    # optimisation
-    Knob(
-        "LR", 1e-4, "learning rate (AdamW; adapters and the non-matrix weights of a full fine-tune)", min=0.0
-    ),
-    Knob("MUON_LR", 0.0, "full fine-tune: Muon LR for hidden matrices (0: same as LR)", min=0.0),
-    Knob("USE_MUON", True, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)"),
-    Knob(
-        "OPTIMIZER",
+    )
+    text_encode: str = knob(
+        "auto", "text embeddings: auto, cache or online (as VAE_ENCODE)", choices=ENCODE_PLACEMENTS
+    )
+    min_side: int = knob(64, "images with a shorter side are dropped", min=1)
+    max_pixels: int = knob(178_956_970, "decompression-bomb limit in pixels", min=1)
+    missing_caption: str = knob("empty", "error, empty or filename", choices=("error", "empty", "filename"))
+    scan_workers: int = knob(4, "threads that probe images during the catalog scan", min=1)
+    area: int = knob(1024 * 1024, "target pixel area per image (native aspect kept)", min=256)
+    min_aspect: float = knob(0.25, "smallest width/height kept", min=0.01, max=1.0)
+    max_aspect: float = knob(4.0, "largest width/height kept", min=1.0)
+    no_upscale: bool = knob(False, "never enlarge an image past its own size")
+    crop: str = knob(
+        "center", "center or random (seeded) crop to the target size", choices=("center", "random")
+    )
+    buckets: str | list | None = knob(None, "None, 'kohya', or a list of [w, h] buckets")
+    tokens_per_step: int = knob(8192, "token budget per optimizer micro-step (image + text tokens)", min=2)
+    max_text_tokens: int = knob(256, "caption tokens budgeted per image", min=1)
+    flip_prob: float = knob(0.0, "horizontal flip probability", min=0.0, max=1.0)
+    caption_dropout: float = knob(
+        0.0, "probability of an empty caption (trains the unconditional)", min=0.0, max=1.0
+    )
+    shuffle_caption: bool = knob(False, "shuffle comma-separated tags")
+    keep_tokens: int = knob(0, "leading tags kept in place when shuffling", min=0)
+    tag_dropout: float = knob(
+        0.0, "drop each tag after the KEEP_TOKENS kept ones with this probability", min=0.0, max=1.0
+    )
+    workers: int = knob(2, "loader worker processes", min=0)
+    prefetch_steps: int = knob(2, "steps prepared ahead", min=1)
+    val_items: int = knob(0, "items held out of training for the validation loss (0: none)", min=0)
+    val_every: int = knob(0, "validation loss every N steps (0: never)", min=0)
+    val_sigmas: list = knob([0.1, 0.3, 0.5, 0.7, 0.9], "fixed sigmas of the validation loss")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """The adapter (LyCORIS) or a full fine-tune."""
+
+    algo: str = knob(
+        "lora", "adapter algorithm (LyCORIS) or 'full' for a full fine-tune", choices=ALGO_CHOICES
+    )
+    rank: int = knob(16, "adapter rank (block size for OFT / BOFT)", min=1)
+    alpha: float = knob(16.0, "adapter alpha (scale = ALPHA / RANK)", min=0.0)
+    algo_args: dict = knob({}, "extra LyCORIS arguments (factor, block_size, constraint, ...)")
+    target_preset: str = knob(
+        "attn-mlp", "which modules the adapter wraps", choices=(*TARGET_PRESETS, "custom")
+    )
+    target_patterns: list = knob([], "module name regexes or globs for TARGET_PRESET='custom'")
+    dropout: float = knob(0.0, "adapter dropout", min=0.0, max=1.0)
+    rank_dropout: float = knob(0.0, "adapter rank dropout", min=0.0, max=1.0)
+    module_dropout: float = knob(0.0, "adapter module dropout", min=0.0, max=1.0)
+    lora_plus_ratio: float = knob(0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0)
+    bypass: bool = knob(False, "bypass forward (base output + adapter output) instead of merged weights")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer, its schedule, steps, clipping and EMA."""
+
+    lr: float = knob(
+        1e-4, "learning rate (AdamW; adapters and the non-matrix weights of a full fine-tune)", min=0.0
+    )
+    muon_lr: float = knob(0.0, "full fine-tune: Muon LR for hidden matrices (0: same as LR)", min=0.0)
+    use_muon: bool = knob(True, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)")
+    optimizer: str = knob(
         "adamw",
         "adamw, adafactor, adamw8bit, prodigy, schedulefree_adamw or package.Class",
         check=_optimizer_problem,
-    ),
-    Knob("OPTIMIZER_ARGS", {}, "keyword arguments of OPTIMIZER (betas, d_coef, ...)", type=dict),
-    Knob("WEIGHT_DECAY", 0.0, "weight decay", min=0.0),
-    Knob("LR_SCHEDULE", "constant", "constant, linear or cosine", choices=("constant", "linear", "cosine")),
-    Knob("LR_WARMUP_STEPS", 0, "linear warmup steps", min=0),
-    Knob("LR_MIN_RATIO", 0.0, "final LR / LR for linear and cosine", min=0.0, max=1.0),
-    Knob("STEPS", 1000, "optimizer steps", min=1),
-    Knob("GRAD_ACCUM", 1, "micro-steps per optimizer step", min=1),
-    Knob("GRAD_CLIP", 1.0, "max gradient norm (0: no clipping)", min=0.0),
-    Knob("EMA", False, "keep an EMA of the trainable weights"),
-    Knob("EMA_DECAY", 0.999, "EMA decay", min=0.0, max=1.0),
-    Knob("EMA_WARMUP", 100, "steps over which the EMA decay ramps up", min=0),
-    Knob("EMA_EVERY", 1, "EMA update interval in steps", min=1),
-    Knob("EXPORT_EMA", False, "export the EMA weights instead of the raw ones"),
-    # objective
-    Knob("TIMESTEP_SAMPLING", "logit_normal", "sigma distribution", choices=SIGMA_MODES),
-    Knob("LOGIT_MEAN", 0.0, "logit-normal mean"),
-    Knob("LOGIT_STD", 1.0, "logit-normal std", min=1e-3),
-    Knob("TIMESTEP_SHIFT", "resolution", "none, static or resolution-dependent shift", choices=SHIFT_MODES),
-    Knob("STATIC_SHIFT", 3.0, "shift for TIMESTEP_SHIFT='static'", min=1e-3),
-    Knob(
-        "MODE_SCALE",
+    )
+    optimizer_args: dict = knob({}, "keyword arguments of OPTIMIZER (betas, d_coef, ...)")
+    weight_decay: float = knob(0.0, "weight decay", min=0.0)
+    lr_schedule: str = knob(
+        "constant", "constant, linear or cosine", choices=("constant", "linear", "cosine")
+    )
+    lr_warmup_steps: int = knob(0, "linear warmup steps", min=0)
+    lr_min_ratio: float = knob(0.0, "final LR / LR for linear and cosine", min=0.0, max=1.0)
+    steps: int = knob(1000, "optimizer steps", min=1)
+    grad_accum: int = knob(1, "micro-steps per optimizer step", min=1)
+    grad_clip: float = knob(1.0, "max gradient norm (0: no clipping)", min=0.0)
+    ema: bool = knob(False, "keep an EMA of the trainable weights")
+    ema_decay: float = knob(0.999, "EMA decay", min=0.0, max=1.0)
+    ema_warmup: int = knob(100, "steps over which the EMA decay ramps up", min=0)
+    ema_every: int = knob(1, "EMA update interval in steps", min=1)
+    export_ema: bool = knob(False, "export the EMA weights instead of the raw ones")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """The flow-matching objective: sigmas, loss weighting and type."""
+
+    timestep_sampling: str = knob("logit_normal", "sigma distribution", choices=SIGMA_MODES)
+    logit_mean: float = knob(0.0, "logit-normal mean")
+    logit_std: float = knob(1.0, "logit-normal std", min=1e-3)
+    timestep_shift: str = knob(
+        "resolution", "none, static or resolution-dependent shift", choices=SHIFT_MODES
+    )
+    static_shift: float = knob(3.0, "shift for TIMESTEP_SHIFT='static'", min=1e-3)
+    mode_scale: float = knob(
         1.29,
         "s of TIMESTEP_SAMPLING='mode' (SD3; 0: uniform, > 0: more mid sigmas)",
         min=MODE_SCALE_RANGE[0],
         max=MODE_SCALE_RANGE[1],
-    ),
-    Knob("LOSS_WEIGHTING", "none", "per-sigma loss weight", choices=WEIGHTINGS),
-    Knob(
-        "LOSS_REDUCTION",
-        "token",
-        "token: every image token alike; sample: every sample alike",
-        choices=REDUCTIONS,
-    ),
-    Knob("MIN_SNR_GAMMA", 5.0, "gamma of LOSS_WEIGHTING='min_snr'", min=1e-3),
-    Knob("LOSS_TYPE", "l2", "velocity error: l2, l1, huber or pseudo_huber", choices=LOSS_TYPES),
-    Knob("HUBER_C", 0.1, "c of LOSS_TYPE huber / pseudo_huber (l2 below c, linear beyond)", min=1e-6),
-    Knob("MAX_BAD_STEPS", 5, "stop after this many non-finite losses in a row", min=1),
-    # run, checkpoints, samples, exports
-    Knob("SEED", 0, "seed of the plan, the sigmas and the noise"),
-    Knob(
-        "RUN_NAME",
+    )
+    loss_weighting: str = knob("none", "per-sigma loss weight", choices=WEIGHTINGS)
+    loss_reduction: str = knob(
+        "token", "token: every image token alike; sample: every sample alike", choices=REDUCTIONS
+    )
+    min_snr_gamma: float = knob(5.0, "gamma of LOSS_WEIGHTING='min_snr'", min=1e-3)
+    loss_type: str = knob("l2", "velocity error: l2, l1, huber or pseudo_huber", choices=LOSS_TYPES)
+    huber_c: float = knob(0.1, "c of LOSS_TYPE huber / pseudo_huber (l2 below c, linear beyond)", min=1e-6)
+    max_bad_steps: int = knob(5, "stop after this many non-finite losses in a row", min=1)
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run folder, checkpoints, resume, logging."""
+
+    seed: int = knob(0, "seed of the plan, the sigmas and the noise")
+    run_name: str = knob(
         "moss-lora",
         "run folder name under RUNS_DIR (a plain name, no path)",
         check=lambda v: _resume_rule("run_name_problem", v),
-    ),
-    Knob("RUNS_DIR", "runs/moss", "where runs are written"),
-    Knob("SAVE_EVERY", 500, "checkpoint every N steps (0: only at the end)", min=0),
-    Knob("KEEP_LAST", 3, "checkpoints kept (older ones deleted)", min=1),
-    Knob("RESUME", "", "'' (fresh run), 'latest' or a checkpoint folder"),
-    Knob(
-        "RESUME_ALLOW_CHANGES",
+    )
+    runs_dir: str = knob("runs/moss", "where runs are written")
+    save_every: int = knob(500, "checkpoint every N steps (0: only at the end)", min=0)
+    keep_last: int = knob(3, "checkpoints kept (older ones deleted)", min=1)
+    resume: str = knob("", "'' (fresh run), 'latest' or a checkpoint folder")
+    resume_allow_changes: list = knob(
         [],
         "knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, VAE are safe",
-        type=list,
         check=lambda v: _resume_rule("allow_changes_problem", v),
-    ),
-    Knob(
-        "RESUME_REPLAN",
+    )
+    resume_replan: bool = knob(
         False,
         "resume a run whose data changed (files removed or added): continue along today's plan from the checkpoint's step",
-    ),
-    Knob(
-        "STOP_AT",
-        0,
-        "stop this invocation at this step with a checkpoint (0: run to STEPS); resume later",
-        min=0,
-    ),
-    Knob("LOG_EVERY", 1, "metrics line every N steps", min=1),
-    Knob(
-        "LOGGERS",
+    )
+    stop_at: int = knob(
+        0, "stop this invocation at this step with a checkpoint (0: run to STEPS); resume later", min=0
+    )
+    log_every: int = knob(1, "metrics line every N steps", min=1)
+    loggers: list = knob(
         ["tensorboard"],
         "trackers: tensorboard (events in RUN/tensorboard/), wandb (pip install wandb)",
-        type=list,
         check=_loggers,
-    ),
-    Knob("SAMPLE_EVERY", 0, "sample grid every N steps (0: only at the end, if prompts are set)", min=0),
-    Knob(
-        "SAMPLE_PROMPTS",
+    )
+
+
+@dataclass(frozen=True)
+class SampleConfig:
+    """The sample grid drawn during and after training."""
+
+    sample_every: int = knob(0, "sample grid every N steps (0: only at the end, if prompts are set)", min=0)
+    sample_prompts: list = knob(
         [],
         "prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE",
-        type=list,
         check=lambda v: prompt_list_problem(v, "SAMPLE_PROMPTS"),
-    ),
-    Knob(
-        "SAMPLE_PROMPTS_FILE",
+    )
+    sample_prompts_file: str = knob(
         "",
         "more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)",
         path="file",
         check=lambda v: prompt_file_problem(v, "SAMPLE_PROMPTS_FILE"),
-    ),
-    Knob("SAMPLE_SEEDS", [], "one seed per prompt (default: 0, 1, 2, ...)", type=list),
-    Knob("SAMPLE_NEGATIVE", "", "negative prompt of the samples"),
-    Knob("SAMPLE_STEPS", 20, "sampler steps", min=1),
-    Knob("SAMPLE_CFG", 3.0, "classifier-free guidance scale", min=0.0),
-    Knob("SAMPLE_SHIFT", 5.0, "sampler schedule shift (5: as released)", min=0.0),
-    Knob("SAMPLE_WIDTH", 1024, "sample width in px (multiple of 16)", min=16),
-    Knob("SAMPLE_HEIGHT", 1024, "sample height in px (multiple of 16)", min=16),
-    Knob("SAVE_FORMAT", "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS),
-    Knob(
-        "COMFY_DIFFS",
+    )
+    sample_seeds: list = knob([], "one seed per prompt (default: 0, 1, 2, ...)")
+    sample_negative: str = knob("", "negative prompt of the samples")
+    sample_steps: int = knob(20, "sampler steps", min=1)
+    sample_cfg: float = knob(3.0, "classifier-free guidance scale", min=0.0)
+    sample_shift: float = knob(5.0, "sampler schedule shift (5: as released)", min=0.0)
+    sample_width: int = knob(1024, "sample width in px (multiple of 16)", min=16)
+    sample_height: int = knob(1024, "sample height in px (multiple of 16)", min=16)
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """The files a checkpoint and the finished run write."""
+
+    save_format: str = knob(
+        "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS
+    )
+    comfy_diffs: str = knob(
         "end",
         "ComfyUI files made of full weight differences (DoRA, BOFT, IA3, T-LoRA): end (the final export "
         "only; checkpoints keep the LyCORIS file) or every (each checkpoint too)",
         choices=("end", "every"),
-    ),
-    Knob("SAVE_MERGED", False, "also write the merged transformer"),
-    Knob("SAVE_DIFFUSERS", False, "also write a diffusers-layout transformer"),
-    Knob("TRIGGER_PHRASE", "", "the adapter files' modelspec.trigger_phrase (empty: none)"),
-]
+    )
+    save_merged: bool = knob(False, "also write the merged transformer")
+    save_diffusers: bool = knob(False, "also write a diffusers-layout transformer")
+    trigger_phrase: str = knob("", "the adapter files' modelspec.trigger_phrase (empty: none)")
 
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every knob of scripts/train/moss.py, by section: `TrainConfig.from_knobs(k).optim.lr` is `k["LR"]`."""
+
+    model: ModelConfig = section(ModelConfig)
+    encoders: EncoderConfig = section(EncoderConfig)
+    device: DeviceConfig = section(DeviceConfig)
+    memory: MemoryConfig = section(MemoryConfig)
+    runtime: RuntimeConfig = section(RuntimeConfig)
+    data: DataConfig = section(DataConfig)
+    adapter: AdapterConfig = section(AdapterConfig)
+    optim: OptimConfig = section(OptimConfig)
+    objective: ObjectiveConfig = section(ObjectiveConfig)
+    run: RunConfig = section(RunConfig)
+    samples: SampleConfig = section(SampleConfig)
+    export: ExportConfig = section(ExportConfig)
+
+    @classmethod
+    def from_knobs(cls, knobs: Mapping[str, Any]) -> TrainConfig:
+        return from_knobs(cls, knobs)
+
+    def knobs(self) -> dict[str, Any]:
+        return to_knobs(self)
+
+
+ENCODER_KNOBS = config_knobs(EncoderConfig)  # scripts/sample/sample.py's schema lists them too
+TRAIN_KNOBS = config_knobs(TrainConfig)
 TRAIN_SCHEMA = Schema(TRAIN_KNOBS)

@@ -1,0 +1,104 @@
+"""Typed configs: nested frozen dataclasses whose fields are a script's knobs.
+
+A field of a section, `lr: float = knob(1e-4, "learning rate", min=0.0)`, is the knob `LR` (the field's
+name upper-cased): its annotation is the types it accepts, `knob(...)` its one default, its help and its
+bounds. A config is a dataclass of sections (`section(OptimConfig)`). From it come the `Knob` list
+(`config_knobs`: the schema that checks a script's globals and that `kohakumoss-config` writes and
+documents), the typed value of a validated knob dict (`from_knobs`) and the flat dict back (`to_knobs`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from .knobs import Knob
+
+_KNOB = "kohakumoss.knob"  # the field metadata key that marks a knob (a field without it is a section)
+
+
+def knob(default: Any, help: str, **rules: Any) -> Any:
+    """A knob field: its default, one line of help, and Knob's rules (choices, min, max, path, check)."""
+    if "type" in rules:
+        raise TypeError("a knob's types are its field's annotation, not a type= rule")
+    metadata = {_KNOB: {"default": default, "help": help, "rules": rules}}
+    if isinstance(default, (list, dict)):  # each config gets its own copy; the schema keeps `default`
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def section(cls: type) -> Any:
+    """A nested section field: a dataclass of knobs (or of further sections)."""
+    return dataclasses.field(default_factory=cls)
+
+
+def _accepted(annotation: Any) -> tuple[type, ...]:
+    """The types a value of this annotation may have: `int | None` -> (int, NoneType); float takes an int."""
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return tuple(t for member in typing.get_args(annotation) for t in _accepted(member))
+    if annotation is None or annotation is type(None):
+        return (type(None),)
+    origin = typing.get_origin(annotation) or annotation
+    return (float, int) if origin is float else (origin,)
+
+
+def _fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def _section_class(f: dataclasses.Field) -> type:
+    if f.default_factory is dataclasses.MISSING or not dataclasses.is_dataclass(f.default_factory):
+        raise TypeError(f"field {f.name!r} is neither a knob(...) nor a section(...)")
+    return f.default_factory
+
+
+def config_knobs(cls: type) -> list[Knob]:
+    """Every knob of a config, in field order (sections in place): what a `Schema` is built from."""
+    out = []
+    for f, annotation in _fields(cls):
+        if _KNOB not in f.metadata:
+            out += config_knobs(_section_class(f))
+            continue
+        spec = f.metadata[_KNOB]
+        out.append(
+            Knob(f.name.upper(), spec["default"], spec["help"], type=_accepted(annotation), **spec["rules"])
+        )
+    return out
+
+
+def config_sections(cls: type, prefix: str = "") -> list[tuple[str, type]]:
+    """(dotted field path, class) of every class that holds knobs itself, depth first: the docs' headings."""
+    fields = dataclasses.fields(cls)
+    out = [(prefix, cls)] if any(_KNOB in f.metadata for f in fields) else []
+    for f in fields:
+        if _KNOB not in f.metadata:
+            out += config_sections(_section_class(f), f"{prefix}.{f.name}" if prefix else f.name)
+    return out
+
+
+def from_knobs(cls: type, knobs: Mapping[str, Any]):
+    """The typed config of a (validated) knob dict; a knob the dict lacks keeps its default."""
+    values = {}
+    for f, _ in _fields(cls):
+        if _KNOB not in f.metadata:
+            values[f.name] = from_knobs(_section_class(f), knobs)
+        elif f.name.upper() in knobs:
+            values[f.name] = knobs[f.name.upper()]
+    return cls(**values)
+
+
+def to_knobs(config: Any) -> dict[str, Any]:
+    """The flat {KNOB: value} dict of a typed config (what the scripts' functions take)."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if _KNOB in f.metadata:
+            out[f.name.upper()] = value
+        else:
+            out.update(to_knobs(value))
+    return out
