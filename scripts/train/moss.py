@@ -3,8 +3,8 @@
     kogine run scripts/train/moss.py --config configs/user/my-lora.py --set LR=2e-4 --set STEPS=2000
 
 Every setting is a module-level knob below; a config file or --set overrides any of them. The knobs
-are checked (names, types, ranges, paths) before any work starts: kohakumoss.config.train has the
-schema. The run writes RUNS_DIR/RUN_NAME/: log.txt, metrics.jsonl, tensorboard/ (LOGGERS), loss.png,
+are checked (names, types, ranges, paths) before any work starts against kohakumoss.config.train's
+TrainConfig (one typed field per knob, with the same default; docs/guides/train-knobs.md lists them). The run writes RUNS_DIR/RUN_NAME/: log.txt, metrics.jsonl, tensorboard/ (LOGGERS), loss.png,
 samples/, checkpoints/step_XXXXX/ (each with export/) and export/.
 """
 
