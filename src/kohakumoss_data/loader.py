@@ -2,6 +2,10 @@
 bounded prefetch queue. Caches are read first; only misses reach the encoders (online write-back).
 
 What a step contains depends only on the plan, never on the worker count or timing.
+
+Stopping is bounded: every wait on a worker checks the stop, and the pool is shut down without joining a
+worker that is still busy (`stop_pool`): past a grace period it is terminated. A loader nobody closed
+is stopped the same way when the interpreter exits, before concurrent.futures joins its workers.
 """
 
 from __future__ import annotations
@@ -9,16 +13,20 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
+import signal
 import sys
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Executor, Future, ProcessPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
 
 from kohakumoss_common.errors import DataError
+from kohakumoss_common.log import get_logger
 
 from .batch import HostBatch
 from .cache import TensorCache
@@ -33,6 +41,9 @@ from .transform import to_chw
 from .worker import ItemResult, ItemTask, init_worker, run_task
 
 _DONE = object()
+FEEDER_WAIT_S = 30.0  # a stop waits this long for the feeder thread (mid-encode) before leaving it
+_POLL_S = 0.1
+log = get_logger(__name__)
 
 
 @dataclass
@@ -42,6 +53,7 @@ class LoaderKnobs:
     write_back: bool = True  # online mode: encode a miss in the step and store it
     pin_memory: bool | None = None  # None: pin when CUDA is available
     start_method: str | None = None  # None: fork on Linux, spawn elsewhere (Windows, macOS)
+    stop_grace_s: float = 5.0  # on a stop, a worker still busy after this long is terminated
 
 
 def open_caches(
@@ -60,6 +72,87 @@ def open_caches(
         else None
     )
     return latents, texts
+
+
+def stop_pool(pool: Executor, grace_s: float = 5.0) -> int:
+    """Shut `pool` down without waiting on a stuck worker: queued tasks are cancelled, running ones get
+    `grace_s` to finish, then their workers are terminated (killed 2 s later). Returns how many were.
+
+    `shutdown(wait=True)` and the interpreter's exit join every worker with no timeout, so one worker that
+    never returns (a read on a hung mount, a lock a fork copied held) would hang a stop forever. Workers
+    only read (results are assembled and cached in the parent), so ending one mid-task loses nothing.
+    """
+    # ProcessPoolExecutor keeps its workers in `_processes` (3.8 to 3.14; 3.14 adds terminate_workers())
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    busy = [p for p in procs if p.is_alive()]
+    for p in busy:
+        p.terminate()
+    for p in busy:
+        p.join(2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+    if busy:
+        log.warning(
+            f"terminated {len(busy)} loader worker(s) still busy after {grace_s:.1f} s "
+            f"(pids {', '.join(str(p.pid) for p in busy)})"
+        )
+    return len(busy)
+
+
+_live: weakref.WeakSet[Loader] = weakref.WeakSet()
+_exit_hook = False
+
+
+def _stop_live_loaders() -> None:
+    for loader in list(_live):
+        loader.close()
+
+
+def _stop_at_exit() -> None:
+    """Once: stop every live loader when the interpreter exits, before concurrent.futures joins workers.
+
+    threading's exit callbacks run newest first, so this one (registered after concurrent.futures.process
+    registered its join) runs before that join; atexit's handlers would run after it, too late.
+    """
+    global _exit_hook
+    register = getattr(threading, "_register_atexit", None)
+    if not _exit_hook and register is not None:
+        register(_stop_live_loaders)
+        _exit_hook = True
+
+
+def _block_sigint() -> None:
+    """Block Ctrl-C in this (non-main) thread: processes forked from it start with it blocked, so a
+    Ctrl-C before a worker's initializer ignores it cannot print a worker traceback (Python handles
+    signals in the main thread whatever thread the kernel picks)."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Queue `item` unless stopped first (the consumer may be gone, its queue full)."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=_POLL_S)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _results(futures: list, stop: threading.Event) -> list[ItemResult] | None:
+    """The step's item results in order, or None once stopped (never blocks on one worker)."""
+    waiting = [f for f in futures if isinstance(f, Future)]
+    while waiting:
+        if stop.is_set():
+            return None
+        waiting = list(wait(waiting, timeout=_POLL_S).not_done)
+    return [f.result() if isinstance(f, Future) else f for f in futures]
 
 
 def worker_pool(
@@ -104,6 +197,7 @@ class Loader:
         self.knobs = knobs or LoaderKnobs()
         self.start_step = start_step
         self.pin = torch.cuda.is_available() if self.knobs.pin_memory is None else self.knobs.pin_memory
+        self._runs: dict[int, tuple[threading.Event, Executor | None]] = {}  # live iterations
 
     def tasks(self, step: int) -> list[ItemTask]:
         vae = self.image_encoder.identity if self.image_encoder is not None else None
@@ -169,55 +263,69 @@ class Loader:
             )
         return batch.pin_memory() if self.pin else batch
 
-    def _produce(self, out: queue.Queue, stop: threading.Event) -> None:
+    def _produce(self, out: queue.Queue, stop: threading.Event, pool: Executor | None) -> None:
         """Feeder thread: keep steps in flight in the workers, assemble them in order, queue them."""
-        pool = worker_pool(self.knobs.workers, self.source, self.latent_cache, self.knobs.start_method)
+        _block_sigint()
         ahead = max(1, self.knobs.prefetch_steps, self.knobs.workers)
         pending: deque[tuple[int, list]] = deque()
         try:
             for step in range(self.start_step, len(self.plan.steps)):
+                if stop.is_set():
+                    return
                 pending.append((step, self._submit(pool, step)))
                 if len(pending) >= ahead:
                     self._emit(pending.popleft(), out, stop)
-                if stop.is_set():
-                    return
             while pending and not stop.is_set():
                 self._emit(pending.popleft(), out, stop)
             self.flush()
-            out.put(_DONE)
+            _put(out, _DONE, stop)
         except BaseException as e:  # handed to the consumer, which re-raises it
-            out.put(e)
+            _put(out, e, stop)
         finally:
             self.flush()  # written-back entries survive an early stop
-            if pool is not None:
-                pool.shutdown(wait=True, cancel_futures=True)
 
     def _emit(self, entry: tuple[int, list], out: queue.Queue, stop: threading.Event) -> None:
         step, futures = entry
-        results = [f.result() if isinstance(f, Future) else f for f in futures]
-        batch = self.build(step, results)
-        while not stop.is_set():
-            try:
-                out.put(batch, timeout=0.1)
-                return
-            except queue.Full:
-                continue
+        results = _results(futures, stop)
+        if results is not None:
+            _put(out, self.build(step, results), stop)
 
     def flush(self) -> None:
         for cache in (self.latent_cache, self.text_cache):
             if cache is not None:
                 cache.flush()
 
+    def close(self) -> None:
+        """Stop every iteration of this loader (from any thread): its consumer's next() ends the iteration,
+        its workers are shut down, a busy one terminated after `stop_grace_s`."""
+        for key, (stop, pool) in list(self._runs.items()):
+            stop.set()
+            if pool is not None:
+                stop_pool(pool, self.knobs.stop_grace_s)
+            self._runs.pop(key, None)
+
     def __iter__(self) -> Iterator[HostBatch]:
         out: queue.Queue = queue.Queue(maxsize=max(1, self.knobs.prefetch_steps))
         stop = threading.Event()
+        # made here, forked from the feeder thread at its first submit
+        pool = worker_pool(self.knobs.workers, self.source, self.latent_cache, self.knobs.start_method)
+        key = id(stop)
+        self._runs[key] = (stop, pool)
+        if pool is not None:
+            _live.add(self)
+            _stop_at_exit()
         thread = threading.Thread(
-            target=self._produce, args=(out, stop), name="kohakumoss-loader", daemon=True
+            target=self._produce, args=(out, stop, pool), name="kohakumoss-loader", daemon=True
         )
         thread.start()
         try:
             while True:
-                item = out.get()
+                try:
+                    item = out.get(timeout=_POLL_S)
+                except queue.Empty:
+                    if stop.is_set():  # Loader.close() from another thread
+                        return
+                    continue
                 if item is _DONE:
                     return
                 if isinstance(item, BaseException):
@@ -225,8 +333,16 @@ class Loader:
                 yield item
         finally:
             stop.set()
-            while thread.is_alive():
+            deadline = time.monotonic() + FEEDER_WAIT_S
+            while thread.is_alive() and time.monotonic() < deadline:
                 try:
                     out.get_nowait()
                 except queue.Empty:
                     thread.join(0.05)
+            if thread.is_alive():
+                log.warning(
+                    f"the loader's feeder thread is still busy after {FEEDER_WAIT_S:.0f} s; left behind"
+                )
+            if pool is not None:
+                stop_pool(pool, self.knobs.stop_grace_s)
+            self._runs.pop(key, None)

@@ -12,7 +12,7 @@ from .cache import TensorCache
 from .cache_keys import latent_key, text_key
 from .catalog import Catalog
 from .encode import encode_images, encode_texts
-from .loader import worker_pool
+from .loader import stop_pool, worker_pool
 from .ordered_map import bounded_map
 from .plan import Plan, PlannedItem
 from .protocols import ImageEncoder, TextEncoder
@@ -76,7 +76,7 @@ def fill_latent_cache(
     finally:
         cache.flush()
         if pool is not None:
-            pool.shutdown(cancel_futures=True)
+            stop_pool(pool)  # a worker stuck in a read cannot hang Ctrl-C or an error
     return FillReport(len(wanted), len(wanted) - len(todo), len(todo))
 
 

@@ -69,6 +69,8 @@ def init_worker(source: Source, latent_cache: TensorCache | None, parent: int | 
     # a terminal's Ctrl-C reaches the whole process group: the parent stops the pool, so workers
     # ignore it rather than each printing a KeyboardInterrupt traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # the loader's feeder thread forks workers with it blocked
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _state["source"] = source
     _state["cache"] = latent_cache
 
