@@ -794,13 +794,14 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     from kohakumoss.config.train import TRAIN_SCHEMA
     from kohakumoss.encoders.latents import patchify
     from kohakumoss.model import MossBackbone, PackedSeq, get_preset
-    from kohakumoss.train.components import Components
+    from kohakumoss.train.components import Components, ops_backend
     from kohakumoss.train.graphs import graph_refusal
     from kohakumoss.train.loop import build_runner, build_trainable, step_loss_fn
     from kohakumoss.train.prefetch import Prefetcher
     from kohakumoss.train.step import DeviceBatch
     from kohakumoss_data.batch import HostBatch
     from kohakumoss_kernels import OpSet
+    from kohakumoss_kernels.deterministic import set_deterministic
 
     device, full = torch.device(a.device), spec.mode == "full"
     dtype = compute_dtype(device)
@@ -817,9 +818,13 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     build = torch.device("cpu") if host_first else device
     fp32_masters = full and plan.optimizer == "gpu"
 
+    if a.deterministic:  # as the trainer's build_components: before any GEMM
+        set_deterministic(True)
+    backends = ops_backend({"DETERMINISTIC": a.deterministic, "OPS_BACKEND": "auto", "DEVICE": a.device})
+    notes += [f"DETERMINISTIC: kernel backends {backends}"] if a.deterministic else []
     t0 = time.perf_counter()
     with default_dtype(torch.float32 if fp32_masters else dtype), torch.device(build):
-        model = MossBackbone(cfg, ops=OpSet("auto"))
+        model = MossBackbone(cfg, ops=OpSet(backends))
     fill = device if device.type == "cuda" else build  # drawn on the GPU, copied to a host-built model
     model.init_weights(std=0.02, generator=torch.Generator(device=fill).manual_seed(a.seed), via=fill)
     model.requires_grad_(full)
@@ -842,6 +847,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         "USE_MUON": a.full_optimizer == "muon",
         "SEED": a.seed,
         "CUDA_GRAPHS": a.cuda_graphs,
+        "DETERMINISTIC": a.deterministic,
     }
     comps = Components(device, dtype, model, None, None, plan, engines)
     tr = build_trainable(k, comps)
@@ -1038,7 +1044,7 @@ COMMON = (
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "base_precision", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
-FLAGS = ("profile_trace",)  # store_true options, passed on when set
+FLAGS = ("profile_trace", "deterministic")  # store_true options, passed on when set
 
 
 def child_argv(a, name: str, out: str) -> list[str]:
@@ -1167,6 +1173,11 @@ def parse_args(argv=None):
         type=float,
         default=0.0,
         help="seconds: every row prints its Python stacks this often (where a crawling row spends its time)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="as the trainer's DETERMINISTIC=True: deterministic algorithms, fixed cuBLAS workspace, no atomic backends",
     )
     p.add_argument(
         "--profile-trace",
