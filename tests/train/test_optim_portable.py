@@ -71,3 +71,33 @@ def test_a_class_from_a_module_not_imported_is_not_imported_from_the_file():
     plain["state"][0]["exp_avg"][MARK] = "torch.nn:Linear"
     with pytest.raises(CheckpointError, match="'torch.nn:Linear' is not a tensor subclass"):
         restore_state(plain)
+
+
+@pytest.mark.parametrize(
+    "cls_name", ["subclass_8bit.OptimState8bit", "subclass_4bit.OptimState4bit", "subclass_fp8.OptimStateFp8"]
+)
+def test_torchao_low_bit_states_round_trip(cls_name):
+    """torchao's three low-bit AdamW state classes: components and dequantized values equal after the
+    weights_only file, and the rebuilt state moves like the original (load_state_dict calls .to)."""
+    pytest.importorskip("torchao")
+    import importlib
+
+    module, name = cls_name.split(".")
+    cls = getattr(importlib.import_module(f"torchao.optim.{module}"), name)
+    t = cls.zeros((64, 128), device="cpu")
+    t.copy_(torch.randn(64, 128, generator=torch.Generator().manual_seed(0)))  # quantized into the state
+    buf = io.BytesIO()
+    torch.save(portable_state(_state(t)), buf)
+    buf.seek(0)
+    registered = torch.serialization.get_safe_globals()
+    torch.serialization.clear_safe_globals()  # torchao registers its classes; a reader without it has none
+    try:
+        loaded = torch.load(buf, weights_only=True)
+    finally:
+        torch.serialization.add_safe_globals(registered)
+    back = restore_state(loaded)["state"][0]["exp_avg"]
+    assert type(back) is cls and back.shape == t.shape and back.dtype == t.dtype
+    for part in t.__tensor_flatten__()[0]:
+        assert torch.equal(getattr(back, part), getattr(t, part)), part
+    assert torch.equal(back.dequantize(), t.dequantize())
+    assert type(back.to(dtype=torch.float32, device="cpu")) is cls
