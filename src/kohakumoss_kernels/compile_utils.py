@@ -1,4 +1,4 @@
-"""The torch.compile backend: the eager op compiled once per process, lazily on first call."""
+"""The torch.compile backend the registry makes of every op: its reference compiled once per process, lazily."""
 
 from __future__ import annotations
 
