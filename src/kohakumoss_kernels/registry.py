@@ -42,7 +42,6 @@ log = get_logger("kohakumoss.kernels.registry")
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
     "sdpa_groups",
-    "cudnn_varlen",
     "torch_varlen",
     "flex",
     "addmm",
@@ -307,12 +306,18 @@ class BoundOp:
 
 
 def _graph_safe(live: list[tuple[str, Callable]], timing: str) -> list[tuple[str, Callable]]:
-    """A graphed step replays one graph for batches whose sequence lengths differ (train/graphs.py): where
-    an op has backends that read the lengths on the device (`fn.device_lengths`), only they and the
-    reference (last resort) stay; the others would bake one batch's lengths into the graph."""
-    if timing != "device" or not any(getattr(f, "device_lengths", False) for _, f in live):
+    """The candidates of a graphed step (device timing). A graphed step replays one graph for batches whose
+    sequence lengths differ (train/graphs.py): where an op has backends that read the lengths on the
+    device (`fn.device_lengths`), only they and the reference (last resort) stay; the others would bake
+    one batch's lengths into the graph. `compile` goes where Triton is there: it won none of the graphed
+    keys of the H200's table (docs/performance/kernels.md) and costs a compile per new shape while timing."""
+    if timing != "device":
         return live
-    return [(n, f) for n, f in live if getattr(f, "device_lengths", False) or n == "eager"]
+    if any(getattr(f, "device_lengths", False) for _, f in live):
+        live = [(n, f) for n, f in live if getattr(f, "device_lengths", False) or n == "eager"]
+    if any(n == "triton" for n, _ in live):
+        live = [(n, f) for n, f in live if n != "compile"]
+    return live
 
 
 def _exact_key(args: tuple, kwargs: dict) -> tuple:

@@ -32,6 +32,8 @@ from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import get_logger, log_once
 from kohakumoss_common.paths import user_cache_dir
 
+from .capture import capture
+
 log = get_logger("kohakumoss.kernels.tuning")
 LYCORIS_ENV = "LYCORIS_KERNEL_CACHE_DIR"  # read by lycoris each time it opens its table
 
@@ -277,21 +279,15 @@ def _time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int, calls: int,
 def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls: int) -> float:
     """Milliseconds per call when `calls` calls replay from one CUDA graph (device time alone)."""
     graph = torch.cuda.CUDAGraph()
-    # capture_begin/end on a side stream, not torch.cuda.graph(): that one also runs gc.collect() and
-    # empty_cache() per capture, which made the first step of a 5B run tune for ~2 minutes
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream(device))
+    # not torch.cuda.graph(): that one also runs gc.collect() and empty_cache() per capture, which made
+    # the first step of a 5B run tune for ~2 minutes; and a failed capture must not leave the allocator
+    # in capture mode (kohakumoss_kernels.capture)
     try:
-        with torch.cuda.stream(stream):
-            graph.capture_begin(capture_error_mode="thread_local")
-            try:
-                for _ in range(calls):
-                    once()
-            finally:
-                graph.capture_end()
+        with capture(graph, device):
+            for _ in range(calls):
+                once()
     except Exception as e:  # not capturable: a graphed step could not use this backend either
         raise RuntimeError(f"not capturable in a CUDA graph ({type(e).__name__}: {e})") from e
-    torch.cuda.current_stream(device).wait_stream(stream)
     best = float("inf")
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -147,7 +147,7 @@ def test_rows_not_grouped_by_sample():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lengths", LENGTHS + [[4096 + 256, 4096 + 256]], ids=str)
-@pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "cudnn_varlen", "torch_varlen", "flex"])
+@pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "torch_varlen", "flex"])
 def test_attention_backends(backend, lengths, dtype):
     if (
         not registry.has_backend("varlen_attention", backend)
@@ -230,26 +230,10 @@ def test_pick_times_the_device_not_the_hosts_launch_overhead(monkeypatch):
     assert best == ("slow_host",)
 
 
-def _cudnn_at_any_version(monkeypatch) -> None:
-    """cudnn_varlen below torch's 9.18 gate too: these tests say whether this card's cuDNN gets it right."""
-    from kohakumoss_kernels.ops.varlen_attention import cudnn_varlen
-
-    print(f"cuDNN {torch.backends.cudnn.version()}, torch {torch.__version__}")
-    monkeypatch.setattr(cudnn_varlen, "MIN_CUDNN", 0)
-
-
-@pytest.mark.parametrize("lengths", LENGTHS[1:] + [[4096 + 256, 4096 + 77]], ids=str)
-def test_cudnn_varlen_on_this_cudnn(lengths, monkeypatch):
-    _cudnn_at_any_version(monkeypatch)
-    heads = 2 if sum(lengths) > 4000 else 4
-    compare("varlen_attention", "cudnn_varlen", lengths, torch.bfloat16, "cuda", heads=heads, head_dim=128)
-
-
-@pytest.mark.parametrize("backend", ["triton", "cudnn_varlen", "torch_varlen"])
-def test_attention_graph_replays_other_lengths(backend, monkeypatch):
+@pytest.mark.parametrize("backend", ["triton", "torch_varlen"])
+def test_attention_graph_replays_other_lengths(backend):
     """A graph of forward and backward captured at one batch's lengths, replayed with another's (same
     token count, cu_seqlens copied in, the bound kept): the eager reference's outputs and gradients."""
-    _cudnn_at_any_version(monkeypatch)
     dtype = torch.bfloat16
     fn = registry.load_backend("varlen_attention", backend, "sm90", dtype)
     if fn is None:

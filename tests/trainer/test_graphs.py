@@ -231,6 +231,9 @@ def test_graphed_timing_keeps_the_backends_that_read_lengths_on_the_device():
     assert _graph_safe(live, "wall") == live  # eager steps: every backend
     no_lengths = [("triton", backend(False)), ("eager", backend(False))]  # an op without sequence lengths
     assert _graph_safe(no_lengths, "device") == no_lengths
+    with_compile = [("triton", backend(False)), ("compile", backend(False)), ("eager", backend(False))]
+    assert [n for n, _ in _graph_safe(with_compile, "device")] == ["triton", "eager"]
+    assert _graph_safe(with_compile[1:], "device") == with_compile[1:]  # no Triton: compile stays
 
 
 @pytest.mark.gpu

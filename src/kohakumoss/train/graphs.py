@@ -33,6 +33,7 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import grad_sink, host_values
+from kohakumoss_kernels.capture import capture
 
 from .step import DeviceBatch
 
@@ -91,6 +92,12 @@ def batch_signature(
     shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
     key = (shapes, seq.max_seqlen, seq.text_max_seqlen, str(batch.x0.device), batch.weight is not None)
     return (*key, seq.text_lens, seq.img_sizes) if exact else key
+
+
+def _memory(device: torch.device) -> str:
+    gib = 2**30
+    allocated, reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
+    return f"{allocated / gib:.1f} GiB allocated, {reserved / gib:.1f} GiB reserved"
 
 
 def _weight(batch: DeviceBatch) -> tuple[torch.Tensor, ...]:
@@ -195,18 +202,19 @@ class StepGraphs:
         before = [p.grad for p in self.params]
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
+        held = _memory(device)
+        graph, failed = torch.cuda.CUDAGraph(), None
         try:
-            # thread_local: loader threads may pin memory while this thread captures
-            with (
-                torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"),
-                grad_sink.into(self.params),  # the LoRA ops' weight gradients straight into the buffers
-            ):
+            with capture(graph, device, self.pool, side), grad_sink.into(self.params):
                 static_loss = self.loss_fn(static_batch, inputs[2], inputs[3])
                 (static_loss * self.backward_scale).backward()
-        except Exception as e:  # an op that cannot be captured: this run stays eager
-            self.failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            log.warning(f"CUDA graph capture failed, the run continues eagerly ({self.failed})")
+        except Exception as e:  # an op that cannot be captured, or no memory for the graph
+            failed = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        if failed is not None:  # this run stays eager
+            self.failed = failed
+            del graph
+            torch.cuda.empty_cache()  # the partial capture's blocks, so the eager steps have them
+            log.warning(f"CUDA graph capture failed ({held} before it), the run continues eagerly ({failed})")
             for p, g in zip(self.params, before):
                 p.grad = g
             return loss
@@ -234,7 +242,7 @@ class StepGraphs:
         self.capture_peak_bytes = max(self.capture_peak_bytes, torch.cuda.max_memory_allocated(device))
         log.info(
             f"CUDA graph captured for batch shape {len(self.graphs)} ({batch.tokens} tokens) "
-            f"in {time.perf_counter() - t0:.1f} s"
+            f"in {time.perf_counter() - t0:.1f} s ({held} before it)"
         )
         return loss
 

@@ -1,0 +1,63 @@
+"""CUDA graph capture that leaves the process as it was when the capture fails.
+
+torch's `CUDAGraph.capture_end` raises (an invalidated capture: an op that cannot be captured) before it
+ends the caching allocator's allocation window for the graph's pool. The allocator then believes a capture
+is still running for the rest of the process: it no longer frees its cache to retry an allocation that
+does not fit, and defers frees of blocks used on other streams, so a later step runs out of memory with
+tens of GiB "reserved but unallocated" (a 5B training run did, after a kernel candidate failed its timing
+capture). `torch.cuda.graph` also skips restoring the current stream then. `capture` ends the window,
+releases the pool and restores the stream itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import torch
+
+
+@contextmanager
+def capture(
+    graph: torch.cuda.CUDAGraph,
+    device: torch.device,
+    pool=None,
+    stream: torch.cuda.Stream | None = None,
+) -> Iterator[None]:
+    """Capture the block's work into `graph` on `stream` (a new side stream by default); on any error the
+    allocator's window is closed and the pool released before the error propagates."""
+    stream = stream if stream is not None else torch.cuda.Stream(device)
+    current = torch.cuda.current_stream(device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        # thread_local: other threads (the loader's pinning, the prefetcher) may use CUDA meanwhile
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            yield
+        except BaseException:
+            _end_failed(graph, device)
+            raise
+        try:
+            graph.capture_end()
+        except BaseException:
+            _end_window(graph, device)
+            raise
+    current.wait_stream(stream)
+
+
+def _end_failed(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
+    """The block raised mid-capture: end it (the graph is dropped by the caller) and close the window."""
+    try:
+        graph.capture_end()  # ends the allocator's window too when the capture itself is still valid
+    except BaseException:
+        _end_window(graph, device)
+
+
+def _end_window(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
+    """capture_end raised before closing the allocator's window: close it and release the pool."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pool = graph.pool()
+    with suppress(RuntimeError):  # raises when the window is already closed: nothing to do
+        torch._C._cuda_endAllocateToPool(index, pool)
+    with suppress(RuntimeError):
+        torch._C._cuda_releasePool(index, pool)
