@@ -230,6 +230,9 @@ class BoundOp:
     choices: dict[str, str] = field(default_factory=dict)  # shape key -> backend, this process
     failed: set[str] = field(default_factory=set)
     timing: str = "wall"  # wall: host overhead counts (eager steps); device: graph-replayed (graphed steps)
+    lengths: str = (
+        "host"  # device: only backends that read sequence lengths on the device (OpSet.set_lengths)
+    )
     kind: str | None = None  # the weight kind this binding serves (ops with a weight argument)
     _decided: dict[tuple, list] = field(default_factory=dict, repr=False)  # exact shapes -> order
 
@@ -242,18 +245,19 @@ class BoundOp:
         exact = _exact_key(args, kwargs)
         if exact in self._decided:  # the hot path: no string key, no table lookup
             return self._decided[exact]
-        live = (
-            _graph_safe([(n, f) for n, f in self.backends if n not in self.failed], self.timing)
-            or self.backends[-1:]
-        )
+        live = [(n, f) for n, f in self.backends if n not in self.failed]
+        live = _graph_safe(live, self.timing, self.lengths) or self.backends[-1:]
+        last = [] if live[-1:] == self.backends[-1:] else self.backends[-1:]  # the reference: last resort
         if self.tune == "off" or len(live) == 1:
-            self._decided[exact] = live
-            return live
+            self._decided[exact] = live + last
+            return live + last
         key = shape_key(self.op, *args, **kwargs) + ("|graphed" if self.timing == "device" else "")
+        if self.lengths == "device" and any(getattr(f, "device_lengths", False) for _, f in self.backends):
+            key += "|device_lengths"
         choice = self.choices.get(key)
         if choice is None:
             choice = self._choose(key, live, args, kwargs)
-        ordered = sorted(live, key=lambda nf: nf[0] != choice)
+        ordered = sorted(live, key=lambda nf: nf[0] != choice) + last
         if choice is not None:
             self._decided[exact] = ordered
         return ordered
@@ -305,17 +309,18 @@ class BoundOp:
         raise AssertionError("unreachable")
 
 
-def _graph_safe(live: list[tuple[str, Callable]], timing: str) -> list[tuple[str, Callable]]:
-    """The candidates of a graphed step (device timing). A graphed step replays one graph for batches whose
-    sequence lengths differ (train/graphs.py): where an op has backends that read the lengths on the
-    device (`fn.device_lengths`), only they and the reference (last resort) stay; the others would bake
-    one batch's lengths into the graph. `compile` goes where Triton is there: it won none of the graphed
-    keys of the H200's table (docs/performance/kernels.md) and costs a compile per new shape while timing."""
-    if timing != "device":
-        return live
-    if any(getattr(f, "device_lengths", False) for _, f in live):
-        live = [(n, f) for n, f in live if getattr(f, "device_lengths", False) or n == "eager"]
-    if any(n == "triton" for n, _ in live):
+def _graph_safe(
+    live: list[tuple[str, Callable]], timing: str, lengths: str = "host"
+) -> list[tuple[str, Callable]]:
+    """The candidates to time and call. lengths 'device' (a graphed step replaying one graph for batches
+    whose sequence lengths differ, train/graphs.py): where an op has backends that read the lengths on
+    the device (`fn.device_lengths`), only they; the others would bake one batch's lengths into the graph
+    (the reference stays the last resort, untimed). Device timing (a graphed step) times `compile` only
+    where Triton is missing: it won none of the graphed keys of the H200's table
+    (docs/performance/kernels.md) and costs a compile per new shape while the first step waits."""
+    if lengths == "device" and any(getattr(f, "device_lengths", False) for _, f in live):
+        live = [(n, f) for n, f in live if getattr(f, "device_lengths", False)]
+    if timing == "device" and any(n == "triton" for n, _ in live):
         live = [(n, f) for n, f in live if n != "compile"]
     return live
 
@@ -389,6 +394,7 @@ class OpSet:
         self.backend = backend
         self.tune = tuning.tune_mode(tune)
         self.timing = "wall"
+        self.lengths = "host"
         self._bound: dict[tuple[str, str, torch.dtype, str | None], BoundOp] = {}  # (op, device, dtype, kind)
 
     def bind(self, op: str, device: torch.device, dtype: torch.dtype, kind: str | None = None) -> BoundOp:
@@ -400,6 +406,7 @@ class OpSet:
             table = tuning.table_for(tuning.card_name(device)) if self.tune != "off" else None
             self._bound[key] = resolve(op, arch, dtype, self.backend, self.tune, table, kind)
             self._bound[key].timing = self.timing
+            self._bound[key].lengths = self.lengths
         return self._bound[key]
 
     def tuning(self, device_time: bool = False):
@@ -419,6 +426,18 @@ class OpSet:
         for bound in self._bound.values():
             if bound.timing != timing:
                 bound.timing = timing
+                bound.choices.clear()
+                bound._decided.clear()
+
+    def set_lengths(self, lengths: str) -> None:
+        """'device': from now on only backends that read sequence lengths on the device (where an op has
+        them), so one CUDA graph serves batches of other lengths; 'host': every backend."""
+        if lengths not in ("host", "device"):
+            raise ConfigError("OpSet.set_lengths", f"'{lengths}' is not host or device")
+        self.lengths = lengths
+        for bound in self._bound.values():
+            if bound.lengths != lengths:
+                bound.lengths = lengths
                 bound.choices.clear()
                 bound._decided.clear()
 

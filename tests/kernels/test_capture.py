@@ -20,7 +20,7 @@ def _fail_capture(device: torch.device) -> None:
 
 
 def test_after_a_failed_capture_the_allocator_still_frees_its_cache_to_fit_an_allocation():
-    device = torch.device("cuda")
+    device = torch.device("cuda", torch.cuda.current_device())
     stream = torch.cuda.current_stream(device)
     _fail_capture(device)
     assert torch.cuda.current_stream(device) == stream  # the capture's side stream did not stay current

@@ -3,6 +3,7 @@ graphed step gives the eager step's losses and gradients, across batch shapes an
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -227,10 +228,10 @@ def test_graphed_timing_keeps_the_backends_that_read_lengths_on_the_device():
 
     live = [("sdpa_groups", backend(False)), ("triton", backend(True)), ("flex", backend(False)),
             ("eager", backend(False))]  # fmt: skip
-    assert [n for n, _ in _graph_safe(live, "device")] == ["triton", "eager"]
-    assert _graph_safe(live, "wall") == live  # eager steps: every backend
+    assert [n for n, _ in _graph_safe(live, "device", "device")] == ["triton"]  # the reference: last resort
+    assert _graph_safe(live, "device") == live  # lengths on the host allowed: every backend
     no_lengths = [("triton", backend(False)), ("eager", backend(False))]  # an op without sequence lengths
-    assert _graph_safe(no_lengths, "device") == no_lengths
+    assert _graph_safe(no_lengths, "device", "device") == no_lengths
     with_compile = [("triton", backend(False)), ("compile", backend(False)), ("eager", backend(False))]
     assert [n for n, _ in _graph_safe(with_compile, "device")] == ["triton", "eager"]
     assert _graph_safe(with_compile[1:], "device") == with_compile[1:]  # no Triton: compile stays
@@ -250,6 +251,7 @@ def test_one_graph_replays_batches_with_other_captions(backend, exact):
     for graphed in (False, True):
         ops = OpSet(backend, tune="off")
         ops.set_timing("device")
+        ops.set_lengths("device")
         model, net = _lora_model(ops=ops)
         params = list(net.parameters())
         graphs = StepGraphs(lambda b, s, n, m=model: flow_loss(m, b, s, n, torch.float32), params)
@@ -268,3 +270,39 @@ def test_one_graph_replays_batches_with_other_captions(backend, exact):
     torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-5, atol=1e-6)
     for a, b in zip(graph_g, eager_g, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_graphs_serve_every_length_once_batches_differ_in_lengths_alone(monkeypatch):
+    """Keyed by exact lengths at first; after LENGTH_MISSES batches of seen shapes with new lengths the
+    model's ops switch to device-length backends, graphs are keyed by shapes alone and the next eager
+    micro-step times the switched ops (capture and replay faked: the policy is what runs)."""
+    from kohakumoss.train.graphs import LENGTH_MISSES
+
+    class Ops:
+        lengths, windows = "host", 0
+
+        def set_lengths(self, lengths):
+            self.lengths = lengths
+
+        def tuning(self, device_time=False):
+            self.windows += 1
+            return contextlib.nullcontext()
+
+    ops = Ops()
+    graphs = StepGraphs(lambda *a: torch.zeros((), requires_grad=True), [], ops=ops)
+    calls = []
+    monkeypatch.setattr(
+        graphs, "_capture", lambda key, *a: (graphs.graphs.__setitem__(key, key), calls.append("capture"))
+    )
+    monkeypatch.setattr(graphs, "_replay", lambda *a: calls.append("replay"))
+    fixed = _padded_batch([5, 3], [(4, 4), (2, 6)], pad_to=16)
+    for _ in range(4):  # the same captions: exact keys replay, nothing switches
+        graphs.run(*fixed)
+    assert graphs.exact_lengths and ops.lengths == "host" and calls == ["capture", "replay", "replay"]
+    for i in range(LENGTH_MISSES):
+        graphs.run(*_padded_batch([5 - i - 1, 3 + i + 1], [(4, 4), (2, 6)], pad_to=16, seed=i))
+    assert not graphs.exact_lengths and ops.lengths == "device" and graphs.switched
+    assert ops.windows == 1 and not graphs.graphs  # the switching micro-step ran eagerly, timing
+    graphs.run(*_padded_batch([1, 9], [(4, 4), (2, 6)], pad_to=16, seed=9))  # seen shapes: captured
+    graphs.run(*_padded_batch([6, 2], [(4, 4), (2, 6)], pad_to=16, seed=8))  # other lengths: replayed
+    assert calls[-2:] == ["capture", "replay"]

@@ -12,8 +12,12 @@ Captions differ in length from batch to batch; the trainer pads each batch's tex
 of TEXT_PAD (a pad segment, `PackedSeq.build(pad_to=...)`), so batches of the same image sizes share
 tensor shapes and one graph: a graph is keyed by shapes and length bounds alone, and each replay copies
 the batch's sequence tensors (cu_seqlens, indices, positions) into the graph's. That holds while every
-captured kernel reads the lengths on the device; a capture during which an op read lengths on the host
-(`kohakumoss_kernels.host_values`) keys the graphs by the exact lengths instead.
+captured kernel reads the lengths on the device. The fastest attention on the H200 (SDPA per sample)
+reads them on the host, so graphs start keyed by the exact lengths too, and switch (the model's OpSet to
+device-length backends, `OpSet.set_lengths`) once LENGTH_MISSES batches arrived whose shapes were seen
+with other lengths: fixed-length captions keep the faster attention, varied ones get graphs that replay.
+A capture during which an op still read lengths on the host (`kohakumoss_kernels.host_values`) keys the
+graphs by the exact lengths again.
 
 Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
 and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
@@ -22,6 +26,7 @@ decide in Python per step). `graph_refusal` says which knob stops it.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
@@ -40,6 +45,7 @@ from .step import DeviceBatch
 log = get_logger("kohakumoss.train.graphs")
 
 MODES = ("auto", "on", "off")
+LENGTH_MISSES = 3  # batches of seen shapes with new lengths before graphs serve every length
 TEXT_PAD = 128  # text tokens per batch rounded up to this: ~1.5% more tokens at 1 MP x 2, few graph shapes
 PYTHON_SIDE_ALGOS = ("tlora", "dylora")  # their forward reads Python state set per step
 
@@ -125,8 +131,13 @@ class StepGraphs:
         params: Sequence[torch.Tensor],
         backward_scale: float = 1.0,
         max_graphs: int = 8,
+        ops=None,
     ):
         self.loss_fn = loss_fn
+        # with the model's OpSet: graphs start keyed by exact lengths (every attention backend may run,
+        # the fastest reads lengths on the host); once batches keep differing in lengths alone, the ops
+        # switch to backends that read them on the device and the graphs serve every length
+        self.ops = ops
         self.params = [p for p in params if p.requires_grad]
         self.backward_scale = float(backward_scale)
         self.max_graphs = max_graphs
@@ -138,7 +149,11 @@ class StepGraphs:
         self.capture_peak_bytes = 0  # the allocator's peak up to the last capture (replays allocate nothing)
         self.replays = 0
         self.captures = 0
-        self.exact_lengths = False  # an op read lengths on the host during a capture: key by them
+        self.exact_lengths = ops is not None  # keyed by the lengths too (an op reads them on the host)
+        self.loose_seen: set[tuple] = set()  # shapes seen, lengths aside (while keyed exactly)
+        self.length_misses = 0  # batches whose shapes were seen before, with other lengths
+        self.switched = False
+        self.retime = False  # the next eager micro-step times the device-length backends
         self.side: torch.cuda.Stream | None = None  # the warm-ups' stream (one: its cached blocks are reused)
 
     def run(self, batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
@@ -147,6 +162,13 @@ class StepGraphs:
         if entry is not None:
             self.graphs.move_to_end(key)
             return self._replay(entry, batch, sigma, noise)
+        if self.exact_lengths and self.ops is not None and not self.switched:
+            loose = batch_signature(batch, sigma, noise)
+            self.length_misses += int(loose in self.loose_seen and self.seen[key] == 0)
+            self.loose_seen.add(loose)
+            if self.length_misses >= LENGTH_MISSES:
+                self._serve_every_length()
+                key = loose
         self.seen[key] += 1
         if self.failed is None and self._thrashing():
             self.failed = (
@@ -157,13 +179,26 @@ class StepGraphs:
             return self._eager(batch, sigma, noise)
         return self._capture(key, batch, sigma, noise)
 
+    def _serve_every_length(self) -> None:
+        self.switched, self.exact_lengths, self.retime = True, False, True
+        self.ops.set_lengths("device")
+        self.graphs.clear()
+        self.seen.clear()
+        log.info(
+            f"batches differ in sequence lengths alone ({self.length_misses} so far): attention now reads the "
+            "lengths on the device, so one CUDA graph serves every length"
+        )
+
     def _thrashing(self) -> bool:
         """Shapes keep evicting each other: every capture costs a step's memory and a second of setup."""
         return self.captures >= 2 * self.max_graphs and self.replays < 4 * self.captures
 
     def _eager(self, batch: DeviceBatch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        loss = self.loss_fn(batch, sigma, noise)
-        (loss * self.backward_scale).backward()
+        window = self.ops.tuning(device_time=True) if self.retime else contextlib.nullcontext()
+        self.retime = False
+        with window:  # after the switch: the device-length backends' shape keys are timed
+            loss = self.loss_fn(batch, sigma, noise)
+            (loss * self.backward_scale).backward()
         return loss.detach()
 
     def _use_shared_grads(self) -> None:

@@ -542,7 +542,7 @@ def build_step_graphs(k: dict[str, Any], comps: Components, tr: Trainable, loss_
             log.info(f"CUDA graphs off ({refusal})")
         return None
     log.info("CUDA graphs on: each batch shape is captured on its second micro-step, then replayed")
-    return StepGraphs(loss_fn, tr.params, backward_scale=1.0 / int(k["GRAD_ACCUM"]))
+    return StepGraphs(loss_fn, tr.params, backward_scale=1.0 / int(k["GRAD_ACCUM"]), ops=comps.backbone.ops)
 
 
 def resume_point(k: dict[str, Any], ckpt_root: Path) -> Path | None:
