@@ -29,7 +29,8 @@ def main() -> None:
         img = np.stack([np.sin(f[c] * (xx + (c + 1) * yy) + i) for c in range(3)], -1) * 0.4 + 0.5
         img += rng.normal(0, 0.05, img.shape)
         Image.fromarray((img.clip(0, 1) * 255).astype(np.uint8)).save(folder / f"img_{i:03d}.jpg", quality=90)
-        (folder / f"img_{i:03d}.txt").write_text(" ".join(rng.choice(WORDS, 4)))
+        # captions of 3 to 40 words, as real ones differ: each batch's text has its own length
+        (folder / f"img_{i:03d}.txt").write_text(" ".join(rng.choice(WORDS, int(rng.integers(3, 41)))))
     print(f"{n} images of {size}x{size} in {folder}")
 
 
