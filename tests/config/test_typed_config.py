@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kohakumoss.config.export import EXPORT_SCHEMA, ExportScriptConfig
 from kohakumoss.config.reference import reference
+from kohakumoss.config.sample import SAMPLE_SCHEMA, SampleScriptConfig
 from kohakumoss.config.train import ENCODER_KNOBS, TRAIN_SCHEMA, EncoderConfig, TrainConfig
 from kohakumoss.config.typed import config_knobs, config_sections, from_knobs, knob, section, to_knobs
 from kohakumoss_common.errors import ConfigError
@@ -24,6 +26,15 @@ def test_every_section_field_is_one_knob_with_help_and_one_default():
         for f in dataclasses.fields(cls):
             assert TRAIN_SCHEMA.knobs[f.name.upper()].help, f.name
     assert [k.name for k in ENCODER_KNOBS] == [k.name for k in config_knobs(EncoderConfig)]
+
+
+@pytest.mark.parametrize(
+    "config, schema",
+    [(TrainConfig, TRAIN_SCHEMA), (SampleScriptConfig, SAMPLE_SCHEMA), (ExportScriptConfig, EXPORT_SCHEMA)],
+)
+def test_each_script_schema_is_its_typed_config(config, schema):
+    assert list(schema.knobs) == [k.name for k in config_knobs(config)]
+    assert config().knobs() == schema.defaults() and config.from_knobs(schema.defaults()) == config()
 
 
 def test_from_knobs_and_back_is_the_same_dict_and_typed_by_section():

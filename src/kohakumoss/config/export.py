@@ -1,26 +1,36 @@
-"""The knobs of scripts/export/export.py."""
+"""The knobs of scripts/export/export.py as one typed config, `ExportScriptConfig` (see config/typed.py)."""
 
 from __future__ import annotations
 
-from .knobs import Knob, Schema
+from dataclasses import dataclass
 
-EXPORT_KNOBS = [
-    Knob("WEIGHTS", "", "base DiT checkpoint (any layout) the adapter was trained on", path="any"),
-    Knob("MODEL_PRESET", "", "with WEIGHTS empty: random weights of this preset (tests only)"),
-    Knob("ADAPTER", "", "a checkpoint folder (or its trainable.safetensors), or a LyCORIS file", path="any"),
-    Knob("OUT", "export", "output folder"),
-    Knob("NAME", "", "file name stem (default: RUN_NAME-stepXXXXX, or the adapter file's stem)"),
-    Knob("SAVE_MERGED", False, "also write the merged transformer"),
-    Knob("MERGED_LAYOUT", "comfy", "key layout of the merged transformer", choices=("comfy", "native", "hf")),
-    Knob("SAVE_DIFFUSERS", False, "also write a diffusers-layout transformer"),
-    Knob("USE_EMA", False, "export the checkpoint's EMA weights instead of the raw ones"),
-    Knob("DTYPE", "bf16", "dtype of merged / diffusers weights", choices=("bf16", "fp16", "fp32")),
-    Knob("SEED", 0, "seed of MODEL_PRESET's random weights"),
-    Knob(
-        "SHOW_METADATA",
-        False,
-        "print ADAPTER's metadata (ss_*, modelspec.*; a checkpoint's exports) and write nothing",
-    ),
-]
+from .knobs import Schema
+from .typed import ScriptConfig, config_knobs, knob
 
+
+@dataclass(frozen=True)
+class ExportScriptConfig(ScriptConfig):
+    """Every knob of scripts/export/export.py: the adapter to re-export, the base it was trained on, the files."""
+
+    weights: str = knob("", "base DiT checkpoint (any layout) the adapter was trained on", path="any")
+    model_preset: str = knob("", "with WEIGHTS empty: random weights of this preset (tests only)")
+    adapter: str = knob(
+        "", "a checkpoint folder (or its trainable.safetensors), or a LyCORIS file", path="any"
+    )
+    out: str = knob("export", "output folder")
+    name: str = knob("", "file name stem (default: RUN_NAME-stepXXXXX, or the adapter file's stem)")
+    save_merged: bool = knob(False, "also write the merged transformer")
+    merged_layout: str = knob(
+        "comfy", "key layout of the merged transformer", choices=("comfy", "native", "hf")
+    )
+    save_diffusers: bool = knob(False, "also write a diffusers-layout transformer")
+    use_ema: bool = knob(False, "export the checkpoint's EMA weights instead of the raw ones")
+    dtype: str = knob("bf16", "dtype of merged / diffusers weights", choices=("bf16", "fp16", "fp32"))
+    seed: int = knob(0, "seed of MODEL_PRESET's random weights")
+    show_metadata: bool = knob(
+        False, "print ADAPTER's metadata (ss_*, modelspec.*; a checkpoint's exports) and write nothing"
+    )
+
+
+EXPORT_KNOBS = config_knobs(ExportScriptConfig)
 EXPORT_SCHEMA = Schema(EXPORT_KNOBS)

@@ -9,9 +9,7 @@ the same defaults (tests/trainer/test_scripts.py checks it).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from kohakumoss.adapters.algos import ALGOS
 from kohakumoss.adapters.targets import TARGET_PRESETS
@@ -28,7 +26,7 @@ from kohakumoss.memory.profiles import profile_problem
 from kohakumoss.precision import BASE_PRECISIONS
 
 from .knobs import Schema
-from .typed import config_knobs, from_knobs, knob, section, to_knobs
+from .typed import ScriptConfig, config_knobs, knob, section
 
 ENCODE_PLACEMENTS = (
     "auto",
@@ -442,7 +440,7 @@ class ExportConfig:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(ScriptConfig):
     """Every knob of scripts/train/moss.py, by section: `TrainConfig.from_knobs(k).optim.lr` is `k["LR"]`."""
 
     model: ModelConfig = section(ModelConfig)
@@ -457,13 +455,6 @@ class TrainConfig:
     run: RunConfig = section(RunConfig)
     samples: SampleConfig = section(SampleConfig)
     export: ExportConfig = section(ExportConfig)
-
-    @classmethod
-    def from_knobs(cls, knobs: Mapping[str, Any]) -> TrainConfig:
-        return from_knobs(cls, knobs)
-
-    def knobs(self) -> dict[str, Any]:
-        return to_knobs(self)
 
 
 ENCODER_KNOBS = config_knobs(EncoderConfig)  # scripts/sample/sample.py's schema lists them too

@@ -18,6 +18,7 @@ from typing import Any
 
 from .knobs import Knob
 
+_C = typing.TypeVar("_C", bound="ScriptConfig")
 _KNOB = "kohakumoss.knob"  # the field metadata key that marks a knob (a field without it is a section)
 
 
@@ -79,6 +80,17 @@ def config_sections(cls: type, prefix: str = "") -> list[tuple[str, type]]:
         if _KNOB not in f.metadata:
             out += config_sections(_section_class(f), f"{prefix}.{f.name}" if prefix else f.name)
     return out
+
+
+class ScriptConfig:
+    """Base of a script's whole config (its sections as fields): `from_knobs(k)` and `.knobs()`."""
+
+    @classmethod
+    def from_knobs(cls: type[_C], knobs: Mapping[str, Any]) -> _C:
+        return from_knobs(cls, knobs)
+
+    def knobs(self) -> dict[str, Any]:
+        return to_knobs(self)
 
 
 def from_knobs(cls: type, knobs: Mapping[str, Any]):
