@@ -10,12 +10,14 @@ Where neither Triton nor TileLang runs (sm70 without TileLang, other GPUs), this
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 
 def one_hot(token_sample: torch.Tensor, samples: int) -> torch.Tensor:
-    """[T, B] float32: row t is 1 at its sample. `samples` comes from a parameter's shape (no sync)."""
-    return F.one_hot(token_sample, samples).to(torch.float32)
+    """[T, B] float32: row t is 1 at its sample. `samples` comes from a parameter's shape. A comparison,
+    not F.one_hot: that one checks the index range on the host (a sync), so it cannot be captured in a
+    CUDA graph (the graphed step's tuning failed its capture of every onehot backend on the H200)."""
+    classes = torch.arange(samples, device=token_sample.device, dtype=token_sample.dtype)
+    return (token_sample[:, None] == classes).to(torch.float32)
 
 
 def per_token(param: torch.Tensor, hot: torch.Tensor) -> torch.Tensor:

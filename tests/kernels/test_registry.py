@@ -360,8 +360,8 @@ def test_device_timing_keeps_its_own_keys_and_asks_for_device_time(cache, monkey
 
     monkeypatch.setattr(tuning, "time_call", fake_time_call)
     a, b = tagged("a"), tagged("b")
-    op = fake_op(triton=b, compile=a)
-    ops = OpSet(backend="triton,compile", tune="table")
+    op = fake_op(triton=b, flex=a)
+    ops = OpSet(backend="triton,flex", tune="table")
     x = torch.ones(10)
     getattr(ops, op)(x)  # bound before the switch: its wall-time choices must not carry over
     with ops.tuning(device_time=True):
@@ -370,7 +370,7 @@ def test_device_timing_keeps_its_own_keys_and_asks_for_device_time(cache, monkey
     entries = json.loads((cache / "tuning" / "cpu.json").read_text())["entries"]
     assert (
         list(entries) == [shape_key(op, x) + "|graphed"]
-        and entries[shape_key(op, x) + "|graphed"]["backend"] == "compile"
+        and entries[shape_key(op, x) + "|graphed"]["backend"] == "flex"
     )
     with pytest.raises(ConfigError, match="set_timing"):
         ops.set_timing("fast")
@@ -515,3 +515,30 @@ def test_a_spent_tuning_budget_leaves_keys_untimed_and_says_so(cache, lines, mon
     assert lazy.calls == ["lazy"] and fast.calls == []  # the first backend, untimed
     assert tuning.table_for("cpu").get(shape_key(op, torch.ones(4))) is None
     assert any("budget was spent" in m for m in lines)
+
+
+def test_device_lengths_keep_only_backends_that_read_lengths_on_the_device(cache, monkeypatch):
+    """OpSet.set_lengths('device'): where an op has device-length backends only they are timed (under
+    their own '|device_lengths' keys); the reference stays the untimed last resort."""
+    timed = []
+
+    def fake_time_call(fn, args, kwargs, device_time=False):
+        timed.append(fn)
+        return 1.0
+
+    monkeypatch.setattr(tuning, "time_call", fake_time_call)
+    host, dev, dev2 = tagged("host"), tagged("device"), tagged("device2")
+    dev.device_lengths = dev2.device_lengths = True
+    op = fake_op(sdpa_groups=host, triton=dev, torch_varlen=dev2)
+    ops = OpSet(backend="sdpa_groups,triton,torch_varlen", tune="table")
+    ops.set_lengths("device")
+    x = torch.ones(10)
+    with ops.tuning(device_time=True):
+        getattr(ops, op)(x)
+    assert timed == [dev, dev2]
+    bound = ops.bind(op, x.device, x.dtype)
+    assert [n for n, _ in bound.order(x)] == ["triton", "torch_varlen", "eager"]
+    entries = json.loads((cache / "tuning" / "cpu.json").read_text())["entries"]
+    assert list(entries) == [shape_key(op, x) + "|graphed|device_lengths"]
+    with pytest.raises(ConfigError, match="set_lengths"):
+        ops.set_lengths("sometimes")

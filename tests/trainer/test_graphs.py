@@ -254,7 +254,8 @@ def test_one_graph_replays_batches_with_other_captions(backend, exact):
         ops.set_lengths("device")
         model, net = _lora_model(ops=ops)
         params = list(net.parameters())
-        graphs = StepGraphs(lambda b, s, n, m=model: flow_loss(m, b, s, n, torch.float32), params)
+        # bf16: the device-length attention backends take half precision only (fp32 runs key exactly)
+        graphs = StepGraphs(lambda b, s, n, m=model: flow_loss(m, b, s, n, torch.bfloat16), params)
         losses, grads = [], []
         for i, lens in enumerate(captions):
             batch = _padded_batch(lens, [(4, 4), (2, 6)], pad_to=16, device=GPU, seed=i, cfg=model.config)
@@ -267,9 +268,10 @@ def test_one_graph_replays_batches_with_other_captions(backend, exact):
     (eager_l, eager_g, _), (graph_l, graph_g, graphs) = results
     assert graphs.failed is None and graphs.exact_lengths is exact
     assert graphs.replays == (0 if exact else len(captions) - 2)  # exact: [5, 3] is seen twice, never thrice
-    torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-5, atol=1e-6)
+    # the same kernels either way; the graph's LoRA gradients add atomically (grad_sink): bf16-close
+    torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-3, atol=1e-5)
     for a, b in zip(graph_g, eager_g, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+        assert ((a - b).norm() / b.norm()).item() < 1e-2
 
 
 def test_graphs_serve_every_length_once_batches_differ_in_lengths_alone(monkeypatch):
