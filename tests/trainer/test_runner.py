@@ -78,6 +78,31 @@ def test_prefetcher_works_ahead_and_close_stops_its_thread():
     assert not [t for t in threading.enumerate() if t.name == "prefetch" and t.is_alive()]
 
 
+def test_closing_the_prefetcher_closes_its_loader_even_while_a_read_hangs():
+    """A loader (an iterable with close(), as kohakumoss_data's Loader) is closed from the training thread,
+    so a worker stuck in a read stops with the run instead of at interpreter exit."""
+    released = threading.Event()
+
+    class HangingLoader:
+        closed = False
+
+        def __iter__(self):
+            yield host_batch(0)
+            released.wait(30)  # a read on a hung mount, until close() gives up on it
+            return
+
+        def close(self):
+            self.closed = True
+            released.set()
+
+    source = HangingLoader()
+    pre = Prefetcher(source, torch.device("cpu"), torch.float32)
+    pre.next_batch()
+    t0 = time.time()
+    pre.close()
+    assert source.closed and time.time() - t0 < 10 and not pre.thread.is_alive()
+
+
 def test_card_gb_caps_the_process_below_the_card(monkeypatch):
     calls = []
 

@@ -43,6 +43,7 @@ class Prefetcher:
         self.queue: queue.Queue = queue.Queue(maxsize=max(1, ahead))
         self.stop = threading.Event()
         self.done = False
+        self.source = batches  # closed with the prefetcher when it can be (a Loader: its workers stop)
         self.thread = threading.Thread(target=self._work, args=(iter(batches),), daemon=True, name="prefetch")
         self.thread.start()
 
@@ -106,6 +107,9 @@ class Prefetcher:
                 self.queue.get_nowait()
         except queue.Empty:
             pass
+        close_source = getattr(self.source, "close", None)
+        if callable(close_source) and not isinstance(self.source, Iterator):
+            close_source()  # a Loader (callable from any thread): a worker blocked on a read no longer holds us
         self.thread.join(timeout=5)
 
     def __enter__(self) -> Prefetcher:
