@@ -165,6 +165,8 @@ def run_row(a, row: Row, work: Path) -> dict:
         for src in (run / "log.txt", run / "metrics.jsonl", log_path):
             if src.exists():
                 shutil.copy(src, keep / src.name)
+        if (cache / "tuning").is_dir():  # the row's tuning table: merge it into a later --seed-cache
+            shutil.copytree(cache / "tuning", keep / "tuning", dirs_exist_ok=True)
     result["completed"] = rc == 0 and result["steps"] == a.steps
     if not result["completed"] and not result.get("stopped"):
         tail = log_path.read_text().strip().splitlines()[-1:] if log_path.exists() else []
