@@ -420,24 +420,22 @@ class OpSet:
         return tuning.tuning_window(self.tune)
 
     def set_timing(self, timing: str) -> None:
-        if timing not in ("wall", "device"):
-            raise ConfigError("OpSet.set_timing", f"'{timing}' is not wall or device")
-        self.timing = timing
-        for bound in self._bound.values():
-            if bound.timing != timing:
-                bound.timing = timing
-                bound.choices.clear()
-                bound._decided.clear()
+        """'wall': choose by wall time (eager steps); 'device': by device time (graphed steps)."""
+        self._set_mode("timing", timing, ("wall", "device"))
 
     def set_lengths(self, lengths: str) -> None:
         """'device': from now on only backends that read sequence lengths on the device (where an op has
         them), so one CUDA graph serves batches of other lengths; 'host': every backend."""
-        if lengths not in ("host", "device"):
-            raise ConfigError("OpSet.set_lengths", f"'{lengths}' is not host or device")
-        self.lengths = lengths
+        self._set_mode("lengths", lengths, ("host", "device"))
+
+    def _set_mode(self, attr: str, value: str, allowed: tuple[str, ...]) -> None:
+        """Set a choice mode on this set and every bound op; choices made under the old mode are dropped."""
+        if value not in allowed:
+            raise ConfigError(f"OpSet.set_{attr}", f"'{value}' is not {' or '.join(allowed)}")
+        setattr(self, attr, value)
         for bound in self._bound.values():
-            if bound.lengths != lengths:
-                bound.lengths = lengths
+            if getattr(bound, attr) != value:
+                setattr(bound, attr, value)
                 bound.choices.clear()
                 bound._decided.clear()
 
