@@ -13,7 +13,16 @@ def problems(tmp_path, body: str) -> list[tuple[str, str]]:
     return [
         p
         for p in check_config(path, kind="train").problems
-        if p[0] in ("DISTRIBUTED", "DEVICES", "CUDA_GRAPHS", "GRAD_OFFLOAD")
+        if p[0]
+        in (
+            "DISTRIBUTED",
+            "DEVICES",
+            "CUDA_GRAPHS",
+            "GRAD_OFFLOAD",
+            "PRECISION",
+            "STREAM_BLOCKS",
+            "CHECKPOINTING",
+        )
     ]
 
 
@@ -22,7 +31,9 @@ def problems(tmp_path, body: str) -> list[tuple[str, str]]:
     [
         ("DISTRIBUTED = 'pipeline'\n", "DISTRIBUTED", "pipelining engine is not built"),
         ("DISTRIBUTED = 'threaded'\n", "DISTRIBUTED", "threaded pipeline"),
-        ("DISTRIBUTED = 'fsdp'\n", "DISTRIBUTED", "not driven by the trainer yet"),
+        ("DISTRIBUTED = 'fsdp'\nDEVICES = 2\nPRECISION = 'fp16'\n", "PRECISION", "with DISTRIBUTED='fsdp'"),
+        ("DISTRIBUTED = 'fsdp'\nDEVICES = 2\nSTREAM_BLOCKS = 4\n", "STREAM_BLOCKS", "FSDP2 shards"),
+        ("DISTRIBUTED = 'fsdp'\nDEVICES = 2\nCHECKPOINTING = 'attn'\n", "CHECKPOINTING", "half-block"),
         ("DISTRIBUTED = 'dpp'\n", "DISTRIBUTED", "is not one of"),
         ("DEVICES = 2\n", "DEVICES", "2 workers asked for with DISTRIBUTED='none'"),
         ("DISTRIBUTED = 'ddp'\nDEVICES = ['gpu0']\n", "DEVICES", "'gpu0' is not a device"),
@@ -42,3 +53,4 @@ def test_each_problem_is_named(tmp_path, body, knob, needle):
 def test_a_good_ddp_config_passes(tmp_path):
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = [0, 1]\nDIST_TIMEOUT = 600.0\n") == []
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = 2\n") == []
+    assert problems(tmp_path, "DISTRIBUTED = 'fsdp'\nDEVICES = 2\nCHECKPOINTING = 'full'\n") == []

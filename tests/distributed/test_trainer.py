@@ -85,8 +85,8 @@ def test_ddp_on_two_cpu_ranks_trains_what_one_process_does(train_world):  # noqa
 
 
 def test_refused_before_any_work(train_world):  # noqa: F811
-    with pytest.raises(ConfigError, match="DISTRIBUTED: 'fsdp' is not driven by the trainer yet"):
-        tiny_knobs(train_world, "no", DISTRIBUTED="fsdp", DEVICES=2)
+    with pytest.raises(ConfigError, match="DISTRIBUTED: the threaded pipeline"):
+        tiny_knobs(train_world, "no", DISTRIBUTED="threaded", DEVICES=2)
     with pytest.raises(
         ConfigError, match="DISTRIBUTED: the torch.distributed.pipelining engine is not built"
     ):

@@ -53,7 +53,8 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(
         path=path,
         step=int(meta["step"]),
-        trainable=read_part(path / "trainable.safetensors", load_tensors),
+        # an FSDP2 run's weights are DCP shards under sharded/, loaded into the model by the trainer
+        trainable={} if meta.get("sharded") else read_part(path / "trainable.safetensors", load_tensors),
         optimizer=optimizer,
         ema=ema,
         rng=read_part(path / "rng.json", lambda f: load_rng(f.parent)),

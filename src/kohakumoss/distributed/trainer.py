@@ -1,12 +1,15 @@
 """What the trainer (train/loop.py) asks of a distributed run, as one object: a no-op in one process.
 
 rr = RankRun(k)                                      # this rank (launch.current())
+rr.shard(model, dtype, plan)                         # DISTRIBUTED='fsdp': fully_shard per block
 loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
-forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward
+forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward (adapters)
 step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)   # the share's loss, noise, sync
 next_batch = rr.next_batch(prefetch.next_batch, start_micro_step)
 loss, samples, tokens = rr.step_totals(step, loss, samples, tokens)   # every rank's, summed
 rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank's log goes
+with rr.full_weights(model): ...                     # fsdp: rank 0 sees the whole weights (exports)
+rr.write_shards(tmp, state)                          # fsdp: every rank's shards into a checkpoint
 """
 
 from __future__ import annotations
@@ -22,16 +25,75 @@ import torch
 import torch.distributed as dist
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.log import get_logger
 
+from .checkpoint import write_shards
 from .collectives import barrier
+from .gather import full_weights
 from .knobs import devices_problem, mode_problem
 from .launch import current, run
 from .shard import rank_weight, shard_plan, step_noise
 from .world import beat
-from .wrap import wrap_ddp
+from .wrap import wrap_ddp, wrap_fsdp
 
-# the engines the trainer drives; the package has FSDP2 (wrap.wrap_fsdp), the trainer not yet
-TRAINER_MODES = ("none", "ddp")
+log = get_logger(__name__)
+
+# the engines the trainer drives
+TRAINER_MODES = ("none", "ddp", "fsdp")
+# the memory plan's engines that run under FSDP2: the block runner calls each block whole (its FSDP
+# hooks all-gather it), so only no checkpointing or whole-block checkpointing; streaming, offloads and
+# host optimizer states move the parameters or their grads where FSDP2 does not look
+FSDP_CHECKPOINTING = ("none", "full")
+# optimizers tested on sharded parameters (Muon through USE_MUON)
+FSDP_OPTIMIZERS = ("adamw",)
+
+
+def fsdp_problem(k: dict[str, Any]) -> tuple[str, str] | None:
+    """(knob, why) when DISTRIBUTED='fsdp' cannot run these knobs (set ones; the resolved memory plan is
+    checked again by `fsdp_plan_problem`)."""
+    why = "with DISTRIBUTED='fsdp'"
+    if k.get("PRECISION") == "fp16":
+        return "PRECISION", f"'fp16' {why}: a GradScaler over sharded gradients is not built; use 'bf16'"
+    if k.get("BASE_PRECISION", "same") not in ("same", None):
+        return (
+            "BASE_PRECISION",
+            f"'{k['BASE_PRECISION']}' {why}: 8-bit frozen linears are not sharded; use 'same'",
+        )
+    if k.get("OPTIMIZER", "adamw") not in FSDP_OPTIMIZERS:
+        return (
+            "OPTIMIZER",
+            f"'{k['OPTIMIZER']}' {why}: only {list(FSDP_OPTIMIZERS)} (and USE_MUON) step sharded states",
+        )
+    if k.get("ALGO") == "full" and k.get("EMA"):
+        return "EMA", f"True {why} and ALGO='full': an EMA of sharded weights is not built"
+    checkpointing = k.get("CHECKPOINTING")
+    if checkpointing is not None and checkpointing not in FSDP_CHECKPOINTING:
+        return (
+            "CHECKPOINTING",
+            f"'{checkpointing}' {why}: half-block checkpointing calls parts of a block, which FSDP2 does not gather; use 'full' or 'none'",
+        )
+    for knob, off in (("STREAM_BLOCKS", 0), ("ACTIVATION_OFFLOAD", "none"), ("OPTIMIZER_PLACEMENT", "gpu")):
+        if k.get(knob) not in (None, off):
+            return knob, f"{k[knob]!r} {why}: FSDP2 shards the weights and states instead; leave it {off!r}"
+    return None
+
+
+def fsdp_plan_problem(plan) -> tuple[str, str] | None:
+    """(knob, why) when the resolved memory plan (from MEMORY_PROFILE too) cannot run under FSDP2."""
+    from kohakumoss.memory.plan import FIELD_KNOBS
+
+    why = "with DISTRIBUTED='fsdp' (from the memory plan: set it, or another MEMORY_PROFILE)"
+    if plan.checkpointing not in FSDP_CHECKPOINTING:
+        return FIELD_KNOBS["checkpointing"], f"'{plan.checkpointing}' {why}; use 'full' or 'none'"
+    for field, off in (
+        ("stream_blocks", 0),
+        ("activation_offload", "none"),
+        ("grad_offload", False),
+        ("optimizer", "gpu"),
+    ):
+        if getattr(plan, field) != off:
+            return FIELD_KNOBS[field], f"{getattr(plan, field)!r} {why}; FSDP2 needs {off!r}"
+    return None
 
 
 def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
@@ -40,7 +102,7 @@ def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
     if mode == "none":
         return None
     if mode not in TRAINER_MODES:
-        return "DISTRIBUTED", f"'{mode}' is not driven by the trainer yet; use 'ddp' (or 'none')"
+        return "DISTRIBUTED", f"'{mode}' is not driven by the trainer yet; use 'ddp', 'fsdp' (or 'none')"
     if k.get("CUDA_GRAPHS") == "on":
         return (
             "CUDA_GRAPHS",
@@ -56,7 +118,7 @@ def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
             "GRAD_OFFLOAD",
             "gradients summed on the host are not all-reduced by DDP; leave it off with DISTRIBUTED",
         )
-    return None
+    return fsdp_problem(k) if mode == "fsdp" else None
 
 
 def refusals(k: dict[str, Any]) -> list[tuple[str, str]]:
@@ -97,6 +159,7 @@ class RankRun:
 
     def __init__(self, k: dict[str, Any]):
         self.world = current()
+        self.mode = k.get("DISTRIBUTED", "none")
         self.seed = int(k["SEED"])
         self.accum = int(k.get("GRAD_ACCUM", 1))
         self.reduction = k["LOSS_REDUCTION"]
@@ -106,6 +169,7 @@ class RankRun:
         self.plan = None
         self.picks: list[list[int]] = []
         self.ddp = None
+        self.sharded: torch.nn.Module | None = None  # the FSDP2-sharded backbone
         self.micro: dict[int, int] = {}  # id(batch) -> its micro-step
         self.taken = 0
 
@@ -116,6 +180,36 @@ class RankRun:
     @property
     def active(self) -> bool:
         return self.world.size > 1
+
+    @property
+    def fsdp(self) -> bool:
+        """DISTRIBUTED='fsdp' on more than one rank (one rank trains as a plain process)."""
+        return self.active and self.mode == "fsdp"
+
+    def shard(self, model: torch.nn.Module, dtype: torch.dtype, plan=None) -> None:
+        """DISTRIBUTED='fsdp': `fully_shard` each block, then the root, computing in `dtype` (PRECISION);
+        a no-op otherwise. Call before the optimizer of a full fine-tune is built (it steps the shards),
+        after an adapter is attached (LyCORIS wraps the whole linears; the adapter stays whole)."""
+        if not self.fsdp or self.sharded is not None:
+            return
+        if plan is not None and (problem := fsdp_plan_problem(plan)):
+            raise ConfigError(*problem)
+        wrap_fsdp(model, param_dtype=dtype)
+        self.sharded = model
+        log.info(
+            f"FSDP2: {len(model.layers)} blocks and the root sharded over {self.world.size} ranks, "
+            f"computing in {dtype}; CUDA graphs off (FSDP2 all-gathers and reduce-scatters inside the "
+            "step, which the step graphs do not capture)"
+        )
+
+    def full_weights(self, model: torch.nn.Module):
+        """A context (every rank enters it): rank 0's `model` holds whole weights (gather.full_weights)
+        under FSDP2; nothing happens otherwise (every rank holds them already)."""
+        return full_weights(model, self.world) if self.sharded is not None else nullcontext()
+
+    def write_shards(self, tmp: Path | None, state: dict[str, Any]) -> Path:
+        """Every rank's shards of `state` into rank 0's checkpoint temporary folder `tmp` (checkpoint.write_shards)."""
+        return write_shards(tmp, state, self.world)
 
     def own(self, run_dir: Path) -> Path:
         """Where this rank writes its log and metrics: the run folder (rank 0) or run_dir/ranks/<rank>."""
@@ -151,11 +245,23 @@ class RankRun:
         `plan`: the resolved memory plan; one that sums gradients on the host is refused (DDP never sees them)."""
         if not self.active:
             return model
+        if self.fsdp:  # the backbone sharded (self.shard); an adapter beside it stays whole, DDP averages it
+            return model if network is None else self.wrap_adapter(model, network)
         if plan is not None and getattr(plan, "grad_offload", False):
             raise ConfigError(
                 "GRAD_OFFLOAD",
                 "the memory plan sums gradients on the host, where DDP does not all-reduce them; "
                 "set GRAD_OFFLOAD=False (or another MEMORY_PROFILE) with DISTRIBUTED",
+            )
+        self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
+        return self.ddp
+
+    def wrap_adapter(self, model: torch.nn.Module, network: torch.nn.Module) -> torch.nn.Module:
+        """DDP over the adapter alone (every frozen, sharded base weight is left out of its buckets):
+        adapter weights replicated, their gradients all-reduced in fp32 as the backward runs."""
+        if self.sharded is None:
+            raise ConfigError(
+                "DISTRIBUTED", "'fsdp': the backbone must be sharded (RankRun.shard) before wrap"
             )
         self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
         return self.ddp

@@ -12,6 +12,9 @@ checkpoint as the latest one. Only `step_<digits>` folders holding `meta.json` c
       data.json              the data plan position
       config.json            the run's config snapshot
       meta.json              step, format, each file's size and sha256; written last
+      sharded/               DISTRIBUTED='fsdp' in place of trainable.safetensors and optimizer.pt: the
+                             trainable weights and optimizer states as torch.distributed.checkpoint
+                             shards, written by every rank into the temporary folder (any world size reads them)
 
 Resume verifies a checkpoint against its meta (`verify_checkpoint`): 'latest' falls back to the newest
 one that verifies, naming the broken ones; a named checkpoint that fails is an error naming the file.
@@ -82,7 +85,7 @@ def file_records(folder: Path) -> dict[str, dict]:
 def save_checkpoint(
     root: str | Path,
     step: int,
-    trainable: dict[str, torch.Tensor],
+    trainable: dict[str, torch.Tensor] | None,
     optimizer_state: dict | None = None,
     ema_state: dict | None = None,
     generators: dict[str, torch.Generator] | None = None,
@@ -92,8 +95,11 @@ def save_checkpoint(
     keep_last: int | None = None,
     write_extra: Callable[[Path], None] | None = None,
     extra_bytes: int = 0,
+    write_sharded: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write `root/step_XXXXXXXX/` atomically and return its path; `write_extra(tmp_dir)` adds files (exports).
+    `write_sharded(tmp_dir)` (FSDP2, with `trainable` None) has every rank write `sharded/` first; count its
+    bytes in `extra_bytes`.
 
     Refused (DiskSpaceError: path, needed, free) when the tensors plus `extra_bytes` (the extra files'
     estimate) do not fit; a disk that fills mid-write raises the same error, its temporary folder removed.
@@ -114,6 +120,7 @@ def save_checkpoint(
             config,
             metadata,
             write_extra,
+            write_sharded,
         )
     if keep_last is not None:
         prune_checkpoints(root, keep_last)
@@ -131,9 +138,15 @@ def _write_parts(
     config: dict | None,
     metadata: dict | None,
     write_extra: Callable[[Path], None] | None,
+    write_sharded: Callable[[Path], None] | None = None,
 ) -> None:
     """Every file of a checkpoint into the temporary folder `tmp`, meta.json (with the files' records) last."""
-    save_safetensors(trainable, tmp / "trainable.safetensors")
+    if (trainable is None) == (write_sharded is None):
+        raise ValueError("a checkpoint holds either trainable weights or a sharded state")
+    if write_sharded is not None:
+        write_sharded(tmp)
+    else:
+        save_safetensors(trainable, tmp / "trainable.safetensors")
     if optimizer_state is not None:
         with atomic_path(tmp / "optimizer.pt") as f, open(f, "wb") as fh:
             torch.save(optimizer_state, fh)  # a file object: a full disk raises OSError(ENOSPC)
@@ -152,6 +165,7 @@ def _write_parts(
         "time": time.time(),
         "ema": ema_meta,
         "has_optimizer": optimizer_state is not None,
+        "sharded": write_sharded is not None,
         **(metadata or {}),
         "files": file_records(tmp),
     }

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask
 from kohakumoss.diffusion import TimestepConfig
+from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
 from kohakumoss.distributed.trainer import RankRun
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
@@ -118,7 +119,7 @@ class Trainer:
         log.info(f"device {self.comps.device}, precision {k['PRECISION']}, run folder {run_dir}")
         self.build_data()
         self.base_row = self.base_samples()
-        self.tr = build_trainable(k, self.comps)
+        self.tr = self.build_trainable()
         self.start = self.load(resume_path) if resume_path is not None else 0
         self.step, self.bad_in_row, self.skipped = self.start, 0, 0
         self.build_metrics(self.start if resume_path is not None else None)
@@ -157,13 +158,16 @@ class Trainer:
         self.data = open_run_data(k, self.image_encoder, self.text_encoder)
         batches = validation_batches(self.data, k, self.image_encoder, self.text_encoder)
         val = [to_device_batch(b, comps.device, comps.dtype) for b in batches]
-        self.val = val if self.rr.is_main else []  # the validation loss is rank 0's to log
+        # the validation loss is rank 0's to log; under FSDP2 every rank runs the forward (it gathers)
+        self.val = val if self.rr.is_main or self.rr.fsdp else []
 
     def base_samples(self):
         """The base model's sample row (rank 0), drawn before any training and kept for every later grid."""
         comps, self.prompts = self.comps, sample_captions(self.k)
         encoders = comps.text_encoder is not None and comps.vae is not None
         self.can_sample = self.rr.is_main and bool(self.prompts) and encoders
+        # under FSDP2 every rank draws the later rows with rank 0 (the forward gathers each block)
+        self.draws = self.can_sample or (self.rr.fsdp and bool(self.prompts) and encoders)
         if not self.can_sample:
             return None
         row = load_row(self.samples_dir / "base", "base", len(self.prompts))
@@ -172,6 +176,16 @@ class Trainer:
             save_row(row, self.samples_dir / "base", "base")
         return row
 
+    def build_trainable(self) -> Trainable:
+        """The trainable weights and their optimizer. DISTRIBUTED='fsdp' shards the backbone before a full
+        fine-tune's optimizer is built (it steps the shards), after an adapter attaches (it wraps whole linears)."""
+        comps, rr = self.comps, self.rr
+        if self.k["ALGO"] == "full":
+            rr.shard(comps.backbone, comps.dtype, comps.plan)
+        tr = build_trainable(self.k, comps)
+        rr.shard(comps.backbone, comps.dtype, comps.plan)  # done already for a full fine-tune
+        return tr
+
     def load(self, path: Path) -> int:
         """The checkpoint's trainable weights, optimizer, EMA and RNG states; returns its step."""
         k, tr, engines = self.k, self.tr, self.comps.engines
@@ -179,7 +193,16 @@ class Trainer:
         check_data_position(self.data.plan, ckpt.data_position, path, bool(k.get("RESUME_REPLAN")))
         if engines is not None and engines.streamer is not None:
             engines.streamer.invalidate()  # streamed parameters point at their host copies
-        load_trainable_state(tr.module, ckpt.trainable, path)
+        if ckpt.metadata.get("sharded"):  # an FSDP2 run's: DCP reshards it to this run's ranks (or one)
+            load_sharded(path / "sharded", tr.module, optimizer_members(tr.optimizer))
+        elif self.rr.sharded is not None and tr.network is None:
+            raise CheckpointError(
+                path,
+                "a full fine-tune's whole-model checkpoint cannot resume under DISTRIBUTED='fsdp' (its "
+                "optimizer states are not sharded); resume it with DISTRIBUTED='none' or 'ddp'",
+            )
+        else:
+            load_trainable_state(tr.module, ckpt.trainable, path)
         if ckpt.optimizer is not None:
             tr.optimizer.load_state_dict(ckpt.optimizer)
             set_train_mode(tr.optimizer, True)  # schedule-free states are saved in eval mode
@@ -270,7 +293,7 @@ class Trainer:
         self.bar.update(1)
         self.log_step(result, lr_factor, dt)
         if self.step < self.steps:  # the last step's grid and checkpoint come after the loop
-            if self.can_sample and self.every("SAMPLE_EVERY"):
+            if self.draws and self.every("SAMPLE_EVERY"):
                 self.sample()
             if self.every("SAVE_EVERY"):
                 log.info(f"checkpoint {self.save()}")
@@ -322,7 +345,7 @@ class Trainer:
 
     def finish(self) -> None:
         """After the last step: the final grid (the exports' thumbnail), the exports, the loss plot."""
-        if self.can_sample:
+        if self.draws:
             self.sample()
         written = self.export()
         log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
@@ -346,6 +369,8 @@ class Trainer:
         with eval_weights(self.tr.optimizer):
             clear_tlora_mask()
             row = self.draw_row()
+            if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
+                return self.samples_dir
             save_row(row, self.samples_dir / step_dirname(step), "sample")
             image = grid([("base", self.base_row), (f"step {step}", row)], self.prompts)
             path = self.samples_dir / f"grid_{step_dirname(step)}.png"
@@ -361,20 +386,40 @@ class Trainer:
             return draw_row(comps.backbone, comps.text_encoder, comps.vae, self.k, comps.device, comps.dtype)
 
     def save(self) -> Path:
-        """A checkpoint at this step, its exports inside; rank 0 writes it (the weights are equal on every rank)."""
-        if not self.rr.is_main:
+        """A checkpoint at this step, its exports inside; rank 0 writes it (the weights are equal on every
+        rank). Under FSDP2 every rank writes its shards into it and takes part in the exports' gather."""
+        rr = self.rr
+        if rr.sharded is not None:
+            state = sharded_state(self.tr.module, optimizer_members(self.tr.optimizer))
+            if rr.is_main:
+                path = self.write_checkpoint(state)
+            else:
+                path = self.ckpt_root / step_dirname(self.step)
+                rr.write_shards(None, state)
+                with rr.full_weights(self.comps.backbone):  # rank 0's exports
+                    pass
+            rr.barrier()  # the folder has its name before any rank goes on
+            return path
+        if not rr.is_main:
             return self.ckpt_root / step_dirname(self.step)
         with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
             return self.write_checkpoint()
 
-    def write_checkpoint(self) -> Path:
+    def write_checkpoint(self, sharded: dict | None = None) -> Path:
+        """Rank 0's checkpoint folder; `sharded` (FSDP2): every rank's DCP state, written by all of them
+        into `sharded/` instead of trainable.safetensors and optimizer.pt."""
         k, tr, step, micro = self.k, self.tr, self.step, self.step * self.accum
         failed: list[ExportMismatch] = []
+
+        def exports(tmp: Path) -> None:
+            with self.rr.full_weights(self.comps.backbone):  # FSDP2: every rank gathers, rank 0 writes
+                _checked(failed, self.write_exports, tmp / "export", step)
+
         path = save_checkpoint(
             self.ckpt_root,
             step,
-            trainable_state(tr.module),
-            tr.optimizer.state_dict(),
+            trainable_state(tr.module) if sharded is None else None,
+            tr.optimizer.state_dict() if sharded is None else None,
             tr.ema.state_dict() if tr.ema is not None else None,
             data_position={
                 "step": step,
@@ -384,21 +429,24 @@ class Trainer:
             },
             config=k,
             keep_last=int(k["KEEP_LAST"]),
-            write_extra=lambda tmp: _checked(failed, self.write_exports, tmp / "export", step),
-            extra_bytes=self.export_bytes(),
+            write_extra=exports,
+            extra_bytes=self.export_bytes() + (tensor_bytes(sharded) if sharded is not None else 0),
+            write_sharded=(lambda tmp: self.rr.write_shards(tmp, sharded)) if sharded is not None else None,
         )
         if failed:  # the checkpoint is saved, its trainable weights and every export file kept; then stop
             raise failed[0]
         return path
 
     def export(self) -> dict[str, Path]:
-        """The run's final exports into run_dir/export, refused (path, needed, free) when they would not fit."""
-        if not self.rr.is_main:
-            return {}
-        folder, needed = self.run_dir / "export", self.export_bytes()
-        ensure_free_space(folder, needed)
-        with disk_full_as_error(folder, needed), eval_weights(self.tr.optimizer):
-            return self.write_exports(folder)
+        """The run's final exports into run_dir/export, refused (path, needed, free) when they would not fit.
+        Under FSDP2 every rank gathers the weights and rank 0 writes them (the files of a one-process run)."""
+        with self.rr.full_weights(self.comps.backbone):
+            if not self.rr.is_main:
+                return {}
+            folder, needed = self.run_dir / "export", self.export_bytes()
+            ensure_free_space(folder, needed)
+            with disk_full_as_error(folder, needed), eval_weights(self.tr.optimizer):
+                return self.write_exports(folder)
 
     def write_exports(self, folder: Path, step: int | None = None) -> dict[str, Path]:
         """ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers, each verified (export/verify.py);
@@ -487,6 +535,11 @@ def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
     n = sum(p.numel() for p in params)
     log.info(f"training {'the full model' if network is None else k['ALGO']}: {n:,} trainable parameters")
     return Trainable(module, network, params, optimizer, schedule, ema)
+
+
+def optimizer_members(optimizer) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside a CombinedOptimizer (or the memory plan's placed one)."""
+    return list(optimizer.optimizers.values())
 
 
 def timestep_config(k: dict[str, Any]) -> TimestepConfig:

@@ -1,0 +1,129 @@
+"""The trainer with DISTRIBUTED='fsdp' on 2 CPU ranks (gloo) against one process: the same losses and
+gradient norms, sharded (DCP) checkpoints resumed at 2 ranks and at 1, rank 0's exports equal to the
+one-process run's files, and the refused combinations named by their knob."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from kohakumoss.distributed.trainer import fsdp_plan_problem, on_devices
+from kohakumoss.memory.plan import MemoryPlan
+from kohakumoss.train.checkpoint import verify_checkpoint
+from kohakumoss.train.loop import train
+from kohakumoss_common.errors import ConfigError
+
+from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
+from .test_trainer import records
+
+train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
+STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_EVERY=2)
+FSDP = dict(DISTRIBUTED="fsdp", DEVICES=2, DIST_TIMEOUT=120.0)
+
+
+def same_losses(a: list[dict], b: list[dict], rel: float = 1e-4) -> None:
+    assert [r["step"] for r in a] == [r["step"] for r in b] and a
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=rel)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-3)
+        assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])
+
+
+def export_files(folder: Path, name: str) -> dict[str, Path]:
+    """{path under `folder` with the run's name taken out: file}."""
+    return {p.relative_to(folder).as_posix().replace(name, ""): p for p in folder.rglob("*") if p.is_file()}
+
+
+def same_files(one: Path, two: Path, name_one: str, name_two: str) -> list[str]:
+    """Every export file of `two` has `one`'s name, keys, dtypes, metadata keys and (fp32 tolerance) values."""
+    fa, fb = export_files(one, name_one), export_files(two, name_two)
+    assert sorted(fa) == sorted(fb) and fa
+    for rel in fa:
+        if not rel.endswith(".safetensors"):
+            continue
+        wa, wb = load_file(fa[rel]), load_file(fb[rel])
+        assert wa.keys() == wb.keys()
+        for key in wa:
+            assert wa[key].dtype == wb[key].dtype
+            diff = (wa[key].float() - wb[key].float()).abs().max()
+            assert diff <= 1e-4 + 1e-3 * wa[key].float().abs().max(), (rel, key, diff)
+        with safe_open(fa[rel], "pt") as ma, safe_open(fb[rel], "pt") as mb:
+            assert set(ma.metadata() or {}) == set(mb.metadata() or {})
+    return sorted(fa)
+
+
+def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  # noqa: F811
+    """LoRA over a sharded frozen base: losses, samples drawn by every rank, a sharded checkpoint, the
+    ComfyUI and LyCORIS exports; then the step-2 checkpoint resumed at 1 and at 2 ranks."""
+    extra = dict(SAVE_FORMAT="both", SAMPLE_PROMPTS=["a cat"], VAL_ITEMS=1, VAL_EVERY=1, **STEPS)
+    one = train_on_devices(tiny_knobs(train_world, "lora-one", **extra))
+    two = train_on_devices(tiny_knobs(train_world, "lora-two", **FSDP, **extra))
+    log = (two / "log.txt").read_text()
+    assert "FSDP2: " in log and "CUDA graphs off" in log
+    a, b = records(one), records(two)
+    same_losses(a, b)
+    assert all(rb["val_loss"] == pytest.approx(ra["val_loss"], rel=1e-4) for ra, rb in zip(a, b))
+    assert len({r["loss"] for r in b}) == 3  # the adapter moved
+    files = same_files(one / "export", two / "export", "lora-one", "lora-two")
+    assert any("comfy" in f for f in files)
+    assert (two / "samples" / "grid_step_00000003.png").is_file()
+
+    ckpt = two / "checkpoints" / "step_00000002"
+    assert verify_checkpoint(ckpt) is None
+    meta = json.loads((ckpt / "meta.json").read_text())
+    assert meta["sharded"] and (ckpt / "sharded" / ".metadata").is_file()
+    assert not (ckpt / "trainable.safetensors").exists() and not (ckpt / "optimizer.pt").exists()
+    assert (ckpt / "export" / "lora-two-comfy.safetensors").is_file()
+    assert not list((two / "checkpoints").glob(".*"))  # no temporary folder left
+
+    at_one = train_on_devices(tiny_knobs(train_world, "lora-at-one", RESUME=str(ckpt), **extra))
+    same_losses(a[-1:], records(at_one))
+    at_two = train_on_devices(tiny_knobs(train_world, "lora-at-two", RESUME=str(ckpt), **FSDP, **extra))
+    same_losses(b[-1:], records(at_two), rel=1e-6)
+
+
+def test_fsdp_full_finetune_resumes_at_two_and_at_one(train_world):  # noqa: F811
+    """A full fine-tune (Muon and AdamW on fp32 shards): losses of one process, the merged export equal,
+    a checkpoint written by 2 ranks resumed by 2 and by 1 (DCP reshards the weights and the states)."""
+    extra = dict(ALGO="full", LR=1e-4, MUON_LR=1e-3, **STEPS)
+    one = train_on_devices(tiny_knobs(train_world, "full-one", **extra))
+    two = train_on_devices(tiny_knobs(train_world, "full-two", **FSDP, **extra))
+    a, b = records(one), records(two)
+    same_losses(a, b)
+    assert len({r["loss"] for r in b}) == 3
+    same_files(one / "export", two / "export", "full-one", "full-two")
+
+    ckpt = two / "checkpoints" / "step_00000002"
+    assert json.loads((ckpt / "meta.json").read_text())["sharded"]
+    at_two = train_on_devices(tiny_knobs(train_world, "full-at-two", RESUME=str(ckpt), **FSDP, **extra))
+    same_losses(b[-1:], records(at_two), rel=1e-6)
+    at_one = train_on_devices(tiny_knobs(train_world, "full-at-one", RESUME=str(ckpt), **extra))
+    same_losses(a[-1:], records(at_one))
+    # the one-process checkpoint of a full fine-tune holds whole optimizer states: refused under FSDP2
+    whole = one / "checkpoints" / "step_00000002"
+    with pytest.raises(Exception, match="cannot resume under DISTRIBUTED='fsdp'"):
+        train_on_devices(tiny_knobs(train_world, "full-whole", RESUME=str(whole), **FSDP, **extra))
+
+
+def test_fsdp_refusals_name_the_knob(train_world):  # noqa: F811
+    refused = [
+        (dict(PRECISION="bf16", CUDA_GRAPHS="on"), "CUDA_GRAPHS: 'on' with DISTRIBUTED"),
+        (dict(STREAM_BLOCKS=2), "STREAM_BLOCKS: 2 with DISTRIBUTED='fsdp'"),
+        (dict(CHECKPOINTING="mlp"), "CHECKPOINTING: 'mlp' with DISTRIBUTED='fsdp'"),
+        (dict(OPTIMIZER="prodigy"), "OPTIMIZER: 'prodigy' with DISTRIBUTED='fsdp'"),
+        (dict(ALGO="full", EMA=True), "EMA: True with DISTRIBUTED='fsdp'"),
+        (dict(OPTIMIZER_PLACEMENT="host"), "OPTIMIZER_PLACEMENT: 'host' with DISTRIBUTED='fsdp'"),
+    ]
+    for knobs, message in refused:
+        with pytest.raises(ConfigError, match=message):
+            train_on_devices(tiny_knobs(train_world, "no", **FSDP, **knobs))
+    # a plan resolved from MEMORY_PROFILE is checked in the worker, naming the engine's knob
+    assert fsdp_plan_problem(MemoryPlan(checkpointing="attn"))[0] == "CHECKPOINTING"
+    assert fsdp_plan_problem(MemoryPlan(stream_blocks=-1))[0] == "STREAM_BLOCKS"
+    assert fsdp_plan_problem(MemoryPlan(activation_offload="on"))[0] == "ACTIVATION_OFFLOAD"
+    assert fsdp_plan_problem(MemoryPlan(optimizer="stream"))[0] == "OPTIMIZER_PLACEMENT"
+    assert fsdp_plan_problem(MemoryPlan(checkpointing="full")) is None
