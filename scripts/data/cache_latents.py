@@ -13,11 +13,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import latent_cache_identity
 from kohakumoss_data.offline import fill_latent_cache
-from kohakumoss_data.pipeline import open_dataset, plan_dataset
-from kohakumoss_data.settings import load_factory
 
 DATASET = {"kind": "kohya", "path": "data/train"}
 CATALOG_DIR = None
@@ -32,7 +31,7 @@ MAX_ASPECT = 4.0
 NO_UPSCALE = False
 CROP = "center"
 BUCKETS = None
-TOKENS_PER_STEP = 32768
+TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens); the training run's
 MAX_TEXT_TOKENS = 256
 FLIP_PROB = 0.0
 CAPTION_DROPOUT = 0.0

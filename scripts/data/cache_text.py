@@ -12,11 +12,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import text_cache_identity
 from kohakumoss_data.offline import fill_text_cache, planned_captions
-from kohakumoss_data.pipeline import open_dataset, plan_dataset
-from kohakumoss_data.settings import load_factory
 
 DATASET = {"kind": "kohya", "path": "data/train"}
 CATALOG_DIR = None
@@ -31,7 +30,7 @@ MAX_ASPECT = 4.0
 NO_UPSCALE = False
 CROP = "center"
 BUCKETS = None
-TOKENS_PER_STEP = 32768
+TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens); the training run's
 MAX_TEXT_TOKENS = 256
 FLIP_PROB = 0.0
 CAPTION_DROPOUT = 0.0
@@ -40,8 +39,8 @@ KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
 CACHE_DIR = "cache"
-SHARD_ITEMS = 1024
-BATCH_SIZE = 16
+SHARD_ITEMS = 512
+BATCH_SIZE = 8
 TEXT_FACTORY = ""  # '' : the real Qwen3.5 encoder below
 TEXT_KWARGS = {"path": "models/text_encoder", "device": "cuda"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from kohakumoss_data.pipeline import open_dataset
+from kohakumoss.data_knobs import open_dataset
 from kohakumoss_data.sources.convert import convert_to_shards
 
 DATASET = {"kind": "kohya", "path": "data/train"}

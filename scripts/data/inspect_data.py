@@ -16,12 +16,10 @@ from typing import Any
 
 from PIL import Image
 
+from kohakumoss.data_knobs import open_dataset, plan_dataset
 from kohakumoss_common.io import atomic_write_text
 from kohakumoss_data.figures import contact_sheet, histogram_png
-from kohakumoss_data.pipeline import open_dataset
-from kohakumoss_data.plan import build_plan
 from kohakumoss_data.report import aspect_histogram, report_lines, resolution_histogram, write_dropped
-from kohakumoss_data.settings import plan_knobs
 from kohakumoss_data.transform import planned_pixels
 
 DATASET = {"kind": "kohya", "path": "data/train"}
@@ -37,7 +35,7 @@ MAX_ASPECT = 4.0
 NO_UPSCALE = False
 CROP = "center"  # center | random
 BUCKETS = None  # None | "kohya" | [[w, h], ...]
-TOKENS_PER_STEP = 32768
+TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens); the training run's
 MAX_TEXT_TOKENS = 256
 FLIP_PROB = 0.0
 CAPTION_DROPOUT = 0.0
@@ -51,7 +49,7 @@ CONTACT_ITEMS = 12
 
 def run(knobs: dict[str, Any]) -> None:
     source, catalog = open_dataset(knobs)
-    plan = build_plan(catalog, knobs["SEED"], plan_knobs(knobs))
+    plan = plan_dataset(knobs, catalog)
     lines = report_lines(catalog, plan)
     print("\n".join(lines))
     out = Path(knobs["RUN_DIR"])

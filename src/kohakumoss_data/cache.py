@@ -8,7 +8,7 @@ most one unflushed shard and a rerun skips everything already written.
 A shard records each entry's checksum. A shard cut short (its size differs from its header's), one
 whose header cannot be read, or an entry whose bytes differ from its checksum is named in the log and
 set aside as `<shard>.broken`: its entries become misses, encoded again where an encoder is at hand
-(the cache scripts, VAE_ENCODE / TEXT_ENCODE 'auto') and refused by name where none is ('cache').
+(the cache scripts, a trainer encoding misses) and refused by name where none is.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Caption bytes -> text, and what to do when an image has none (the MISSING_CAPTION knob)."""
+"""Caption bytes -> text, and what to do when an image has none (the scan's missing_caption setting)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ MISSING_POLICIES = ("error", "empty", "filename")
 
 def check_policy(policy: str) -> str:
     if policy not in MISSING_POLICIES:
-        raise ConfigError("MISSING_CAPTION", f"must be one of {MISSING_POLICIES}, got {policy!r}")
+        raise ConfigError("missing_caption", f"must be one of {MISSING_POLICIES}, got {policy!r}")
     return policy
 
 
@@ -36,7 +36,7 @@ def filename_caption(name: str) -> str:
 
 
 def apply_missing_policy(captions: list[str], status: str, name: str, policy: str) -> list[str]:
-    """The captions an item trains with once the MISSING_CAPTION knob is applied."""
+    """The captions an item trains with once the missing_caption policy is applied."""
     if status != "missing":
         return captions
     if policy == "filename":

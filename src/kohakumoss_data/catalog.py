@@ -254,6 +254,6 @@ def _raise_missing_captions(items: list[CatalogItem], knobs: ScanKnobs, source: 
     missing = [it.key for it in items if it.status == MISSING_CAPTION]
     if missing:
         raise DataError(
-            f"{source.path}: {len(missing)} images have no caption (MISSING_CAPTION=error), "
-            f"e.g. {missing[:5]}; add captions or set MISSING_CAPTION to 'empty' or 'filename'"
+            f"{source.path}: {len(missing)} images have no caption (missing_caption 'error'), "
+            f"e.g. {missing[:5]}; add captions or set missing_caption to 'empty' or 'filename'"
         )

@@ -1,11 +1,11 @@
-"""Per-dataset options in a DATASET entry, beside the source's own keys (kohya's subset settings).
+"""Per-dataset options in a dataset entry, beside the source's own keys (kohya's subset settings).
 
-    DATASET = [
+    [
         {"kind": "kohya", "path": "data/char", "caption_dropout": 0.1, "mask": "alpha"},
         {"kind": "folder", "path": "data/reg", "reg": True, "loss_weight": 0.5, "repeats": 2},
     ]
 
-repeats multiplies each item's own repeats; the caption options replace the run's knobs for that
+repeats multiplies each item's own repeats; the caption options replace the plan's settings for that
 dataset's items; `reg` marks regularization (prior) images, trained as often per epoch as the other
 images and with their own `loss_weight`; `mask` is "alpha" (the image's alpha channel) or a folder of
 mask files (same relative name, .png: white trains, black is ignored).
@@ -22,11 +22,11 @@ from kohakumoss_common.errors import ConfigError
 @dataclass(frozen=True)
 class DatasetOptions:
     repeats: int = 1
-    caption_dropout: float | None = None  # None: the run's CAPTION_DROPOUT
-    shuffle_caption: bool | None = None  # None: SHUFFLE_CAPTION
-    keep_tokens: int | None = None  # None: KEEP_TOKENS
-    tag_dropout: float | None = None  # None: TAG_DROPOUT
-    caption_separator: str | None = None  # None: CAPTION_SEPARATOR
+    caption_dropout: float | None = None  # None: the plan's caption_dropout
+    shuffle_caption: bool | None = None  # None: the plan's shuffle_caption
+    keep_tokens: int | None = None  # None: the plan's keep_tokens
+    tag_dropout: float | None = None  # None: the plan's tag_dropout
+    caption_separator: str | None = None  # None: the plan's caption_separator
     reg: bool = False
     loss_weight: float = 1.0
     mask: str = ""  # "": none; "alpha"; or a folder of mask files
@@ -57,18 +57,18 @@ class DatasetOptions:
 OPTION_KEYS = tuple(f.name for f in fields(DatasetOptions))
 
 
-def split_options(spec: dict[str, Any], where: str = "DATASET") -> tuple[dict[str, Any], DatasetOptions]:
-    """(the source's own keys, the per-dataset options) of one DATASET entry."""
+def split_options(spec: dict[str, Any], where: str = "dataset") -> tuple[dict[str, Any], DatasetOptions]:
+    """(the source's own keys, the per-dataset options) of one dataset entry."""
     source = {k: v for k, v in spec.items() if k not in OPTION_KEYS}
     options = DatasetOptions(**{k: v for k, v in spec.items() if k in OPTION_KEYS})
     return source, options.validate(where)
 
 
 def dataset_options(spec: Any) -> tuple[DatasetOptions, ...]:
-    """Options of every entry of DATASET (a dict: one dataset; a list: several, in order)."""
+    """Options of every dataset entry (a dict: one dataset; a list: several, in order)."""
     if not isinstance(spec, (list, tuple)):
         return (split_options(spec)[1] if isinstance(spec, dict) else DatasetOptions(),)
     return tuple(
-        split_options(e, f"DATASET[{i}]")[1] if isinstance(e, dict) else DatasetOptions()
+        split_options(e, f"dataset[{i}]")[1] if isinstance(e, dict) else DatasetOptions()
         for i, e in enumerate(spec)
     )

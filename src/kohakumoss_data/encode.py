@@ -48,7 +48,7 @@ def caption_embeddings(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Packed (hidden [sum_len, D], lengths [B]) for `captions`, reading the cache first; returns hits too.
 
-    Each caption keeps at most `max_tokens` rows (the plan's MAX_TEXT_TOKENS), whatever the encoder
+    Each caption keeps at most `max_tokens` rows (the plan's max_text_tokens), whatever the encoder
     returned: for a causal encoder the first n hidden states are those of the first n tokens, so this
     is the tokenizer's right truncation, applied to encoders and cache entries that did not cut."""
     keys = [text_key(c, encoder.template, encoder.identity, encoder.layer_choice) for c in captions]

@@ -189,7 +189,7 @@ class Loader:
         missing = missing_masks([it for step in plan.steps[start_step:] for it in step])
         if missing:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-            raise DataError(f"DATASET mask: {len(missing)} mask file(s) missing: {shown}")
+            raise DataError(f"dataset mask: {len(missing)} mask file(s) missing: {shown}")
         self.plan, self.source = plan, source
         self.locators = {it.key: it.locator for it in catalog.usable}
         self.image_encoder, self.text_encoder = image_encoder, text_encoder

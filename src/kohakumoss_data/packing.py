@@ -15,7 +15,8 @@ def pack_steps(tokens: Sequence[int], budget: int, drop_last: bool = False) -> l
     for i, n in enumerate(tokens):
         if n > budget:
             raise ConfigError(
-                "TOKENS_PER_STEP", f"{budget} is smaller than one item ({n} tokens); raise it or lower AREA"
+                "tokens_per_step",
+                f"{budget} is smaller than one item ({n} tokens); raise it or lower the area",
             )
         if used + n > budget:
             steps.append(current)

@@ -35,7 +35,7 @@ class PlanKnobs:
     no_upscale: bool = False
     crop: str = "center"  # center | random
     buckets: tuple[tuple[int, int], ...] | None = None
-    tokens_per_step: int = 32768
+    tokens_per_step: int = 8192
     patch_px: int = 16  # one image token covers patch_px x patch_px pixels
     max_text_tokens: int = 256
     chars_per_token: float = 4.0  # caption length estimate; the plan must not need a tokenizer
@@ -46,29 +46,29 @@ class PlanKnobs:
     keep_tokens: int = 0  # ... keeping this many leading tags in place
     caption_separator: str = ","
     tag_dropout: float = 0.0  # kohya: drop each tag after the kept ones with this probability
-    datasets: tuple[DatasetOptions, ...] = ()  # per-dataset options, in DATASET's order (() : defaults)
+    datasets: tuple[DatasetOptions, ...] = ()  # per-dataset options, in the datasets' order (() : defaults)
     epochs: int = 1
     shuffle: bool = True
     drop_last: bool = False
 
     def validate(self) -> PlanKnobs:
         if self.crop not in ("center", "random"):
-            raise ConfigError("CROP", f"must be 'center' or 'random', got {self.crop!r}")
+            raise ConfigError("crop", f"must be 'center' or 'random', got {self.crop!r}")
         if self.multiple % self.patch_px:
             raise ConfigError(
-                "MULTIPLE", f"{self.multiple} is not a multiple of the patch size {self.patch_px}"
+                "multiple", f"{self.multiple} is not a multiple of the patch size {self.patch_px}"
             )
         if not 0 < self.min_aspect <= 1 <= self.max_aspect:
-            raise ConfigError("MIN_ASPECT/MAX_ASPECT", "need 0 < MIN_ASPECT <= 1 <= MAX_ASPECT")
+            raise ConfigError("min_aspect/max_aspect", "need 0 < min_aspect <= 1 <= max_aspect")
         if not 0 <= self.tag_dropout <= 1:
-            raise ConfigError("TAG_DROPOUT", f"must be a probability in [0, 1], got {self.tag_dropout}")
+            raise ConfigError("tag_dropout", f"must be a probability in [0, 1], got {self.tag_dropout}")
         if self.max_text_tokens < 1 or self.template_tokens < 0:
-            raise ConfigError("MAX_TEXT_TOKENS", "must be at least 1 (and the template's tokens >= 0)")
+            raise ConfigError("max_text_tokens", "must be at least 1 (and the template's tokens >= 0)")
         if self.epochs < 1 or self.tokens_per_step < 1 or self.area < self.multiple**2:
-            raise ConfigError("EPOCHS/TOKENS_PER_STEP/AREA", "must be positive (AREA at least one patch)")
+            raise ConfigError("epochs/tokens_per_step/area", "must be positive (area at least one patch)")
         for bucket in self.buckets or ():
             if bucket[0] % self.multiple or bucket[1] % self.multiple:
-                raise ConfigError("BUCKETS", f"{bucket} is not a multiple of {self.multiple} px")
+                raise ConfigError("buckets", f"{bucket} is not a multiple of {self.multiple} px")
         return self
 
 
@@ -131,7 +131,7 @@ def item_rng(seed: int, epoch: int, key: str, repeat: int) -> random.Random:
 
 def text_tokens(caption: str, knobs: PlanKnobs) -> int:
     """The templated caption's tokens as budgeted: template + estimated caption, capped where the
-    loader cuts the encoder's output (MAX_TEXT_TOKENS)."""
+    loader cuts the encoder's output (max_text_tokens)."""
     estimate = knobs.template_tokens + math.ceil(len(caption.encode("utf-8")) / knobs.chars_per_token)
     return min(knobs.max_text_tokens, max(1, estimate))
 
@@ -153,7 +153,7 @@ def item_target(item: CatalogItem, knobs: PlanKnobs) -> tuple[int, int]:
 
 
 def dataset_of(key: str, several: bool) -> tuple[int, str]:
-    """(DATASET index, key inside that dataset): several datasets prefix their keys with 'i/'."""
+    """(dataset index, key inside that dataset): several datasets prefix their keys with 'i/'."""
     if not several:
         return 0, key
     head, _, rest = key.partition("/")
@@ -257,7 +257,7 @@ def build_plan(catalog: Catalog, seed: int, knobs: PlanKnobs) -> Plan:
     items = sorted(catalog.usable, key=lambda it: it.key)
     if not items:
         raise ConfigError(
-            "DATASET", f"{catalog.source.get('path')}: no usable image ({catalog.report.summary()})"
+            "dataset", f"{catalog.source.get('path')}: no usable image ({catalog.report.summary()})"
         )
     several = catalog.source.get("kind") == "concat"
     scoped = [options_for(it.key, knobs, several) for it in items]

@@ -1,4 +1,6 @@
-"""Turn a script's UPPER_CASE knobs into scan, plan and loader knobs (one place, shared by every script)."""
+"""The knob tables as they were before `kohakumoss.data_knobs` (the one conversion now): kept only while
+src/kohakumoss/train/data.py and train/resume.py import them from here; delete it once they import
+kohakumoss.data_knobs (the same names). tests/data/test_data_knobs.py holds the two equal meanwhile."""
 
 from __future__ import annotations
 

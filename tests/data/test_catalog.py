@@ -57,7 +57,7 @@ def test_missing_caption_policies(photos, tmp_path):
     named = scan(source, ScanKnobs(missing_caption="filename"), cache_dir=cache)
     assert named.report.units_read == 0  # policy applies after the cached probe
     assert sorted(it.captions[0] for it in named.usable) == ["blue sky photo", "has one"]
-    with pytest.raises(DataError, match="blue_sky_photo.jpg.*MISSING_CAPTION"):
+    with pytest.raises(DataError, match="blue_sky_photo.jpg.*missing_caption"):
         scan(source, ScanKnobs(missing_caption="error"), cache_dir=cache)
 
 

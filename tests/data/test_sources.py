@@ -92,7 +92,7 @@ def test_shard_converter_roundtrip(kohya_dir, tmp_path):
 
 
 def test_bad_spec_is_a_config_error():
-    with pytest.raises(ConfigError, match="DATASET.kind"):
+    with pytest.raises(ConfigError, match=r"^dataset\.kind: "):
         make_source({"kind": "zip", "path": "x"})
 
 

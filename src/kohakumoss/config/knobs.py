@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_data.pipeline import upper_knobs as script_knobs  # the one definition of a script's knobs
 
 _MISSING = object()
+
+
+def script_knobs(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    """The UPPER_CASE module-level names of a kogine script (its knobs)."""
+    return {k: v for k, v in namespace.items() if k.isupper() and not k.startswith("_")}
 
 
 @dataclass(frozen=True)

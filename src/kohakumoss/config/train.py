@@ -24,6 +24,7 @@ from kohakumoss.memory.plan import (
 )
 from kohakumoss.memory.profiles import profile_problem
 from kohakumoss.precision import BASE_PRECISIONS
+from kohakumoss_data import LoaderKnobs, PlanKnobs, ScanKnobs
 
 from .knobs import Schema
 from .typed import ScriptConfig, config_knobs, knob, section
@@ -234,6 +235,8 @@ class RuntimeConfig:
     )
 
 
+# A knob that sets a field of kohakumoss_data's ScanKnobs / PlanKnobs / LoaderKnobs takes that field's
+# default: the data package, the data scripts and the memory estimate then agree on one value.
 @dataclass(frozen=True)
 class DataConfig:
     """The dataset, its plan (areas, buckets, tokens per step, captions) and the loader."""
@@ -253,31 +256,41 @@ class DataConfig:
     text_encode: str = knob(
         "auto", "text embeddings: auto, cache or online (as VAE_ENCODE)", choices=ENCODE_PLACEMENTS
     )
-    min_side: int = knob(64, "images with a shorter side are dropped", min=1)
-    max_pixels: int = knob(178_956_970, "decompression-bomb limit in pixels", min=1)
-    missing_caption: str = knob("empty", "error, empty or filename", choices=("error", "empty", "filename"))
-    scan_workers: int = knob(4, "threads that probe images during the catalog scan", min=1)
-    area: int = knob(1024 * 1024, "target pixel area per image (native aspect kept)", min=256)
-    min_aspect: float = knob(0.25, "smallest width/height kept", min=0.01, max=1.0)
-    max_aspect: float = knob(4.0, "largest width/height kept", min=1.0)
-    no_upscale: bool = knob(False, "never enlarge an image past its own size")
+    min_side: int = knob(ScanKnobs.min_side, "images with a shorter side are dropped", min=1)
+    max_pixels: int = knob(ScanKnobs.max_pixels, "decompression-bomb limit in pixels", min=1)
+    missing_caption: str = knob(
+        ScanKnobs.missing_caption, "error, empty or filename", choices=("error", "empty", "filename")
+    )
+    scan_workers: int = knob(ScanKnobs.workers, "threads that probe images during the catalog scan", min=1)
+    area: int = knob(PlanKnobs.area, "target pixel area per image (native aspect kept)", min=256)
+    min_aspect: float = knob(PlanKnobs.min_aspect, "smallest width/height kept", min=0.01, max=1.0)
+    max_aspect: float = knob(PlanKnobs.max_aspect, "largest width/height kept", min=1.0)
+    no_upscale: bool = knob(PlanKnobs.no_upscale, "never enlarge an image past its own size")
     crop: str = knob(
-        "center", "center or random (seeded) crop to the target size", choices=("center", "random")
+        PlanKnobs.crop, "center or random (seeded) crop to the target size", choices=("center", "random")
     )
-    buckets: str | list | None = knob(None, "None, 'kohya', or a list of [w, h] buckets")
-    tokens_per_step: int = knob(8192, "token budget per optimizer micro-step (image + text tokens)", min=2)
-    max_text_tokens: int = knob(256, "caption tokens budgeted per image", min=1)
-    flip_prob: float = knob(0.0, "horizontal flip probability", min=0.0, max=1.0)
+    buckets: str | list | None = knob(PlanKnobs.buckets, "None, 'kohya', or a list of [w, h] buckets")
+    tokens_per_step: int = knob(
+        PlanKnobs.tokens_per_step, "token budget per optimizer micro-step (image + text tokens)", min=2
+    )
+    max_text_tokens: int = knob(PlanKnobs.max_text_tokens, "caption tokens budgeted per image", min=1)
+    flip_prob: float = knob(PlanKnobs.flip_prob, "horizontal flip probability", min=0.0, max=1.0)
     caption_dropout: float = knob(
-        0.0, "probability of an empty caption (trains the unconditional)", min=0.0, max=1.0
+        PlanKnobs.caption_dropout,
+        "probability of an empty caption (trains the unconditional)",
+        min=0.0,
+        max=1.0,
     )
-    shuffle_caption: bool = knob(False, "shuffle comma-separated tags")
-    keep_tokens: int = knob(0, "leading tags kept in place when shuffling", min=0)
+    shuffle_caption: bool = knob(PlanKnobs.shuffle_caption, "shuffle comma-separated tags")
+    keep_tokens: int = knob(PlanKnobs.keep_tokens, "leading tags kept in place when shuffling", min=0)
     tag_dropout: float = knob(
-        0.0, "drop each tag after the KEEP_TOKENS kept ones with this probability", min=0.0, max=1.0
+        PlanKnobs.tag_dropout,
+        "drop each tag after the KEEP_TOKENS kept ones with this probability",
+        min=0.0,
+        max=1.0,
     )
-    workers: int = knob(2, "loader worker processes", min=0)
-    prefetch_steps: int = knob(2, "steps prepared ahead", min=1)
+    workers: int = knob(LoaderKnobs.workers, "loader worker processes", min=0)
+    prefetch_steps: int = knob(LoaderKnobs.prefetch_steps, "steps prepared ahead", min=1)
     val_items: int = knob(0, "items held out of training for the validation loss (0: none)", min=0)
     val_every: int = knob(0, "validation loss every N steps (0: never)", min=0)
     val_sigmas: list = knob([0.1, 0.3, 0.5, 0.7, 0.9], "fixed sigmas of the validation loss")

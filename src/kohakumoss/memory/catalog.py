@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_data import PlanKnobs
 
 from . import calibration as cal
 from . import flops
@@ -108,14 +109,15 @@ def catalog_plans(depth: int) -> list[tuple[str, MemoryPlan]]:
 
 def sample_tokens(knobs: dict[str, Any]) -> tuple[int, int]:
     """(image, text) tokens of one sample: AREA / 256 and MAX_TEXT_TOKENS."""
-    return int(knobs.get("AREA", 1 << 20)) // 256, int(knobs.get("MAX_TEXT_TOKENS", 256))
+    image = int(knobs.get("AREA", PlanKnobs.area)) // 256
+    return image, int(knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens))
 
 
 def block_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
     """Multiply-adds per token of one block's (attention half, MLP half): q, k, v, o and attention within
     the sample; ffn_up_gate and ffn_down (flops.block_macs is their sum without attention)."""
     d = config.dim
-    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     seq = min(tokens, sum(sample_tokens(knobs)))  # attention stays within each sample
     attn = 4 * d * d + 2 * seq * d
     mlp = flops.block_macs(config) - 4 * d * d
@@ -126,7 +128,7 @@ def outside_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
     """Multiply-adds of one step's forward outside the blocks: (text side: the text projection and the
     refiner blocks over the text tokens, attention within each sample's text; image side: the video
     embedder and the head over the image tokens)."""
-    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     image, text = sample_tokens(knobs)
     n_text = tokens * text / (image + text)
     d, c = config.dim, config.in_channels
@@ -150,7 +152,7 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     wb = cal.WEIGHT_BYTES.get(precision, 2)
     full = knobs.get("ALGO", "lora") == "full"
     depth = config.depth
-    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     attn, mlp = block_macs(config, knobs)
     fwd = 2 * tokens * (attn + mlp) / cal.EFFECTIVE_FLOPS
     backward = cal.BACKWARD_FACTOR["full" if full else "adapter"]

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kohakumoss_data import PlanKnobs
+
 from . import calibration as cal
 from .plan import MemoryPlan, plan_with_overrides
 
@@ -178,9 +180,9 @@ def refiner_trains(knobs: dict[str, Any]) -> bool:
 
 def text_tokens(knobs: dict[str, Any]) -> float:
     """Text tokens of a step: TOKENS_PER_STEP x the text share of a sample of AREA and MAX_TEXT_TOKENS."""
-    image = int(knobs.get("AREA", 1 << 20)) // 256
-    text = int(knobs.get("MAX_TEXT_TOKENS", 256))
-    return int(knobs.get("TOKENS_PER_STEP", 8192)) * text / (image + text)
+    image = int(knobs.get("AREA", PlanKnobs.area)) // 256
+    text = int(knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens))
+    return int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step)) * text / (image + text)
 
 
 def refiner_saved(knobs: dict[str, Any], config: Any) -> float:
@@ -207,7 +209,7 @@ def checkpointed_blocks(plan: MemoryPlan, depth: int) -> int:
 def saved_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tuple[float, float]:
     """Bytes one (checkpointed, plain) block keeps for the backward."""
     precision = knobs.get("PRECISION", "bf16")
-    per_dim = int(knobs.get("TOKENS_PER_STEP", 8192)) * config.dim
+    per_dim = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step)) * config.dim
     off = plan.activation_offload == "on"
     plain = per_dim * kept_per_dim("none", precision, off)
     ckpt = per_dim * kept_per_dim(plan.checkpointing, precision, off)
@@ -230,7 +232,7 @@ def kept_per_dim(mode: str, precision: str, offload: bool = False) -> float:
 def working_set(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
     """The largest extra peak of one block's backward (one block is in its backward at a time)."""
     precision = knobs.get("PRECISION", "bf16")
-    per_dim = int(knobs.get("TOKENS_PER_STEP", 8192)) * config.dim
+    per_dim = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step)) * config.dim
     c = checkpointed_blocks(plan, config.depth)
     modes = ([plan.checkpointing] if c else []) + (["none"] if c < config.depth else [])
     off = plan.activation_offload == "on"
@@ -328,7 +330,7 @@ def estimate_plan(
     ckpt, plain = saved_per_block(plan, knobs, config)
     c = checkpointed_blocks(plan, depth)
     est.parts["saved activations"] = c * ckpt + (depth - c) * plain
-    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     fixed = tokens * config.dim * cal.FIXED_PER_TOKEN_DIM * (wb / 2)
     est.parts["outside the blocks"] = fixed + refiner_saved(knobs, config)
     est.parts["backward working set"] = working_set(plan, knobs, config)

@@ -19,6 +19,7 @@ from typing import Any
 
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
+from kohakumoss_data import PlanKnobs
 
 from . import calibration as cal
 from .catalog import (
@@ -125,7 +126,7 @@ def fit_changes(knobs: dict[str, Any], text_encoder_bytes: int, vae_bytes: int) 
             groups.append([(QUANT_TEXT, {"TEXT_ENCODER_QUANT": "fp8"})])
     if vae_bytes and knobs.get("VAE_ENCODE", "auto") != "cache":
         groups.append([(CACHE_LATENTS, {"VAE_ENCODE": "cache"})])
-    tokens = int(knobs.get("TOKENS_PER_STEP", 8192))
+    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     groups.append([(f"TOKENS_PER_STEP={t}", {"TOKENS_PER_STEP": t}) for t in _halvings(tokens, MIN_TOKENS)])
     full = knobs.get("ALGO", "lora") == "full"
     if not full and knobs.get("BASE_PRECISION", "same") == "same" and _base_precision_ok(knobs):

@@ -26,7 +26,7 @@ class ConcatSource(Source):
 
     def __init__(self, sources: list[Source]):
         if not sources:
-            raise ConfigError("DATASET", "an empty list of datasets")
+            raise ConfigError("dataset", "an empty list of datasets")
         super().__init__(Path(sources[0].path))
         self.sources = sources
 

@@ -29,7 +29,7 @@ SOURCE_KINDS: dict[str, type[Source]] = {
 }
 
 
-def make_source(spec: dict[str, Any] | list | Source, knob: str = "DATASET") -> Source:
+def make_source(spec: dict[str, Any] | list | Source, knob: str = "dataset") -> Source:
     """A Source from {"kind": ..., "path": ..., other constructor knobs}; a list makes one dataset of many."""
     if isinstance(spec, Source):
         return spec

@@ -1,0 +1,148 @@
+"""A script's UPPER_CASE data knobs as kohakumoss_data's typed settings: the one conversion.
+
+kohakumoss_data knows no knob names: it takes ScanKnobs, PlanKnobs and LoaderKnobs, and its errors
+name their fields (`tokens_per_step`). Here the knobs become those settings (the tables below), and
+`knob_errors` renames a data error's field to the knob a user sets. A knob's default is its settings
+field's default (config/train.py reads them from there).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from kohakumoss_common.errors import ConfigError
+from kohakumoss_data.buckets import kohya_buckets
+from kohakumoss_data.catalog import Catalog, ScanKnobs, scan
+from kohakumoss_data.dataset_options import dataset_options
+from kohakumoss_data.loader import LoaderKnobs
+from kohakumoss_data.plan import Plan, PlanKnobs, build_plan
+from kohakumoss_data.sources import Source, make_source
+
+SCAN_KNOBS = {
+    "MAX_PIXELS": "max_pixels",
+    "MIN_SIDE": "min_side",
+    "MISSING_CAPTION": "missing_caption",
+    "SCAN_WORKERS": "workers",
+}
+PLAN_KNOBS = {
+    "AREA": "area",
+    "MULTIPLE": "multiple",
+    "MIN_ASPECT": "min_aspect",
+    "MAX_ASPECT": "max_aspect",
+    "NO_UPSCALE": "no_upscale",
+    "CROP": "crop",
+    "TOKENS_PER_STEP": "tokens_per_step",
+    "MAX_TEXT_TOKENS": "max_text_tokens",
+    "CHARS_PER_TOKEN": "chars_per_token",
+    "FLIP_PROB": "flip_prob",
+    "CAPTION_DROPOUT": "caption_dropout",
+    "SHUFFLE_CAPTION": "shuffle_caption",
+    "KEEP_TOKENS": "keep_tokens",
+    "CAPTION_SEPARATOR": "caption_separator",
+    "TAG_DROPOUT": "tag_dropout",
+    "EPOCHS": "epochs",
+    "SHUFFLE": "shuffle",
+    "DROP_LAST": "drop_last",
+}
+LOADER_KNOBS = {
+    "WORKERS": "workers",
+    "PREFETCH_STEPS": "prefetch_steps",
+    "WRITE_BACK": "write_back",
+    "PIN_MEMORY": "pin_memory",
+}
+# a data error's leading field -> the knob (scan's `workers` is SCAN_WORKERS; the source is DATASET)
+_ERROR_KNOBS = {
+    **{f: k for k, f in LOADER_KNOBS.items()},
+    **{f: k for k, f in PLAN_KNOBS.items()},
+    **{f: k for k, f in SCAN_KNOBS.items() if f != "workers"},
+    "buckets": "BUCKETS",
+    "dataset": "DATASET",
+}
+
+
+def knob_name(key: str) -> str:
+    """`tokens_per_step` -> TOKENS_PER_STEP, `min_aspect/max_aspect` -> MIN_ASPECT/MAX_ASPECT,
+    `dataset[1].tag_dropout` -> DATASET[1].tag_dropout (a dataset entry's own keys stay)."""
+    return re.sub(r"(?:^|(?<=/))[a-z_]+", lambda m: _ERROR_KNOBS.get(m.group(), m.group()), key)
+
+
+@contextmanager
+def knob_errors() -> Iterator[None]:
+    """Re-raise a kohakumoss_data ConfigError under the knob's name."""
+    try:
+        yield
+    except ConfigError as e:
+        name = knob_name(e.knob)
+        if name == e.knob:
+            raise
+        raise ConfigError(name, str(e)[len(e.knob) + 2 :]) from e
+
+
+def _pick(knobs: Mapping[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    return {field: knobs[name] for name, field in names.items() if name in knobs}
+
+
+def scan_knobs(knobs: Mapping[str, Any]) -> ScanKnobs:
+    return ScanKnobs(**_pick(knobs, SCAN_KNOBS))
+
+
+def buckets_knob(value: Any, area: int) -> tuple[tuple[int, int], ...] | None:
+    """BUCKETS: None, "kohya" (kohya's set for AREA) or a list of [w, h] (also as text from --set)."""
+    if isinstance(value, str):
+        value = value.strip().strip("'\"")
+        value = ast.literal_eval(value) if value.startswith(("[", "(")) else value
+    if value in (None, False, "", "None", "none"):
+        return None
+    if value == "kohya":
+        return tuple(kohya_buckets(area))
+    try:
+        return tuple((int(w), int(h)) for w, h in value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError("BUCKETS", f"must be None, 'kohya' or a list of [w, h], got {value!r}") from e
+
+
+def plan_knobs(knobs: Mapping[str, Any]) -> PlanKnobs:
+    picked = _pick(knobs, PLAN_KNOBS)
+    picked["buckets"] = buckets_knob(knobs.get("BUCKETS"), int(picked.get("area", PlanKnobs.area)))
+    with knob_errors():
+        if "DATASET" in knobs:  # per-dataset repeats, caption settings, reg weight and mask
+            picked["datasets"] = dataset_options(knobs["DATASET"])
+        return PlanKnobs(**picked).validate()
+
+
+def loader_knobs(knobs: Mapping[str, Any]) -> LoaderKnobs:
+    return LoaderKnobs(**_pick(knobs, LOADER_KNOBS))
+
+
+def load_factory(ref: str, knob: str) -> Callable[..., Any]:
+    """'package.module:function' or 'package.module:Class.method' -> that callable (how scripts get encoders)."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(knob, f"must look like 'package.module:function', got {ref!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(knob, f"cannot import {ref!r} ({e})") from e
+
+
+def open_dataset(knobs: Mapping[str, Any]) -> tuple[Source, Catalog]:
+    """DATASET (+ CATALOG_DIR and the scan knobs) -> the source and its incremental catalog."""
+    with knob_errors():
+        source = make_source(knobs["DATASET"])
+        return source, scan(source, scan_knobs(knobs), cache_dir=knobs.get("CATALOG_DIR"))
+
+
+def plan_dataset(knobs: Mapping[str, Any], catalog: Catalog) -> Plan:
+    """SEED and the plan knobs -> the plan; its sha256 is printed as `plan sha256 <hex>`."""
+    with knob_errors():
+        plan = build_plan(catalog, int(knobs["SEED"]), plan_knobs(knobs))
+    print(f"plan sha256 {plan.sha256}")
+    return plan
