@@ -87,9 +87,9 @@ def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  
 
 
 def test_fsdp_full_finetune_resumes_at_two_and_at_one(train_world):  # noqa: F811
-    """A full fine-tune (Muon and AdamW on fp32 shards): losses of one process, the merged export equal,
-    a checkpoint written by 2 ranks resumed by 2 and by 1 (DCP reshards the weights and the states)."""
-    extra = dict(ALGO="full", LR=1e-4, MUON_LR=1e-3, **STEPS)
+    """A full fine-tune, AdamW on fp32 shards: the losses and the merged export of one process, a
+    checkpoint written by 2 ranks resumed by 2 and by 1 (DCP reshards the weights and the states)."""
+    extra = dict(ALGO="full", LR=1e-4, USE_MUON=False, **STEPS)
     one = train_on_devices(tiny_knobs(train_world, "full-one", **extra))
     two = train_on_devices(tiny_knobs(train_world, "full-two", **FSDP, **extra))
     a, b = records(one), records(two)
@@ -107,6 +107,16 @@ def test_fsdp_full_finetune_resumes_at_two_and_at_one(train_world):  # noqa: F81
     whole = one / "checkpoints" / "step_00000002"
     with pytest.raises(Exception, match="cannot resume under DISTRIBUTED='fsdp'"):
         train_on_devices(tiny_knobs(train_world, "full-whole", RESUME=str(whole), **FSDP, **extra))
+
+
+def test_fsdp_full_finetune_with_muon_logs_the_losses_of_one(train_world):  # noqa: F811
+    """Muon on sharded matrices orthogonalizes the whole matrix (DTensor ops), as one process does; its
+    Newton-Schulz runs in bf16 (torch.optim.Muon), so the weights agree to bf16 rounding of the update,
+    not to fp32: the losses are compared here, the files in the AdamW test."""
+    extra = dict(ALGO="full", LR=1e-4, MUON_LR=1e-3, USE_MUON=True, STEPS=3, GRAD_ACCUM=2, LOGGERS=[])
+    one = train_on_devices(tiny_knobs(train_world, "muon-one", **extra))
+    two = train_on_devices(tiny_knobs(train_world, "muon-two", **FSDP, **extra))
+    same_losses(records(one), records(two))
 
 
 def test_fsdp_refusals_name_the_knob(train_world):  # noqa: F811
