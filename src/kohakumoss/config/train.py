@@ -218,7 +218,7 @@ class RuntimeConfig:
     )
     distributed: str = knob(
         "none",
-        "none or ddp: one worker process per DEVICES entry, gradients all-reduced (docs/guides/multi-gpu.md)",
+        "none, ddp (one worker process per DEVICES entry, gradients all-reduced) or fsdp (the backbone's blocks sharded over them, FSDP2) (docs/guides/multi-gpu.md)",
         check=_distributed_mode,
     )
     devices: int | list = knob(
