@@ -68,3 +68,37 @@ def test_trainer_ddp_on_two_gpus_logs_the_losses_of_one(train_world):  # noqa: F
     for ra, rb in zip(a, b):
         assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-3)
         assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])
+
+
+@pytest.mark.parametrize("algo", ["lora", "full"])
+def test_trainer_fsdp_on_two_gpus_logs_the_losses_of_one(train_world, algo):  # noqa: F811
+    """DISTRIBUTED='fsdp' on 2 GPUs (NCCL) against 1 GPU, fp32 (eager ops, tiny model): the same losses;
+    its sharded step-2 checkpoint resumed on 1 GPU gives the one-GPU run's step 3."""
+    base = dict(DEVICE="cuda", STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_EVERY=2, ALGO=algo, USE_MUON=False)
+    one = train_on_devices(tiny_knobs(train_world, f"gpu-fsdp-{algo}-one", **base))
+    fsdp = dict(DISTRIBUTED="fsdp", DEVICES=2)
+    two = train_on_devices(tiny_knobs(train_world, f"gpu-fsdp-{algo}-two", **fsdp, **base))
+    a, b = records(one), records(two)
+    print(f"fsdp {algo}: one GPU", [r["loss"] for r in a], "two GPUs", [r["loss"] for r in b])
+    assert [r["step"] for r in b] == [1, 2, 3]
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-3)
+        assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])
+    ckpt = str(two / "checkpoints" / "step_00000002")
+    resumed = train_on_devices(tiny_knobs(train_world, f"gpu-fsdp-{algo}-at-one", RESUME=ckpt, **base))
+    assert records(resumed)[0]["loss"] == pytest.approx(a[-1]["loss"], rel=1e-3)
+
+
+def test_trainer_fsdp_bf16_on_two_gpus(train_world):  # noqa: F811
+    """Mixed precision as PRECISION: a bf16 full fine-tune (fp32 masters, Muon and AdamW on the shards)
+    on 2 GPUs trains, its losses within bf16 tolerance of one GPU's."""
+    base = dict(DEVICE="cuda", PRECISION="bf16", STEPS=3, GRAD_ACCUM=2, LOGGERS=[], ALGO="full")
+    one = train_on_devices(tiny_knobs(train_world, "gpu-fsdp-bf16-one", **base))
+    two = train_on_devices(
+        tiny_knobs(train_world, "gpu-fsdp-bf16-two", DISTRIBUTED="fsdp", DEVICES=2, **base)
+    )
+    a, b = records(one), records(two)
+    print("fsdp bf16: one GPU", [r["loss"] for r in a], "two GPUs", [r["loss"] for r in b])
+    assert "computing in torch.bfloat16" in (two / "log.txt").read_text()
+    for ra, rb in zip(a, b):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=2e-2)
