@@ -47,6 +47,7 @@ def test_a_data_knobs_default_is_its_settings_field_default(table, settings):
     defaults = {f.name: f.default for f in dataclasses.fields(settings)}
     for schema in (TRAIN_SCHEMA, DATA_SCHEMA):
         for knob, field in table.items():
+            # the data scripts' WORKERS is cache_latents' decode pool, not the training loader's workers
             if knob in schema.knobs and not (schema is DATA_SCHEMA and knob == "WORKERS"):
                 assert schema.knobs[knob].default == defaults[field], (knob, field)
     assert TRAIN_SCHEMA.defaults()["TOKENS_PER_STEP"] == PlanKnobs.tokens_per_step == 8192
