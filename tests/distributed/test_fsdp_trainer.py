@@ -57,9 +57,10 @@ def same_files(one: Path, two: Path, name_one: str, name_two: str) -> list[str]:
 
 
 def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  # noqa: F811
-    """LoRA over a sharded frozen base: losses, samples drawn by every rank, a sharded checkpoint, the
-    ComfyUI and LyCORIS exports; then the step-2 checkpoint resumed at 1 and at 2 ranks."""
-    extra = dict(SAVE_FORMAT="both", SAMPLE_PROMPTS=["a cat"], VAL_ITEMS=1, VAL_EVERY=1, **STEPS)
+    """LoRA over a sharded frozen base (with an EMA): losses, samples drawn by every rank, a sharded
+    checkpoint, the ComfyUI and LyCORIS exports; then the step-2 checkpoint resumed at 1 and at 2
+    ranks, and the one-process run's checkpoint resumed at 2."""
+    extra = dict(SAVE_FORMAT="both", SAMPLE_PROMPTS=["a cat"], VAL_ITEMS=1, VAL_EVERY=1, EMA=True, **STEPS)
     one = train_on_devices(tiny_knobs(train_world, "lora-one", **extra))
     two = train_on_devices(tiny_knobs(train_world, "lora-two", **FSDP, **extra))
     log = (two / "log.txt").read_text()
@@ -78,12 +79,16 @@ def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  
     assert meta["sharded"] and (ckpt / "sharded" / ".metadata").is_file()
     assert not (ckpt / "trainable.safetensors").exists() and not (ckpt / "optimizer.pt").exists()
     assert (ckpt / "export" / "lora-two-comfy.safetensors").is_file()
+    assert (ckpt / "ema.safetensors").is_file() and meta["ema"] is not None
     assert not list((two / "checkpoints").glob(".*"))  # no temporary folder left
 
     at_one = train_on_devices(tiny_knobs(train_world, "lora-at-one", RESUME=str(ckpt), **extra))
     same_losses(a[-1:], records(at_one))
     at_two = train_on_devices(tiny_knobs(train_world, "lora-at-two", RESUME=str(ckpt), **FSDP, **extra))
     same_losses(b[-1:], records(at_two), rel=1e-6)
+    whole = one / "checkpoints" / "step_00000002"  # the one-process format: the adapter loads whole
+    from_one = train_on_devices(tiny_knobs(train_world, "lora-from-one", RESUME=str(whole), **FSDP, **extra))
+    same_losses(a[-1:], records(from_one))
 
 
 def test_fsdp_full_finetune_resumes_at_two_and_at_one(train_world):  # noqa: F811
