@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
 from kohakumoss.distributed.trainer import fsdp_plan_problem, on_devices
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.train.checkpoint import verify_checkpoint
+from kohakumoss.train.checkpoint import load_checkpoint, verify_checkpoint
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 
@@ -56,6 +57,15 @@ def same_files(one: Path, two: Path, name_one: str, name_two: str) -> list[str]:
     return sorted(fa)
 
 
+def same_weights(whole: Path, sharded: Path) -> None:
+    """A sharded checkpoint read whole in this process (what the export script reads) holds the
+    one-process checkpoint's trainable weights."""
+    a, b = load_checkpoint(whole).trainable, load_checkpoint(sharded).trainable
+    assert a.keys() == b.keys() and a
+    for key in a:
+        assert torch.allclose(a[key], b[key], rtol=1e-4, atol=1e-6), key
+
+
 def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  # noqa: F811
     """LoRA over a sharded frozen base (with an EMA): losses, samples drawn by every rank, a sharded
     checkpoint, the ComfyUI and LyCORIS exports; then the step-2 checkpoint resumed at 1 and at 2
@@ -80,6 +90,7 @@ def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  
     assert not (ckpt / "trainable.safetensors").exists() and not (ckpt / "optimizer.pt").exists()
     assert (ckpt / "export" / "lora-two-comfy.safetensors").is_file()
     assert (ckpt / "ema.safetensors").is_file() and meta["ema"] is not None
+    same_weights(one / "checkpoints" / "step_00000002", ckpt)
     assert not list((two / "checkpoints").glob(".*"))  # no temporary folder left
 
     at_one = train_on_devices(tiny_knobs(train_world, "lora-at-one", RESUME=str(ckpt), **extra))
@@ -104,6 +115,7 @@ def test_fsdp_full_finetune_resumes_at_two_and_at_one(train_world):  # noqa: F81
 
     ckpt = two / "checkpoints" / "step_00000002"
     assert json.loads((ckpt / "meta.json").read_text())["sharded"]
+    same_weights(one / "checkpoints" / "step_00000002", ckpt)
     at_two = train_on_devices(tiny_knobs(train_world, "full-at-two", RESUME=str(ckpt), **FSDP, **extra))
     same_losses(b[-1:], records(at_two), rel=1e-6)
     at_one = train_on_devices(tiny_knobs(train_world, "full-at-one", RESUME=str(ckpt), **extra))

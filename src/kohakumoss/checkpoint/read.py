@@ -32,9 +32,11 @@ class Checkpoint:
     metadata: dict = field(default_factory=dict)
 
 
-def load_checkpoint(path: str | Path) -> Checkpoint:
+def load_checkpoint(path: str | Path, sharded_weights: bool = True) -> Checkpoint:
     """Read every part of a complete checkpoint folder (tensors on the CPU); a part that cannot be read
-    is a CheckpointError naming its file."""
+    is a CheckpointError naming its file. An FSDP2 run's checkpoint keeps its trainable weights as DCP
+    shards under `sharded/`: read whole here, or left out with `sharded_weights=False` (the trainer
+    loads them into its own, possibly sharded, model)."""
     path = Path(path)
     meta_file = path / "meta.json"
     if not meta_file.is_file():
@@ -53,8 +55,7 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(
         path=path,
         step=int(meta["step"]),
-        # an FSDP2 run's weights are DCP shards under sharded/, loaded into the model by the trainer
-        trainable={} if meta.get("sharded") else read_part(path / "trainable.safetensors", load_tensors),
+        trainable=_trainable(path, bool(meta.get("sharded")), sharded_weights),
         optimizer=optimizer,
         ema=ema,
         rng=read_part(path / "rng.json", lambda f: load_rng(f.parent)),
@@ -62,6 +63,30 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         config=read_part(path / "config.json", lambda f: json.loads(f.read_text())),
         metadata=meta,
     )
+
+
+def _trainable(path: Path, sharded: bool, sharded_weights: bool) -> dict[str, torch.Tensor]:
+    if not sharded:
+        return read_part(path / "trainable.safetensors", load_tensors)
+    return (
+        read_part(path / "sharded" / ".metadata", lambda f: read_sharded_weights(f.parent))
+        if sharded_weights
+        else {}
+    )
+
+
+def read_sharded_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The whole trainable weights of a DCP checkpoint folder (`sharded/`), in this process."""
+    import torch.distributed.checkpoint as dcp
+
+    metadata = dcp.FileSystemReader(folder).read_metadata()
+    state = {
+        key: torch.empty(tuple(m.size), dtype=m.properties.dtype)
+        for key, m in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and hasattr(m, "size")
+    }
+    dcp.load(state, checkpoint_id=folder, no_dist=True)
+    return {key.removeprefix("model."): t for key, t in state.items()}
 
 
 def read_part(file: Path, reader: Callable[[Path], Any]) -> Any:

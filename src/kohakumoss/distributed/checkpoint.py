@@ -29,12 +29,17 @@ from .world import World
 
 TMP_SUFFIX = ".dcp-tmp"
 OPTIONS = StateDictOptions(ignore_frozen_params=True)
+# buffers are left out of the saved state (they follow from the config, as in the one-process format),
+# so loading is not strict about them; a parameter missing from the checkpoint still fails in dcp.load
+LOAD_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def sharded_state(model: nn.Module, optimizers: Iterable[Optimizer]) -> dict[str, Any]:
-    """{'model', 'optim'}: this rank's shards (DTensors) or whole tensors, keyed by parameter names."""
+    """{'model', 'optim'}: this rank's shards (DTensors) or whole tensors of the trainable parameters
+    (no buffers: the one-process checkpoint's `trainable.safetensors` keys) and their optimizer states."""
     model_state, optim_state = get_state_dict(model, list(optimizers), options=OPTIONS)
-    return {"model": model_state, "optim": optim_state}
+    params = {name for name, _ in model.named_parameters()}
+    return {"model": {k: v for k, v in model_state.items() if k in params}, "optim": optim_state}
 
 
 def write_shards(tmp: Path | None, state: dict[str, Any], world: World) -> Path:
@@ -76,5 +81,9 @@ def load_sharded(folder: str | Path, model: nn.Module, optimizers: Iterable[Opti
     state = sharded_state(model, optimizers)
     dcp.load(state, checkpoint_id=folder)
     set_state_dict(
-        model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optim"], options=OPTIONS
+        model,
+        optimizers,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=LOAD_OPTIONS,
     )

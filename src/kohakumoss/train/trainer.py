@@ -189,7 +189,7 @@ class Trainer:
     def load(self, path: Path) -> int:
         """The checkpoint's trainable weights, optimizer, EMA and RNG states; returns its step."""
         k, tr, engines = self.k, self.tr, self.comps.engines
-        ckpt = load_checkpoint(path)
+        ckpt = load_checkpoint(path, sharded_weights=False)  # shards: loaded into the model below
         check_data_position(self.data.plan, ckpt.data_position, path, bool(k.get("RESUME_REPLAN")))
         if engines is not None and engines.streamer is not None:
             engines.streamer.invalidate()  # streamed parameters point at their host copies
