@@ -261,6 +261,9 @@ class Trainer:
                 self.train_step()
         except KeyboardInterrupt:
             self.bar.close()
+            if self.rr.sharded is not None:  # the ranks stop at different points: no collective save
+                log.info("interrupted: the last checkpoint stands (FSDP2 saves need every rank in step)")
+                raise
             log.info(f"interrupted: saved {self.save()}; continue with RESUME='latest'")
             raise
         finally:
