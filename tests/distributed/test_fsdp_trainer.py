@@ -102,6 +102,16 @@ def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  
     same_losses(a[-1:], records(from_one))
 
 
+def test_fsdp_lokr_exports_what_one_process_does(train_world):  # noqa: F811
+    """A LyCORIS algorithm besides LoRA (LoKr) over the sharded base: losses and both adapter files."""
+    extra = dict(ALGO="lokr", SAVE_FORMAT="both", STEPS=2, GRAD_ACCUM=1, LOGGERS=[])
+    one = train_on_devices(tiny_knobs(train_world, "lokr-one", **extra))
+    two = train_on_devices(tiny_knobs(train_world, "lokr-two", **FSDP, **extra))
+    same_losses(records(one), records(two))
+    files = same_files(one / "export", two / "export", "lokr-one", "lokr-two")
+    assert any("comfy" in f for f in files)
+
+
 def test_fsdp_full_finetune_resumes_at_two_and_at_one(train_world):  # noqa: F811
     """A full fine-tune, AdamW on fp32 shards: the losses and the merged export of one process, a
     checkpoint written by 2 ranks resumed by 2 and by 1 (DCP reshards the weights and the states)."""
