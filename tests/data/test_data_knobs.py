@@ -85,19 +85,6 @@ def test_the_scripts_helpers_scan_and_plan(kohya_dir, tmp_path, capsys):
     assert plan.seed == 3 and plan.knobs.tokens_per_step == 300 and plan.steps
 
 
-@pytest.mark.skipif(not (DATA / "settings.py").exists(), reason="the legacy tables are gone")
-def test_the_legacy_tables_equal_the_conversions():
-    from kohakumoss_data import settings
-
-    assert (settings.SCAN_KNOBS, settings.PLAN_KNOBS, settings.LOADER_KNOBS) == (
-        SCAN_KNOBS,
-        PLAN_KNOBS,
-        LOADER_KNOBS,
-    )
-    knobs = {"AREA": 4096, "BUCKETS": "kohya", "DATASET": {"kind": "kohya", "path": "a", "repeats": 2}}
-    assert settings.plan_knobs(knobs) == plan_knobs(knobs)
-
-
 def knob_mentions(path: Path, knobs: set[str]) -> list[str]:
     """`line: NAME` for every knob name in a string or comment of `path` (a constant of the same name,
     like the drop reason MISSING_CAPTION, is code, not a knob)."""

@@ -7,12 +7,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kohakumoss.data_knobs import knob_errors, loader_knobs, plan_knobs, scan_knobs
 from kohakumoss_common.errors import ConfigError, DataError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_data import Catalog, Loader, Plan, build_plan, open_caches
 from kohakumoss_data.catalog import scan
-from kohakumoss_data.settings import loader_knobs, plan_knobs, scan_knobs
 from kohakumoss_data.sources import make_source
 
 log = get_logger(__name__)
@@ -112,6 +112,11 @@ def validation_plan(catalog: Catalog, k: dict[str, Any], template_tokens: int = 
 
 
 def open_run_data(k: dict[str, Any], image_encoder, text_encoder) -> RunData:
+    with knob_errors():  # the data package names its settings' fields: the user set knobs
+        return _open_run_data(k, image_encoder, text_encoder)
+
+
+def _open_run_data(k: dict[str, Any], image_encoder, text_encoder) -> RunData:
     source = make_source(k["DATASET"])
     catalog = scan(source, scan_knobs(k), cache_dir=k["CATALOG_DIR"])
     log.info(catalog.report.summary())

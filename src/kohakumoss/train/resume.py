@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kohakumoss.data_knobs import PLAN_KNOBS, SCAN_KNOBS
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_data.settings import PLAN_KNOBS, SCAN_KNOBS
 
 # the knobs that decide the data plan: the data package's own tables (workers only change the speed)
 _PLAN = tuple(n for n in (*SCAN_KNOBS, *PLAN_KNOBS) if n != "SCAN_WORKERS")
