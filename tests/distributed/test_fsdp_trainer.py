@@ -103,10 +103,12 @@ def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  
 
 
 def test_fsdp_lokr_exports_what_one_process_does(train_world):  # noqa: F811
-    """A LyCORIS algorithm besides LoRA (LoKr) over the sharded base: losses and both adapter files."""
+    """A LyCORIS algorithm besides LoRA (LoKr) over the sharded base, its blocks checkpointed whole
+    (the recompute gathers each block again): the losses and both adapter files of one process."""
     extra = dict(ALGO="lokr", SAVE_FORMAT="both", STEPS=2, GRAD_ACCUM=1, LOGGERS=[])
     one = train_on_devices(tiny_knobs(train_world, "lokr-one", **extra))
-    two = train_on_devices(tiny_knobs(train_world, "lokr-two", **FSDP, **extra))
+    two = train_on_devices(tiny_knobs(train_world, "lokr-two", CHECKPOINTING="full", **FSDP, **extra))
+    assert "memory plan: ckpt full" in (two / "log.txt").read_text()
     same_losses(records(one), records(two))
     files = same_files(one / "export", two / "export", "lokr-one", "lokr-two")
     assert any("comfy" in f for f in files)
