@@ -161,6 +161,8 @@ def test_fsdp_refusals_name_the_knob(train_world):  # noqa: F811
         with pytest.raises(ConfigError, match=message):
             train_on_devices(tiny_knobs(train_world, "no", **FSDP, **knobs))
     # a plan resolved from MEMORY_PROFILE is checked in the worker, naming the engine's knob
+    with pytest.raises(Exception, match="STREAM_BLOCKS: 32 with DISTRIBUTED='fsdp' \\(from the memory plan"):
+        train_on_devices(tiny_knobs(train_world, "no", MEMORY_PROFILE="low_vram", **FSDP))
     assert fsdp_plan_problem(MemoryPlan(checkpointing="attn"))[0] == "CHECKPOINTING"
     assert fsdp_plan_problem(MemoryPlan(stream_blocks=-1))[0] == "STREAM_BLOCKS"
     assert fsdp_plan_problem(MemoryPlan(activation_offload="on"))[0] == "ACTIVATION_OFFLOAD"

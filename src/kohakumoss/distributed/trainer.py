@@ -186,14 +186,19 @@ class RankRun:
         """DISTRIBUTED='fsdp' on more than one rank (one rank trains as a plain process)."""
         return self.active and self.mode == "fsdp"
 
+    def check_plan(self, plan) -> None:
+        """DISTRIBUTED='fsdp': the resolved memory plan's engines FSDP2 cannot run, refused (naming the
+        engine's knob) as soon as the plan exists, before data, samples or training."""
+        if self.fsdp and plan is not None and (problem := fsdp_plan_problem(plan)):
+            raise ConfigError(*problem)
+
     def shard(self, model: torch.nn.Module, dtype: torch.dtype, plan=None) -> None:
         """DISTRIBUTED='fsdp': `fully_shard` each block, then the root, computing in `dtype` (PRECISION);
         a no-op otherwise. Call before the optimizer of a full fine-tune is built (it steps the shards),
         after an adapter is attached (LyCORIS wraps the whole linears; the adapter stays whole)."""
         if not self.fsdp or self.sharded is not None:
             return
-        if plan is not None and (problem := fsdp_plan_problem(plan)):
-            raise ConfigError(*problem)
+        self.check_plan(plan)
         wrap_fsdp(model, param_dtype=dtype)
         self.sharded = model
         log.info(

@@ -116,6 +116,7 @@ class Trainer:
         seed_everything(int(k["SEED"]))
         atomic_write_json(rr.own(run_dir) / "config.json", k)
         self.comps = build_components(k)
+        rr.check_plan(self.comps.plan)  # DISTRIBUTED='fsdp': engines FSDP2 cannot run, refused here
         log.info(f"device {self.comps.device}, precision {k['PRECISION']}, run folder {run_dir}")
         self.build_data()
         self.base_row = self.base_samples()
