@@ -5,6 +5,8 @@ launch.current() -> World     this rank, its world size and device
 shard.shard_plan / rank_weight / step_noise    each rank's share of every micro-step
 wrap.wrap_ddp / wrap_fsdp     DistributedDataParallel or FSDP2 around the backbone
 checkpoint.save_sharded / load_sharded          torch.distributed.checkpoint, any world size
+gather.full_weights           rank 0 sees an FSDP2 model's whole weights (exports)
+trainer.RankRun               what the trainer asks of a ddp / fsdp run
 """
 
 from .knobs import BUILT, MODES, check_knobs, devices_problem, mode_problem

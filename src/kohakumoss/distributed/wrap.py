@@ -5,7 +5,8 @@
   forward, so the network's own modules are never called). Frozen weights are left out of DDP's
   broadcast and buckets; gradients are all-reduced in fp32 (a comm hook upcasts bf16/fp16 buckets).
 - `wrap_fsdp`: FSDP2, `fully_shard` per block then the root, under a MixedPrecisionPolicy; adapter
-  parameters (outside the backbone's tree) stay whole on every rank and `all_reduce_grads` averages them.
+  parameters (outside the backbone's tree) stay whole on every rank and `all_reduce_grads` averages them
+  (the trainer wraps the adapter alone in DDP instead: the same average, overlapped with the backward).
 """
 
 from __future__ import annotations
