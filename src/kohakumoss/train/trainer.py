@@ -353,7 +353,8 @@ class Trainer:
             self.sample()
         written = self.export()
         log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
-        loss_plot(self.metrics.read(), self.run_dir / "loss.png")
+        if self.rr.is_main:  # the run's plot is rank 0's (other ranks' metrics live in ranks/<rank>/)
+            loss_plot(self.metrics.read(), self.run_dir / "loss.png")
         self.metrics.close()
         log.info(f"done: {self.step} steps, {self.skipped} skipped; run folder {self.run_dir}")
 
