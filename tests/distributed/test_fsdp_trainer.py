@@ -34,6 +34,19 @@ def same_losses(a: list[dict], b: list[dict], rel: float = 1e-4) -> None:
         assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])
 
 
+def export_script(ckpt: Path, out: Path) -> Path:
+    """scripts/export/export.py on a checkpoint folder, in this process (as test_scripts runs it)."""
+    from kohakumoss.config.export import EXPORT_SCHEMA
+    from kohakumoss.config.knobs import run_checked
+
+    from ..trainer.test_scripts import load_script
+
+    ns = load_script("scripts/export/export.py")
+    knobs = {**ns, "MODEL_PRESET": "tiny", "ADAPTER": str(ckpt), "OUT": str(out), "NAME": "again"}
+    assert run_checked(EXPORT_SCHEMA, knobs, ns["run"], "export.py") == 0
+    return out
+
+
 def export_files(folder: Path, name: str) -> dict[str, Path]:
     """{path under `folder` with the run's name taken out: file}."""
     return {p.relative_to(folder).as_posix().replace(name, ""): p for p in folder.rglob("*") if p.is_file()}
@@ -92,6 +105,12 @@ def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  
     assert (ckpt / "ema.safetensors").is_file() and meta["ema"] is not None
     same_weights(one / "checkpoints" / "step_00000002", ckpt)
     assert not list((two / "checkpoints").glob(".*"))  # no temporary folder left
+    # the export script, one process, re-exports the sharded checkpoint as the run exported it
+    again = export_script(ckpt, two / "again")
+    for name in ("again-comfy.safetensors", "again-lycoris.safetensors"):
+        fresh = load_file(again / name)
+        original = load_file(ckpt / "export" / name.replace("again", "lora-two"))
+        assert fresh.keys() == original.keys() and all(torch.equal(fresh[k], original[k]) for k in fresh)
 
     at_one = train_on_devices(tiny_knobs(train_world, "lora-at-one", RESUME=str(ckpt), **extra))
     same_losses(a[-1:], records(at_one))
