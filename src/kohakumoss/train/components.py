@@ -20,6 +20,7 @@ from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
 from kohakumoss.precision import fp32_residuals, quantize_frozen_linears, wants_fp32_residuals
+from kohakumoss_common.device import same_device
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
@@ -69,12 +70,21 @@ def build_plan(k: dict[str, Any], device: torch.device) -> tuple[MemoryPlan, str
     vae = file_bytes(k["VAE"]) if k["VAE"] not in ("", "synthetic") else 0
     cfg = model_config(k)
     plan, why = resolve_plan(k, cfg, card, k["ALGO"] == "full", text_encoder_bytes=te, vae_bytes=vae)
-    try:  # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
-        peak = estimate_peak(k, cfg, None, te, vae, plan=plan).total / 2**30
+    # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
+    if (peak := predicted_peak_gib(k, plan, te, vae)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
+    return plan, why
+
+
+def predicted_peak_gib(
+    k: dict[str, Any], plan: MemoryPlan, text_encoder_bytes: int = 0, vae_bytes: int = 0
+) -> float | None:
+    """The memory estimate's peak of this plan in GiB, or None where the estimate cannot price it."""
+    try:
+        return estimate_peak(k, model_config(k), None, text_encoder_bytes, vae_bytes, plan=plan).total / 2**30
     except Exception as e:  # a plan stands without its estimate
         log.debug(f"no memory estimate for this plan ({type(e).__name__}: {e})")
-    return plan, why
+        return None
 
 
 def ops_backend(k: dict[str, Any]) -> str:
@@ -88,9 +98,14 @@ def ops_backend(k: dict[str, Any]) -> str:
 
 
 def build_backbone(
-    k: dict[str, Any], device: torch.device, dtype: torch.dtype, fp32_masters: bool
+    k: dict[str, Any],
+    device: torch.device,
+    dtype: torch.dtype,
+    fp32_masters: bool,
+    draw: torch.device | None = None,
 ) -> MossBackbone:
-    """The weights in the compute dtype, or fp32 when they are a full fine-tune's masters; frozen."""
+    """The weights in the compute dtype, or fp32 when they are a full fine-tune's masters; frozen.
+    draw: where MODEL_PRESET's random values are drawn (a GPU fills a host-built 5B model in seconds)."""
     store = torch.float32 if fp32_masters else dtype
     ops = OpSet(ops_backend(k))
     if k["WEIGHTS"]:
@@ -99,7 +114,9 @@ def build_backbone(
         cfg = get_preset(k["MODEL_PRESET"])
         with torch.device(device):
             model = MossBackbone(cfg, ops=ops)
-        model.init_weights(std=0.02, generator=torch.Generator(device=device).manual_seed(int(k["SEED"])))
+        draw = draw or device
+        generator = torch.Generator(device=draw).manual_seed(int(k["SEED"]))
+        model.init_weights(std=0.02, generator=generator, via=None if same_device(draw, device) else draw)
         model.to(store)
         log.info(f"random {k['MODEL_PRESET']} weights (MODEL_PRESET): for demos and benchmarks only")
     else:
@@ -177,7 +194,9 @@ def cap_to_card(k: dict[str, Any], device: torch.device) -> float | None:
     return want
 
 
-def build_components(k: dict[str, Any]) -> Components:
+def build_components(k: dict[str, Any], build_device: torch.device | None = None) -> Components:
+    """build_device: where the DiT is built before the plan places it (the benchmark's --build-device);
+    default the host when blocks stream, else the device."""
     if "DETERMINISTIC" in k:  # before any GEMM: cuBLAS reads its workspace setting once
         set_deterministic(bool(k["DETERMINISTIC"]))
         if k["DETERMINISTIC"]:
@@ -198,7 +217,8 @@ def build_components(k: dict[str, Any]) -> Components:
     # a full fine-tune with host masters keeps only a compute-dtype copy on the device
     host_first = plan.streamed_count(model_config(k).depth) > 0
     masters_here = full_ft and plan.optimizer == "gpu"
-    backbone = build_backbone(k, torch.device("cpu") if host_first else device, dtype, masters_here)
+    build = build_device or (torch.device("cpu") if host_first else device)
+    backbone = build_backbone(k, build, dtype, masters_here, draw=device if device.type == "cuda" else None)
     if full_ft:
         backbone.requires_grad_(True)
     # before streaming places it; an int8 file's own int8 bytes are kept in the int8 modes
