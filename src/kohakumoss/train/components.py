@@ -52,6 +52,7 @@ class Components:
     vae: ImageVAE | None
     plan: MemoryPlan | None = None
     engines: MemoryEngines | None = None
+    plan_why: str = ""  # the plan's line: where it came from, its label, the predicted peak
 
 
 def model_config(k: dict[str, Any]) -> MossConfig:
@@ -233,4 +234,4 @@ def build_components(k: dict[str, Any], build_device: torch.device | None = None
     vae = build_vae(k, vae_device, compute=device)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
-    return Components(device, dtype, backbone, text_encoder, vae, plan, engines)
+    return Components(device, dtype, backbone, text_encoder, vae, plan, engines, why)
