@@ -10,12 +10,15 @@ A row is `MODE/PROFILE/CACHE[/capN][/field=value...]` or `baseline/eager|compile
 - MODE `lora` (LoRA rank RANK on every DiT linear, TARGET_PRESET 'full', bypass, AdamW) or `full`
   (full fine-tune, Muon + AdamW as train/optim.build_full_ft_optimizer);
 - PROFILE a memory profile (kohakumoss.memory.profiles.PROFILES), a catalog id (c0292), or `auto` (with capN:
-  the catalog's fastest fit for the cap, as `new train` picks), installed with
-  kohakumoss.memory.install.install_memory_plan; `field=value` parts (and --plan-knobs) override plan fields;
+  the catalog's fastest fit for the cap, as `new train` picks); `field=value` parts (and --plan-knobs) override
+  plan fields (as their per-engine knobs);
 - CACHE `latent_text` (latents and text embeddings cached: random tensors), `latent` (the text encoder,
   a random Qwen3.5, runs every step) or `none` (the FLUX.2 VAE architecture, random weights, also
   encodes SAMPLES images every step);
-- `capN`: torch.cuda.set_per_process_memory_fraction(N GiB / total) before anything is allocated.
+- `capN`: CARD_GB=N (the process capped to N GiB before anything is allocated, the plan sized for it).
+The DiT (MODEL_PRESET random weights), its memory plan, the cap, BASE_PRECISION and the predicted peak come
+from the trainer's train/components.build_components on the row's knobs (`row_knobs`); the adapter, optimizer
+and step from build_trainable / build_runner: the benchmark measures the trainer's own code.
 The baseline is plain torch (scripts/bench/baseline_model.py): padded [SAMPLES, L, d], SDPA, a tiny
 LoRA module on every linear, no engines, eager or with each block torch.compile'd.
 
@@ -42,19 +45,15 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_model.py sits beside this script
 
-from kohakumoss.memory.estimate import estimate_peak  # noqa: E402
 from kohakumoss.memory.flops import step_flops  # noqa: E402
-from kohakumoss.memory.install import install_memory_plan  # noqa: E402
-from kohakumoss.memory.plan import MemoryPlan  # noqa: E402
-from kohakumoss.memory.profiles import PROFILES  # noqa: E402
-from kohakumoss.precision import BASE_PRECISIONS, quantize_frozen_linears  # noqa: E402
+from kohakumoss.precision import BASE_PRECISIONS  # noqa: E402
 from kohakumoss.train.collector import StepCollector  # noqa: E402
 from kohakumoss_common.timing import copy_gbs  # noqa: E402
 from kohakumoss_kernels import triton_utils  # noqa: E402
@@ -344,61 +343,51 @@ def sync(device: torch.device) -> None:
 # ---------------------------------------------------------------- plan, install, estimate
 
 
-def estimate_knobs(spec: RowSpec, a, tokens: int) -> dict:
-    """The training knobs the memory estimate and the catalog price this row with."""
+def row_knobs(a, spec: RowSpec) -> dict:
+    """The trainer's knobs for this row: what build_components (model, plan, cap, estimate),
+    build_trainable and build_runner read. The row's `field=value` parts and --plan-knobs are MemoryPlan
+    fields, given as their per-engine knobs."""
+    from kohakumoss.config.train import TRAIN_SCHEMA
+    from kohakumoss.memory.plan import FIELD_KNOBS
+    from kohakumoss.memory.profiles import profile_problem
+
+    if spec.profile == "auto" and spec.cap_gb is None:
+        raise SystemExit(f"row '{spec.name}': profile 'auto' picks for a cap: add /capN")
+    if problem := profile_problem(spec.profile):
+        raise SystemExit(f"row '{spec.name}': {problem}")
+    changes = {**(json.loads(a.plan_knobs) if a.plan_knobs else {}), **dict(spec.overrides)}
+    if unknown := sorted(set(changes) - set(FIELD_KNOBS)):
+        known = sorted(FIELD_KNOBS)
+        raise SystemExit(f"row '{spec.name}': unknown MemoryPlan fields {unknown}; known: {known}")
+    full = spec.mode == "full"
+    _, n_img, n_text = token_layout(a)
     return {
-        "PRECISION": "bf16",
-        "BASE_PRECISION": a.base_precision if spec.mode != "full" else "same",
-        "ALGO": spec.mode,
-        "RANK": a.rank,
-        "TARGET_PRESET": a.target_preset,
-        "USE_MUON": a.full_optimizer == "muon",
-        "TOKENS_PER_STEP": tokens,
+        **TRAIN_SCHEMA.defaults(),
+        "MODEL_PRESET": a.preset,  # random weights
+        "DEVICE": a.device,
+        "PRECISION": "bf16" if compute_dtype(torch.device(a.device)) == torch.bfloat16 else "fp32",
+        "BASE_PRECISION": "same" if full else a.base_precision,
+        "MEMORY_PROFILE": spec.profile,
+        "CARD_GB": float(spec.cap_gb or 0.0),  # build_components caps the process to it
+        "TOKENS_PER_STEP": a.samples * (n_img + n_text),
+        # the encoders are the script's random architectures (below), not a file: '' for the components
+        "TEXT_ENCODER": "",
+        "VAE": "",
         "TEXT_ENCODE": "auto" if spec.cache in ("latent", "none") else "cache",
         "VAE_ENCODE": "auto" if spec.cache == "none" else "cache",
+        **{FIELD_KNOBS[f]: value for f, value in changes.items()},
+        "ALGO": "full" if full else "lora",
+        "RANK": a.rank,
+        "ALPHA": float(a.rank),
+        "TARGET_PRESET": a.target_preset,
+        "BYPASS": True,
+        "LR": a.lr,
+        "GRAD_CLIP": a.grad_clip,
+        "USE_MUON": a.full_optimizer == "muon",
+        "SEED": a.seed,
+        "CUDA_GRAPHS": a.cuda_graphs,
+        "DETERMINISTIC": a.deterministic,
     }
-
-
-def resolve_plan(spec: RowSpec, plan_knobs: dict, cfg, a, tokens: int) -> tuple[MemoryPlan, str]:
-    """The row's plan (a profile, a catalog entry, or `auto`: the catalog's fastest fit for the cap) with
-    --plan-knobs and the row's field=value parts on top, and where it came from."""
-    from kohakumoss.memory.catalog import CATALOG_SIZE, entry_id, find_entry
-    from kohakumoss.memory.profiles import resolve_plan as resolve_profile
-
-    if spec.profile == "auto":
-        if spec.cap_gb is None:
-            raise SystemExit(f"row '{spec.name}': profile 'auto' picks for a cap: add /capN")
-        knobs = {**estimate_knobs(spec, a, tokens), "MEMORY_PROFILE": "auto"}
-        base, why = resolve_profile(knobs, cfg, spec.cap_gb, spec.mode == "full")
-    elif spec.profile in PROFILES:
-        base, why = PROFILES[spec.profile], f"profile '{spec.profile}'"
-    elif spec.profile.startswith("c") and spec.profile[1:].isdigit():
-        try:
-            base, why = find_entry(spec.profile, cfg.depth), f"catalog entry {spec.profile}"
-        except Exception as e:
-            raise SystemExit(f"row '{spec.name}': {e}") from None
-    else:
-        raise SystemExit(
-            f"row '{spec.name}': unknown profile '{spec.profile}'; known: {sorted(PROFILES)}, auto "
-            f"(with capN), or a catalog id c0000 ... {entry_id(CATALOG_SIZE - 1)}"
-        )
-    known = {f.name for f in fields(MemoryPlan)}
-    changes = {**plan_knobs, **dict(spec.overrides)}
-    if unknown := sorted(set(changes) - known):
-        raise SystemExit(f"row '{spec.name}': unknown MemoryPlan fields {unknown}; known: {sorted(known)}")
-    return replace(base, **changes), why
-
-
-def predicted_peak(
-    plan: MemoryPlan, spec: RowSpec, cfg, a, tokens: int, n_params: int, te_bytes: int, vae_bytes: int
-) -> tuple[float | None, str]:
-    """kohakumoss.memory.estimate's peak for this row in GiB, or (None, why it is missing)."""
-    knobs = {**estimate_knobs(spec, a, tokens), **plan.knobs()}
-    try:
-        est = estimate_peak(knobs, cfg, n_params, te_bytes, vae_bytes, plan=plan)
-    except Exception as e:  # a row's numbers stand without the estimate
-        return None, f"n/a ({type(e).__name__}: {e})"
-    return est.total / GIB, ""
 
 
 # ---------------------------------------------------------------- encoders
@@ -791,68 +780,37 @@ def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup
 
 
 def run_moss_row(a, spec: RowSpec) -> dict:
-    from kohakumoss.config.train import TRAIN_SCHEMA
     from kohakumoss.encoders.latents import patchify
-    from kohakumoss.model import MossBackbone, PackedSeq, get_preset
-    from kohakumoss.train.components import Components, ops_backend
+    from kohakumoss.model import PackedSeq
+    from kohakumoss.train.components import build_components, ops_backend, predicted_peak_gib
     from kohakumoss.train.graphs import graph_refusal
     from kohakumoss.train.loop import build_runner, build_trainable, step_loss_fn
     from kohakumoss.train.prefetch import Prefetcher
     from kohakumoss.train.step import DeviceBatch
     from kohakumoss_data.batch import HostBatch
-    from kohakumoss_kernels import OpSet
-    from kohakumoss_kernels.deterministic import set_deterministic
 
-    device, full = torch.device(a.device), spec.mode == "full"
-    dtype = compute_dtype(device)
-    cfg = get_preset(a.preset)
+    full = spec.mode == "full"
     side, n_img, n_text = token_layout(a)
-    knobs = json.loads(a.plan_knobs) if a.plan_knobs else {}
-    plan, why = resolve_plan(spec, knobs, cfg, a, a.samples * (n_img + n_text))
-    notes = [f"plan: {why}"]
-    # as the trainer (train/components.py): streamed blocks never sit whole on the device, so such a
-    # model is built on the host; a full fine-tune keeps fp32 weights only when its optimizer is on the GPU
-    host_first = plan.streamed_count(cfg.depth) > 0 or spec.cap_gb is not None
-    if a.build_device != "auto":
-        host_first = a.build_device == "cpu"
-    build = torch.device("cpu") if host_first else device
-    fp32_masters = full and plan.optimizer == "gpu"
-
-    if a.deterministic:  # as the trainer's build_components: before any GEMM
-        set_deterministic(True)
-    backends = ops_backend({"DETERMINISTIC": a.deterministic, "OPS_BACKEND": "auto", "DEVICE": a.device})
-    notes += [f"DETERMINISTIC: kernel backends {backends}"] if a.deterministic else []
+    k = row_knobs(a, spec)
+    # a capped row's DiT is built on the host (the cap holds the device copy only); else as the trainer
+    build = {"cpu": torch.device("cpu"), "device": torch.device(a.device)}.get(a.build_device)
+    if a.build_device == "auto" and spec.cap_gb is not None:
+        build = torch.device("cpu")
     t0 = time.perf_counter()
-    with default_dtype(torch.float32 if fp32_masters else dtype), torch.device(build):
-        model = MossBackbone(cfg, ops=OpSet(backends))
-    fill = device if device.type == "cuda" else build  # drawn on the GPU, copied to a host-built model
-    model.init_weights(std=0.02, generator=torch.Generator(device=fill).manual_seed(a.seed), via=fill)
-    model.requires_grad_(full)
+    # the model, its memory plan (MEMORY_PROFILE, CARD_GB's cap) and BASE_PRECISION as the trainer's
+    comps = build_components(k, build_device=build)
+    device, dtype, model, plan = comps.device, comps.dtype, comps.backbone, comps.plan
+    cfg = model.config
+    notes = [f"plan: {comps.plan_why}"]
+    notes += [f"DETERMINISTIC: kernel backends {ops_backend(k)}"] if a.deterministic else []
     n_params = sum(p.numel() for p in model.parameters())
-    if not full and a.base_precision != "same":  # as the trainer: quantized before the plan places it
-        n_fp8 = quantize_frozen_linears(model, a.base_precision, device)
-        notes.append(f"BASE_PRECISION {a.base_precision}: {n_fp8} block linears quantized")
-    engines = install_memory_plan(plan, model, device, compute_dtype=dtype, full_ft=full)
+    if k["BASE_PRECISION"] != "same":
+        notes.append(f"BASE_PRECISION {k['BASE_PRECISION']}: frozen block linears quantized")
     # the adapter, its optimizer and the step as the trainer builds them (train/loop.py), from its knobs
-    k = {
-        **TRAIN_SCHEMA.defaults(),
-        "MODEL_PRESET": a.preset,
-        "ALGO": "full" if full else "lora",
-        "RANK": a.rank,
-        "ALPHA": float(a.rank),
-        "TARGET_PRESET": a.target_preset,
-        "BYPASS": True,
-        "LR": a.lr,
-        "GRAD_CLIP": a.grad_clip,
-        "USE_MUON": a.full_optimizer == "muon",
-        "SEED": a.seed,
-        "CUDA_GRAPHS": a.cuda_graphs,
-        "DETERMINISTIC": a.deterministic,
-    }
-    comps = Components(device, dtype, model, None, None, plan, engines)
     tr = build_trainable(k, comps)
     n_train = sum(p.numel() for p in tr.params)
-    notes.append(f"built in {time.perf_counter() - t0:.0f}s on {build.type}; plan: {plan.label()}")
+    where = "host" if build is not None and build.type == "cpu" else "the trainer's choice"
+    notes.append(f"built in {time.perf_counter() - t0:.0f}s (build device: {where}); plan: {plan.label()}")
 
     plan = encoder_plan(plan, spec.cache, notes)
     text_enc = vae = None
@@ -927,7 +885,8 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         if row.get("steady_peak_gib") is not None:  # the graph's memory is what the capture allocated
             row["steady_peak_gib"] = max(row["steady_peak_gib"], graphs.capture_peak_bytes / GIB)
         row["graph_replays"] = graphs.replays
-    peak, why = predicted_peak(plan, spec, cfg, a, sum(seq_lens), n_params, te_bytes, vae_bytes)
+    peak = predicted_peak_gib(k, plan, te_bytes, vae_bytes)  # the trainer's estimate, with the encoders
+    why = "" if peak is not None else "n/a (the estimate cannot price this plan)"
     row.update(predicted_gib=peak, predicted_note=why, trainable_params=n_train, params=n_params)
     row["plan"] = plan.knobs()
     row["triton_launch_configs"] = triton_utils.picked()  # empty with KOHAKUMOSS_TRITON_PICK=0 (defaults)
@@ -1017,12 +976,8 @@ def run_row(a, name: str) -> dict:
     device = torch.device(a.device)
     if device.type == "cuda":
         GPU_BASE_MIB[0] = SmiPoller.gpu_used()  # before this process holds any GPU memory
-    if spec.cap_gb is not None:
-        if device.type != "cuda":
-            return {"row": name, "error": "capped rows need CUDA", "steps_done": 0, "notes": []}
-        total = torch.cuda.get_device_properties(device).total_memory  # no allocation yet
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        torch.cuda.set_per_process_memory_fraction(min(spec.cap_gb * GIB / total, 1.0), index)
+    if spec.cap_gb is not None and device.type != "cuda":  # the cap itself: CARD_GB in build_components
+        return {"row": name, "error": "capped rows need CUDA", "steps_done": 0, "notes": []}
     torch.manual_seed(a.seed)
     try:
         return run_baseline_row(a, spec) if spec.baseline else run_moss_row(a, spec)

@@ -114,6 +114,13 @@ def test_a_row_that_times_out_reports_its_progress(tmp_path):
     assert empty["steps_done"] == 0 and empty["step_s"] is None
 
 
+def row_plan(ts, a, name: str):
+    """The trainer's build_plan on the row's knobs (a capped row prices the cap, as on the GPU)."""
+    from kohakumoss.train.components import build_plan
+
+    return build_plan(ts.row_knobs(a, ts.parse_row(name)), torch.device("cuda" if "/cap" in name else "cpu"))
+
+
 def test_a_row_plan_comes_from_a_profile_a_catalog_entry_or_the_fastest_fit():
     from kohakumoss.memory.catalog import find_entry
     from kohakumoss.memory.profiles import PROFILES
@@ -121,21 +128,98 @@ def test_a_row_plan_comes_from_a_profile_a_catalog_entry_or_the_fastest_fit():
 
     ts = load_script()
     cfg, a = get_preset("moss-image-5b"), ts.parse_args([])
-    plan, why = ts.resolve_plan(ts.parse_row("lora/minimal/latent_text/stream_slots=3"), {}, cfg, a, 8704)
+    plan, why = row_plan(ts, a, "lora/minimal/latent_text/stream_slots=3")
     assert plan.stream_slots == 3 and plan.checkpointing == PROFILES["minimal"].checkpointing
-    plan, why = ts.resolve_plan(ts.parse_row("lora/c0292/latent_text"), {}, cfg, a, 8704)
-    assert plan == find_entry("c0292", cfg.depth) and why == "catalog entry c0292"
-    small, why = ts.resolve_plan(ts.parse_row("lora/auto/latent_text/cap6"), {}, cfg, a, 8704)
+    plan, why = row_plan(ts, a, "lora/c0292/latent_text")
+    assert plan == find_entry("c0292", cfg.depth) and why.startswith("catalog entry c0292")
+    small, why = row_plan(ts, a, "lora/auto/latent_text/cap6")
     assert why.startswith("auto: catalog entry") and "fits 6 GiB" in why
-    roomy, _ = ts.resolve_plan(ts.parse_row("lora/auto/latent_text/cap80"), {}, cfg, a, 8704)
+    roomy, _ = row_plan(ts, a, "lora/auto/latent_text/cap80")
     assert small.streamed_count(cfg.depth) > roomy.streamed_count(cfg.depth)
     for bad, says in [
         ("lora/auto/latent_text", "capN"),
         ("lora/c9999/latent_text", "c0299"),
         ("lora/x/latent_text", "'x'"),
+        ("lora/speed/latent_text/stream_slot=3", "stream_slot"),
     ]:
         with pytest.raises(SystemExit, match=says):
-            ts.resolve_plan(ts.parse_row(bad), {}, cfg, a, 8704)
+            ts.row_knobs(a, ts.parse_row(bad))
+
+
+def test_a_row_knobs_are_the_trainers():
+    """What the row asks for reaches the trainer's knobs: cap, tokens, adapter, plan fields, encoders."""
+    ts = load_script()
+    a = ts.parse_args(["--rank", "8", "--base-precision", "fp8", "--plan-knobs", '{"stream_slots": 4}'])
+    k = ts.row_knobs(a, ts.parse_row("lora/auto/none/cap24/checkpointing=full"))
+    assert (k["MEMORY_PROFILE"], k["CARD_GB"], k["MODEL_PRESET"]) == ("auto", 24.0, "moss-image-5b")
+    assert (k["RANK"], k["ALPHA"], k["BASE_PRECISION"], k["TOKENS_PER_STEP"]) == (
+        8,
+        8.0,
+        "fp8",
+        2 * (4096 + 256),
+    )
+    assert (k["CHECKPOINTING"], k["STREAM_SLOTS"]) == ("full", 4)
+    assert (k["TEXT_ENCODE"], k["VAE_ENCODE"], k["TEXT_ENCODER"], k["VAE"]) == ("auto", "auto", "", "")
+    full = ts.row_knobs(a, ts.parse_row("full/speed/latent_text"))
+    assert (full["ALGO"], full["BASE_PRECISION"], full["CARD_GB"]) == ("full", "same", 0.0)
+    assert (full["TEXT_ENCODE"], full["VAE_ENCODE"]) == ("cache", "cache")
+
+
+def test_the_model_and_plan_are_built_by_build_components(monkeypatch):
+    """The script keeps no model building or plan resolution of its own: a row's DiT, plan and estimate
+    are the trainer's build_components' from the row's knobs, and that DiT is the one trained."""
+    import kohakumoss.train.components as components
+    import kohakumoss.train.loop as loop
+
+    source = SCRIPT.read_text()
+    for copied in ("MossBackbone(", "init_weights(", "install_memory_plan(", "quantize_frozen_linears(",
+                   "estimate_peak(", "set_per_process_memory_fraction(", "resolve_plan(", "find_entry("):  # fmt: skip
+        assert copied not in source, copied
+    ts = load_script()
+    for gone in ("estimate_knobs", "resolve_plan", "predicted_peak"):
+        assert not hasattr(ts, gone), gone
+
+    built, trained = [], []
+    real_build, real_trainable = components.build_components, loop.build_trainable
+
+    def spy_build(k, build_device=None):
+        built.append((dict(k), real_build(k, build_device=build_device)))
+        return built[-1][1]
+
+    def spy_trainable(k, comps):
+        trained.append(comps)
+        return real_trainable(k, comps)
+
+    monkeypatch.setattr(components, "build_components", spy_build)
+    monkeypatch.setattr(loop, "build_trainable", spy_trainable)
+    argv = [
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+        "--full-optimizer",
+        "adamw",
+    ]
+    a = ts.parse_args(argv)
+    name = "lora/minimal/latent_text/stream_slots=3"
+    row = ts.run_row(a, name)
+    assert row["error"] == "" and row["steps_done"] == 2, row
+    assert len(built) == 1 and built[0][0] == ts.row_knobs(a, ts.parse_row(name))
+    k, comps = built[0]
+    assert trained == [comps]  # the adapter wraps the components' DiT, not a second one
+    trainer_plan, trainer_why = components.build_plan(k, torch.device("cpu"))
+    assert (
+        comps.plan == trainer_plan
+        and row["plan"] == trainer_plan.knobs()
+        and row["plan"]["STREAM_SLOTS"] == 3
+    )
+    assert row["notes"][0] == f"plan: {trainer_why}" and "predicted peak" in trainer_why
+    assert row["predicted_gib"] == components.predicted_peak_gib(k, trainer_plan)
+    assert row["params"] == sum(p.numel() for p in comps.backbone.parameters())
 
 
 def test_profile_steps_writes_the_op_table(tmp_path, monkeypatch, capsys):
