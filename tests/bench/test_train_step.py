@@ -437,3 +437,26 @@ def test_the_baseline_computes_the_released_model():
     cos, sin = rope_angles(cfg, n_text, side, side, "cpu")
     got = plain(img, text, sigma, cos.expand(B, -1, -1), sin.expand(B, -1, -1))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["lora/minimal/latent_text/cap4", "lora/auto/none/cap24"])
+def test_a_capped_row_on_the_gpu_is_the_components_cap_and_plan(tmp_path, name):
+    """A capped row (its own process: the cap is the process's) runs under CARD_GB's cap, its DiT built
+    on the host and drawn on the GPU by build_components, its plan line the trainer's."""
+    from kohakumoss.train.components import build_plan
+
+    out = tmp_path / "row.json"
+    cmd = [sys.executable, str(SCRIPT), "--row", name, "--row-out", str(out), "--preset", "tiny", "--device", "cuda",
+           "--steps", "2", "--warmup", "1", "--cap-steps", "2", "--smi-interval", "0"]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "is capped at" in proc.stderr + proc.stdout  # cap_to_card's line
+    row = json.loads(out.read_text())
+    assert row["error"] == "" and row["steps_done"] == 3 and row["under_cap"] is True, row
+    ts = load_script()
+    k = ts.row_knobs(ts.parse_args(["--preset", "tiny", "--device", "cuda"]), ts.parse_row(name))
+    assert row["notes"][0] == f"plan: {build_plan(k, torch.device('cuda'))[1]}"
+    assert any("build device: host" in note for note in row["notes"])
+    assert row["predicted_gib"] is not None and row["step_peak_gib"] <= row["cap_gib"]
