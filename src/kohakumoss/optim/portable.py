@@ -52,12 +52,16 @@ def portable_state(obj: object, where: str = "<optimizer state>") -> object:
         if type(obj) is torch.Tensor or type(obj) is torch.nn.Parameter:
             return obj
         return _flatten(obj, where)
+    return _map_containers(portable_state, obj, where)
+
+
+def _map_containers(fn, obj: object, where: str) -> object:
+    """fn applied to each item of a dict, list or tuple (its path in `where`); anything else as it is."""
     if isinstance(obj, dict):
-        return {k: portable_state(v, f"{where}.{k}") for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [portable_state(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        return tuple(portable_state(v, f"{where}[{i}]") for i, v in enumerate(obj))
+        return {k: fn(v, f"{where}.{k}") for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        items = [fn(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return tuple(items) if isinstance(obj, tuple) else items
     return obj
 
 
@@ -80,16 +84,8 @@ def _subclass(name: str, where: str) -> type:
 
 def restore_state(obj: object, where: str = "<optimizer state>") -> object:
     """Inverse of `portable_state`: plain forms rebuilt as their tensor subclass (states already live pass)."""
-    if isinstance(obj, dict):
-        if MARK in obj:
-            cls = _subclass(obj[MARK], where)
-            tensors = {n: restore_state(v, f"{where}.{n}") for n, v in obj["tensors"].items()}
-            return cls.__tensor_unflatten__(
-                tensors, obj["ctx"], torch.Size(obj["size"]), tuple(obj["stride"])
-            )
-        return {k: restore_state(v, f"{where}.{k}") for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [restore_state(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, tuple):
-        return tuple(restore_state(v, f"{where}[{i}]") for i, v in enumerate(obj))
-    return obj
+    if isinstance(obj, dict) and MARK in obj:
+        cls = _subclass(obj[MARK], where)
+        tensors = {n: restore_state(v, f"{where}.{n}") for n, v in obj["tensors"].items()}
+        return cls.__tensor_unflatten__(tensors, obj["ctx"], torch.Size(obj["size"]), tuple(obj["stride"]))
+    return _map_containers(restore_state, obj, where)
