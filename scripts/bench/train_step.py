@@ -17,7 +17,7 @@ A row is `MODE/PROFILE/CACHE[/capN][/field=value...]` or `baseline/eager|compile
   encodes SAMPLES images every step);
 - `capN`: CARD_GB=N (the process capped to N GiB before anything is allocated, the plan sized for it).
 The DiT (MODEL_PRESET random weights), its memory plan, the cap, BASE_PRECISION and the predicted peak come
-from the trainer's train/components.build_components on the row's knobs (`row_knobs`); the adapter, optimizer
+from the trainer's train/components.build_components on the row's config (`row_config`); the adapter, optimizer
 and step from build_trainable / build_runner: the benchmark measures the trainer's own code.
 The baseline is plain torch (scripts/bench/baseline_model.py): padded [SAMPLES, L, d], SDPA, a tiny
 LoRA module on every linear, no engines, eager or with each block torch.compile'd.
@@ -343,11 +343,11 @@ def sync(device: torch.device) -> None:
 # ---------------------------------------------------------------- plan, install, estimate
 
 
-def row_knobs(a, spec: RowSpec) -> dict:
-    """The trainer's knobs for this row: what build_components (model, plan, cap, estimate),
+def row_config(a, spec: RowSpec):
+    """The trainer's typed config for this row: what build_components (model, plan, cap, estimate),
     build_trainable and build_runner read. The row's `field=value` parts and --plan-knobs are MemoryPlan
     fields, given as their per-engine knobs."""
-    from kohakumoss.config.train import TRAIN_SCHEMA
+    from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
     from kohakumoss.memory.plan import FIELD_KNOBS
     from kohakumoss.memory.profiles import profile_problem
 
@@ -361,7 +361,7 @@ def row_knobs(a, spec: RowSpec) -> dict:
         raise SystemExit(f"row '{spec.name}': unknown MemoryPlan fields {unknown}; known: {known}")
     full = spec.mode == "full"
     _, n_img, n_text = token_layout(a)
-    return {
+    knobs = {
         **TRAIN_SCHEMA.defaults(),
         "MODEL_PRESET": a.preset,  # random weights
         "DEVICE": a.device,
@@ -388,6 +388,7 @@ def row_knobs(a, spec: RowSpec) -> dict:
         "CUDA_GRAPHS": a.cuda_graphs,
         "DETERMINISTIC": a.deterministic,
     }
+    return TrainConfig.from_knobs(knobs)
 
 
 # ---------------------------------------------------------------- encoders
@@ -791,23 +792,23 @@ def run_moss_row(a, spec: RowSpec) -> dict:
 
     full = spec.mode == "full"
     side, n_img, n_text = token_layout(a)
-    k = row_knobs(a, spec)
+    train_cfg = row_config(a, spec)
     # a capped row's DiT is built on the host (the cap holds the device copy only); else as the trainer
     build = {"cpu": torch.device("cpu"), "device": torch.device(a.device)}.get(a.build_device)
     if a.build_device == "auto" and spec.cap_gb is not None:
         build = torch.device("cpu")
     t0 = time.perf_counter()
     # the model, its memory plan (MEMORY_PROFILE, CARD_GB's cap) and BASE_PRECISION as the trainer's
-    comps = build_components(k, build_device=build)
+    comps = build_components(train_cfg, build_device=build)
     device, dtype, model, plan = comps.device, comps.dtype, comps.backbone, comps.plan
     cfg = model.config
     notes = [f"plan: {comps.plan_why}"]
-    notes += [f"DETERMINISTIC: kernel backends {ops_backend(k)}"] if a.deterministic else []
+    notes += [f"DETERMINISTIC: kernel backends {ops_backend(train_cfg)}"] if a.deterministic else []
     n_params = sum(p.numel() for p in model.parameters())
-    if k["BASE_PRECISION"] != "same":
-        notes.append(f"BASE_PRECISION {k['BASE_PRECISION']}: frozen block linears quantized")
+    if train_cfg.device.base_precision != "same":
+        notes.append(f"BASE_PRECISION {train_cfg.device.base_precision}: frozen block linears quantized")
     # the adapter, its optimizer and the step as the trainer builds them (train/loop.py), from its knobs
-    tr = build_trainable(k, comps)
+    tr = build_trainable(train_cfg, comps)
     n_train = sum(p.numel() for p in tr.params)
     where = "host" if build is not None and build.type == "cpu" else "the trainer's choice"
     notes.append(f"built in {time.perf_counter() - t0:.0f}s (build device: {where}); plan: {plan.label()}")
@@ -856,10 +857,14 @@ def run_moss_row(a, spec: RowSpec) -> dict:
 
     model.train()
     runner = build_runner(
-        k, comps, tr, step_loss_fn(k, model, dtype), prefetch.next_batch if prefetch else encoded_batch
+        train_cfg,
+        comps,
+        tr,
+        step_loss_fn(train_cfg.objective, model, dtype),
+        prefetch.next_batch if prefetch else encoded_batch,
     )
     graphs = runner.graphs
-    refusal = graph_refusal(plan, device, k["ALGO"], 0.0, dtype)
+    refusal = graph_refusal(plan, device, train_cfg.adapter.algo, 0.0, dtype)
     notes.append("CUDA graphs: " + ("on" if graphs else f"off ({refusal or 'CUDA_GRAPHS off'})"))
     nonfinite: list[int] = []
 
@@ -885,7 +890,8 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         if row.get("steady_peak_gib") is not None:  # the graph's memory is what the capture allocated
             row["steady_peak_gib"] = max(row["steady_peak_gib"], graphs.capture_peak_bytes / GIB)
         row["graph_replays"] = graphs.replays
-    peak = predicted_peak_gib(k, plan, te_bytes, vae_bytes)  # the trainer's estimate, with the encoders
+    # the trainer's estimate, with the encoders
+    peak = predicted_peak_gib(train_cfg, plan, te_bytes, vae_bytes)
     why = "" if peak is not None else "n/a (the estimate cannot price this plan)"
     row.update(predicted_gib=peak, predicted_note=why, trainable_params=n_train, params=n_params)
     row["plan"] = plan.knobs()

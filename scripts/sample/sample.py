@@ -56,6 +56,7 @@ VAE_PLACEMENT = "resident"  # resident or streamed
 def run(k: dict) -> None:
     import torch
 
+    from kohakumoss.config.sample import SampleScriptConfig
     from kohakumoss.diffusion.sample_run import (
         attach_adapters,
         longest_prompt_tokens,
@@ -81,20 +82,23 @@ def run(k: dict) -> None:
         text_encoder_config,
     )
 
-    sampler_config(k, model_config(k).depth)  # bad sampler knobs stop here, before anything loads
+    cfg = SampleScriptConfig.from_knobs(k)  # the builders shared with the trainer take its sections
+    encoders, precision, max_length = cfg.encoders, cfg.device.precision, cfg.sampler.max_text_tokens
+    sampler_config(k, model_config(cfg.model).depth)  # bad sampler knobs stop here, before anything loads
     read_prompts(k)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
-    device, dtype = resolve_device(k["DEVICE"]), PRECISION_DTYPES[k["PRECISION"]]
+    device, dtype = resolve_device(cfg.device.device), PRECISION_DTYPES[precision]
     text_tokens = None  # priced at MAX_TEXT_TOKENS unless the prompts can be counted (a real tokenizer)
-    if k["TEXT_ENCODER"] and k["TEXT_ENCODER"] != "synthetic":
-        tokenizer = load_prompt_tokenizer(text_encoder_config(k, torch.device("cpu"), device))
+    if encoders.text_encoder and encoders.text_encoder != "synthetic":
+        te_config = text_encoder_config(encoders, torch.device("cpu"), device, precision, max_length)
+        tokenizer = load_prompt_tokenizer(te_config)
         text_tokens = longest_prompt_tokens(k, tokenizer)
-    plan, why = inference_plan(k, model_config(k), device, text_tokens)
+    plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens)
     print(f"memory: {why}")
     host = torch.device("cpu")
     streamed = plan.stream_blocks != 0
     # a streamed model is loaded on the host, adapters attached there, then placed by the plan
     model = build_backbone(
-        {**k, "OPS_BACKEND": "auto"}, host if streamed else device, dtype, fp32_masters=False
+        cfg.model, host if streamed else device, dtype, fp32_masters=False, seed=cfg.sampler.seed
     )
     # LyCORIS files then wrap it in bypass; an int8 file's own bytes are kept in the int8 modes
     quantize_frozen_linears(model, k["BASE_PRECISION"], device, source=k["WEIGHTS"] or None)
@@ -107,8 +111,17 @@ def run(k: dict) -> None:
     for network in networks:
         network.to(device)
     te_where = device if plan.text_encoder == "resident" else host
-    text_encoder = build_text_encoder(k, te_where, model.config.text_dim, compute=device)
-    vae = build_vae(k, device if plan.vae == "resident" else host, compute=device)
+    text_encoder = build_text_encoder(
+        encoders,
+        te_where,
+        model.config.text_dim,
+        device,
+        precision=precision,
+        seed=cfg.sampler.seed,
+        max_length=max_length,
+    )
+    vae_where = device if plan.vae == "resident" else host
+    vae = build_vae(encoders, vae_where, device, precision=precision, seed=cfg.sampler.seed)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
     for path in sample_images(k, model, text_encoder, vae, device, dtype, speed):

@@ -136,13 +136,13 @@ def test_the_config_check_names_the_same_refusal():
 
 
 def test_the_trainer_refuses_a_dropout_before_anything_loads():
-    from kohakumoss.config.train import TRAIN_SCHEMA
+    from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
     from kohakumoss.train.components import build_components
 
     knobs = {"ALGO": "boft", "DROPOUT": 0.1, "BYPASS": False, "MODEL_PRESET": "tiny", "DEVICE": "cpu"}
     full = {**TRAIN_SCHEMA.defaults(), **knobs}
     with pytest.raises(ConfigError, match="^DROPOUT: "):
-        build_components(full)
+        build_components(TrainConfig.from_knobs(full))
 
 
 def test_dora_with_per_column_norms_is_refused():

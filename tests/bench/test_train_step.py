@@ -118,7 +118,7 @@ def row_plan(ts, a, name: str):
     """The trainer's build_plan on the row's knobs (a capped row prices the cap, as on the GPU)."""
     from kohakumoss.train.components import build_plan
 
-    return build_plan(ts.row_knobs(a, ts.parse_row(name)), torch.device("cuda" if "/cap" in name else "cpu"))
+    return build_plan(ts.row_config(a, ts.parse_row(name)), torch.device("cuda" if "/cap" in name else "cpu"))
 
 
 def test_a_row_plan_comes_from_a_profile_a_catalog_entry_or_the_fastest_fit():
@@ -143,14 +143,14 @@ def test_a_row_plan_comes_from_a_profile_a_catalog_entry_or_the_fastest_fit():
         ("lora/speed/latent_text/stream_slot=3", "stream_slot"),
     ]:
         with pytest.raises(SystemExit, match=says):
-            ts.row_knobs(a, ts.parse_row(bad))
+            ts.row_config(a, ts.parse_row(bad))
 
 
-def test_a_row_knobs_are_the_trainers():
+def test_a_row_config_is_the_trainers():
     """What the row asks for reaches the trainer's knobs: cap, tokens, adapter, plan fields, encoders."""
     ts = load_script()
     a = ts.parse_args(["--rank", "8", "--base-precision", "fp8", "--plan-knobs", '{"stream_slots": 4}'])
-    k = ts.row_knobs(a, ts.parse_row("lora/auto/none/cap24/checkpointing=full"))
+    k = ts.row_config(a, ts.parse_row("lora/auto/none/cap24/checkpointing=full")).knobs()
     assert (k["MEMORY_PROFILE"], k["CARD_GB"], k["MODEL_PRESET"]) == ("auto", 24.0, "moss-image-5b")
     assert (k["RANK"], k["ALPHA"], k["BASE_PRECISION"], k["TOKENS_PER_STEP"]) == (
         8,
@@ -160,7 +160,7 @@ def test_a_row_knobs_are_the_trainers():
     )
     assert (k["CHECKPOINTING"], k["STREAM_SLOTS"]) == ("full", 4)
     assert (k["TEXT_ENCODE"], k["VAE_ENCODE"], k["TEXT_ENCODER"], k["VAE"]) == ("auto", "auto", "", "")
-    full = ts.row_knobs(a, ts.parse_row("full/speed/latent_text"))
+    full = ts.row_config(a, ts.parse_row("full/speed/latent_text")).knobs()
     assert (full["ALGO"], full["BASE_PRECISION"], full["CARD_GB"]) == ("full", "same", 0.0)
     assert (full["TEXT_ENCODE"], full["VAE_ENCODE"]) == ("cache", "cache")
 
@@ -182,13 +182,13 @@ def test_the_model_and_plan_are_built_by_build_components(monkeypatch):
     built, trained = [], []
     real_build, real_trainable = components.build_components, loop.build_trainable
 
-    def spy_build(k, build_device=None):
-        built.append((dict(k), real_build(k, build_device=build_device)))
+    def spy_build(cfg, build_device=None):
+        built.append((cfg, real_build(cfg, build_device=build_device)))
         return built[-1][1]
 
-    def spy_trainable(k, comps):
+    def spy_trainable(cfg, comps):
         trained.append(comps)
-        return real_trainable(k, comps)
+        return real_trainable(cfg, comps)
 
     monkeypatch.setattr(components, "build_components", spy_build)
     monkeypatch.setattr(loop, "build_trainable", spy_trainable)
@@ -208,7 +208,7 @@ def test_the_model_and_plan_are_built_by_build_components(monkeypatch):
     name = "lora/minimal/latent_text/stream_slots=3"
     row = ts.run_row(a, name)
     assert row["error"] == "" and row["steps_done"] == 2, row
-    assert len(built) == 1 and built[0][0] == ts.row_knobs(a, ts.parse_row(name))
+    assert len(built) == 1 and built[0][0] == ts.row_config(a, ts.parse_row(name))
     k, comps = built[0]
     assert trained == [comps]  # the adapter wraps the components' DiT, not a second one
     trainer_plan, trainer_why = components.build_plan(k, torch.device("cpu"))
@@ -456,7 +456,7 @@ def test_a_capped_row_on_the_gpu_is_the_components_cap_and_plan(tmp_path, name):
     row = json.loads(out.read_text())
     assert row["error"] == "" and row["steps_done"] == 3 and row["under_cap"] is True, row
     ts = load_script()
-    k = ts.row_knobs(ts.parse_args(["--preset", "tiny", "--device", "cuda"]), ts.parse_row(name))
+    k = ts.row_config(ts.parse_args(["--preset", "tiny", "--device", "cuda"]), ts.parse_row(name))
     assert row["notes"][0] == f"plan: {build_plan(k, torch.device('cuda'))[1]}"
     assert any("build device: host" in note for note in row["notes"])
     assert row["predicted_gib"] is not None and row["step_peak_gib"] <= row["cap_gib"]

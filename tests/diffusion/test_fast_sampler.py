@@ -169,12 +169,10 @@ def test_streamed_sampling_on_the_gpu_equals_resident():
 def test_trainer_grids_take_the_fast_path_graphs_off_where_the_run_says():
     from kohakumoss.train.samples import sampler_speed
 
-    assert sampler_speed({"CUDA_GRAPHS": "auto", "ALGO": "lora"}) == SamplerSpeed()
-    assert sampler_speed({"CUDA_GRAPHS": "off", "ALGO": "lora"}).cuda_graphs == "off"
-    assert (
-        sampler_speed({"CUDA_GRAPHS": "on", "ALGO": "dylora"}).cuda_graphs == "off"
-    )  # a rank drawn per call
-    assert sampler_speed({"CUDA_GRAPHS": "on", "ALGO": "lora"}).batch_cfg
+    assert sampler_speed("auto", "lora") == SamplerSpeed()
+    assert sampler_speed("off", "lora").cuda_graphs == "off"
+    assert sampler_speed("on", "dylora").cuda_graphs == "off"  # a rank drawn per call
+    assert sampler_speed("on", "lora").batch_cfg
 
 
 def test_sample_script_graphs_off_with_a_dylora_adapter_and_on_refused():

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kohakumoss.config.sample import SAMPLE_SCHEMA
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.diffusion import SamplerConfig
 from kohakumoss.diffusion.generate import GenerationRequest, generate
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
@@ -80,8 +81,9 @@ def test_trainer_sample_requests_take_the_lines_settings(tmp_path):
     path.write_text("# grid\nfrom file --w 48 --s 3\n")
     k = {"SAMPLE_PROMPTS": ["knob --d 9"], "SAMPLE_PROMPTS_FILE": str(path), "SAMPLE_SEEDS": [],
          "SAMPLE_NEGATIVE": "", "SAMPLE_WIDTH": 32, "SAMPLE_HEIGHT": 32}  # fmt: skip
-    assert sample_captions(k) == ["knob", "from file"]
-    assert sample_requests(k) == [
+    samples = TrainConfig.from_knobs(k).samples
+    assert sample_captions(samples) == ["knob", "from file"]
+    assert sample_requests(samples) == [
         GenerationRequest("knob", 9, 32, 32, ""),
         GenerationRequest("from file", 1, 48, 32, "", 3, None),
     ]

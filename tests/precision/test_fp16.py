@@ -96,16 +96,19 @@ def test_lora_backward_in_fp16_with_a_loss_scaler(residual32):
 
 
 def test_encoder_precision_follows_fp16_and_its_knob():
+    from kohakumoss.config.train import EncoderConfig
     from kohakumoss.train.components import encoder_dtype, text_encoder_config
 
     gpu, cpu = torch.device("cuda"), torch.device("cpu")
-    assert encoder_dtype({"PRECISION": "fp16"}, gpu) == torch.float16
-    assert encoder_dtype({"PRECISION": "bf16"}, gpu) == torch.bfloat16
-    assert encoder_dtype({"PRECISION": "fp16"}, cpu) == torch.float32
-    assert encoder_dtype({"PRECISION": "bf16", "ENCODER_PRECISION": "fp16"}, gpu) == torch.float16
-    k = {"TEXT_ENCODER": "te", "TEXT_LAYERS": [-1], "TOKENIZER": "", "TEXT_TEMPLATE": "", "PRECISION": "fp16"}
-    assert text_encoder_config(k, cpu, gpu).dtype == "float16"
-    assert text_encoder_config({**k, "ENCODER_PRECISION": "fp32"}, cpu, gpu).dtype == "float32"
+    auto, fp16 = EncoderConfig(), EncoderConfig(encoder_precision="fp16")
+    assert encoder_dtype(auto, "fp16", gpu) == torch.float16
+    assert encoder_dtype(auto, "bf16", gpu) == torch.bfloat16
+    assert encoder_dtype(auto, "fp16", cpu) == torch.float32
+    assert encoder_dtype(fp16, "bf16", gpu) == torch.float16
+    te = EncoderConfig(text_encoder="te")
+    assert text_encoder_config(te, cpu, gpu, "fp16").dtype == "float16"
+    fp32 = EncoderConfig(text_encoder="te", encoder_precision="fp32")
+    assert text_encoder_config(fp32, cpu, gpu, "fp16").dtype == "float32"
 
 
 def _scaled_run(placement: str, poison_step: int = -1, steps: int = 3):

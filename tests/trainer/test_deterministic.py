@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.train.components import ops_backend
 from kohakumoss_kernels.deterministic import ATOMIC_BACKENDS, backends_for, set_deterministic
 from kohakumoss_kernels.registry import candidate_names
@@ -46,8 +47,9 @@ def test_the_knob_switches_torch_and_the_kernel_list(restore):
     set_deterministic(False)
     assert not torch.are_deterministic_algorithms_enabled()
     k = {"DETERMINISTIC": True, "OPS_BACKEND": "auto", "DEVICE": "cpu"}
-    assert ops_backend(k) == "eager" and ops_backend({**k, "DETERMINISTIC": False}) == "auto"
-    assert ops_backend({**k, "OPS_BACKEND": "eager"}) == "eager"
+    cfg = TrainConfig.from_knobs
+    assert ops_backend(cfg(k)) == "eager" and ops_backend(cfg({**k, "DETERMINISTIC": False})) == "auto"
+    assert ops_backend(cfg({**k, "OPS_BACKEND": "eager"})) == "eager"
 
 
 def _adapter_bits(run: Path) -> dict[str, bytes]:

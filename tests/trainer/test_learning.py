@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.diffusion import SamplerConfig
 from kohakumoss.diffusion.generate import GenerationRequest, generate_latents
 from kohakumoss.export.from_checkpoint import attach
@@ -47,15 +48,25 @@ def test_lora_samples_move_toward_the_training_images(train_world):
     )
     run = train(k)
     cpu = torch.device("cpu")
-    base = build_backbone(k, cpu, torch.float32, fp32_masters=False)
-    text_encoder, vae = build_text_encoder(k, cpu, base.config.text_dim), build_vae(k, cpu)
+    cfg = TrainConfig.from_knobs(k)
+    base = build_backbone(cfg.model, cpu, torch.float32, fp32_masters=False, seed=cfg.run.seed)
+    encoders, precision, seed = cfg.encoders, cfg.device.precision, cfg.run.seed
+    text_encoder = build_text_encoder(
+        encoders,
+        cpu,
+        base.config.text_dim,
+        precision=precision,
+        seed=seed,
+        max_length=cfg.data.max_text_tokens,
+    )
+    vae = build_vae(encoders, cpu, precision=precision, seed=seed)
     folder = Path(k["DATASET"]["path"]) / "2_style"
     targets = []
     for name in PICKS:
         pixels = np.asarray(Image.open(folder / f"{name.split('.')[0]}.png").convert("RGB"))
         targets.append(vae.encode(torch.from_numpy(pixels).permute(2, 0, 1).float()[None] / 127.5 - 1)[0])
     before = latent_distance(base, text_encoder, targets)
-    trained = build_backbone(k, cpu, torch.float32, fp32_masters=False)
+    trained = build_backbone(cfg.model, cpu, torch.float32, fp32_masters=False, seed=cfg.run.seed)
     attach(trained, run / "checkpoints" / "step_00000150")
     after = latent_distance(trained, text_encoder, targets)
     print(f"latent MSE to the training images: base {before:.3f}, trained {after:.3f}")

@@ -113,11 +113,11 @@ def test_card_gb_caps_the_process_below_the_card(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((f, i)))
     cuda = torch.device("cuda")
-    assert cap_to_card({"CARD_GB": 24.0}, cuda) == 24.0
+    assert cap_to_card(24.0, cuda) == 24.0
     assert calls == [(24 / 140, 0)]
-    assert cap_to_card({"CARD_GB": 0.0}, cuda) is None  # 0: the whole card
-    assert cap_to_card({"CARD_GB": 200.0}, cuda) is None  # above the card: nothing to cap
-    assert cap_to_card({"CARD_GB": 24.0}, torch.device("cpu")) is None
+    assert cap_to_card(0.0, cuda) is None  # 0: the whole card
+    assert cap_to_card(200.0, cuda) is None  # above the card: nothing to cap
+    assert cap_to_card(24.0, torch.device("cpu")) is None
     assert len(calls) == 1
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kohakumoss.adapters.algos import ALGOS
+from kohakumoss.adapters.spec import AdapterSpec
 from kohakumoss.adapters.targets import TARGET_PRESETS
 from kohakumoss.diffusion.objective import LOSS_TYPES, REDUCTIONS, WEIGHTINGS
 from kohakumoss.diffusion.prompts import prompt_file_problem, prompt_list_problem
@@ -40,7 +41,7 @@ ALGO_CHOICES = (*sorted(ALGOS), "full")
 
 
 def _optimizer_problem(value: str) -> str | None:
-    from kohakumoss.train.optim import optimizer_problem
+    from kohakumoss.optim.names import optimizer_problem
 
     return optimizer_problem(value)
 
@@ -54,9 +55,9 @@ def _exists_or_synthetic(value: str, knob: str) -> str | None:
 
 
 def _resume_rule(name: str, value: object) -> str | None:
-    from kohakumoss.train import resume  # imported when checked: the trainer's rules, one definition
+    from . import rules  # the trainer applies the same rules (train/resume.py)
 
-    return getattr(resume, name)(value)
+    return getattr(rules, name)(value)
 
 
 def _ops_backend(value: str) -> str | None:
@@ -87,7 +88,7 @@ def _distributed_devices(value: int | list) -> str | None:
 
 
 def _loggers(value: list) -> str | None:
-    from kohakumoss.train.tracking import loggers_problem  # imported when checked: a trainer module
+    from .rules import loggers_problem  # imported when checked: it looks for the trackers' packages
 
     return loggers_problem(value)
 
@@ -315,6 +316,24 @@ class AdapterConfig:
     module_dropout: float = knob(0.0, "adapter module dropout", min=0.0, max=1.0)
     lora_plus_ratio: float = knob(0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0)
     bypass: bool = knob(False, "bypass forward (base output + adapter output) instead of merged weights")
+
+    def spec(self, multiplier: float = 1.0, dropouts: bool = True) -> AdapterSpec:
+        """The adapter these knobs build: what the trainer attaches and what a re-export rebuilds from a
+        checkpoint's knobs (`dropouts=False`: the export's network, whose forward is never trained)."""
+        drop = (self.dropout, self.rank_dropout, self.module_dropout) if dropouts else (0.0, 0.0, 0.0)
+        return AdapterSpec(
+            algo=self.algo,
+            rank=int(self.rank),
+            alpha=float(self.alpha),
+            preset=self.target_preset,
+            patterns=tuple(self.target_patterns),
+            dropout=drop[0],
+            rank_dropout=drop[1],
+            module_dropout=drop[2],
+            bypass=bool(self.bypass),
+            multiplier=multiplier,
+            algo_args=dict(self.algo_args),
+        )
 
 
 @dataclass(frozen=True)

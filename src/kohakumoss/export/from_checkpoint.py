@@ -16,10 +16,11 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from kohakumoss.adapters import build_adapter, load_adapter
+from kohakumoss.adapters import build_from_spec, load_adapter
 from kohakumoss.adapters.foreign import is_lora_state
 from kohakumoss.checkpoint.read import load_checkpoint
 from kohakumoss.checkpoint.state import load_trainable_state
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.model import MossBackbone
 from kohakumoss.precision import Fp8Linear, Int8Linear, Mxfp8Linear
 from kohakumoss_common.errors import CheckpointError, ConfigError
@@ -64,26 +65,17 @@ def attach(model: MossBackbone, source: str | Path, use_ema: bool = False, multi
             return None, Path(source).stem
         return load_adapter(model, source, multiplier=multiplier), Path(source).stem
     ckpt = load_checkpoint(folder)
-    k = ckpt.config
+    # the run's adapter as the trainer built it; knobs an older run's config.json lacks take their defaults
+    adapter = TrainConfig.from_knobs(ckpt.config).adapter
     weights = _ema_weights(ckpt, folder) if use_ema else ckpt.trainable
-    name = f"{k.get('RUN_NAME', 'moss')}-step{ckpt.step:05d}"
-    if k.get("ALGO") == "full":
+    name = f"{ckpt.config.get('RUN_NAME', 'moss')}-step{ckpt.step:05d}"
+    if adapter.algo == "full":
         _refuse_fp8_merge(model, source)
         model.requires_grad_(True)
         load_trainable_state(model, {n: w for n, w in weights.items()}, folder)
         model.requires_grad_(False)
         return None, name
-    network = build_adapter(
-        model,
-        algo=k["ALGO"],
-        rank=int(k["RANK"]),
-        alpha=float(k["ALPHA"]),
-        preset=k["TARGET_PRESET"],
-        patterns=tuple(k.get("TARGET_PATTERNS", ())),
-        bypass=bool(k.get("BYPASS", False)),
-        multiplier=multiplier,
-        **dict(k.get("ALGO_ARGS", {})),
-    )
+    network = build_from_spec(model, adapter.spec(multiplier, dropouts=False))
     network.to(dtype=torch.float32)
     load_trainable_state(network, weights, folder)
     network.requires_grad_(False)

@@ -3,6 +3,7 @@ kohya's `ss_optimizer` label (export/metadata.py writes it; train/optim.py build
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 from kohakumoss_common.errors import ConfigError
@@ -27,6 +28,19 @@ def optimizer_location(name: str) -> tuple[str, str, str | None]:
         raise ConfigError("OPTIMIZER", f"'{name}' is not one of {OPTIMIZERS} nor a 'package.Class' name")
     module, cls = name.rsplit(".", 1)
     return module, cls, module.split(".")[0]
+
+
+def optimizer_problem(name: str) -> str | None:
+    """Why OPTIMIZER `name` cannot be built here (unknown, or its package is not installed), or None."""
+    try:
+        module, _, package = optimizer_location(name)
+    except ConfigError as e:
+        return e.args[-1] if e.args else str(e)
+    top = module.split(".")[0]
+    if importlib.util.find_spec(top) is None:
+        extra = " (or pip install 'kohakumoss[optim]')" if name in NAMED_OPTIMIZERS else ""
+        return f"'{name}' needs the '{package}' package: pip install {package}{extra}"
+    return None
 
 
 def optimizer_label(name: str, args: dict | None = None, weight_decay: float = 0.0) -> str:

@@ -1,5 +1,8 @@
-"""What a run trains with, built from its knobs: device, precision, memory plan, backbone (placed by
-the plan's engines), text encoder and VAE (placed as the plan says)."""
+"""What a run trains with, built from its typed config: device, precision, memory plan, backbone (placed
+by the plan's engines), text encoder and VAE (placed as the plan says).
+
+The builders take the config's sections (`build_backbone(cfg.model, ...)`, `build_text_encoder(cfg.encoders,
+...)`), so scripts/sample/sample.py builds its model and encoders with them from its own config."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import torch
 
 from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.adapters.dropouts import dropout_check
+from kohakumoss.config.sample import SampleModelConfig
+from kohakumoss.config.train import EncoderConfig, ModelConfig, TrainConfig
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
@@ -55,135 +60,171 @@ class Components:
     plan_why: str = ""  # the plan's line: where it came from, its label, the predicted peak
 
 
-def model_config(k: dict[str, Any]) -> MossConfig:
+def model_config(model: ModelConfig | SampleModelConfig) -> MossConfig:
     """The DiT's config from the checkpoint's headers (nothing loaded) or the preset."""
-    if k["WEIGHTS"]:
-        return inspect_checkpoint(k["WEIGHTS"])[1]
-    if k["MODEL_PRESET"]:
-        return get_preset(k["MODEL_PRESET"])
+    if model.weights:
+        return inspect_checkpoint(model.weights)[1]
+    if model.model_preset:
+        return get_preset(model.model_preset)
     raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
 
 
-def build_plan(k: dict[str, Any], device: torch.device) -> tuple[MemoryPlan, str]:
+def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]:
     """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
-    card = card_memory_gb(k, device) if device.type != "cpu" else None
-    te = file_bytes(k["TEXT_ENCODER"]) if k["TEXT_ENCODER"] not in ("", "synthetic") else 0
-    vae = file_bytes(k["VAE"]) if k["VAE"] not in ("", "synthetic") else 0
-    cfg = model_config(k)
-    plan, why = resolve_plan(k, cfg, card, k["ALGO"] == "full", text_encoder_bytes=te, vae_bytes=vae)
+    knobs = cfg.knobs()  # the memory package's profiles and estimate read the flat knobs
+    card = card_memory_gb(knobs, device) if device.type != "cpu" else None
+    te, vae = encoder_file_bytes(cfg.encoders)
+    plan, why = resolve_plan(
+        knobs, model_config(cfg.model), card, cfg.adapter.algo == "full", text_encoder_bytes=te, vae_bytes=vae
+    )
     # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
-    if (peak := predicted_peak_gib(k, plan, te, vae)) is not None:
+    if (peak := predicted_peak_gib(cfg, plan, te, vae)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
     return plan, why
 
 
+def encoder_file_bytes(encoders: EncoderConfig) -> tuple[int, int]:
+    """The text encoder's and the VAE's file sizes (0: none, or synthetic)."""
+    te, vae = encoders.text_encoder, encoders.vae
+    return (
+        file_bytes(te) if te not in ("", "synthetic") else 0,
+        file_bytes(vae) if vae not in ("", "synthetic") else 0,
+    )
+
+
 def predicted_peak_gib(
-    k: dict[str, Any], plan: MemoryPlan, text_encoder_bytes: int = 0, vae_bytes: int = 0
+    cfg: TrainConfig, plan: MemoryPlan, text_encoder_bytes: int = 0, vae_bytes: int = 0
 ) -> float | None:
     """The memory estimate's peak of this plan in GiB, or None where the estimate cannot price it."""
     try:
-        return estimate_peak(k, model_config(k), None, text_encoder_bytes, vae_bytes, plan=plan).total / 2**30
+        model = model_config(cfg.model)
+        peak = estimate_peak(cfg.knobs(), model, None, text_encoder_bytes, vae_bytes, plan=plan)
+        return peak.total / 2**30
     except Exception as e:  # a plan stands without its estimate
         log.debug(f"no memory estimate for this plan ({type(e).__name__}: {e})")
         return None
 
 
-def ops_backend(k: dict[str, Any]) -> str:
+def ops_backend(cfg: TrainConfig) -> str:
     """OPS_BACKEND; with DETERMINISTIC, 'auto' without the backends that add with atomics."""
-    if not k.get("DETERMINISTIC") or k["OPS_BACKEND"] != "auto":
-        return k["OPS_BACKEND"]
+    runtime = cfg.runtime
+    if not runtime.deterministic or runtime.ops_backend != "auto":
+        return runtime.ops_backend
     from kohakumoss_common.device import device_info
 
-    device = resolve_device(k["DEVICE"])
+    device = resolve_device(cfg.device.device)
     return backends_for(device_info(device).arch if device.type != "cpu" else "cpu")
 
 
 def build_backbone(
-    k: dict[str, Any],
+    model: ModelConfig | SampleModelConfig,
     device: torch.device,
     dtype: torch.dtype,
     fp32_masters: bool,
+    *,
+    ops_backend: str = "auto",
+    seed: int = 0,
     draw: torch.device | None = None,
 ) -> MossBackbone:
     """The weights in the compute dtype, or fp32 when they are a full fine-tune's masters; frozen.
-    draw: where MODEL_PRESET's random values are drawn (a GPU fills a host-built 5B model in seconds)."""
+    seed: MODEL_PRESET's random values; draw: where they are drawn (a GPU fills a host-built 5B model in
+    seconds)."""
     store = torch.float32 if fp32_masters else dtype
-    ops = OpSet(ops_backend(k))
-    if k["WEIGHTS"]:
-        model = load_backbone(k["WEIGHTS"], dtype=store, device=device, ops=ops)
-    elif k["MODEL_PRESET"]:
-        cfg = get_preset(k["MODEL_PRESET"])
+    ops = OpSet(ops_backend)
+    if model.weights:
+        backbone = load_backbone(model.weights, dtype=store, device=device, ops=ops)
+    elif model.model_preset:
+        preset = get_preset(model.model_preset)
         with torch.device(device):
-            model = MossBackbone(cfg, ops=ops)
+            backbone = MossBackbone(preset, ops=ops)
         draw = draw or device
-        generator = torch.Generator(device=draw).manual_seed(int(k["SEED"]))
-        model.init_weights(std=0.02, generator=generator, via=None if same_device(draw, device) else draw)
-        model.to(store)
-        log.info(f"random {k['MODEL_PRESET']} weights (MODEL_PRESET): for demos and benchmarks only")
+        generator = torch.Generator(device=draw).manual_seed(int(seed))
+        backbone.init_weights(std=0.02, generator=generator, via=None if same_device(draw, device) else draw)
+        backbone.to(store)
+        log.info(f"random {model.model_preset} weights (MODEL_PRESET): for demos and benchmarks only")
     else:
         raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
-    model.requires_grad_(False)
-    return model
+    backbone.requires_grad_(False)
+    return backbone
 
 
-def text_encoder_config(k: dict[str, Any], device: torch.device, compute: torch.device) -> TextEncoderConfig:
-    """The knobs' real text encoder (TEXT_ENCODER a path): loaded on `device`, in `compute`'s dtype."""
+def text_encoder_config(
+    encoders: EncoderConfig,
+    device: torch.device,
+    compute: torch.device,
+    precision: str,
+    max_length: int | None = None,
+) -> TextEncoderConfig:
+    """The config's real text encoder (TEXT_ENCODER a path): loaded on `device`, in `compute`'s dtype
+    (ENCODER_PRECISION, PRECISION); max_length: MAX_TEXT_TOKENS (None: the encoder's default, 4096)."""
+    dtype = encoder_dtype(encoders, precision, compute)
     kwargs: dict[str, Any] = dict(
-        path=k["TEXT_ENCODER"],
-        layers=tuple(k["TEXT_LAYERS"]),
+        path=encoders.text_encoder,
+        layers=tuple(encoders.text_layers),
         device=str(device),
-        dtype={torch.float32: "float32", torch.float16: "float16"}.get(encoder_dtype(k, compute), "bfloat16"),
-        quant=k.get("TEXT_ENCODER_QUANT", "none"),
+        dtype={torch.float32: "float32", torch.float16: "float16"}.get(dtype, "bfloat16"),
+        quant=encoders.text_encoder_quant,
     )
-    if k["TOKENIZER"]:
-        kwargs["tokenizer_path"] = k["TOKENIZER"]
-    if k["TEXT_TEMPLATE"]:
-        kwargs["template"] = k["TEXT_TEMPLATE"]
-    if "MAX_TEXT_TOKENS" in k:  # the sample script's knob; otherwise the encoder's default (4096)
-        kwargs["max_length"] = int(k["MAX_TEXT_TOKENS"])
+    if encoders.tokenizer:
+        kwargs["tokenizer_path"] = encoders.tokenizer
+    if encoders.text_template:
+        kwargs["template"] = encoders.text_template
+    if max_length is not None:
+        kwargs["max_length"] = int(max_length)
     return TextEncoderConfig(**kwargs)
 
 
 def build_text_encoder(
-    k: dict[str, Any], device: torch.device, text_dim: int, compute: torch.device | None = None
+    encoders: EncoderConfig,
+    device: torch.device,
+    text_dim: int,
+    compute: torch.device | None = None,
+    *,
+    precision: str,
+    seed: int = 0,
+    max_length: int | None = None,
 ) -> TextEncoder | None:
     """Loaded on `device`; its dtype follows `compute` (where it will run: bf16 on a GPU, fp32 on a CPU)."""
     compute = compute or device
-    if not k["TEXT_ENCODER"]:
+    if not encoders.text_encoder:
         return None
-    if k["TEXT_ENCODER"] == "synthetic":
+    if encoders.text_encoder == "synthetic":
         log.warning("TEXT_ENCODER='synthetic': fixed random word vectors, for benchmarks and smoke runs only")
-        return SyntheticTextEncoder(text_dim, int(k["SEED"]), device)
-    return TextEncoder.load(text_encoder_config(k, device, compute))
+        return SyntheticTextEncoder(text_dim, int(seed), device)
+    return TextEncoder.load(text_encoder_config(encoders, device, compute, precision, max_length))
 
 
 def build_vae(
-    k: dict[str, Any], device: torch.device, compute: torch.device | None = None
+    encoders: EncoderConfig,
+    device: torch.device,
+    compute: torch.device | None = None,
+    *,
+    precision: str,
+    seed: int = 0,
 ) -> ImageVAE | None:
     compute = compute or device
-    if not k["VAE"]:
+    if not encoders.vae:
         return None
-    if k["VAE"] == "synthetic":
+    if encoders.vae == "synthetic":
         log.warning("VAE='synthetic': a fixed random patch projection, for benchmarks and smoke runs only")
-        return SyntheticVAE(int(k["SEED"]), device)
-    return ImageVAE.load(k["VAE"], dtype=encoder_dtype(k, compute), device=device)
+        return SyntheticVAE(int(seed), device)
+    return ImageVAE.load(encoders.vae, dtype=encoder_dtype(encoders, precision, compute), device=device)
 
 
-def encoder_dtype(k: dict[str, Any], compute: torch.device) -> torch.dtype:
+def encoder_dtype(encoders: EncoderConfig, precision: str, compute: torch.device) -> torch.dtype:
     """ENCODER_PRECISION: the text encoder's and the VAE's dtype; auto is fp32 on a CPU, fp16 with
     PRECISION fp16 (cards without bf16), else bf16."""
-    choice = k.get("ENCODER_PRECISION", "auto")
-    if choice != "auto":
-        return PRECISION_DTYPES[choice]
+    if encoders.encoder_precision != "auto":
+        return PRECISION_DTYPES[encoders.encoder_precision]
     if compute.type == "cpu":
         return torch.float32
-    return torch.float16 if k.get("PRECISION") == "fp16" else torch.bfloat16
+    return torch.float16 if precision == "fp16" else torch.bfloat16
 
 
-def cap_to_card(k: dict[str, Any], device: torch.device) -> float | None:
+def cap_to_card(card_gb: float, device: torch.device) -> float | None:
     """CARD_GB below this GPU's memory caps the process to it, so the plan for a smaller card is run
     under that card's limit (an out-of-memory there is one here too); the cap in GiB, or None."""
-    want = float(k.get("CARD_GB") or 0)
+    want = float(card_gb or 0)
     if device.type != "cuda" or want <= 0:
         return None
     index = device.index if device.index is not None else torch.cuda.current_device()
@@ -195,43 +236,51 @@ def cap_to_card(k: dict[str, Any], device: torch.device) -> float | None:
     return want
 
 
-def build_components(k: dict[str, Any], build_device: torch.device | None = None) -> Components:
+def build_components(cfg: TrainConfig, build_device: torch.device | None = None) -> Components:
     """build_device: where the DiT is built before the plan places it (the benchmark's --build-device);
     default the host when blocks stream, else the device."""
-    if "DETERMINISTIC" in k:  # before any GEMM: cuBLAS reads its workspace setting once
-        set_deterministic(bool(k["DETERMINISTIC"]))
-        if k["DETERMINISTIC"]:
-            log.info(f"DETERMINISTIC: torch deterministic algorithms, kernel backends {ops_backend(k)}")
-    device = resolve_device(k["DEVICE"])
-    cap_to_card(k, device)  # before anything is allocated
-    dtype = PRECISION_DTYPES[k["PRECISION"]]
-    full_ft = k["ALGO"] == "full"
+    dev, seed = cfg.device, cfg.run.seed
+    set_deterministic(cfg.runtime.deterministic)  # before any GEMM: cuBLAS reads its workspace setting once
+    if cfg.runtime.deterministic:
+        log.info(f"DETERMINISTIC: torch deterministic algorithms, kernel backends {ops_backend(cfg)}")
+    device = resolve_device(dev.device)
+    cap_to_card(cfg.memory.card_gb, device)  # before anything is allocated
+    dtype = PRECISION_DTYPES[dev.precision]
+    full_ft = cfg.adapter.algo == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    if problem := base_precision_check(k):  # before anything loads
+    knobs = cfg.knobs()  # the adapters package's checks read the flat knobs
+    if problem := base_precision_check(knobs):  # before anything loads
         raise ConfigError("BASE_PRECISION", problem)
-    if refusal := dropout_check(k):
+    if refusal := dropout_check(knobs):
         raise ConfigError(*refusal)
-    plan, why = build_plan(k, device)
+    plan, why = build_plan(cfg, device)
     log.info(f"memory plan: {why}")
     # streamed blocks never sit whole on the device: such a model is loaded on the host first;
     # a full fine-tune with host masters keeps only a compute-dtype copy on the device
-    host_first = plan.streamed_count(model_config(k).depth) > 0
+    host_first = plan.streamed_count(model_config(cfg.model).depth) > 0
     masters_here = full_ft and plan.optimizer == "gpu"
     build = build_device or (torch.device("cpu") if host_first else device)
-    backbone = build_backbone(k, build, dtype, masters_here, draw=device if device.type == "cuda" else None)
+    draw = device if device.type == "cuda" else None
+    backbone = build_backbone(
+        cfg.model, build, dtype, masters_here, ops_backend=ops_backend(cfg), seed=seed, draw=draw
+    )
     if full_ft:
         backbone.requires_grad_(True)
     # before streaming places it; an int8 file's own int8 bytes are kept in the int8 modes
-    n_fp8 = quantize_frozen_linears(backbone, k["BASE_PRECISION"], device, source=k["WEIGHTS"] or None)
+    source = cfg.model.weights or None
+    n_fp8 = quantize_frozen_linears(backbone, dev.base_precision, device, source=source)
     if n_fp8:
-        log.info(f"BASE_PRECISION {k['BASE_PRECISION']}: {n_fp8} frozen block linears stored in 8 bits")
-    fp32_residuals(backbone, wants_fp32_residuals(k["PRECISION"]))  # fp16: the residual streams in float32
+        log.info(f"BASE_PRECISION {dev.base_precision}: {n_fp8} frozen block linears stored in 8 bits")
+    fp32_residuals(backbone, wants_fp32_residuals(dev.precision))  # fp16: the residual streams in float32
     engines = install_memory_plan(plan, backbone, device, compute_dtype=dtype, full_ft=full_ft)
     te_device = device if plan.text_encoder == "resident" else torch.device("cpu")
     vae_device = device if plan.vae == "resident" else torch.device("cpu")
-    text_encoder = build_text_encoder(k, te_device, backbone.config.text_dim, compute=device)
-    vae = build_vae(k, vae_device, compute=device)
+    text_dim, max_length = backbone.config.text_dim, cfg.data.max_text_tokens
+    text_encoder = build_text_encoder(
+        cfg.encoders, te_device, text_dim, device, precision=dev.precision, seed=seed, max_length=max_length
+    )
+    vae = build_vae(cfg.encoders, vae_device, device, precision=dev.precision, seed=seed)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
     return Components(device, dtype, backbone, text_encoder, vae, plan, engines, why)

@@ -1,4 +1,7 @@
-"""The run's data: catalog, a held-out validation subset, the plan for all micro-steps, and loaders."""
+"""The run's data: catalog, a held-out validation subset, the plan for all micro-steps, and loaders.
+
+The data package's settings come from the flat knobs through kohakumoss/data_knobs.py (the one conversion,
+which also names a data error's knob); the rest is read from the typed config."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.data_knobs import knob_errors, loader_knobs, plan_knobs, scan_knobs
 from kohakumoss_common.errors import ConfigError, DataError
 from kohakumoss_common.hashing import sha256_json
@@ -53,17 +57,16 @@ def template_token_count(text_encoder: Any) -> int:
     return len(prompts(""))
 
 
-def plan_for_steps(catalog: Catalog, k: dict[str, Any], micro_steps: int, template_tokens: int = 0) -> Plan:
+def plan_for_steps(catalog: Catalog, cfg: TrainConfig, micro_steps: int, template_tokens: int = 0) -> Plan:
     """A plan with enough epochs for `micro_steps` steps (the epoch count is derived, so still pure)."""
-    knobs = dataclasses.replace(plan_knobs(k), epochs=1, template_tokens=template_tokens)
-    one = build_plan(catalog, int(k["SEED"]), knobs)
+    seed = cfg.run.seed
+    knobs = dataclasses.replace(plan_knobs(cfg.knobs()), epochs=1, template_tokens=template_tokens)
+    one = build_plan(catalog, seed, knobs)
     per_epoch = len(one.steps)
     if per_epoch == 0:
         raise DataError("the plan has no steps: no usable items (see the scan report above)")
     epochs = math.ceil(micro_steps / per_epoch)
-    plan = (
-        one if epochs == 1 else build_plan(catalog, int(k["SEED"]), dataclasses.replace(knobs, epochs=epochs))
-    )
+    plan = one if epochs == 1 else build_plan(catalog, seed, dataclasses.replace(knobs, epochs=epochs))
     log.info(
         f"plan: {per_epoch} steps per epoch, {epochs} epoch(s) for {micro_steps} micro-steps; sha256 {plan.sha256}"
     )
@@ -96,10 +99,10 @@ def check_data_position(plan: Plan, position: dict[str, Any], checkpoint: Any, r
     )
 
 
-def validation_plan(catalog: Catalog, k: dict[str, Any], template_tokens: int = 0) -> Plan:
+def validation_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0) -> Plan:
     """One pass over the held-out items, center crops, no flip, no caption dropout."""
     knobs = dataclasses.replace(
-        plan_knobs(k),
+        plan_knobs(cfg.knobs()),
         template_tokens=template_tokens,
         epochs=1,
         crop="center",
@@ -108,33 +111,35 @@ def validation_plan(catalog: Catalog, k: dict[str, Any], template_tokens: int = 
         shuffle_caption=False,
         shuffle=False,
     )
-    return build_plan(catalog, int(k["SEED"]), knobs)
+    return build_plan(catalog, cfg.run.seed, knobs)
 
 
-def open_run_data(k: dict[str, Any], image_encoder, text_encoder) -> RunData:
+def open_run_data(cfg: TrainConfig, image_encoder, text_encoder) -> RunData:
     with knob_errors():  # the data package names its settings' fields: the user set knobs
-        return _open_run_data(k, image_encoder, text_encoder)
+        return _open_run_data(cfg, image_encoder, text_encoder)
 
 
-def _open_run_data(k: dict[str, Any], image_encoder, text_encoder) -> RunData:
-    source = make_source(k["DATASET"])
-    catalog = scan(source, scan_knobs(k), cache_dir=k["CATALOG_DIR"])
+def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder) -> RunData:
+    data, seed = cfg.data, cfg.run.seed
+    source = make_source(data.dataset)
+    catalog = scan(source, scan_knobs(cfg.knobs()), cache_dir=data.catalog_dir)
     log.info(catalog.report.summary())
-    train_catalog, val_catalog = split_validation(catalog, int(k["VAL_ITEMS"]), int(k["SEED"]))
+    train_catalog, val_catalog = split_validation(catalog, int(data.val_items), seed)
     template = template_token_count(text_encoder)
-    plan = plan_for_steps(train_catalog, k, int(k["STEPS"]) * int(k["GRAD_ACCUM"]), template)
-    val_plan = validation_plan(val_catalog, k, template) if val_catalog is not None else None
-    cache_dir = k["CACHE_DIR"] or None
+    plan = plan_for_steps(train_catalog, cfg, int(cfg.optim.steps) * int(cfg.optim.grad_accum), template)
+    val_plan = validation_plan(val_catalog, cfg, template) if val_catalog is not None else None
+    cache_dir = data.cache_dir or None
     latent_cache, text_cache = open_caches(cache_dir, image_encoder, text_encoder)
     return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache)
 
 
-def make_loader(data: RunData, k: dict[str, Any], image_encoder, text_encoder, start_step: int) -> Loader:
-    knobs = loader_knobs(k)
-    if k["VAE_ENCODE"] == "online" and k["TEXT_ENCODE"] == "online":
+def make_loader(data: RunData, cfg: TrainConfig, image_encoder, text_encoder, start_step: int) -> Loader:
+    knobs = loader_knobs(cfg.knobs())
+    vae_online, text_online = cfg.data.vae_encode == "online", cfg.data.text_encode == "online"
+    if vae_online and text_online:
         knobs = dataclasses.replace(knobs, write_back=False)
-    latent_cache = None if k["VAE_ENCODE"] == "online" else data.latent_cache
-    text_cache = None if k["TEXT_ENCODE"] == "online" else data.text_cache
+    latent_cache = None if vae_online else data.latent_cache
+    text_cache = None if text_online else data.text_cache
     return Loader(
         data.plan,
         data.catalog,
@@ -148,10 +153,10 @@ def make_loader(data: RunData, k: dict[str, Any], image_encoder, text_encoder, s
     )
 
 
-def validation_batches(data: RunData, k: dict[str, Any], image_encoder, text_encoder) -> list:
+def validation_batches(data: RunData, cfg: TrainConfig, image_encoder, text_encoder) -> list:
     if data.val_plan is None:
         return []
-    knobs = dataclasses.replace(loader_knobs(k), workers=0)
+    knobs = dataclasses.replace(loader_knobs(cfg.knobs()), workers=0)
     loader = Loader(
         data.val_plan,
         data.val_catalog,

@@ -1,7 +1,7 @@
-"""`train(k)`: knobs in, runs/<RUN_NAME>/ out. The run folder and its log.txt around a `Trainer`.
+"""`train(knobs)`: knobs in, runs/<RUN_NAME>/ out. The run folder and its log.txt around a `Trainer`.
 
-The Trainer (train/trainer.py) builds the run and steps it; this entry checks the run folder, opens the
-log file, and writes why a run stopped into it. The trainer's pieces the benchmark builds its step from
+The knobs are validated once here and become the typed `TrainConfig` the Trainer (train/trainer.py) is
+built from; this entry checks the run folder, opens the log file, and writes why a run stopped into it. The trainer's pieces the benchmark builds its step from
 (scripts/bench/train_step.py) are importable from here too.
 """
 
@@ -11,9 +11,11 @@ import faulthandler
 import logging
 import signal
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 from kohakumoss.distributed.trainer import RankRun
 from kohakumoss_common.errors import KohakuMossError
 from kohakumoss_common.log import add_file_log, get_logger
@@ -57,17 +59,18 @@ def dump_stacks_on_signal() -> None:
         faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True, chain=False)
 
 
-def train(k: dict[str, Any]) -> Path:
-    """Run training as the (validated) knobs say; returns the run folder."""
-    run_dir = Path(k["RUNS_DIR"]) / k["RUN_NAME"]
-    rr = RankRun(k)  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
+def train(knobs: Mapping[str, Any]) -> Path:
+    """Run training as the knobs say (checked against TRAIN_SCHEMA, defaults filled); returns the run folder."""
+    cfg = TrainConfig.from_knobs(TRAIN_SCHEMA.validate(knobs, source="train knobs"))
+    run_dir = Path(cfg.run.runs_dir) / cfg.run.run_name
+    rr = RankRun(cfg.knobs())  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
     dump_stacks_on_signal()
     if rr.is_main:
-        check_run_folder(k, run_dir)
+        check_run_folder(cfg.run, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     handler = add_file_log(rr.own(run_dir) / "log.txt")
     try:
-        return Trainer(k, run_dir, rr).train()
+        return Trainer(cfg, run_dir, rr).train()
     except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
         handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, f"stopped: {e}", None, None))
         raise

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.util
 import re
 from collections.abc import Iterable, Iterator
 
@@ -25,22 +24,10 @@ from torch.optim import AdamW, Muon, Optimizer
 from kohakumoss.optim.combined import CombinedOptimizer
 from kohakumoss.optim.combined import placement_problem as placement_problem
 from kohakumoss.optim.combined import zero_grads as zero_grads
-from kohakumoss.optim.names import NAMED_OPTIMIZERS, optimizer_location
 from kohakumoss.optim.names import optimizer_label as optimizer_label
+from kohakumoss.optim.names import optimizer_location
+from kohakumoss.optim.names import optimizer_problem as optimizer_problem
 from kohakumoss_common.errors import ConfigError
-
-
-def optimizer_problem(name: str) -> str | None:
-    """Why OPTIMIZER `name` cannot be built here (unknown, or its package is not installed), or None."""
-    try:
-        module, _, package = optimizer_location(name)
-    except ConfigError as e:
-        return e.args[-1] if e.args else str(e)
-    top = module.split(".")[0]
-    if importlib.util.find_spec(top) is None:
-        extra = " (or pip install 'kohakumoss[optim]')" if name in NAMED_OPTIMIZERS else ""
-        return f"'{name}' needs the '{package}' package: pip install {package}{extra}"
-    return None
 
 
 def optimizer_class(name: str) -> type[Optimizer]:

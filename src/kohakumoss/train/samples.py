@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
+from kohakumoss.config.train import SampleConfig, TrainConfig
 from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
 from kohakumoss.diffusion.grid import grid as grid  # the sample grid, beside the sampler
@@ -15,58 +16,58 @@ from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_pro
 from .graphs import PYTHON_SIDE_ALGOS
 
 
-def sample_prompts(k: dict) -> list[PromptLine]:
+def sample_prompts(samples: SampleConfig) -> list[PromptLine]:
     """SAMPLE_PROMPTS, then the lines of SAMPLE_PROMPTS_FILE (kohya flags parsed)."""
     lines = [
         parse_prompt_line(p, f"SAMPLE_PROMPTS[{i}]", "SAMPLE_PROMPTS")
-        for i, p in enumerate(k["SAMPLE_PROMPTS"])
+        for i, p in enumerate(samples.sample_prompts)
     ]
-    if k.get("SAMPLE_PROMPTS_FILE"):
-        lines += read_prompt_file(k["SAMPLE_PROMPTS_FILE"], "SAMPLE_PROMPTS_FILE")
+    if samples.sample_prompts_file:
+        lines += read_prompt_file(samples.sample_prompts_file, "SAMPLE_PROMPTS_FILE")
     return lines
 
 
-def sample_captions(k: dict) -> list[str]:
+def sample_captions(samples: SampleConfig) -> list[str]:
     """The grid's column captions: each sample's prompt text."""
-    return [p.prompt for p in sample_prompts(k)]
+    return [p.prompt for p in sample_prompts(samples)]
 
 
-def sample_requests(k: dict) -> list[GenerationRequest]:
+def sample_requests(samples: SampleConfig) -> list[GenerationRequest]:
     """One request per sample prompt; a line's flags override the SAMPLE_* knobs."""
-    prompts = sample_prompts(k)
-    seeds = list(k["SAMPLE_SEEDS"]) or list(range(len(prompts)))
+    prompts = sample_prompts(samples)
+    seeds = list(samples.sample_seeds) or list(range(len(prompts)))
     out = []
     for i, p in enumerate(prompts):
         p = p.with_defaults(
-            negative=k["SAMPLE_NEGATIVE"],
-            width=int(k["SAMPLE_WIDTH"]),
-            height=int(k["SAMPLE_HEIGHT"]),
+            negative=samples.sample_negative,
+            width=int(samples.sample_width),
+            height=int(samples.sample_height),
             seed=int(seeds[i % len(seeds)]),
         )
         out.append(GenerationRequest(p.prompt, p.seed, p.width, p.height, p.negative, p.steps, p.cfg))
     return out
 
 
-def sampler_config(k: dict, depth: int) -> SamplerConfig:
+def sampler_config(samples: SampleConfig, depth: int) -> SamplerConfig:
     """The released sampler at SAMPLE_STEPS / SAMPLE_CFG / SAMPLE_SHIFT; the uncond branch skips block 22
     where it exists."""
     return SamplerConfig(
-        steps=int(k["SAMPLE_STEPS"]),
-        cfg_scale=float(k["SAMPLE_CFG"]),
-        shift=float(k["SAMPLE_SHIFT"]),
+        steps=int(samples.sample_steps),
+        cfg_scale=float(samples.sample_cfg),
+        shift=float(samples.sample_shift),
         uncond_skip_layers=released_uncond_skip_layers(depth),
     )
 
 
-def sampler_speed(k: dict) -> SamplerSpeed:
+def sampler_speed(cuda_graphs: str, algo: str) -> SamplerSpeed:
     """The sampler's fast path; its steps graphed unless the run's CUDA_GRAPHS is off or its adapter
     decides in Python per call (DyLoRA draws a rank each forward: a graph would replay one draw)."""
-    eager = k.get("CUDA_GRAPHS") == "off" or k.get("ALGO") in PYTHON_SIDE_ALGOS
+    eager = cuda_graphs == "off" or algo in PYTHON_SIDE_ALGOS
     return SamplerSpeed(cuda_graphs="off" if eager else "auto")
 
 
 @torch.no_grad()
-def draw_row(model, text_encoder, vae, k: dict, device, dtype) -> list[Image.Image]:
+def draw_row(model, text_encoder, vae, cfg: TrainConfig, device, dtype) -> list[Image.Image]:
     was_training = model.training
     model.eval()
     try:
@@ -75,11 +76,11 @@ def draw_row(model, text_encoder, vae, k: dict, device, dtype) -> list[Image.Ima
                 model,
                 text_encoder,
                 vae,
-                sample_requests(k),
-                sampler_config(k, model.config.depth),
+                sample_requests(cfg.samples),
+                sampler_config(cfg.samples, model.config.depth),
                 model.config.in_channels,
                 device,
-                speed=sampler_speed(k),
+                speed=sampler_speed(cfg.runtime.cuda_graphs, cfg.adapter.algo),
             )
     finally:
         model.train(was_training)

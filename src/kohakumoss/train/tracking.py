@@ -6,38 +6,18 @@ TensorBoard server's own dependencies); wandb is imported only when LOGGERS name
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from kohakumoss.config.rules import LOGGERS as LOGGERS
+from kohakumoss.config.rules import loggers_problem as loggers_problem
 from kohakumoss_common.errors import ConfigError
 
-LOGGERS = ("tensorboard", "wandb")
 TENSORBOARD_DIR = "tensorboard"  # under the run folder
-
-
-def loggers_problem(value: list) -> str | None:
-    """For the LOGGERS knob check: unknown or repeated names."""
-    bad = [v for v in value if v not in LOGGERS]
-    if bad:
-        return f"unknown logger(s) {bad}; known: {list(LOGGERS)}"
-    if len(set(value)) != len(value):
-        return f"a logger is named twice: {value}"
-    for name, package in (("tensorboard", "tensorboardX"), ("wandb", "wandb")):
-        if name in value and not _installed(package):  # said before any work starts
-            return f"'{name}' needs the {package} package, not installed here: pip install {package} (or leave it out of LOGGERS)"
-    return None
-
-
-def _installed(package: str) -> bool:
-    if package in sys.modules:
-        return sys.modules[package] is not None
-    return importlib.util.find_spec(package) is not None
 
 
 def _numbers(record: dict) -> dict[str, float]:

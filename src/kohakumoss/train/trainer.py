@@ -1,6 +1,6 @@
-"""The Trainer: one run built from the (validated) knobs, then trained over the shared step runner.
+"""The Trainer: one run built from its typed config, then trained over the shared step runner.
 
-    Trainer(k, run_dir, rr)   checkpoints to resume -> components -> data -> base samples -> trainable
+    Trainer(cfg, run_dir, rr) checkpoints to resume -> components -> data -> base samples -> trainable
                               -> (resume) -> metrics -> step runner
     .train()                  train_step() until STOP_AT or STEPS, a checkpoint; at STEPS the last grid,
                               the exports and the loss plot
@@ -11,6 +11,11 @@
 Written so that a run stopped at step k and resumed replays exactly what an uninterrupted run does:
 the plan is a pure function of the data and knobs, sigmas and noise are drawn from (SEED, micro-step),
 and the global RNG states travel in the checkpoint.
+
+Everything reads the typed config (`cfg.optim.lr`, or the section a builder takes). The flat knob dict,
+`cfg.knobs()`, is only what the run writes out (config.json, a checkpoint's knobs that resume compares, the
+trackers' config, the adapter metadata) and what the packages below still take as knobs (the memory plan
+and its estimate, the data package's settings through data_knobs.py, the distributed run).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kohakumoss.adapters import adapter_param_groups, build_adapter, clear_tlora_mask
+from kohakumoss.adapters import adapter_param_groups, build_from_spec, clear_tlora_mask
+from kohakumoss.config.train import ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
 from kohakumoss.distributed.trainer import RankRun
@@ -105,19 +111,20 @@ class CacheOnly:
 
 
 class Trainer:
-    """One run (or this rank's part of a DISTRIBUTED one): `Trainer(k, run_dir, rr).train()`."""
+    """One run (or this rank's part of a DISTRIBUTED one): `Trainer(cfg, run_dir, rr).train()`."""
 
-    def __init__(self, k: dict[str, Any], run_dir: Path, rr: RankRun):
-        self.k, self.rr = k, rr
+    def __init__(self, cfg: TrainConfig, run_dir: Path, rr: RankRun):
+        self.cfg, self.rr = cfg, rr
+        self.knobs = cfg.knobs()  # the flat dict the run writes out: config.json, checkpoints, metadata
         self.run_dir, self.ckpt_root, self.samples_dir = run_dir, run_dir / "checkpoints", run_dir / "samples"
-        self.steps, self.accum = int(k["STEPS"]), int(k["GRAD_ACCUM"])
-        self.stop_at = min(int(k["STOP_AT"]) or self.steps, self.steps)
+        self.steps, self.accum = int(cfg.optim.steps), int(cfg.optim.grad_accum)
+        self.stop_at = min(int(cfg.run.stop_at) or self.steps, self.steps)
         resume_path = self.find_resume()
-        seed_everything(int(k["SEED"]))
-        atomic_write_json(rr.own(run_dir) / "config.json", k)
-        self.comps = build_components(k)
+        seed_everything(int(cfg.run.seed))
+        atomic_write_json(rr.own(run_dir) / "config.json", self.knobs)
+        self.comps = build_components(cfg)
         rr.check_plan(self.comps.plan)  # DISTRIBUTED='fsdp': engines FSDP2 cannot run, refused here
-        log.info(f"device {self.comps.device}, precision {k['PRECISION']}, run folder {run_dir}")
+        log.info(f"device {self.comps.device}, precision {cfg.device.precision}, run folder {run_dir}")
         self.build_data()
         self.base_row = self.base_samples()
         self.tr = self.build_trainable()
@@ -132,10 +139,10 @@ class Trainer:
         """Stale temporaries removed; RESUME's checkpoint, its knobs checked before any weight is loaded."""
         for stale in clean_stale(self.ckpt_root) if self.rr.is_main else ():
             log.info(f"removed {stale.name}, left in {self.ckpt_root} by an interrupted save or prune")
-        path = resume_point(self.k, self.ckpt_root)
+        path = resume_point(self.cfg.run.resume, self.ckpt_root)
         if path is None:
             return None
-        for change in check_resume_knobs(self.k, path):
+        for change in check_resume_knobs(self.cfg, path):
             log.info(f"resume: {change} (RESUME_ALLOW_CHANGES)")
         step = json.loads((path / "meta.json").read_text())["step"]
         # checkpoints past the resumed step move aside: else 'latest' and KEEP_LAST would count them
@@ -145,26 +152,26 @@ class Trainer:
 
     def build_data(self) -> None:
         """The encoders (or their cache-only stand-ins), the data plan and rank 0's validation batches."""
-        k, comps = self.k, self.comps
+        cfg, comps = self.cfg, self.comps
         self.image_encoder = (
             comps.vae
-            if k["VAE_ENCODE"] != "cache"
+            if cfg.data.vae_encode != "cache"
             else CacheOnly(comps.vae, "VAE_ENCODE", "scripts/data/cache_latents.py")
         )
         self.text_encoder = (
             comps.text_encoder
-            if k["TEXT_ENCODE"] != "cache"
+            if cfg.data.text_encode != "cache"
             else CacheOnly(comps.text_encoder, "TEXT_ENCODE", "scripts/data/cache_text.py")
         )
-        self.data = open_run_data(k, self.image_encoder, self.text_encoder)
-        batches = validation_batches(self.data, k, self.image_encoder, self.text_encoder)
+        self.data = open_run_data(cfg, self.image_encoder, self.text_encoder)
+        batches = validation_batches(self.data, cfg, self.image_encoder, self.text_encoder)
         val = [to_device_batch(b, comps.device, comps.dtype) for b in batches]
         # the validation loss is rank 0's to log; under FSDP2 every rank runs the forward (it gathers)
         self.val = val if self.rr.is_main or self.rr.fsdp else []
 
     def base_samples(self):
         """The base model's sample row (rank 0), drawn before any training and kept for every later grid."""
-        comps, self.prompts = self.comps, sample_captions(self.k)
+        comps, self.prompts = self.comps, sample_captions(self.cfg.samples)
         encoders = comps.text_encoder is not None and comps.vae is not None
         self.can_sample = self.rr.is_main and bool(self.prompts) and encoders
         # under FSDP2 every rank draws the later rows with rank 0 (the forward gathers each block)
@@ -181,17 +188,17 @@ class Trainer:
         """The trainable weights and their optimizer. DISTRIBUTED='fsdp' shards the backbone before a full
         fine-tune's optimizer is built (it steps the shards), after an adapter attaches (it wraps whole linears)."""
         comps, rr = self.comps, self.rr
-        if self.k["ALGO"] == "full":
+        if self.cfg.adapter.algo == "full":
             rr.shard(comps.backbone, comps.dtype, comps.plan)
-        tr = build_trainable(self.k, comps)
+        tr = build_trainable(self.cfg, comps)
         rr.shard(comps.backbone, comps.dtype, comps.plan)  # done already for a full fine-tune
         return tr
 
     def load(self, path: Path) -> int:
         """The checkpoint's trainable weights, optimizer, EMA and RNG states; returns its step."""
-        k, tr, engines = self.k, self.tr, self.comps.engines
+        tr, engines = self.tr, self.comps.engines
         ckpt = load_checkpoint(path, sharded_weights=False)  # shards: loaded into the model below
-        check_data_position(self.data.plan, ckpt.data_position, path, bool(k.get("RESUME_REPLAN")))
+        check_data_position(self.data.plan, ckpt.data_position, path, self.cfg.run.resume_replan)
         if engines is not None and engines.streamer is not None:
             engines.streamer.invalidate()  # streamed parameters point at their host copies
         if ckpt.metadata.get("sharded"):  # an FSDP2 run's: DCP reshards it to this run's ranks (or one)
@@ -215,21 +222,21 @@ class Trainer:
 
     def build_metrics(self, resume_step: int | None) -> None:
         """metrics.jsonl (this rank's), with TensorBoard / wandb beside it on rank 0."""
-        loggers = list(self.k["LOGGERS"]) if self.rr.is_main else []  # other ranks: ranks/<rank>/
-        trackers = Trackers(loggers, self.run_dir, self.k, resume_step)
+        loggers = list(self.cfg.run.loggers) if self.rr.is_main else []  # other ranks: ranks/<rank>/
+        trackers = Trackers(loggers, self.run_dir, self.knobs, resume_step)
         path = self.rr.own(self.run_dir) / "metrics.jsonl"
         self.metrics = MetricsWriter(path, resume_step=resume_step, trackers=trackers)
 
     def build_runner(self) -> None:
         """The shared step runner over this rank's prefetched batches from the start step's micro-step."""
-        k, comps, rr, first = self.k, self.comps, self.rr, self.start * self.accum
+        cfg, comps, rr, first = self.cfg, self.comps, self.rr, self.start * self.accum
         scaler = torch.amp.GradScaler(comps.device.type) if comps.dtype == torch.float16 else None
-        loader = make_loader(rr.local_data(self.data), k, self.image_encoder, self.text_encoder, first)
+        loader = make_loader(rr.local_data(self.data), cfg, self.image_encoder, self.text_encoder, first)
         forward = rr.wrap(comps.backbone, self.tr.network, comps.plan)  # DISTRIBUTED='ddp': DDP around it
-        loss_fn = step_loss_fn(k, forward, comps.dtype)
-        step_loss = rr.loss_fn(loss_fn, timestep_config(k), draw_step_noise)  # this rank's share
+        loss_fn = step_loss_fn(cfg.objective, forward, comps.dtype)
+        step_loss = rr.loss_fn(loss_fn, timestep_config(cfg.objective), draw_step_noise)  # this rank's share
         next_batch = rr.next_batch(lambda: self.prefetch.next_batch(), first)
-        self.runner = build_runner(k, comps, self.tr, step_loss, next_batch, scaler)
+        self.runner = build_runner(cfg, comps, self.tr, step_loss, next_batch, scaler)
         pad = TEXT_PAD if self.runner.graphs is not None else 0  # other captions, the same graph
         self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first, pad_to=pad)
 
@@ -243,13 +250,13 @@ class Trainer:
         self.bar = tqdm(
             total=self.steps,
             initial=self.start,
-            desc=self.k["RUN_NAME"],
+            desc=self.cfg.run.run_name,
             unit="step",
             dynamic_ncols=True,
             disable=quiet,
         )
         self.progress = ProgressLines(log, self.steps) if self.bar.disable and self.rr.is_main else None
-        self.collector = StepCollector(int(self.k["GC_EVERY"]))
+        self.collector = StepCollector(int(self.cfg.runtime.gc_every))
 
     # ---- the loop
 
@@ -297,16 +304,16 @@ class Trainer:
         self.bar.update(1)
         self.log_step(result, lr_factor, dt)
         if self.step < self.steps:  # the last step's grid and checkpoint come after the loop
-            if self.draws and self.every("SAMPLE_EVERY"):
+            if self.draws and self.every(self.cfg.samples.sample_every):
                 self.sample()
-            if self.every("SAVE_EVERY"):
+            if self.every(self.cfg.run.save_every):
                 log.info(f"checkpoint {self.save()}")
 
     def skip(self, result: StepResult) -> None:
         """A non-finite step: counted, its remaining batches taken; MAX_BAD_STEPS in a row stop the run."""
         self.bad_in_row, self.skipped = self.bad_in_row + 1, self.skipped + 1
         log.warning(f"step {self.step}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
-        if self.bad_in_row >= int(self.k["MAX_BAD_STEPS"]):
+        if self.bad_in_row >= int(self.cfg.objective.max_bad_steps):
             raise NonFiniteLoss(
                 f"{self.bad_in_row} non-finite losses in a row (MAX_BAD_STEPS); lower LR, check the data or use PRECISION='bf16'"
             )
@@ -321,12 +328,12 @@ class Trainer:
         self.bar.set_postfix(loss=f"{loss:.4f}")
         if self.progress is not None:
             self.progress.update(step, loss, tokens / dt)
-        if not (self.every("LOG_EVERY") or step == self.steps):
+        if not (self.every(self.cfg.run.log_every) or step == self.steps):
             return
         record = dict(
             step=step,
             loss=loss,
-            lr=self.k["LR"] * lr_factor,
+            lr=self.cfg.optim.lr * lr_factor,
             grad_norm=float(result.grad_norm),
             samples=samples,
             tokens=tokens,
@@ -337,14 +344,14 @@ class Trainer:
             skipped=self.skipped,
             gc_ms=self.collector.take_paused_ms(),
         )
-        if self.val and (self.every("VAL_EVERY") or (self.k["VAL_EVERY"] and step == self.steps)):
+        val_every = self.cfg.data.val_every
+        if self.val and (self.every(val_every) or (val_every and step == self.steps)):
             record["val_loss"] = self.validate()
         self.metrics.write(record)
         log.debug(str(record))
 
-    def every(self, knob: str) -> bool:
-        """The step is a multiple of the *_EVERY knob (0: never)."""
-        n = self.k[knob]
+    def every(self, n: int) -> bool:
+        """The step is a multiple of an *_EVERY knob's value `n` (0: never)."""
         return bool(n) and self.step % int(n) == 0
 
     def finish(self) -> None:
@@ -362,10 +369,10 @@ class Trainer:
 
     def validate(self) -> float:
         """The validation loss at VAL_SIGMAS (schedule-free: at its averaged weights)."""
-        k, comps = self.k, self.comps
+        cfg, comps = self.cfg, self.comps
         with eval_weights(self.tr.optimizer):
             return validation_loss(
-                comps.backbone, self.val, list(k["VAL_SIGMAS"]), comps.dtype, int(k["SEED"])
+                comps.backbone, self.val, list(cfg.data.val_sigmas), comps.dtype, int(cfg.run.seed)
             )
 
     def sample(self) -> Path:
@@ -388,7 +395,9 @@ class Trainer:
         """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile."""
         comps = self.comps
         with comps.text_encoder.on_device(), comps.vae.on_device():
-            return draw_row(comps.backbone, comps.text_encoder, comps.vae, self.k, comps.device, comps.dtype)
+            return draw_row(
+                comps.backbone, comps.text_encoder, comps.vae, self.cfg, comps.device, comps.dtype
+            )
 
     def save(self) -> Path:
         """A checkpoint at this step, its exports inside; rank 0 writes it (the weights are equal on every
@@ -413,7 +422,7 @@ class Trainer:
     def write_checkpoint(self, sharded: dict | None = None) -> Path:
         """Rank 0's checkpoint folder; `sharded` (FSDP2): every rank's DCP state, written by all of them
         into `sharded/` instead of trainable.safetensors and optimizer.pt."""
-        k, tr, step, micro = self.k, self.tr, self.step, self.step * self.accum
+        tr, step, micro = self.tr, self.step, self.step * self.accum
         failed: list[ExportMismatch] = []
 
         def exports(tmp: Path) -> None:
@@ -432,8 +441,8 @@ class Trainer:
                 "plan_sha256": self.data.plan.sha256,
                 "seen_sha256": plan_prefix_sha256(self.data.plan, micro),
             },
-            config=k,
-            keep_last=int(k["KEEP_LAST"]),
+            config=self.knobs,
+            keep_last=int(self.cfg.run.keep_last),
             write_extra=exports,
             extra_bytes=self.export_bytes() + (tensor_bytes(sharded) if sharded is not None else 0),
             write_sharded=(lambda tmp: self.rr.write_shards(tmp, sharded)) if sharded is not None else None,
@@ -457,34 +466,34 @@ class Trainer:
         """ComfyUI / LyCORIS adapter (per SAVE_FORMAT), merged, diffusers, each verified (export/verify.py);
         the adapter files carry the run's ss_* / modelspec.* metadata at `step` (None: STEPS, the final
         export: the only one with full-difference ComfyUI files unless COMFY_DIFFS='every')."""
-        k = self.k
+        export = self.cfg.export
         clear_tlora_mask()
-        metadata = run_metadata(k, self.steps if step is None else step)
+        metadata = run_metadata(self.knobs, self.steps if step is None else step)  # written into the files
 
         def write() -> dict[str, Path]:
             return export_all(
                 self.comps.backbone,
                 self.tr.network,
                 folder,
-                k["RUN_NAME"],
-                save_merged_model=k["SAVE_MERGED"],
-                save_diffusers=k["SAVE_DIFFUSERS"],
+                self.cfg.run.run_name,
+                save_merged_model=export.save_merged,
+                save_diffusers=export.save_diffusers,
                 metadata=metadata,
-                save_format=k["SAVE_FORMAT"],
-                full_diffs=step is None or k["COMFY_DIFFS"] == "every",
+                save_format=export.save_format,
+                full_diffs=step is None or export.comfy_diffs == "every",
             )
 
-        if self.tr.ema is not None and k["EXPORT_EMA"]:
+        if self.tr.ema is not None and self.cfg.optim.export_ema:
             with self.tr.ema.swapped():
                 return write()
         return write()
 
     def export_bytes(self) -> int:
         """An upper estimate of what the exports write: adapter files at their stored size, merged models in bf16."""
-        tr, k = self.tr, self.k
+        tr, export = self.tr, self.cfg.export
         adapter = 2 * tensor_bytes(trainable_state(tr.module)) if tr.network is not None else 0
         backbone = sum(p.numel() for p in self.comps.backbone.parameters()) * 2
-        merged = (bool(k["SAVE_MERGED"]) or tr.network is None) + bool(k["SAVE_DIFFUSERS"])
+        merged = (bool(export.save_merged) or tr.network is None) + bool(export.save_diffusers)
         return adapter + merged * backbone
 
 
@@ -497,49 +506,47 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
-    model, device = comps.backbone, comps.device
-    total = int(k["STEPS"])
-    schedule = LRSchedule(k["LR_SCHEDULE"], int(k["LR_WARMUP_STEPS"]), total, float(k["LR_MIN_RATIO"]))
-    if k["ALGO"] == "full":
+def build_trainable(cfg: TrainConfig, comps: Components) -> Trainable:
+    """The adapter (ALGO) or the whole backbone (ALGO='full'), its optimizer (placed by the memory plan),
+    LR schedule and EMA."""
+    model, optim = comps.backbone, cfg.optim
+    schedule = LRSchedule(
+        optim.lr_schedule, int(optim.lr_warmup_steps), int(optim.steps), float(optim.lr_min_ratio)
+    )
+    if cfg.adapter.algo == "full":
         model.requires_grad_(True)
-        optimizer = build_full_ft_optimizer(
-            model,
-            lr=k["LR"],
-            muon_lr=k["MUON_LR"] or None,
-            weight_decay=k["WEIGHT_DECAY"],
-            use_muon=k["USE_MUON"],
-            optimizer=k["OPTIMIZER"],
-            optimizer_args=k["OPTIMIZER_ARGS"],
-        )
         module, network = model, None
     else:
-        algo_args = dict(k["ALGO_ARGS"])
-        network = build_adapter(
-            model,
-            algo=k["ALGO"],
-            rank=int(k["RANK"]),
-            alpha=float(k["ALPHA"]),
-            preset=k["TARGET_PRESET"],
-            patterns=tuple(k["TARGET_PATTERNS"]),
-            dropout=k["DROPOUT"],
-            rank_dropout=k["RANK_DROPOUT"],
-            module_dropout=k["MODULE_DROPOUT"],
-            bypass=k["BYPASS"],
-            **algo_args,
-        )
-        network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
-        ratio = k["LORA_PLUS_RATIO"] or None
-        groups = adapter_param_groups(network, k["LR"], ratio, k["WEIGHT_DECAY"])
-        optimizer = build_adapter_optimizer(groups, k["LR"], k["OPTIMIZER"], k["OPTIMIZER_ARGS"])
+        network = build_from_spec(model, cfg.adapter.spec())
+        network.to(device=comps.device, dtype=torch.float32)  # adapter weights train in fp32
         module = network
+    optimizer = build_optimizer(optim, model, network, cfg.adapter.lora_plus_ratio)
     if comps.engines is not None:  # states on the GPU, streamed or on the host, as the plan says
         optimizer = comps.engines.place_optimizer(optimizer)
     params = [p for p in module.parameters() if p.requires_grad]
-    ema = EMA(module, k["EMA_DECAY"], int(k["EMA_WARMUP"]), int(k["EMA_EVERY"])) if k["EMA"] else None
+    ema = EMA(module, optim.ema_decay, int(optim.ema_warmup), int(optim.ema_every)) if optim.ema else None
     n = sum(p.numel() for p in params)
-    log.info(f"training {'the full model' if network is None else k['ALGO']}: {n:,} trainable parameters")
+    what = "the full model" if network is None else cfg.adapter.algo
+    log.info(f"training {what}: {n:,} trainable parameters")
     return Trainable(module, network, params, optimizer, schedule, ema)
+
+
+def build_optimizer(
+    optim: OptimConfig, model: torch.nn.Module, network: Any = None, lora_plus_ratio: float = 0.0
+) -> CombinedOptimizer:
+    """OPTIMIZER over the adapter's LoRA+ groups, or (network None) Muon and OPTIMIZER over the whole model."""
+    if network is None:
+        return build_full_ft_optimizer(
+            model,
+            lr=optim.lr,
+            muon_lr=optim.muon_lr or None,
+            weight_decay=optim.weight_decay,
+            use_muon=optim.use_muon,
+            optimizer=optim.optimizer,
+            optimizer_args=optim.optimizer_args,
+        )
+    groups = adapter_param_groups(network, optim.lr, lora_plus_ratio or None, optim.weight_decay)
+    return build_adapter_optimizer(groups, optim.lr, optim.optimizer, optim.optimizer_args)
 
 
 def optimizer_members(optimizer) -> list[torch.optim.Optimizer]:
@@ -547,75 +554,79 @@ def optimizer_members(optimizer) -> list[torch.optim.Optimizer]:
     return list(optimizer.optimizers.values())
 
 
-def timestep_config(k: dict[str, Any]) -> TimestepConfig:
+def timestep_config(objective: ObjectiveConfig) -> TimestepConfig:
     return TimestepConfig(
-        mode=k["TIMESTEP_SAMPLING"],
-        logit_mean=k["LOGIT_MEAN"],
-        logit_std=k["LOGIT_STD"],
-        shift=k["TIMESTEP_SHIFT"],
-        static_shift=k["STATIC_SHIFT"],
-        mode_scale=k["MODE_SCALE"],
+        mode=objective.timestep_sampling,
+        logit_mean=objective.logit_mean,
+        logit_std=objective.logit_std,
+        shift=objective.timestep_shift,
+        static_shift=objective.static_shift,
+        mode_scale=objective.mode_scale,
     )
 
 
-def step_loss_fn(k: dict[str, Any], forward, dtype: torch.dtype):
-    """The micro-step's loss as the knobs define it: (batch, sigma, noise) -> loss."""
-    options = dict(loss_type=k["LOSS_TYPE"], huber_c=k["HUBER_C"], min_snr_gamma=k["MIN_SNR_GAMMA"])
+def step_loss_fn(objective: ObjectiveConfig, forward, dtype: torch.dtype):
+    """The micro-step's loss as the objective defines it: (batch, sigma, noise) -> loss."""
+    o = objective
+    options = dict(loss_type=o.loss_type, huber_c=o.huber_c, min_snr_gamma=o.min_snr_gamma)
 
     def step_loss(batch, sigma, noise):
-        return flow_loss(
-            forward, batch, sigma, noise, dtype, k["LOSS_WEIGHTING"], k["LOSS_REDUCTION"], **options
-        )
+        return flow_loss(forward, batch, sigma, noise, dtype, o.loss_weighting, o.loss_reduction, **options)
 
     return step_loss
 
 
 def build_runner(
-    k: dict[str, Any], comps: Components, tr: Trainable, loss_fn, next_batch, scaler=None
+    cfg: TrainConfig, comps: Components, tr: Trainable, loss_fn, next_batch, scaler=None
 ) -> StepRunner:
     """The step the trainer runs (and scripts/bench/train_step.py measures): graphs where allowed."""
-    graphs = build_step_graphs(k, comps, tr, loss_fn)
+    graphs = build_step_graphs(cfg, comps, tr, loss_fn)
+    adapter = cfg.adapter
     return StepRunner(
         tr.optimizer,
         loss_fn,
         next_batch,
         device=comps.device,
-        seed=int(k["SEED"]),
-        accum=int(k["GRAD_ACCUM"]),
-        timesteps=timestep_config(k),
-        grad_clip=float(k["GRAD_CLIP"]),
+        seed=int(cfg.run.seed),
+        accum=int(cfg.optim.grad_accum),
+        timesteps=timestep_config(cfg.objective),
+        grad_clip=float(cfg.optim.grad_clip),
         graphs=graphs,
         engines=comps.engines,
         scaler=scaler,
         tuning=lambda: comps.backbone.ops.tuning(device_time=graphs is not None),
-        tlora_rank=int(k["RANK"]) if k["ALGO"] == "tlora" else None,
+        tlora_rank=int(adapter.rank) if adapter.algo == "tlora" else None,
     )
 
 
-def build_step_graphs(k: dict[str, Any], comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
+def build_step_graphs(cfg: TrainConfig, comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
     """CUDA_GRAPHS: the micro-step's graphs where the run allows them (train/graphs.py says why not)."""
-    refusal = graph_refusal(comps.plan, comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype)
-    if not resolve_graphs(k["CUDA_GRAPHS"], refusal):
-        if k["CUDA_GRAPHS"] == "auto" and comps.device.type == "cuda":
+    adapter, mode = cfg.adapter, cfg.runtime.cuda_graphs
+    refusal = graph_refusal(
+        comps.plan, comps.device, adapter.algo, float(adapter.module_dropout), comps.dtype
+    )
+    if not resolve_graphs(mode, refusal):
+        if mode == "auto" and comps.device.type == "cuda":
             log.info(f"CUDA graphs off ({refusal})")
         return None
     log.info("CUDA graphs on: each batch shape is captured on its second micro-step, then replayed")
-    return StepGraphs(loss_fn, tr.params, backward_scale=1.0 / int(k["GRAD_ACCUM"]), ops=comps.backbone.ops)
+    scale = 1.0 / int(cfg.optim.grad_accum)
+    return StepGraphs(loss_fn, tr.params, backward_scale=scale, ops=comps.backbone.ops)
 
 
-def resume_point(k: dict[str, Any], ckpt_root: Path) -> Path | None:
+def resume_point(resume: str, ckpt_root: Path) -> Path | None:
     """The checkpoint RESUME names; None for a fresh start ('latest' with none yet)."""
-    if not k["RESUME"]:
+    if not resume:
         return None
     try:
-        path = resolve_checkpoint(ckpt_root, k["RESUME"])
+        path = resolve_checkpoint(ckpt_root, resume)
     except CheckpointError as e:
         raise ConfigError("RESUME", str(e)) from e
     if path is None:
-        if k["RESUME"] == "latest":
+        if resume == "latest":
             log.info(f"RESUME='latest': no checkpoint under {ckpt_root}, starting fresh")
             return None
-        raise ConfigError("RESUME", f"no checkpoint at '{k['RESUME']}'")
+        raise ConfigError("RESUME", f"no checkpoint at '{resume}'")
     return path
 
 

@@ -1,0 +1,70 @@
+"""The trainer reads its typed config (`cfg.optim.lr`), never a knob by its name (`k["LR"]`).
+
+An AST scan of every module under src/kohakumoss/train: a subscript, a `.get` / `.pop` / `.setdefault`, or an
+`in` test whose key is a train knob's UPPER_CASE name fails, unless listed in WRITES_FLAT (a place that
+writes the flat dict out). A knob name as an error's first argument (`ConfigError("RESUME", ...)`) names the
+knob for the user and is not a read.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from kohakumoss.config.train import TRAIN_SCHEMA
+
+TRAIN = Path(__file__).resolve().parents[2] / "src" / "kohakumoss" / "train"
+KNOBS = frozenset(TRAIN_SCHEMA.knobs)
+# (file, knob) pairs allowed to read the flat dict by name: where it is written out. None today: config.json,
+# a checkpoint's knobs and the trackers' config are written whole (`cfg.knobs()`), resume compares by loop.
+WRITES_FLAT: frozenset[tuple[str, str]] = frozenset()
+
+
+def _knob(node: ast.AST | None) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in KNOBS:
+        return node.value
+    return None
+
+
+def knob_reads(source: str) -> list[tuple[int, str]]:
+    """(line, knob) of every read of a knob by its name in `source`."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        name = None
+        if isinstance(node, ast.Subscript):
+            name = _knob(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr in ("get", "pop", "setdefault"):
+                name = _knob(node.args[0])
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            name = _knob(node.left)
+        if name is not None:
+            out.append((node.lineno, name))
+    return out
+
+
+def test_the_scan_finds_each_form_of_a_read_and_not_a_named_error():
+    source = (
+        'lr = k["LR"]\n'
+        'seed = knobs.get("SEED", 0)\n'
+        'if "RANK" in k:\n'
+        "    pass\n"
+        'raise ConfigError("RESUME", "no checkpoint")\n'
+        'x = d["not_a_knob"]\n'
+        "y = cfg.optim.lr\n"
+    )
+    assert knob_reads(source) == [(1, "LR"), (2, "SEED"), (3, "RANK")]
+
+
+def test_no_trainer_module_reads_a_knob_by_its_name():
+    modules = sorted(TRAIN.rglob("*.py"))
+    assert len(modules) > 10  # the scan looks at the trainer's files
+    found = []
+    for path in modules:
+        rel = str(path.relative_to(TRAIN))
+        for line, name in knob_reads(path.read_text(encoding="utf-8")):
+            if (rel, name) not in WRITES_FLAT:
+                found.append(
+                    f"train/{rel}:{line} reads {name!r} by name: read the typed config (cfg.<section>.{name.lower()})"
+                )
+    assert not found, "\n".join(found)
