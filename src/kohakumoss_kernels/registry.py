@@ -44,12 +44,14 @@ TORCH_NATIVE = (
     "sdpa_groups",
     "torch_varlen",
     "flex",
+    # a stored weight's own 8-bit GEMM before its weight-only `addmm` (stored_linear, untuned)
+    "int_mm",
+    "scaled_mm",
+    "block_scaled_mm",
     "addmm",
     "addmm_lora_first",
     "addmm_lowrank",
     "onehot",
-    "int_mm",
-    "scaled_mm",
 )
 BACKENDS = ("triton", "tilelang", *TORCH_NATIVE, "compile", "eager")
 
