@@ -395,8 +395,11 @@ def test_check_says_whether_the_step_is_graphed(good, capsys):
     code, out = _check(good, "MEMORY_PROFILE = 'speed'\n", capsys)
     assert code == 0 and "CUDA graphs: on" in out, out
     code, out = _check(good, "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\n", capsys)
+    assert code == 0 and "CUDA graphs: on" in out, out  # no dropout: the recomputation reads no RNG state
+    ckpt_dropout = "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\nDROPOUT = 0.1\n"
+    code, out = _check(good, ckpt_dropout, capsys)
     assert code == 0 and "CUDA graphs: off (CHECKPOINTING:" in out, out
-    code, out = _check(good, "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\nCUDA_GRAPHS = 'on'\n", capsys)
+    code, out = _check(good, ckpt_dropout + "CUDA_GRAPHS = 'on'\n", capsys)
     assert code == 1 and "CUDA_GRAPHS: 'on' is not possible with this run: CHECKPOINTING" in out, out
 
 
