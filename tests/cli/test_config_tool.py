@@ -18,7 +18,6 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from kohakumoss.cli import config_gpu
-from kohakumoss.cli.config_data_schema import DATA_SCHEMA
 from kohakumoss.cli.config_gpu import resolve_gpu
 from kohakumoss.cli.config_layers import (
     GPU_SIZES,
@@ -31,6 +30,7 @@ from kohakumoss.cli.config_layers import (
     load_file,
 )
 from kohakumoss.cli.config_tool import main
+from kohakumoss.config.data_scripts import DATA_SCHEMA
 from kohakumoss.config.sample import SAMPLE_SCHEMA
 from kohakumoss.config.train import TRAIN_SCHEMA
 from kohakumoss.memory import estimate_peak

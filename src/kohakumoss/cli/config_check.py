@@ -43,10 +43,9 @@ MEMORY_INPUTS = (
 
 
 def schemas() -> dict[str, Schema]:
+    from kohakumoss.config.data_scripts import DATA_SCHEMA
     from kohakumoss.config.sample import SAMPLE_SCHEMA
     from kohakumoss.config.train import TRAIN_SCHEMA
-
-    from .config_data_schema import DATA_SCHEMA
 
     return {"train": TRAIN_SCHEMA, "sample": SAMPLE_SCHEMA, "data": DATA_SCHEMA}
 
