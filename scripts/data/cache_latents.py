@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import typing
 
+from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import latent_cache_identity
@@ -55,7 +56,7 @@ def run(cfg: CacheLatentsConfig) -> None:
     knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
     source, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
-    vae = load_factory(cfg.vae.vae_factory, "VAE_FACTORY")(**cfg.vae.vae_kwargs)
+    vae = call_factory(load_factory(cfg.vae.vae_factory, "VAE_FACTORY"), cfg.vae.vae_kwargs, "VAE_KWARGS")
     cache = TensorCache(cfg.cache.cache_dir, latent_cache_identity(vae.identity), cfg.cache.shard_items)
     report = fill_latent_cache(plan, catalog, source, vae, cache, cfg.vae.workers, cfg.cache.batch_size)
     print(report.summary("latents"))

@@ -14,6 +14,7 @@ import sys
 import typing
 from typing import Any
 
+from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import text_cache_identity
@@ -51,10 +52,10 @@ TEXT_KWARGS = {"path": "models/text_encoder", "device": "cuda"}
 
 
 def real_text_encoder(**kwargs: Any) -> Any:
-    """kohakumoss.encoders.TextEncoder from TextEncoderConfig fields."""
+    """kohakumoss.encoders.TextEncoder from TextEncoderConfig fields (TEXT_KWARGS)."""
     from kohakumoss.encoders import TextEncoder, TextEncoderConfig
 
-    return TextEncoder.load(TextEncoderConfig(**kwargs))
+    return TextEncoder.load(call_factory(TextEncoderConfig, kwargs, "TEXT_KWARGS"))  # fields named
 
 
 def run(cfg: CacheTextConfig) -> None:
@@ -63,7 +64,7 @@ def run(cfg: CacheTextConfig) -> None:
     plan = plan_dataset(knobs, catalog)
     ref = cfg.text.text_factory
     factory = load_factory(ref, "TEXT_FACTORY") if ref else real_text_encoder
-    encoder = factory(**cfg.text.text_kwargs)
+    encoder = call_factory(factory, cfg.text.text_kwargs, "TEXT_KWARGS")
     identity = text_cache_identity(encoder.identity, encoder.template, encoder.layer_choice)
     cache = TensorCache(cfg.cache.cache_dir, identity, cfg.cache.shard_items)
     report = fill_text_cache(planned_captions(plan), encoder, cache, cfg.cache.batch_size)

@@ -80,7 +80,7 @@ def test_run_data_script_checks_every_data_knob_then_passes_the_typed_config(cap
     assert len(got) == 1
 
 
-def test_a_scripts_run_reads_the_typed_values(monkeypatch, tmp_path):
+def test_a_scripts_run_reads_the_typed_values(tmp_path):
     """convert_shards' run passes its typed shard values on (a renamed field would fail here)."""
     ns = runpy.run_path(str(ROOT / "scripts" / "data" / "convert_shards.py"))
     seen = {}
@@ -120,3 +120,29 @@ def test_a_scripts_upper_case_globals_are_exactly_its_knobs(name):
 
     ns = runpy.run_path(str(ROOT / "scripts" / "data" / f"{name}.py"), run_name="kohakumoss_test")
     assert script_knobs(ns) == SCRIPT_CONFIGS[name]().knobs()
+
+
+def test_a_factory_argument_it_does_not_take_is_refused_by_the_kwargs_knob():
+    from kohakumoss.config.data_scripts import call_factory
+    from kohakumoss.encoders import TextEncoderConfig
+    from kohakumoss_common.errors import ConfigError
+
+    def make(path: str, device: str = "cpu") -> tuple:
+        return path, device
+
+    assert call_factory(make, {"path": "p"}, "VAE_KWARGS") == ("p", "cpu")
+    with pytest.raises(ConfigError, match=r"^VAE_KWARGS: got an unexpected keyword argument 'devise'"):
+        call_factory(make, {"path": "p", "devise": "cuda"}, "VAE_KWARGS")
+    with pytest.raises(ConfigError, match=r"^VAE_KWARGS: missing a required argument: 'path'"):
+        call_factory(make, {}, "VAE_KWARGS")
+    with pytest.raises(ConfigError, match=r"^TEXT_KWARGS: got an unexpected keyword argument 'layer'"):
+        call_factory(TextEncoderConfig, {"path": "p", "layer": -2}, "TEXT_KWARGS")
+
+
+def test_cache_text_names_a_bad_text_kwargs_field_before_loading():
+    """The default factory (the real encoder) checks TEXT_KWARGS against TextEncoderConfig first."""
+    from kohakumoss_common.errors import ConfigError
+
+    ns = runpy.run_path(str(ROOT / "scripts" / "data" / "cache_text.py"), run_name="kohakumoss_test")
+    with pytest.raises(ConfigError, match=r"^TEXT_KWARGS: .*'tokenizer'"):
+        ns["real_text_encoder"](path="models/none", tokenizer="t")

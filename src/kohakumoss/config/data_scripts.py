@@ -8,16 +8,20 @@ scripts' own sections below.
 One data config file serves all four scripts (`kohakumoss-config new data` writes it; kogine hands a
 script every knob of its config), so a script checks its knobs against `DATA_SCHEMA`, the knobs of
 `DataScriptsConfig` (every data script's sections), then reads its own typed config:
-`CacheLatentsConfig.from_knobs(k).vae.vae_factory`. The knob reference, docs/guides/data-knobs.md, is
-generated from these classes: `python -m kohakumoss.config.data_scripts > docs/guides/data-knobs.md`.
+`CacheLatentsConfig.from_knobs(k).vae.vae_factory` (`run_data_script`); `call_factory` builds an
+encoder from a factory knob, a wrong argument named by its knob. The knob reference,
+docs/guides/data-knobs.md, is generated from these classes:
+`python -m kohakumoss.config.data_scripts > docs/guides/data-knobs.md`.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from kohakumoss_common.errors import ConfigError
 from kohakumoss_data import PlanKnobs
 
 from .knobs import Schema, run_checked
@@ -155,6 +159,17 @@ def run_data_script(
     """Check a data script's knobs against DATA_SCHEMA (a shared data config may hold every data script's
     knobs, each checked), then run `fn` on the script's typed config; the exit status of `run_checked`."""
     return run_checked(DATA_SCHEMA, module_globals, lambda k: fn(config.from_knobs(k)), script)
+
+
+def call_factory(factory: Callable[..., Any], kwargs: Mapping[str, Any], knob: str) -> Any:
+    """`factory(**kwargs)`, an argument it does not take (or a missing one) refused by `knob`'s name first."""
+    try:
+        inspect.signature(factory).bind(**kwargs)
+    except TypeError as e:
+        raise ConfigError(knob, f"{e} (arguments of {getattr(factory, '__qualname__', factory)})") from None
+    except ValueError:  # no signature to check (a builtin): the call says what is wrong
+        pass
+    return factory(**kwargs)
 
 
 HEADER = """# Data scripts' knobs (`scripts/data/*.py`)
