@@ -146,3 +146,16 @@ def test_cache_text_names_a_bad_text_kwargs_field_before_loading():
     ns = runpy.run_path(str(ROOT / "scripts" / "data" / "cache_text.py"), run_name="kohakumoss_test")
     with pytest.raises(ConfigError, match=r"^TEXT_KWARGS: .*'tokenizer'"):
         ns["real_text_encoder"](path="models/none", tokenizer="t")
+
+
+def test_kohakumoss_config_checks_a_data_config_by_the_data_schema(tmp_path):
+    from kohakumoss.cli.config_check import check_config
+
+    path = tmp_path / "my_data.py"
+    path.write_text("SEED = 3\nSHARD_ITEMS = 0\nVAE_KWARG = {}\nOUT_DIR = 'shards'\nRUN_DIR = 'r'\n")
+    res = check_config(path)
+    assert res.kind == "data"  # guessed: every knob but the typo is a data script's
+    assert res.problems == [
+        ("VAE_KWARG", "unknown knob (did you mean VAE_KWARGS?)"),
+        ("SHARD_ITEMS", "0 is below the minimum 1"),
+    ]
