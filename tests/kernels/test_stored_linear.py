@@ -173,3 +173,21 @@ def test_shape_keys_carry_the_weight_kind():
         == f"stored_linear|fp32|W=int8|T=512|I={IN}|O={OUT}"
     )
     assert shape_key("stored_linear", x, _weight("mxfp8"), None).startswith("stored_linear|fp32|W=mxfp8|")
+
+
+def test_the_reference_is_never_timed_over_a_stored_weight(monkeypatch):
+    """The reference keeps a dequantized copy for its backward: over a stored weight it stays the last
+    resort, out of the tuner's race (a plain tensor's reference still races)."""
+    from kohakumoss_kernels import tuning
+
+    timed = []
+    monkeypatch.setattr(tuning, "time_call", lambda fn, *a, **k: timed.append(fn) or 1.0)
+    bound = resolve("stored_linear", "cpu", torch.float32, backend="int_mm,addmm", tune="always", kind="int8")
+    w = _weight("int8")
+    order = [n for n, _ in bound.order(torch.randn(ROWS, IN), w, None)]
+    assert order[-1] == "eager" and set(bound.choices.values()) <= {"int_mm", "addmm"}
+    assert len(timed) == 2 and eager_op("stored_linear") not in timed
+    timed.clear()
+    dense = resolve("rms_norm", "cpu", torch.float32, backend="compile", tune="always")
+    dense.order(torch.randn(4, 8), None, 1e-6)
+    assert eager_op("rms_norm") in timed

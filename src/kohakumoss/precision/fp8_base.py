@@ -167,7 +167,8 @@ def base_dtype(lin: nn.Linear) -> torch.dtype:
 
 
 class Fp8Linear(nn.Linear):
-    """A frozen nn.Linear stored in float8: `weight` (e4m3) times `weight_scale` (one float32 per row)."""
+    """A frozen nn.Linear stored in float8: `weight` (e4m3) times `weight_scale` (one float32 per row);
+    its forward is the registry's stored_linear over the `fp8` kind."""
 
     fp8_compute: bool
     source_dtype: torch.dtype
