@@ -215,8 +215,10 @@ def _graphs_line(knobs, plan, res: CheckResult) -> str:
     from kohakumoss.train.graphs import graph_refusal
 
     dtype = {"fp16": torch.float16, "fp32": torch.float32}.get(knobs.get("PRECISION"), torch.bfloat16)
+    algo = knobs.get("ALGO", "lora")
+    dropouts = [float(knobs.get(n) or 0) for n in ("DROPOUT", "RANK_DROPOUT", "MODULE_DROPOUT")]
     why = graph_refusal(
-        plan, torch.device("cuda"), knobs.get("ALGO", "lora"), float(knobs.get("MODULE_DROPOUT") or 0), dtype
+        plan, torch.device("cuda"), algo, dropouts[2], dtype, draws_random=algo != "full" and any(dropouts)
     )
     mode = knobs.get("CUDA_GRAPHS", "auto")
     if mode == "on" and why is not None:

@@ -529,6 +529,8 @@ def build_trainable(k: dict[str, Any], comps: Components) -> Trainable:
             **algo_args,
         )
         network.to(device=device, dtype=torch.float32)  # adapter weights train in fp32
+        if model.block_runner is not None:  # recomputation restores the RNG state only for dropout
+            model.block_runner.recompute_rng(adapter_draws_random(k))
         ratio = k["LORA_PLUS_RATIO"] or None
         groups = adapter_param_groups(network, k["LR"], ratio, k["WEIGHT_DECAY"])
         optimizer = build_adapter_optimizer(groups, k["LR"], k["OPTIMIZER"], k["OPTIMIZER_ARGS"])
@@ -592,9 +594,16 @@ def build_runner(
     )
 
 
+def adapter_draws_random(k: dict[str, Any]) -> bool:
+    """Whether the adapter's forward draws random numbers (its dropouts): checkpointing then restores RNG state."""
+    return k["ALGO"] != "full" and any(float(k[n]) > 0 for n in ("DROPOUT", "RANK_DROPOUT", "MODULE_DROPOUT"))
+
+
 def build_step_graphs(k: dict[str, Any], comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
     """CUDA_GRAPHS: the micro-step's graphs where the run allows them (train/graphs.py says why not)."""
-    refusal = graph_refusal(comps.plan, comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype)
+    refusal = graph_refusal(
+        comps.plan, comps.device, k["ALGO"], float(k["MODULE_DROPOUT"]), comps.dtype, adapter_draws_random(k)
+    )
     if not resolve_graphs(k["CUDA_GRAPHS"], refusal):
         if k["CUDA_GRAPHS"] == "auto" and comps.device.type == "cuda":
             log.info(f"CUDA graphs off ({refusal})")
