@@ -19,3 +19,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_runtest_logreport(report):
+    """Each failure written as it happens (KOHAKUMOSS_TEST_FAILURES): a GPU area killed at its time limit
+    keeps the tracebacks of the tests that failed before it."""
+    path = os.environ.get("KOHAKUMOSS_TEST_FAILURES")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

@@ -5,33 +5,38 @@
 Resumable: shards are written as they fill, and a rerun skips every latent already cached. The
 cache is keyed by (image hash, crop box, target size, flip, VAE identity), so use the same plan
 knobs and SEED as the training run. VAE_FACTORY ('module:callable') returns the encoder; it is
-called with VAE_KWARGS.
+called with VAE_KWARGS. The knobs are the fields of kohakumoss.config.data_scripts.CacheLatentsConfig
+(docs/guides/data-knobs.md).
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
+import typing
 
+from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import latent_cache_identity
 from kohakumoss_data.offline import fill_latent_cache
 
+if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
+    from kohakumoss.config.data_scripts import CacheLatentsConfig
+
 DATASET = {"kind": "kohya", "path": "data/train"}
-CATALOG_DIR = None
+CATALOG_DIR = None  # None: the catalog cache sits beside the dataset
 MIN_SIDE = 64
 MAX_PIXELS = 178_956_970
-MISSING_CAPTION = "empty"
+MISSING_CAPTION = "empty"  # error | empty | filename
 SCAN_WORKERS = 4
-SEED = 0
+SEED = 0  # SEED and the plan knobs below: the training run's values (the same plan, the same cache keys)
 AREA = 1024 * 1024
 MIN_ASPECT = 0.25
 MAX_ASPECT = 4.0
 NO_UPSCALE = False
-CROP = "center"
-BUCKETS = None
-TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens); the training run's
+CROP = "center"  # center | random
+BUCKETS = None  # None | "kohya" | [[w, h], ...]
+TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens)
 MAX_TEXT_TOKENS = 256
 FLIP_PROB = 0.0
 CAPTION_DROPOUT = 0.0
@@ -39,30 +44,30 @@ SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
-CACHE_DIR = "cache"
+CACHE_DIR = "cache"  # the training run's CACHE_DIR
 SHARD_ITEMS = 512
-WORKERS = 4
 BATCH_SIZE = 8
 VAE_FACTORY = "kohakumoss.encoders.vae:ImageVAE.load"
 VAE_KWARGS = {"path": "models/vae", "device": "cuda"}
+WORKERS = 4  # image decode workers
 
 
-def run(knobs: dict[str, Any]) -> None:
+def run(cfg: CacheLatentsConfig) -> None:
+    knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
     source, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
-    vae = load_factory(knobs["VAE_FACTORY"], "VAE_FACTORY")(**knobs["VAE_KWARGS"])
-    cache = TensorCache(knobs["CACHE_DIR"], latent_cache_identity(vae.identity), knobs["SHARD_ITEMS"])
-    report = fill_latent_cache(plan, catalog, source, vae, cache, knobs["WORKERS"], knobs["BATCH_SIZE"])
+    vae = call_factory(load_factory(cfg.vae.vae_factory, "VAE_FACTORY"), cfg.vae.vae_kwargs, "VAE_KWARGS")
+    cache = TensorCache(cfg.cache.cache_dir, latent_cache_identity(vae.identity), cfg.cache.shard_items)
+    report = fill_latent_cache(plan, catalog, source, vae, cache, cfg.vae.workers, cfg.cache.batch_size)
     print(report.summary("latents"))
     print(f"cache {cache.dir}")
 
 
 def main() -> None:
     """Check the knobs (unknown names with a did-you-mean, types, ranges) like the trainer, then run."""
-    from kohakumoss.cli.config_data_schema import DATA_SCHEMA
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss.config.data_scripts import CacheLatentsConfig, run_data_script
 
-    sys.exit(run_checked(DATA_SCHEMA, globals(), run, "scripts/data/cache_latents.py"))
+    sys.exit(run_data_script(CacheLatentsConfig, globals(), run, "scripts/data/cache_latents.py"))
 
 
 if __name__ == "__main__":

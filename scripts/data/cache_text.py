@@ -4,33 +4,39 @@
 
 Resumable and skips what exists. Keyed by (caption, template, encoder identity, layer choice), so a
 changed template or layer choice encodes again. TEXT_FACTORY ('module:callable') is called with
-TEXT_KWARGS; the default builds kohakumoss.encoders.TextEncoder from a TextEncoderConfig.
+TEXT_KWARGS; the default builds kohakumoss.encoders.TextEncoder from a TextEncoderConfig. The knobs
+are the fields of kohakumoss.config.data_scripts.CacheTextConfig (docs/guides/data-knobs.md).
 """
 
 from __future__ import annotations
 
 import sys
+import typing
 from typing import Any
 
+from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
 from kohakumoss_data.cache import TensorCache
 from kohakumoss_data.cache_keys import text_cache_identity
 from kohakumoss_data.offline import fill_text_cache, planned_captions
 
+if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
+    from kohakumoss.config.data_scripts import CacheTextConfig
+
 DATASET = {"kind": "kohya", "path": "data/train"}
-CATALOG_DIR = None
+CATALOG_DIR = None  # None: the catalog cache sits beside the dataset
 MIN_SIDE = 64
 MAX_PIXELS = 178_956_970
-MISSING_CAPTION = "empty"
+MISSING_CAPTION = "empty"  # error | empty | filename
 SCAN_WORKERS = 4
-SEED = 0
+SEED = 0  # SEED and the plan knobs below: the training run's values (the same plan, the same cache keys)
 AREA = 1024 * 1024
 MIN_ASPECT = 0.25
 MAX_ASPECT = 4.0
 NO_UPSCALE = False
-CROP = "center"
-BUCKETS = None
-TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens); the training run's
+CROP = "center"  # center | random
+BUCKETS = None  # None | "kohya" | [[w, h], ...]
+TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens)
 MAX_TEXT_TOKENS = 256
 FLIP_PROB = 0.0
 CAPTION_DROPOUT = 0.0
@@ -38,7 +44,7 @@ SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
-CACHE_DIR = "cache"
+CACHE_DIR = "cache"  # the training run's CACHE_DIR
 SHARD_ITEMS = 512
 BATCH_SIZE = 8
 TEXT_FACTORY = ""  # '' : the real Qwen3.5 encoder below
@@ -46,32 +52,31 @@ TEXT_KWARGS = {"path": "models/text_encoder", "device": "cuda"}
 
 
 def real_text_encoder(**kwargs: Any) -> Any:
-    """kohakumoss.encoders.TextEncoder from TextEncoderConfig fields."""
+    """kohakumoss.encoders.TextEncoder from TextEncoderConfig fields (TEXT_KWARGS)."""
     from kohakumoss.encoders import TextEncoder, TextEncoderConfig
 
-    return TextEncoder.load(TextEncoderConfig(**kwargs))
+    return TextEncoder.load(call_factory(TextEncoderConfig, kwargs, "TEXT_KWARGS"))  # fields named
 
 
-def run(knobs: dict[str, Any]) -> None:
+def run(cfg: CacheTextConfig) -> None:
+    knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
     _, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
-    factory = (
-        load_factory(knobs["TEXT_FACTORY"], "TEXT_FACTORY") if knobs["TEXT_FACTORY"] else real_text_encoder
-    )
-    encoder = factory(**knobs["TEXT_KWARGS"])
+    ref = cfg.text.text_factory
+    factory = load_factory(ref, "TEXT_FACTORY") if ref else real_text_encoder
+    encoder = call_factory(factory, cfg.text.text_kwargs, "TEXT_KWARGS")
     identity = text_cache_identity(encoder.identity, encoder.template, encoder.layer_choice)
-    cache = TensorCache(knobs["CACHE_DIR"], identity, knobs["SHARD_ITEMS"])
-    report = fill_text_cache(planned_captions(plan), encoder, cache, knobs["BATCH_SIZE"])
+    cache = TensorCache(cfg.cache.cache_dir, identity, cfg.cache.shard_items)
+    report = fill_text_cache(planned_captions(plan), encoder, cache, cfg.cache.batch_size)
     print(report.summary("text"))
     print(f"cache {cache.dir}")
 
 
 def main() -> None:
     """Check the knobs (unknown names with a did-you-mean, types, ranges) like the trainer, then run."""
-    from kohakumoss.cli.config_data_schema import DATA_SCHEMA
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss.config.data_scripts import CacheTextConfig, run_data_script
 
-    sys.exit(run_checked(DATA_SCHEMA, globals(), run, "scripts/data/cache_text.py"))
+    sys.exit(run_data_script(CacheTextConfig, globals(), run, "scripts/data/cache_text.py"))
 
 
 if __name__ == "__main__":

@@ -5,14 +5,15 @@
 Prints items kept and dropped per reason, the aspect and planned-resolution histograms, tokens per
 step (min / median / max), steps per epoch and a line `plan sha256 <hex>`; writes report.txt,
 histogram.png, contact_sheet.png (the first planned crops) and dropped.jsonl (path, status, reason
-of each dropped file) into RUN_DIR.
+of each dropped file) into RUN_DIR. The knobs are the fields of
+kohakumoss.config.data_scripts.InspectDataConfig (docs/guides/data-knobs.md).
 """
 
 from __future__ import annotations
 
 import sys
+import typing
 from pathlib import Path
-from typing import Any
 
 from PIL import Image
 
@@ -22,20 +23,23 @@ from kohakumoss_data.figures import contact_sheet, histogram_png
 from kohakumoss_data.report import aspect_histogram, report_lines, resolution_histogram, write_dropped
 from kohakumoss_data.transform import planned_pixels
 
+if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
+    from kohakumoss.config.data_scripts import InspectDataConfig
+
 DATASET = {"kind": "kohya", "path": "data/train"}
 CATALOG_DIR = None  # None: the catalog cache sits beside the dataset
 MIN_SIDE = 64
 MAX_PIXELS = 178_956_970
 MISSING_CAPTION = "empty"  # error | empty | filename
 SCAN_WORKERS = 4
-SEED = 0
+SEED = 0  # SEED and the plan knobs below: the training run's values (the same plan, the same cache keys)
 AREA = 1024 * 1024
 MIN_ASPECT = 0.25
 MAX_ASPECT = 4.0
 NO_UPSCALE = False
 CROP = "center"  # center | random
 BUCKETS = None  # None | "kohya" | [[w, h], ...]
-TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens); the training run's
+TOKENS_PER_STEP = 8192  # token budget per step (image + text tokens)
 MAX_TEXT_TOKENS = 256
 FLIP_PROB = 0.0
 CAPTION_DROPOUT = 0.0
@@ -44,15 +48,16 @@ KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
 RUN_DIR = "runs/inspect"
-CONTACT_ITEMS = 12
+CONTACT_ITEMS = 12  # planned crops on the contact sheet
 
 
-def run(knobs: dict[str, Any]) -> None:
+def run(cfg: InspectDataConfig) -> None:
+    knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
     source, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
     lines = report_lines(catalog, plan)
     print("\n".join(lines))
-    out = Path(knobs["RUN_DIR"])
+    out = Path(cfg.report.run_dir)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "report.txt", "\n".join(lines) + "\n")
     write_dropped(out / "dropped.jsonl", catalog)
@@ -63,7 +68,7 @@ def run(knobs: dict[str, Any]) -> None:
     figure.paste(sizes, (0, aspect.height))
     figure.save(out / "histogram.png")
     locators = {it.key: it.locator for it in catalog.usable}
-    first = [it for step in plan.steps for it in step][: knobs["CONTACT_ITEMS"]]
+    first = [it for step in plan.steps for it in step][: cfg.report.contact_items]
     tiles = [
         (
             Image.fromarray(planned_pixels(source.read(locators[it.key]), it)),
@@ -77,10 +82,9 @@ def run(knobs: dict[str, Any]) -> None:
 
 def main() -> None:
     """Check the knobs (unknown names with a did-you-mean, types, ranges) like the trainer, then run."""
-    from kohakumoss.cli.config_data_schema import DATA_SCHEMA
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss.config.data_scripts import InspectDataConfig, run_data_script
 
-    sys.exit(run_checked(DATA_SCHEMA, globals(), run, "scripts/data/inspect_data.py"))
+    sys.exit(run_data_script(InspectDataConfig, globals(), run, "scripts/data/inspect_data.py"))
 
 
 if __name__ == "__main__":

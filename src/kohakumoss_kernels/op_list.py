@@ -7,10 +7,10 @@ dtype)` and `WEIGHTS`, the weight kinds it takes). The registry adds two backend
 that is another backend's function called with fixed keyword arguments (`lora_linear`'s
 `addmm_lowrank` is `addmm` with `lowrank=True, lora_first=True`): listed here, no module of its own.
 
-Ops with a frozen weight argument (`weight_arg`) dispatch on its kind (`stored_weight.WEIGHT_KINDS`:
-a tensor, or an fp8 / int8 / MXFP8 record): each kind binds its own backend list (a backend takes the
-kinds in its `WEIGHTS`, default a plain tensor only; the reference takes every kind, dequantizing) and
-its own tuning rows (the shape key's `W=`).
+Ops with a frozen weight argument (`weight_arg`: the LoRA ops and `stored_linear`) dispatch on its kind
+(`stored_weight.WEIGHT_KINDS`: a tensor, or an fp8 / int8 / MXFP8 record): each kind binds its own
+backend list (a backend takes the kinds in its `WEIGHTS`, default a plain tensor only; the reference
+takes every kind, dequantizing) and its own tuning rows (the shape key's `W=`).
 """
 
 from __future__ import annotations
@@ -137,17 +137,11 @@ OPS: tuple[OpSpec, ...] = (
         weight_arg=1,
     ),
     OpSpec(
-        "int8_linear",
-        "int8_linear",
-        "x [..., I], weight Int8Weight [O, I], bias [O] | None -> [..., O]",
-        "x W^T + b over the int8 weight dequantized (un-rotated where ConvRot), no LoRA",
-        compile=False,
-    ),
-    OpSpec(
-        "mxfp8_linear",
-        "mxfp8_linear",
-        "x [..., I], weight Mxfp8Weight [O, I], bias [O] | None -> [..., O]",
-        "x W^T + b over the MXFP8 weight dequantized, no LoRA",
+        "stored_linear",
+        "stored_linear",
+        "x [..., I], weight Fp8Weight | Int8Weight | Mxfp8Weight [O, I], bias [O] | None -> [..., O]",
+        "x W^T + b over the stored weight dequantized (un-rotated where ConvRot), no LoRA",
+        weight_arg=1,
         compile=False,
     ),
 )

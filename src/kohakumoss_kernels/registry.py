@@ -44,12 +44,14 @@ TORCH_NATIVE = (
     "sdpa_groups",
     "torch_varlen",
     "flex",
+    # a stored weight's own 8-bit GEMM before its weight-only `addmm` (stored_linear, untuned)
+    "int_mm",
+    "scaled_mm",
+    "block_scaled_mm",
     "addmm",
     "addmm_lora_first",
     "addmm_lowrank",
     "onehot",
-    "int_mm",
-    "scaled_mm",
 )
 BACKENDS = ("triton", "tilelang", *TORCH_NATIVE, "compile", "eager")
 
@@ -247,6 +249,8 @@ class BoundOp:
             return self._decided[exact]
         live = [(n, f) for n, f in self.backends if n not in self.failed]
         live = _graph_safe(live, self.timing, self.lengths) or self.backends[-1:]
+        if self.kind not in (None, "dense") and len(live) > 1:  # the reference keeps a dequantized copy
+            live = [(n, f) for n, f in live if n != "eager"]  # of a stored weight: last resort, never timed
         last = [] if live[-1:] == self.backends[-1:] else self.backends[-1:]  # the reference: last resort
         if self.tune == "off" or len(live) == 1:
             self._decided[exact] = live + last

@@ -2,8 +2,9 @@
 
 A key is `op|dtype|dim=value|...`. Model widths (d, heads, head_dim) are kept exact; the token
 count T and max_seqlen are rounded up to a power of two (at least 64) so that every packed batch
-of a similar size shares a row. The LoRA ops over a stored (fp8 / int8 / MXFP8) weight add its kind
-first (`lora_linear|bf16|W=fp8|T=...`): other backends race there. No key needs a device-to-host copy.
+of a similar size shares a row. The ops over a stored (fp8 / int8 / MXFP8) weight add its kind first
+(`lora_linear|bf16|W=fp8|T=...`, `stored_linear|bf16|W=int8|T=...`): other backends race there.
+No key needs a device-to-host copy.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ def _kind(weight) -> dict[str, str]:
     return {} if kind == "dense" else {"W": kind}
 
 
-def _lora(x, weight, *args, **kwargs) -> dict[str, int | str]:
+def _weighted(x, weight, *args, **kwargs) -> dict[str, int | str]:
+    """A linear over a frozen weight of any kind (lora_linear, stored_linear)."""
     return {**_kind(weight), **_linear(x, weight)}
 
 
@@ -69,10 +71,9 @@ _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "varlen_attention": _attention,
     "apply_rope": _rope,
     "qk_norm_rope": _rope,
-    "lora_linear": _lora,
+    "lora_linear": _weighted,
     "lora_group": _lora_group,
-    "int8_linear": _linear,
-    "mxfp8_linear": _linear,
+    "stored_linear": _weighted,
 }
 
 

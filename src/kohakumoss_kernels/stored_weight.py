@@ -16,7 +16,8 @@ def weight_kind(w) -> str:
 
 class StoredWeight:
     """Base of the quantized weight records: `shape`, `dtype` and `device` are those of `data`; `kind`
-    names the format (one of WEIGHT_KINDS) and picks the LoRA ops' backends."""
+    names the format (one of WEIGHT_KINDS) and picks the backends of the ops over it (op_list's
+    `weight_arg`: the LoRA ops, stored_linear)."""
 
     data: torch.Tensor
     kind = ""
@@ -49,7 +50,8 @@ class _FrozenLinear(torch.autograd.Function):
 
 
 def frozen_linear(x: torch.Tensor, w: StoredWeight, bias, forward, grad_input) -> torch.Tensor:
-    """x [..., I] @ W^T (+ bias) with autograd, for a stored weight with no LoRA: `forward(x2, w, bias)`
-    on the rows, `grad_input([gy], [w])` for the backward (each format's own GEMMs)."""
+    """x [..., I] @ W^T (+ bias) with autograd, for a stored weight with no LoRA (stored_linear's
+    backends): `forward(x2, w, bias)` on the rows, `grad_input([gy], [w])` for the backward (each
+    format's own GEMMs); the weight is kept on ctx, never a dequantized copy."""
     out = _FrozenLinear.apply(x.reshape(-1, x.shape[-1]), w, bias, forward, grad_input)
     return out.reshape(*x.shape[:-1], out.shape[-1])

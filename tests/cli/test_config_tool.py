@@ -18,7 +18,6 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from kohakumoss.cli import config_gpu
-from kohakumoss.cli.config_data_schema import DATA_SCHEMA
 from kohakumoss.cli.config_gpu import resolve_gpu
 from kohakumoss.cli.config_layers import (
     GPU_SIZES,
@@ -31,6 +30,7 @@ from kohakumoss.cli.config_layers import (
     load_file,
 )
 from kohakumoss.cli.config_tool import main
+from kohakumoss.config.data_scripts import DATA_SCHEMA
 from kohakumoss.config.sample import SAMPLE_SCHEMA
 from kohakumoss.config.train import TRAIN_SCHEMA
 from kohakumoss.memory import estimate_peak
@@ -395,8 +395,11 @@ def test_check_says_whether_the_step_is_graphed(good, capsys):
     code, out = _check(good, "MEMORY_PROFILE = 'speed'\n", capsys)
     assert code == 0 and "CUDA graphs: on" in out, out
     code, out = _check(good, "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\n", capsys)
+    assert code == 0 and "CUDA graphs: on" in out, out  # no dropout: the recomputation reads no RNG state
+    ckpt_dropout = "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\nDROPOUT = 0.1\n"
+    code, out = _check(good, ckpt_dropout, capsys)
     assert code == 0 and "CUDA graphs: off (CHECKPOINTING:" in out, out
-    code, out = _check(good, "MEMORY_PROFILE = 'speed'\nCHECKPOINTING = 'full'\nCUDA_GRAPHS = 'on'\n", capsys)
+    code, out = _check(good, ckpt_dropout + "CUDA_GRAPHS = 'on'\n", capsys)
     assert code == 1 and "CUDA_GRAPHS: 'on' is not possible with this run: CHECKPOINTING" in out, out
 
 

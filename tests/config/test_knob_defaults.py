@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kohakumoss.cli.config_data_schema import DATA_SCHEMA
+from kohakumoss.config.data_scripts import DATA_SCHEMA, SCRIPT_CONFIGS
 from kohakumoss.config.export import EXPORT_SCHEMA
 from kohakumoss.config.sample import SAMPLE_SCHEMA
 from kohakumoss.config.train import TRAIN_SCHEMA
@@ -53,15 +53,14 @@ def test_a_data_knobs_default_is_its_settings_field_default(table, settings):
 
 
 @pytest.mark.parametrize("script", sorted((ROOT / "scripts" / "data").glob("*.py")), ids=lambda p: p.name)
-def test_data_script_knobs_equal_the_data_schema(script):
+def test_data_script_knobs_equal_its_typed_config(script):
     mine = module_defaults(script)
-    assert mine, script
-    unknown = sorted(set(mine) - set(DATA_SCHEMA.knobs))
-    assert not unknown, f"{script.name}: knobs the data schema lacks: {unknown}"
-    differ = {
-        k: (v, DATA_SCHEMA.knobs[k].default) for k, v in mine.items() if v != DATA_SCHEMA.knobs[k].default
-    }
-    assert not differ, f"{script.name}: (script, schema) defaults differ: {differ}"
+    config = SCRIPT_CONFIGS[script.stem]().knobs()
+    assert list(mine) == list(config), (
+        f"{script.name}: the script's knob lines are not its config's, in order"
+    )
+    differ = {k: (v, config[k]) for k, v in mine.items() if v != config[k]}
+    assert not differ, f"{script.name}: (script, typed config) defaults differ: {differ}"
 
 
 def knob_fallbacks(root: Path = ROOT) -> list[tuple[str, int, str, object]]:

@@ -42,9 +42,10 @@ def test_no_op_carries_its_own_compile_module():
 
 
 def test_ops_without_a_compile_form_offer_none():
-    for op in ("int8_linear", "mxfp8_linear"):
-        assert not SPECS[op].compile and not registry.has_backend(op, "compile")
-        assert "compile" not in resolve(op, "cpu", torch.float32, backend="compile").names
+    op = "stored_linear"
+    assert not SPECS[op].compile and not registry.has_backend(op, "compile")
+    for kind in WEIGHT_KINDS:
+        assert "compile" not in resolve(op, "cpu", torch.float32, backend="compile", kind=kind).names
 
 
 def test_a_registered_op_gets_compile_unless_it_says_no():
@@ -164,7 +165,7 @@ def test_shape_keys_and_exact_keys_carry_the_weight_kind():
         shape_key("lora_group", x, [ws["int8"]] * 2, [None] * 2, [down] * 2, [up] * 2, [1.0] * 2)
         == "lora_group|fp32|W=int8|T=512|I=32|O=24,24"
     )
-    assert shape_key("int8_linear", x, ws["int8"], None) == "int8_linear|fp32|T=512|I=32|O=24"
+    assert shape_key("stored_linear", x, ws["int8"], None) == "stored_linear|fp32|W=int8|T=512|I=32|O=24"
     # fp8 and MXFP8 data are both e4m3 of one shape: the exact key still tells them apart
     assert _exact_key((x, ws["fp8"]), {}) != _exact_key((x, ws["mxfp8"]), {})
 

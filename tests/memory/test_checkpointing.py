@@ -62,3 +62,24 @@ def test_bad_policy_names_the_knob():
         CheckpointPolicy("sometimes")
     with pytest.raises(ConfigError, match="CHECKPOINT_EVERY"):
         CheckpointPolicy("full", 0)
+
+
+@pytest.mark.parametrize("preserve", [True, False])
+def test_the_rng_state_is_read_only_when_the_forward_draws_random_numbers(monkeypatch, preserve):
+    """Reading the generator state is a host call a CUDA graph cannot hold: without dropout it is skipped,
+    and the gradients stay the plain path's."""
+    reads = [0]
+    get_state = torch.get_rng_state
+
+    def counted():
+        reads[0] += 1
+        return get_state()
+
+    monkeypatch.setattr(torch, "get_rng_state", counted)
+    ref_loss, ref_grads = loss_and_grads(None)
+    reads[0] = 0
+    loss, grads = loss_and_grads(CheckpointPolicy("full", preserve_rng=preserve))
+    assert (reads[0] > 0) == preserve
+    assert torch.equal(loss, ref_loss)
+    for name, g in ref_grads.items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-5, atol=1e-7, msg=name)

@@ -141,8 +141,10 @@ def test_a_frozen_fp8_linear_without_lora_has_its_input_gradient():
     holder.layers[0].o = lin
     ref_w = lin.weight.clone()
     x = torch.randn(8, 64, requires_grad=True)
+    holder.ops = OpSet("scaled_mm", tune="off")  # the CPU registry runs the reference unless named
     assert quantize_frozen_linears(holder, "fp8", torch.device("cpu")) == 1
     y = lin(x)
+    assert holder.ops.chosen()["stored_linear[fp8]@cpu/torch.float32"]["*"] == "scaled_mm"
     y.square().sum().backward()
     xr = x.detach().clone().requires_grad_(True)
     yr = xr @ ref_w.t() + lin.bias
@@ -172,10 +174,13 @@ def test_fp8_forward_error_against_the_float64_reference(mode, bound):
         pytest.skip("no row-wise fp8 GEMM on this CPU build")
     cfg = get_preset("tiny")
     model = random_model(cfg, 0).requires_grad_(False)
+    backend = "scaled_mm" if mode == "fp8" else "addmm"  # fp8 GEMMs, or the weight-only form
+    model.ops = OpSet(backend, tune="off")
     quantize_frozen_linears(model, mode, torch.device("cpu"))
     imgs, texts, sigma, seq = random_batch(cfg, TEXT_LENS, IMG_SIZES, 0, torch.float32)
     with torch.no_grad():
         packed = model(torch.cat(imgs), torch.cat(texts), sigma, seq)
+    assert model.ops.chosen()["stored_linear[fp8]@cpu/torch.float32"]["*"] == backend
     ref_model = random_model(cfg, 0).double()
     ref = reference_forward(
         ref_model, [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double()

@@ -72,7 +72,7 @@ def test_int8_products_equal_the_dequantized_reference(group):
 
 
 def test_frozen_int8_linear_through_the_registry():
-    """Int8Linear -> ops.int8_linear: eager (the dequantized reference), int_mm and addmm backends agree;
+    """Int8Linear -> ops.stored_linear (the int8 kind): eager (the dequantized reference), int_mm and addmm backends agree;
     the input gradient flows through each."""
     outs = {}
     for backend in ("eager", "int_mm", "addmm"):
@@ -88,7 +88,7 @@ def test_frozen_int8_linear_through_the_registry():
         x = torch.randn(20, 64, generator=torch.Generator().manual_seed(2), requires_grad=True)
         y = lin(x)
         y.square().sum().backward()
-        assert holder.ops.chosen()["int8_linear@cpu/torch.float32"]["*"] == backend
+        assert holder.ops.chosen()["stored_linear[int8]@cpu/torch.float32"]["*"] == backend
         outs[backend] = (y.detach(), x.grad)
     ref_y, ref_gx = outs["eager"]
     torch.testing.assert_close(outs["addmm"][0], ref_y, atol=1e-5, rtol=1e-5)
@@ -219,7 +219,7 @@ def test_int8_forward_error_against_the_float64_reference(mode, backend, bound):
     imgs, texts, sigma, seq = random_batch(cfg, TEXT_LENS, IMG_SIZES, 0, torch.float32)
     with torch.no_grad():
         packed = model(torch.cat(imgs), torch.cat(texts), sigma, seq)
-    assert model.ops.chosen()["int8_linear@cpu/torch.float32"]["*"] == backend
+    assert model.ops.chosen()["stored_linear[int8]@cpu/torch.float32"]["*"] == backend
     ref_model = random_model(cfg, 0).double()
     ref = reference_forward(
         ref_model, [i.double() for i in imgs], [t.double() for t in texts], IMG_SIZES, sigma.double()

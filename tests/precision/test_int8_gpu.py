@@ -35,11 +35,11 @@ def test_int_mm_backend_tracks_the_dequantized_reference(out_f, group, tokens):
         w = (w.reshape(out_f, -1, group) @ convrot_hadamard(group, DEV)).reshape(out_f, 3072)
     wq = int8.Int8Weight(*int8.quantize_weight(w), group=group)
     x = torch.randn(tokens, 3072, device=DEV).bfloat16().requires_grad_(True)
-    fast = load_backend("int8_linear", "int_mm", "sm90", torch.bfloat16)
+    fast = load_backend("stored_linear", "int_mm", "sm90", torch.bfloat16, "int8")
     y = fast(x, wq, None)
     y.float().square().sum().backward()
     gx, x.grad = x.grad, None
-    y_ref = eager_op("int8_linear")(x, wq, None)
+    y_ref = eager_op("stored_linear")(x, wq, None)
     y_ref.float().square().sum().backward()
     assert _rel(y, y_ref) < 0.02  # x rounded to 8 bits per row (bf16 reference: ~0.4%)
     assert _rel(gx, x.grad) < 0.03

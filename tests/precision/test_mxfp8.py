@@ -104,9 +104,9 @@ def test_mxfp8_refused_off_blackwell_by_name():
 
 
 def test_registry_selects_the_block_scaled_gemm_on_blackwell_only():
-    names = lambda arch: [n for n, _ in resolve("mxfp8_linear", arch, torch.bfloat16).backends]  # noqa: E731
-    assert names("sm100")[0] == "scaled_mm" and names("sm120")[0] == "scaled_mm"
-    assert "scaled_mm" not in names("sm90") and "scaled_mm" not in names("sm89")
+    names = lambda arch: resolve("stored_linear", arch, torch.bfloat16, kind="mxfp8").names  # noqa: E731
+    assert names("sm100")[0] == "block_scaled_mm" and names("sm120")[0] == "block_scaled_mm"
+    assert "block_scaled_mm" not in names("sm90") and "block_scaled_mm" not in names("sm89")
     assert names("cpu") == ["eager"]
 
 

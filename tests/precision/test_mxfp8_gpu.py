@@ -36,8 +36,8 @@ def test_refused_by_name_and_not_bound_without_block_scaled_gemms():
     ops = OpSet("auto", tune="off")
     w = mxfp8.quantize_weight(torch.randn(64, 64, device=DEV))
     x = torch.randn(32, 64, device=DEV, dtype=torch.bfloat16)
-    ops.mxfp8_linear(x, w, None)
-    assert "scaled_mm" not in ops.bind("mxfp8_linear", x.device, x.dtype).names
+    ops.stored_linear(x, w, None)
+    assert ops.bind("stored_linear", x.device, x.dtype, "mxfp8").names == ["addmm", "eager"]
 
 
 @blackwell
@@ -47,8 +47,10 @@ def test_block_scaled_gemm_tracks_the_dequantized_reference(out_f):
     w = mxfp8.quantize_weight(torch.randn(out_f, 3072, device=DEV) * 3072**-0.5)
     x = torch.randn(4096, 3072, device=DEV).bfloat16().requires_grad_(True)
     cap = torch.cuda.get_device_capability(DEV)
-    y = load_backend("mxfp8_linear", "scaled_mm", f"sm{cap[0]}{cap[1]}", torch.bfloat16)(x, w, None)
-    y_ref = eager_op("mxfp8_linear")(x, w, None)
+    y = load_backend("stored_linear", "block_scaled_mm", f"sm{cap[0]}{cap[1]}", torch.bfloat16, "mxfp8")(
+        x, w, None
+    )
+    y_ref = eager_op("stored_linear")(x, w, None)
     err = float((y.float() - y_ref.float()).norm() / y_ref.float().norm())
     assert err < 0.06, err  # x rounded to e4m3 per 32-block
     y.float().square().sum().backward()

@@ -61,9 +61,10 @@ def test_last_hidden_state_error_against_bf16(folders, mode):
     linears = [m for m in encoder.model.modules() if isinstance(m, (Fp8Linear, Int8Linear))]
     assert len(linears) == 31  # 3 Gated DeltaNet blocks x (in_proj_qkv, _z, _b, _a, out_proj, MLP x3) + 1 x 7
     assert all(m.weight.element_size() == 1 for m in linears)
-    if mode == "int8":  # the CPU registry runs the dequantized reference unless a backend is named
+    gemm = {"int8": "int_mm", "fp8": "scaled_mm"}.get(mode)
+    if gemm:  # the CPU registry runs the dequantized reference unless a backend is named
         for m in linears:
-            m.__dict__["ops"] = OpSet("int_mm", tune="off")
+            m.__dict__["ops"] = OpSet(gemm, tune="off")
     got = encoder.encode(CAPTIONS)[0]
     err, err32, base = _rel(got, ref), _rel(got, ref32), _rel(ref, ref32)
     print(f"{mode}: last_hidden_state vs bf16 {err:.2e}, vs fp32 {err32:.2e} (bf16 vs fp32 {base:.2e})")

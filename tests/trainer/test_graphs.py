@@ -26,7 +26,7 @@ GPU = torch.device("cuda")
         (MemoryPlan(stream_blocks=2), {}, "STREAM_BLOCKS"),
         (MemoryPlan(activation_offload="on"), {}, "ACTIVATION_OFFLOAD"),
         (MemoryPlan(optimizer="host"), {}, "OPTIMIZER_PLACEMENT"),
-        (MemoryPlan(checkpointing="full"), {}, "CHECKPOINTING"),
+        (MemoryPlan(checkpointing="full"), {"draws_random": True}, "CHECKPOINTING"),
         (MemoryPlan(), {"algo": "tlora"}, "ALGO"),
         (MemoryPlan(), {"module_dropout": 0.1}, "MODULE_DROPOUT"),
         (MemoryPlan(), {"dtype": torch.float16}, "PRECISION"),
@@ -42,6 +42,8 @@ def test_refusals_name_the_knob(plan, kwargs, knob):
 
 def test_the_plain_plan_on_cuda_is_graphed_and_the_cpu_is_not():
     assert graph_refusal(MemoryPlan(), GPU) is None
+    for mode in ("full", "attn", "mlp"):  # no dropout: the recomputation needs no RNG state
+        assert graph_refusal(MemoryPlan(checkpointing=mode), GPU) is None
     assert resolve_graphs("auto", None) and resolve_graphs("on", None)
     assert not resolve_graphs("off", None)
     assert graph_refusal(MemoryPlan(), torch.device("cpu")).startswith("DEVICE")
@@ -83,14 +85,21 @@ def _batches(model, shapes, steps):
 
 @pytest.mark.gpu
 @cuda
-@pytest.mark.parametrize("accum, set_to_none", [(1, False), (2, True)])
-def test_graphed_micro_steps_match_eager(accum, set_to_none):
+@pytest.mark.parametrize(
+    "accum, set_to_none, ckpt",
+    [(1, False, "none"), (2, True, "none"), (1, False, "full"), (2, False, "attn")],
+)
+def test_graphed_micro_steps_match_eager(accum, set_to_none, ckpt):
+    """Also with checkpointed blocks (no dropout: the recomputation reads no RNG state from the host)."""
+    from kohakumoss.memory.engines.checkpointing import CheckpointPolicy
+    from kohakumoss.memory.engines.runner import install_checkpointing
     from kohakumoss.train.step import flow_loss
 
     shapes = [([5, 3], [(4, 4), (2, 6)]), ([7], [(6, 6)])]  # two batch shapes, alternating
     results = []
     for graphed in (False, True):
         model, net = _lora_model()
+        install_checkpointing(model, CheckpointPolicy(ckpt, preserve_rng=False))
         params = list(net.parameters())
         opt = torch.optim.AdamW(params, lr=1e-2)
         graphs = StepGraphs(
@@ -308,3 +317,19 @@ def test_graphs_serve_every_length_once_batches_differ_in_lengths_alone(monkeypa
     graphs.run(*_padded_batch([1, 9], [(4, 4), (2, 6)], pad_to=16, seed=9))  # seen shapes: captured
     graphs.run(*_padded_batch([6, 2], [(4, 4), (2, 6)], pad_to=16, seed=8))  # other lengths: replayed
     assert calls[-2:] == ["capture", "replay"]
+
+
+@pytest.mark.parametrize("dropout, preserve", [(0.0, False), (0.1, True)])
+def test_checkpointed_blocks_keep_rng_state_only_for_adapter_dropout(train_world, dropout, preserve):
+    """Without dropout the recomputation reads no generator state, so a checkpointed step can be graphed."""
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.train.components import build_components
+    from kohakumoss.train.trainer import adapter_draws_random, build_trainable
+
+    cfg = TrainConfig.from_knobs(tiny_knobs(train_world, "ckpt-rng", CHECKPOINTING="full", DROPOUT=dropout))
+    comps = build_components(cfg)
+    build_trainable(cfg, comps)
+    assert comps.backbone.block_runner.policy.preserve_rng is preserve
+    assert adapter_draws_random(cfg.adapter) is preserve
+    draws = adapter_draws_random(cfg.adapter)
+    assert (graph_refusal(comps.plan, GPU, draws_random=draws) is None) is not preserve

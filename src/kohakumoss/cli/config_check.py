@@ -43,10 +43,9 @@ MEMORY_INPUTS = (
 
 
 def schemas() -> dict[str, Schema]:
+    from kohakumoss.config.data_scripts import DATA_SCHEMA
     from kohakumoss.config.sample import SAMPLE_SCHEMA
     from kohakumoss.config.train import TRAIN_SCHEMA
-
-    from .config_data_schema import DATA_SCHEMA
 
     return {"train": TRAIN_SCHEMA, "sample": SAMPLE_SCHEMA, "data": DATA_SCHEMA}
 
@@ -216,8 +215,10 @@ def _graphs_line(knobs, plan, res: CheckResult) -> str:
     from kohakumoss.train.graphs import graph_refusal
 
     dtype = {"fp16": torch.float16, "fp32": torch.float32}.get(knobs.get("PRECISION"), torch.bfloat16)
+    algo = knobs.get("ALGO", "lora")
+    dropouts = [float(knobs.get(n) or 0) for n in ("DROPOUT", "RANK_DROPOUT", "MODULE_DROPOUT")]
     why = graph_refusal(
-        plan, torch.device("cuda"), knobs.get("ALGO", "lora"), float(knobs.get("MODULE_DROPOUT") or 0), dtype
+        plan, torch.device("cuda"), algo, dropouts[2], dtype, draws_random=algo != "full" and any(dropouts)
     )
     mode = knobs.get("CUDA_GRAPHS", "auto")
     if mode == "on" and why is not None:

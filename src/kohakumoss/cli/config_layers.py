@@ -146,9 +146,8 @@ def data_config(sources: Iterable[str | Path], own: dict[str, Any]) -> Any:
     layers, composed in order), encoder arguments derived from their VAE / TEXT_ENCODER, then `own`."""
     from kohakuengine import Config
 
+    from kohakumoss.config.data_scripts import SHARED
     from kohakumoss.config.train import TRAIN_SCHEMA
-
-    from .config_data_schema import SHARED
 
     knobs = {**TRAIN_SCHEMA.defaults(), **compose(sources)}  # the training run's values, defaults included
     out = {k: knobs[k] for k in SHARED}

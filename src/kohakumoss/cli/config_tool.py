@@ -79,10 +79,10 @@ def _problems(req: NewRequest, problems: list[tuple[str, str]]) -> None:
 
 def new_config(req: NewRequest) -> list[Path]:
     """Write the config(s) of `req`; returns the paths written. Raises Refused or a KohakuMossError."""
+    from kohakumoss.config.data_scripts import DATA_SCHEMA
     from kohakumoss.config.sample import SAMPLE_SCHEMA
     from kohakumoss.config.train import ALGO_CHOICES, TRAIN_SCHEMA
 
-    from .config_data_schema import DATA_SCHEMA
     from .config_dataset import check_dataset, dataset_spec, guess_source
     from .config_gpu import resolve_gpu
     from .config_layers import load_file

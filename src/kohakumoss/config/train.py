@@ -238,9 +238,11 @@ class RuntimeConfig:
 
 # A knob that sets a field of kohakumoss_data's ScanKnobs / PlanKnobs / LoaderKnobs takes that field's
 # default: the data package, the data scripts and the memory estimate then agree on one value.
+# DatasetConfig, CacheDirConfig, ScanConfig, PlanConfig and SeedConfig are the knobs the data scripts
+# share with training (config/data_scripts.py): DataConfig and RunConfig are built from them.
 @dataclass(frozen=True)
-class DataConfig:
-    """The dataset, its plan (areas, buckets, tokens per step, captions) and the loader."""
+class DatasetConfig:
+    """The dataset and where its catalog lives."""
 
     dataset: dict | list = knob(
         {"kind": "kohya", "path": "data/train"},
@@ -248,21 +250,31 @@ class DataConfig:
         "per dataset also repeats, caption_dropout, shuffle_caption, keep_tokens, tag_dropout, reg, loss_weight, mask",
     )
     catalog_dir: str | None = knob(None, "where the catalog cache lives (None: beside the dataset)")
+
+
+@dataclass(frozen=True)
+class CacheDirConfig:
+    """Where the latent and text caches live."""
+
     cache_dir: str = knob("cache", "latent and text caches (safetensors shards)")
-    vae_encode: str = knob(
-        "auto",
-        "latents: auto (cache, misses encoded in the step and written back), cache (must hit), online",
-        choices=ENCODE_PLACEMENTS,
-    )
-    text_encode: str = knob(
-        "auto", "text embeddings: auto, cache or online (as VAE_ENCODE)", choices=ENCODE_PLACEMENTS
-    )
+
+
+@dataclass(frozen=True)
+class ScanConfig:
+    """The catalog scan: which images are kept."""
+
     min_side: int = knob(ScanKnobs.min_side, "images with a shorter side are dropped", min=1)
     max_pixels: int = knob(ScanKnobs.max_pixels, "decompression-bomb limit in pixels", min=1)
     missing_caption: str = knob(
         ScanKnobs.missing_caption, "error, empty or filename", choices=("error", "empty", "filename")
     )
     scan_workers: int = knob(ScanKnobs.workers, "threads that probe images during the catalog scan", min=1)
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """The plan: target sizes, buckets, tokens per step, caption augmentation."""
+
     area: int = knob(PlanKnobs.area, "target pixel area per image (native aspect kept)", min=256)
     min_aspect: float = knob(PlanKnobs.min_aspect, "smallest width/height kept", min=0.01, max=1.0)
     max_aspect: float = knob(PlanKnobs.max_aspect, "largest width/height kept", min=1.0)
@@ -289,6 +301,20 @@ class DataConfig:
         "drop each tag after the KEEP_TOKENS kept ones with this probability",
         min=0.0,
         max=1.0,
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig(PlanConfig, ScanConfig, CacheDirConfig, DatasetConfig):
+    """The dataset, its plan (areas, buckets, tokens per step, captions), the caches and the loader."""
+
+    vae_encode: str = knob(
+        "auto",
+        "latents: auto (cache, misses encoded in the step and written back), cache (must hit), online",
+        choices=ENCODE_PLACEMENTS,
+    )
+    text_encode: str = knob(
+        "auto", "text embeddings: auto, cache or online (as VAE_ENCODE)", choices=ENCODE_PLACEMENTS
     )
     workers: int = knob(LoaderKnobs.workers, "loader worker processes", min=0)
     prefetch_steps: int = knob(LoaderKnobs.prefetch_steps, "steps prepared ahead", min=1)
@@ -395,10 +421,16 @@ class ObjectiveConfig:
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """The run folder, checkpoints, resume, logging."""
+class SeedConfig:
+    """The seed (the data scripts' plans use the training run's)."""
 
     seed: int = knob(0, "seed of the plan, the sigmas and the noise")
+
+
+@dataclass(frozen=True)
+class RunConfig(SeedConfig):
+    """The run folder, checkpoints, resume, logging."""
+
     run_name: str = knob(
         "moss-lora",
         "run folder name under RUNS_DIR (a plain name, no path)",

@@ -23,8 +23,9 @@ import torch
 from torch import nn
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import fp8, int8, mxfp8
+from kohakumoss_kernels import OpSet, fp8, int8, mxfp8
 
+from .default_ops import default_ops
 from .int8_base import Int8Linear, stored_int8_weights, to_int8
 from .mxfp8_base import Mxfp8Linear, to_mxfp8
 
@@ -99,8 +100,9 @@ def _check_mxfp8(knob: str, device: torch.device) -> None:
     )
 
 
-def to_fp8(lin: nn.Linear, compute: bool) -> None:
-    """Turn frozen `lin` into an Fp8Linear in place (e4m3 rows, one float32 scale each)."""
+def to_fp8(lin: nn.Linear, compute: bool, ops: OpSet | None = None) -> None:
+    """Turn frozen `lin` into an Fp8Linear in place (e4m3 rows, one float32 scale each); `ops`: the
+    model's OpSet, whose stored_linear runs its forward."""
     source = lin.weight.dtype
     data, scale = fp8.quantize_weight(lin.weight)
     lin.weight = nn.Parameter(data, requires_grad=False)
@@ -108,6 +110,8 @@ def to_fp8(lin: nn.Linear, compute: bool) -> None:
     # fp8 GEMMs take widths in multiples of 16; another linear keeps the storage, dequantized per call
     gemm_ok = lin.in_features % 16 == 0 and lin.out_features % 16 == 0
     lin.fp8_compute, lin.source_dtype = compute and gemm_ok, source
+    if ops is not None:
+        lin.__dict__["ops"] = ops  # a plain attribute, not a submodule or state
     lin.__class__ = Fp8Linear
 
 
@@ -119,7 +123,7 @@ def quantize_linear(lin: nn.Linear, mode: str, stored=None, ops=None) -> None:
     elif mode == "mxfp8":
         to_mxfp8(lin, ops)
     else:
-        to_fp8(lin, mode == "fp8")
+        to_fp8(lin, mode == "fp8", ops)
 
 
 def quantize_frozen_linears(
@@ -163,14 +167,16 @@ def base_dtype(lin: nn.Linear) -> torch.dtype:
 
 
 class Fp8Linear(nn.Linear):
-    """A frozen nn.Linear stored in float8: `weight` (e4m3) times `weight_scale` (one float32 per row)."""
+    """A frozen nn.Linear stored in float8: `weight` (e4m3) times `weight_scale` (one float32 per row);
+    its forward is the registry's stored_linear over the `fp8` kind."""
 
     fp8_compute: bool
     source_dtype: torch.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
-        return fp8.frozen_linear(x, frozen_weight(self, x.dtype), bias)
+        ops = self.__dict__.get("ops") or default_ops()  # the model's OpSet: the registry picks the GEMM
+        return ops.stored_linear(x, frozen_weight(self, x.dtype), bias)
 
     def _apply(self, fn, recurse: bool = True):
         """A model cast (`.to(dtype)`, `.half()`) moves the fp8 bytes and their scales, never re-types them."""

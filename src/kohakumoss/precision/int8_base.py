@@ -35,7 +35,7 @@ class Int8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         ops = self.__dict__.get("ops") or default_ops()  # the model's OpSet: the registry picks the GEMM
-        return ops.int8_linear(x, self.int8_weight(), bias)
+        return ops.stored_linear(x, self.int8_weight(), bias)
 
     def _apply(self, fn, recurse: bool = True):
         """A model cast (`.to(dtype)`, `.half()`) moves the int8 bytes and their scales, never re-types them."""

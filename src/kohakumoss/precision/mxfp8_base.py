@@ -26,7 +26,7 @@ class Mxfp8Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias.to(x.dtype) if self.bias is not None else None
         ops = self.__dict__.get("ops") or default_ops()  # the model's OpSet: the registry picks the GEMM
-        return ops.mxfp8_linear(x, self.mxfp8_weight(), bias)
+        return ops.stored_linear(x, self.mxfp8_weight(), bias)
 
     def _apply(self, fn, recurse: bool = True):
         """A model cast moves the fp8 bytes and their scales, never re-types them."""

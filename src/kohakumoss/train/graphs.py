@@ -56,8 +56,10 @@ def graph_refusal(
     algo: str = "lora",
     module_dropout: float = 0.0,
     dtype: torch.dtype = torch.bfloat16,
+    draws_random: bool = False,
 ) -> str | None:
-    """Why the step cannot be graphed (naming the knob), or None."""
+    """Why the step cannot be graphed (naming the knob), or None. `draws_random`: the adapter's forward
+    uses dropout, so a checkpointed block's recomputation must restore the RNG state from the host."""
     if device.type != "cuda":
         return f"DEVICE: CUDA graphs need a CUDA device, not {device.type}"
     if plan.stream_blocks != 0:
@@ -68,8 +70,8 @@ def graph_refusal(
         return "GRAD_OFFLOAD: gradients leave through host hooks"
     if plan.optimizer != "gpu":
         return f"OPTIMIZER_PLACEMENT: '{plan.optimizer}' moves optimizer states through the host"
-    if plan.checkpointing != "none":
-        return "CHECKPOINTING: recomputation restores RNG state from the host"
+    if plan.checkpointing != "none" and draws_random:
+        return "CHECKPOINTING: with adapter dropout the recomputation restores the RNG state from the host"
     if algo in PYTHON_SIDE_ALGOS:
         return f"ALGO: '{algo}' sets its rank from Python each step"
     if module_dropout:

@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from kohakumoss.adapters import adapter_param_groups, build_from_spec, clear_tlora_mask
-from kohakumoss.config.train import ObjectiveConfig, OptimConfig, TrainConfig
+from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
 from kohakumoss.distributed.trainer import RankRun
@@ -519,6 +519,8 @@ def build_trainable(cfg: TrainConfig, comps: Components) -> Trainable:
     else:
         network = build_from_spec(model, cfg.adapter.spec())
         network.to(device=comps.device, dtype=torch.float32)  # adapter weights train in fp32
+        if model.block_runner is not None:  # recomputation restores the RNG state only for dropout
+            model.block_runner.recompute_rng(adapter_draws_random(cfg.adapter))
         module = network
     optimizer = build_optimizer(optim, model, network, cfg.adapter.lora_plus_ratio)
     if comps.engines is not None:  # states on the GPU, streamed or on the host, as the plan says
@@ -599,11 +601,18 @@ def build_runner(
     )
 
 
+def adapter_draws_random(adapter: AdapterConfig) -> bool:
+    """Whether the adapter's forward draws random numbers (its dropouts): checkpointing then restores RNG state."""
+    drops = (adapter.dropout, adapter.rank_dropout, adapter.module_dropout)
+    return adapter.algo != "full" and any(float(d) > 0 for d in drops)
+
+
 def build_step_graphs(cfg: TrainConfig, comps: Components, tr: Trainable, loss_fn) -> StepGraphs | None:
     """CUDA_GRAPHS: the micro-step's graphs where the run allows them (train/graphs.py says why not)."""
     adapter, mode = cfg.adapter, cfg.runtime.cuda_graphs
+    draws = adapter_draws_random(adapter)
     refusal = graph_refusal(
-        comps.plan, comps.device, adapter.algo, float(adapter.module_dropout), comps.dtype
+        comps.plan, comps.device, adapter.algo, float(adapter.module_dropout), comps.dtype, draws
     )
     if not resolve_graphs(mode, refusal):
         if mode == "auto" and comps.device.type == "cuda":

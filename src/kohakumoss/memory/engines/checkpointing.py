@@ -6,6 +6,9 @@ The halves are `MossBlock.attention_half` and `MossBlock.mlp_half`, which its fo
     attention_half: norm1-modulate, q/k/v, attention, o, gated residual, norm2-modulate -> (x, y)
     mlp_half:       ffn_up_gate, SiTU-GLU, ffn_down, gated residual                    -> x
 `mod` is the shared block modulation [6, B, d] the backbone passes to every block.
+
+The recomputation saves and restores the RNG state only when the forward draws random numbers (adapter
+dropout): reading the generator's state from the host is what kept a checkpointed step out of a CUDA graph.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ MODES = ("none", "full", "attn", "mlp")
 class CheckpointPolicy:
     mode: str = "none"
     every: int = 1  # checkpoint blocks 0, every, 2*every, ...
+    preserve_rng: bool = True  # False when the forward draws no random numbers (no adapter dropout)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -35,14 +39,17 @@ class CheckpointPolicy:
         return self.mode != "none" and index % self.every == 0
 
 
-def run_block(block, mode: str, x: torch.Tensor, mod: torch.Tensor, seq, rope, ops) -> torch.Tensor:
+def run_block(
+    block, mode: str, x: torch.Tensor, mod: torch.Tensor, seq, rope, ops, preserve_rng: bool = True
+) -> torch.Tensor:
     """Block `block` with activation checkpointing `mode` ('none' runs it plainly)."""
     if mode == "none":
         return block(x, mod, seq, rope, ops)
+    kw = dict(use_reentrant=False, preserve_rng_state=preserve_rng)
     if mode == "full":
-        return checkpoint(block, x, mod, seq, rope, ops, use_reentrant=False)
+        return checkpoint(block, x, mod, seq, rope, ops, **kw)
     if mode == "attn":
-        x, y = checkpoint(block.attention_half, x, mod, seq, rope, ops, use_reentrant=False)
+        x, y = checkpoint(block.attention_half, x, mod, seq, rope, ops, **kw)
         return block.mlp_half(x, y, mod, seq, ops)
     x, y = block.attention_half(x, mod, seq, rope, ops)
-    return checkpoint(block.mlp_half, x, y, mod, seq, ops, use_reentrant=False)
+    return checkpoint(block.mlp_half, x, y, mod, seq, ops, **kw)

@@ -13,6 +13,7 @@ saving, its input sent to the host, recomputed in backward (RNG and autocast sta
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import nullcontext
 
@@ -94,6 +95,11 @@ class BlockRunner:
         self.index = {id(b): i for i, b in enumerate(model.layers)}
         self._anchor = torch.empty(0, requires_grad=True)  # makes the checkpoint node need a backward
 
+    def recompute_rng(self, needed: bool) -> None:
+        """Whether a recomputed block restores the RNG state: only a forward that draws random numbers
+        (adapter dropout) needs it, and reading that state from the host keeps the step out of a CUDA graph."""
+        self.policy = dataclasses.replace(self.policy, preserve_rng=needed)
+
     def _backward_start(self, i: int) -> None:
         st = self.streamer
         if st is not None and st.is_streamed(i):
@@ -110,7 +116,7 @@ class BlockRunner:
             return _OffloadedCheckpoint.apply(
                 lambda a, m: block(a, m, seq, rope, ops), self.offload, i, x, mod, self._anchor
             )
-        return run_block(block, mode, x, mod, seq, rope, self.ops)
+        return run_block(block, mode, x, mod, seq, rope, self.ops, self.policy.preserve_rng)
 
     def __call__(self, block, x: torch.Tensor, mod: torch.Tensor, seq, rope) -> torch.Tensor:
         i = self.index[id(block)]
