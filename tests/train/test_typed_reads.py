@@ -1,4 +1,5 @@
-"""The trainer reads its typed config (`cfg.optim.lr`), never a knob by its name (`k["LR"]`).
+"""The trainer reads its typed config (`cfg.optim.lr`), never a knob by its name (`k["LR"]`); `train(knobs)`
+validates them first; the trainer and a checkpoint's re-export build the adapter from one spec.
 
 An AST scan of every module under src/kohakumoss/train: a subscript, a `.get` / `.pop` / `.setdefault`, or an
 `in` test whose key is a train knob's UPPER_CASE name fails, unless listed in WRITES_FLAT (a place that
@@ -9,9 +10,12 @@ knob for the user and is not a read.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
-from kohakumoss.config.train import TRAIN_SCHEMA
+import pytest
+
+from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 
 TRAIN = Path(__file__).resolve().parents[2] / "src" / "kohakumoss" / "train"
 KNOBS = frozenset(TRAIN_SCHEMA.knobs)
@@ -68,3 +72,35 @@ def test_no_trainer_module_reads_a_knob_by_its_name():
                     f"train/{rel}:{line} reads {name!r} by name: read the typed config (cfg.<section>.{name.lower()})"
                 )
     assert not found, "\n".join(found)
+
+
+def test_train_validates_its_knobs_before_any_run_folder(tmp_path):
+    from kohakumoss.train.loop import train
+    from kohakumoss_common.errors import ConfigError
+
+    knobs = {"MODEL_PRESET": "tiny", "RUNS_DIR": str(tmp_path), "RUN_NAME": "bad", "LR": "big", "STEPZ": 3}
+    with pytest.raises(
+        ConfigError, match=r"(?s)STEPZ: unknown knob \(did you mean STEPS\?\).*LR: expected float"
+    ):
+        train(knobs)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_the_export_rebuilds_the_adapter_the_trainer_built():
+    """One spec from the knobs: the re-export's is the trainer's without the dropouts; an older run's
+    config.json without TARGET_PATTERNS / BYPASS / ALGO_ARGS takes their defaults."""
+    knobs = {"ALGO": "lokr", "RANK": 8, "ALPHA": 4.0, "TARGET_PRESET": "attn", "DROPOUT": 0.1,
+             "RANK_DROPOUT": 0.2, "BYPASS": True, "ALGO_ARGS": {"factor": 4}}  # fmt: skip
+    adapter = TrainConfig.from_knobs(knobs).adapter
+    trained, exported = adapter.spec(), adapter.spec(multiplier=0.5, dropouts=False)
+    assert (trained.algo, trained.rank, trained.alpha, trained.preset) == ("lokr", 8, 4.0, "attn")
+    assert (trained.dropout, trained.rank_dropout, trained.bypass, trained.algo_args) == (
+        0.1,
+        0.2,
+        True,
+        {"factor": 4},
+    )
+    assert exported == dataclasses.replace(trained, dropout=0.0, rank_dropout=0.0, multiplier=0.5)
+    old = TrainConfig.from_knobs({"ALGO": "lora", "RANK": 4, "ALPHA": 2.0, "TARGET_PRESET": "attn"})
+    spec = old.adapter.spec(dropouts=False)
+    assert (spec.patterns, spec.bypass, spec.algo_args, spec.rank) == ((), False, {}, 4)
