@@ -10,6 +10,7 @@ import torch
 
 from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.adapters.dropouts import dropout_check
+from kohakumoss.distributed.materialize import sharded_backbone
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
@@ -219,7 +220,12 @@ def build_components(k: dict[str, Any], build_device: torch.device | None = None
     host_first = plan.streamed_count(model_config(k).depth) > 0
     masters_here = full_ft and plan.optimizer == "gpu"
     build = build_device or (torch.device("cpu") if host_first else device)
-    backbone = build_backbone(k, build, dtype, masters_here, draw=device if device.type == "cuda" else None)
+    # DISTRIBUTED='fsdp': built on the meta device, sharded, only this rank's shards read or drawn
+    backbone = sharded_backbone(k, plan, device, dtype, masters_here, ops_backend(k))
+    if backbone is None:
+        backbone = build_backbone(
+            k, build, dtype, masters_here, draw=device if device.type == "cuda" else None
+        )
     if full_ft:
         backbone.requires_grad_(True)
     # before streaming places it; an int8 file's own int8 bytes are kept in the int8 modes
