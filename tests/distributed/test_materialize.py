@@ -22,15 +22,21 @@ from kohakumoss.distributed.materialize import (
     peak_rss_gib,
     sharded_backbone,
 )
+from kohakumoss.distributed.trainer import on_devices
 from kohakumoss.distributed.wrap import wrap_fsdp
 from kohakumoss.model import MossBackbone, get_preset
 from kohakumoss.model.io import load_backbone, save_backbone
 from kohakumoss.train.components import build_backbone
+from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_kernels import OpSet
 
 from ..model.test_convrot import KITCHEN_MARKER, convrot_file
+from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
+from .test_fsdp_trainer import same_losses
+from .test_trainer import records
 
+train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 TINY = get_preset("tiny")
 # wide enough that the model (~370 MiB in fp32) dwarfs a worker's noise in RSS; one parameter is 32 MiB
 WIDE = dataclasses.replace(TINY, dim=1024, depth=4, num_heads=8, mlp_hidden=4096)
@@ -249,3 +255,18 @@ def test_sharded_build_on_two_gpus_equals_one_gpu_and_the_5b_stays_off_the_host(
         assert held < 0.55 * whole
         assert rss_rise < 0.25 * whole  # nothing of the model's size passes through the host
         assert gpu_peak < held + 1.0  # its shards plus one parameter drawn whole in fp32
+
+
+def test_trainer_fsdp_from_a_convrot_file_trains_what_one_process_does(train_world, tmp_path):  # noqa: F811
+    """The trainer under DISTRIBUTED='fsdp' with WEIGHTS a ComfyUI ConvRot int8 file: each rank reads
+    its shards (logged with its held bytes and host peak RSS); the losses are one process's."""
+    path, _, _ = convrot_file(tmp_path, KITCHEN_MARKER)
+    extra = dict(WEIGHTS=str(path), MODEL_PRESET="", STEPS=2, GRAD_ACCUM=1, LOGGERS=[])
+    one = train_on_devices(tiny_knobs(train_world, "weights-one", **extra))
+    two = train_on_devices(
+        tiny_knobs(train_world, "weights-two", DISTRIBUTED="fsdp", DEVICES=2, DIST_TIMEOUT=120.0, **extra)
+    )
+    log = (two / "log.txt").read_text()
+    assert "FSDP2 build: rank 0 holds 8.8 MiB of the DiT's 17.6 MiB" in log and "ConvRot int8" in log
+    assert "host peak RSS" in log and "sharded over 2 ranks (at build, from the meta device)" in log
+    same_losses(records(one), records(two))

@@ -8,6 +8,8 @@ shards given storage and values, so no worker ever holds the whole model in host
   generator, the parameters in order, on the GPU when there is one) one parameter at a time and keeps
   its rows. The sharded weights then equal the one-process run's bit for bit at any world size, and a
   rank holds at most one whole parameter beside its shards; the cost is that every rank draws every value.
+  The global generator is advanced as the one-process build advances it (`ReplayDraws`), so what the
+  run draws next (an adapter's initial weights) is the one-process run's too.
 """
 
 from __future__ import annotations
