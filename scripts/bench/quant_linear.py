@@ -2,7 +2,8 @@
 same ConvRot-rotated, fp8 (row-wise _scaled_mm) and MXFP8 (block-scaled, sm100+ only), at the 5B
 block's shapes (3072 -> 3072, 3072 -> 18432). Per row: forward ms, forward + input-gradient ms (a frozen
 base's backward), TFLOP/s of the forward, and the forward's relative error against the bf16 product of
-the same (dequantized) weight. Random weights; GPU.
+the same (dequantized) weight. Each row runs one backend of the `stored_linear` op (what Int8Linear,
+Fp8Linear and Mxfp8Linear call), loaded from the registry. Random weights; GPU.
 
     python scripts/bench/quant_linear.py [--tokens 4096] [--iters 50] [--out quant_linear.json]
 """
@@ -19,9 +20,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from kohakumoss_common.quant import convrot_hadamard  # noqa: E402
-from kohakumoss_kernels import fp8, int8  # noqa: E402
+from kohakumoss_kernels import fp8, int8, mxfp8  # noqa: E402
+from kohakumoss_kernels.registry import load_backend  # noqa: E402
 
 SHAPES = ((3072, 3072), (3072, 18432))
+# (row name, weight kind, ConvRot group, stored_linear backend): the op the precision package calls
+ROWS = (
+    ("int8_weight", "int8", 0, "addmm"),
+    ("int8", "int8", 0, "int_mm"),
+    ("int8_weight convrot", "int8", 256, "addmm"),
+    ("int8 convrot", "int8", 256, "int_mm"),
+    ("fp8_weight", "fp8", 0, "addmm"),
+    ("fp8", "fp8", 0, "scaled_mm"),
+    ("mxfp8", "mxfp8", 0, "block_scaled_mm"),
+)
 
 
 def _time_ms(fn, iters: int) -> float:
@@ -37,32 +49,33 @@ def _time_ms(fn, iters: int) -> float:
     return start.elapsed_time(end) / iters
 
 
-def _rows(tokens: int, in_f: int, out_f: int, dev) -> list[tuple[str, object, torch.Tensor]]:
-    """(name, forward(x) with autograd, the float weight it stands for)."""
+def _weight(kind: str, w: torch.Tensor, group: int):
+    if kind == "int8":
+        if group:  # as a ConvRot file stores it: rotated per group of input columns, then quantized
+            out_f, in_f = w.shape
+            w = (w.reshape(out_f, -1, group) @ convrot_hadamard(group, w.device)).reshape(out_f, in_f)
+        return int8.Int8Weight(*int8.quantize_weight(w), group=group)
+    if kind == "fp8":
+        return fp8.Fp8Weight(*fp8.quantize_weight(w))
+    return mxfp8.quantize_weight(w)
+
+
+def _rows(in_f: int, out_f: int, dev) -> list[tuple[str, object, torch.Tensor]]:
+    """(name, forward(x) with autograd, the float weight it stands for); backends the card lacks are left out."""
     torch.manual_seed(0)
     w = torch.randn(out_f, in_f, device=dev) * in_f**-0.5
     wb = w.bfloat16()
     rows = [("bf16", lambda x: torch.nn.functional.linear(x, wb), w)]
-    q, s = int8.quantize_weight(w)
-    for name, compute in (("int8_weight", False), ("int8", True)):
-        wq = int8.Int8Weight(q, s, 0, compute)
-        rows.append((name, lambda x, wq=wq: int8.frozen_linear(x, wq), wq.dequant(torch.float32)))
-    wr = (w.reshape(out_f, -1, 256) @ convrot_hadamard(256, dev)).reshape(out_f, in_f)
-    qr, sr = int8.quantize_weight(wr)
-    for name, compute in (("int8_weight convrot", False), ("int8 convrot", True)):
-        wq = int8.Int8Weight(qr, sr, 256, compute)
-        rows.append((name, lambda x, wq=wq: int8.frozen_linear(x, wq), wq.dequant(torch.float32)))
-    if fp8.can_compute(dev):
-        wf = fp8.Fp8Weight(*fp8.quantize_weight(w))
-        rows.append(("fp8", lambda x, wf=wf: fp8.frozen_linear(x, wf), wf.dequant(torch.float32)))
-    try:
-        from kohakumoss_kernels import mxfp8
-
-        if mxfp8.can_compute(dev):
-            wm = mxfp8.quantize_weight(w)
-            rows.append(("mxfp8", lambda x, wm=wm: mxfp8.frozen_linear(x, wm), wm.dequant(torch.float32)))
-    except ImportError:
-        pass
+    major, minor = torch.cuda.get_device_capability(dev)
+    for name, kind, group, backend in ROWS:
+        fn = load_backend("stored_linear", backend, f"sm{major}{minor}", torch.bfloat16, kind)
+        if fn is None:
+            print(f"# {name}: stored_linear backend '{backend}' is not bound on sm{major}{minor}")
+            continue
+        wq = _weight(kind, w, group)
+        rows.append(
+            (f"{name} ({backend})", lambda x, fn=fn, wq=wq: fn(x, wq, None), wq.dequant(torch.float32))
+        )
     return rows
 
 
@@ -81,7 +94,7 @@ def main() -> None:
     for in_f, out_f in SHAPES:
         x = torch.randn(a.tokens, in_f, device=dev).bfloat16()
         gy = torch.randn(a.tokens, out_f, device=dev).bfloat16()
-        for name, fwd, w_ref in _rows(a.tokens, in_f, out_f, dev):
+        for name, fwd, w_ref in _rows(in_f, out_f, dev):
             ref = (x.float() @ w_ref.bfloat16().float().t()).float()
             with torch.no_grad():
                 err = float((fwd(x).float() - ref).norm() / ref.norm())

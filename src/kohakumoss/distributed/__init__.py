@@ -4,6 +4,7 @@ launch.run(k, train)          workers started here (elastic launcher) or by torc
 launch.current() -> World     this rank, its world size and device
 shard.shard_plan / rank_weight / step_noise    each rank's share of every micro-step
 wrap.wrap_ddp / wrap_fsdp     DistributedDataParallel or FSDP2 around the backbone
+materialize.sharded_backbone  fsdp: built on the meta device, only this rank's shards read or drawn
 checkpoint.save_sharded / load_sharded          torch.distributed.checkpoint, any world size
 gather.full_weights           rank 0 sees an FSDP2 model's whole weights (exports)
 trainer.RankRun               what the trainer asks of a ddp / fsdp run

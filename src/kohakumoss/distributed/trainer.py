@@ -1,7 +1,8 @@
 """What the trainer (train/loop.py) asks of a distributed run, as one object: a no-op in one process.
 
 rr = RankRun(k)                                      # this rank (launch.current())
-rr.shard(model, dtype, plan)                         # DISTRIBUTED='fsdp': fully_shard per block
+rr.shard(model, dtype, plan)                         # DISTRIBUTED='fsdp': the sharded build recorded
+rr.main_decides(flag)                                # fsdp: rank 0's flag, so every rank joins a forward
 loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
 forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward (adapters)
 step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)   # the share's loss, noise, sync
@@ -29,7 +30,7 @@ from kohakumoss_common.log import get_logger
 
 from .checkpoint import write_shards
 from .collectives import barrier
-from .gather import full_weights
+from .gather import any_sharded, full_weights
 from .knobs import devices_problem, mode_problem
 from .launch import current, run
 from .shard import rank_weight, shard_plan, step_noise
@@ -194,18 +195,31 @@ class RankRun:
 
     def shard(self, model: torch.nn.Module, dtype: torch.dtype, plan=None) -> None:
         """DISTRIBUTED='fsdp': `fully_shard` each block, then the root, computing in `dtype` (PRECISION);
-        a no-op otherwise. Call before the optimizer of a full fine-tune is built (it steps the shards),
-        after an adapter is attached (LyCORIS wraps the whole linears; the adapter stays whole)."""
+        a no-op otherwise. The trainer's backbone comes sharded from the build (materialize.sharded_backbone:
+        no rank holds it whole), and is only recorded here; one built whole is sharded here, before the
+        optimizer of a full fine-tune is built (it steps the shards)."""
         if not self.fsdp or self.sharded is not None:
             return
         self.check_plan(plan)
-        wrap_fsdp(model, param_dtype=dtype)
+        built = any_sharded(model)  # materialize.sharded_backbone built it sharded already
+        if not built:
+            wrap_fsdp(model, param_dtype=dtype)
         self.sharded = model
         log.info(
-            f"FSDP2: {len(model.layers)} blocks and the root sharded over {self.world.size} ranks, "
+            f"FSDP2: {len(model.layers)} blocks and the root sharded over {self.world.size} ranks "
+            f"({'at build, from the meta device' if built else 'after the build'}), "
             f"computing in {dtype}; CUDA graphs off (FSDP2 all-gathers and reduce-scatters inside the "
             "step, which the step graphs do not capture)"
         )
+
+    def main_decides(self, flag: bool) -> bool:
+        """Rank 0's `flag` on every rank under FSDP2, where all ranks take the branch to a collective
+        forward together (rank 0 alone reads the run folder); `flag` itself otherwise."""
+        if not self.fsdp:
+            return flag
+        box = [bool(flag)]
+        dist.broadcast_object_list(box, src=0)
+        return bool(box[0])
 
     def full_weights(self, model: torch.nn.Module):
         """A context (every rank enters it): rank 0's `model` holds whole weights (gather.full_weights)

@@ -15,6 +15,7 @@ from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.adapters.dropouts import dropout_check
 from kohakumoss.config.sample import SampleModelConfig
 from kohakumoss.config.train import EncoderConfig, ModelConfig, TrainConfig
+from kohakumoss.distributed.materialize import sharded_backbone
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
@@ -249,7 +250,7 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     full_ft = cfg.adapter.algo == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    knobs = cfg.knobs()  # the adapters package's checks read the flat knobs
+    knobs = cfg.knobs()  # the adapters package's checks and the sharded build read the flat knobs
     if problem := base_precision_check(knobs):  # before anything loads
         raise ConfigError("BASE_PRECISION", problem)
     if refusal := dropout_check(knobs):
@@ -261,10 +262,13 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     host_first = plan.streamed_count(model_config(cfg.model).depth) > 0
     masters_here = full_ft and plan.optimizer == "gpu"
     build = build_device or (torch.device("cpu") if host_first else device)
-    draw = device if device.type == "cuda" else None
-    backbone = build_backbone(
-        cfg.model, build, dtype, masters_here, ops_backend=ops_backend(cfg), seed=seed, draw=draw
-    )
+    # DISTRIBUTED='fsdp': built on the meta device, sharded, only this rank's shards read or drawn
+    backbone = sharded_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
+    if backbone is None:
+        draw = device if device.type == "cuda" else None
+        backbone = build_backbone(
+            cfg.model, build, dtype, masters_here, ops_backend=ops_backend(cfg), seed=seed, draw=draw
+        )
     if full_ft:
         backbone.requires_grad_(True)
     # before streaming places it; an int8 file's own int8 bytes are kept in the int8 modes

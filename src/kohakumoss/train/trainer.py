@@ -174,19 +174,21 @@ class Trainer:
         comps, self.prompts = self.comps, sample_captions(self.cfg.samples)
         encoders = comps.text_encoder is not None and comps.vae is not None
         self.can_sample = self.rr.is_main and bool(self.prompts) and encoders
-        # under FSDP2 every rank draws the later rows with rank 0 (the forward gathers each block)
+        # under FSDP2 every rank draws every row with rank 0 (the forward gathers each block)
         self.draws = self.can_sample or (self.rr.fsdp and bool(self.prompts) and encoders)
-        if not self.can_sample:
+        if not self.draws:
             return None
-        row = load_row(self.samples_dir / "base", "base", len(self.prompts))
-        if row is None:
+        row = load_row(self.samples_dir / "base", "base", len(self.prompts)) if self.can_sample else None
+        if self.rr.main_decides(row is None):  # rank 0 found no saved row: every drawing rank draws
             row = self.draw_row()
-            save_row(row, self.samples_dir / "base", "base")
-        return row
+            if self.can_sample:
+                save_row(row, self.samples_dir / "base", "base")
+        return row if self.can_sample else None
 
     def build_trainable(self) -> Trainable:
-        """The trainable weights and their optimizer. DISTRIBUTED='fsdp' shards the backbone before a full
-        fine-tune's optimizer is built (it steps the shards), after an adapter attaches (it wraps whole linears)."""
+        """The trainable weights and their optimizer. Under DISTRIBUTED='fsdp' the backbone was built sharded
+        (an adapter wraps the sharded linears and stays whole); rr.shard records it before a full
+        fine-tune's optimizer is built (it steps the shards)."""
         comps, rr = self.comps, self.rr
         if self.cfg.adapter.algo == "full":
             rr.shard(comps.backbone, comps.dtype, comps.plan)
