@@ -6,6 +6,7 @@ where building whole and then sharding (the path this replaced) goes above it.""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 
@@ -20,6 +21,7 @@ from kohakumoss.distributed.materialize import (
     fill_random,
     held_bytes,
     peak_rss_gib,
+    reset_peak_rss,
     sharded_backbone,
 )
 from kohakumoss.distributed.trainer import on_devices
@@ -42,6 +44,14 @@ TINY = get_preset("tiny")
 WIDE = dataclasses.replace(TINY, dim=1024, depth=4, num_heads=8, mlp_hidden=4096)
 FSDP = dict(DISTRIBUTED="fsdp", DEVICES=2, DEVICE="cpu", DIST_TIMEOUT=120.0)
 KNOBS = dict(WEIGHTS="", MODEL_PRESET="", SEED=5, DEVICE="cpu", OPS_BACKEND="eager")
+
+
+def settle_rss() -> None:
+    """Freed tensors back to the OS (glibc keeps freed pages, which a later build would reuse unseen),
+    then a new peak: the next build's rise is its own."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    assert reset_peak_rss(), "needs a resettable peak (Linux clear_refs)"
 
 
 def rss_now_gib() -> float:
@@ -70,7 +80,7 @@ def build_each(k: dict) -> dict:
         out[name] = report(model)
         out[name]["rng"] = torch.get_rng_state()  # what an adapter's initial weights draw from next
         del model
-    gc.collect()
+    settle_rss()
     base = rss_now_gib()
 
     def wide_fill(m):
@@ -79,7 +89,7 @@ def build_each(k: dict) -> dict:
     model = build_sharded(WIDE, OpSet("eager", tune="off"), device, torch.float32, wide_fill)
     sharded_rise = peak_rss_gib() - base
     del model
-    gc.collect()
+    settle_rss()
     base = rss_now_gib()
     whole = MossBackbone(WIDE, OpSet("eager", tune="off"))  # the replaced path: whole, then sharded
     whole.init_weights(std=0.02, generator=torch.Generator().manual_seed(3))
@@ -218,6 +228,7 @@ def gpu_build(k: dict) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
+    settle_rss()
     base = rss_now_gib()
     big = sharded_backbone(
         {**knobs, "MODEL_PRESET": "moss-image-5b"}, None, device, torch.bfloat16, False, "eager"
