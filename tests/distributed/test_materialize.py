@@ -6,6 +6,7 @@ where building whole and then sharding (the path this replaced) goes above it.""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 
@@ -21,6 +22,7 @@ from kohakumoss.distributed.materialize import (
     fill_random,
     held_bytes,
     peak_rss_gib,
+    reset_peak_rss,
     sharded_backbone,
 )
 from kohakumoss.distributed.trainer import on_devices
@@ -54,6 +56,14 @@ def build_backbone(knobs: dict, device: torch.device, dtype: torch.dtype, fp32_m
     )
 
 
+def settle_rss() -> None:
+    """Freed tensors back to the OS (glibc keeps freed pages, which a later build would reuse unseen),
+    then a new peak: the next build's rise is its own."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    assert reset_peak_rss(), "needs a resettable peak (Linux clear_refs)"
+
+
 def rss_now_gib() -> float:
     """The current resident set (not the peak), from /proc."""
     with open("/proc/self/statm") as f:
@@ -80,7 +90,7 @@ def build_each(k: dict) -> dict:
         out[name] = report(model)
         out[name]["rng"] = torch.get_rng_state()  # what an adapter's initial weights draw from next
         del model
-    gc.collect()
+    settle_rss()
     base = rss_now_gib()
 
     def wide_fill(m):
@@ -89,7 +99,7 @@ def build_each(k: dict) -> dict:
     model = build_sharded(WIDE, OpSet("eager", tune="off"), device, torch.float32, wide_fill)
     sharded_rise = peak_rss_gib() - base
     del model
-    gc.collect()
+    settle_rss()
     base = rss_now_gib()
     whole = MossBackbone(WIDE, OpSet("eager", tune="off"))  # the replaced path: whole, then sharded
     whole.init_weights(std=0.02, generator=torch.Generator().manual_seed(3))
@@ -228,6 +238,7 @@ def gpu_build(k: dict) -> dict:
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
+    settle_rss()
     base = rss_now_gib()
     big = sharded_backbone(
         {**knobs, "MODEL_PRESET": "moss-image-5b"}, None, device, torch.bfloat16, False, "eager"

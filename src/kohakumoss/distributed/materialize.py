@@ -58,9 +58,26 @@ def held_bytes(model: nn.Module) -> tuple[int, int]:
     return here, whole
 
 
+def reset_peak_rss() -> bool:
+    """Start a new host peak (Linux: writing 5 to clear_refs resets VmHWM); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_gib() -> float:
-    """This process's host peak resident set so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    """This process's host peak resident set since the last reset_peak_rss (VmHWM), else since start."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux; never reset
 
 
 # ---- values ---------------------------------------------------------------------------------------
