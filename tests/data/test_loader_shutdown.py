@@ -107,4 +107,4 @@ def test_stop_pool_terminates_a_busy_worker_after_the_grace_period():
         running.result(timeout=10)
     idle = worker_pool(1, None, None)
     idle.submit(int, 1).result(timeout=30)
-    assert stop_pool(idle, grace_s=5.0) == 0  # an idle worker leaves on its own
+    assert stop_pool(idle, grace_s=30.0) == 0  # an idle worker leaves on its own (a loaded CI runner is slow)
