@@ -74,9 +74,10 @@ def open_caches(
     return latents, texts
 
 
-def stop_pool(pool: Executor, grace_s: float = 5.0) -> int:
+def stop_pool(pool: Executor, grace_s: float = 5.0, warn: bool = True) -> int:
     """Shut `pool` down without waiting on a stuck worker: queued tasks are cancelled, running ones get
     `grace_s` to finish, then their workers are terminated (killed 2 s later). Returns how many were.
+    `warn`: say so as a warning (a stuck read is worth knowing); off for a Ctrl-C or the interpreter's exit.
 
     `shutdown(wait=True)` and the interpreter's exit join every worker with no timeout, so one worker that
     never returns (a read on a hung mount, a lock a fork copied held) would hang a stop forever. Workers
@@ -97,7 +98,7 @@ def stop_pool(pool: Executor, grace_s: float = 5.0) -> int:
             p.kill()
             p.join(2.0)
     if busy:
-        log.warning(
+        (log.warning if warn else log.debug)(
             f"terminated {len(busy)} loader worker(s) still busy after {grace_s:.1f} s "
             f"(pids {', '.join(str(p.pid) for p in busy)})"
         )
@@ -108,9 +109,15 @@ _live: weakref.WeakSet[Loader] = weakref.WeakSet()
 _exit_hook = False
 
 
+def _stopping_quietly() -> bool:
+    """A stop during Ctrl-C or an abandoned iteration: the user hears one line, and a reader ended mid-task
+    loses nothing, so its termination is not reported as a warning."""
+    return isinstance(sys.exc_info()[1], (KeyboardInterrupt, GeneratorExit))
+
+
 def _stop_live_loaders() -> None:
     for loader in list(_live):
-        loader.close()
+        loader.close(quiet=True)  # the process is ending: its workers go with it, nothing to report
 
 
 def _stop_at_exit() -> None:
@@ -295,13 +302,13 @@ class Loader:
             if cache is not None:
                 cache.flush()
 
-    def close(self) -> None:
+    def close(self, quiet: bool = False) -> None:
         """Stop every iteration of this loader (from any thread): its consumer's next() ends the iteration,
-        its workers are shut down, a busy one terminated after `stop_grace_s`."""
+        its workers are shut down, a busy one terminated after `stop_grace_s` (logged unless `quiet`)."""
         for key, (stop, pool) in list(self._runs.items()):
             stop.set()
             if pool is not None:
-                stop_pool(pool, self.knobs.stop_grace_s)
+                stop_pool(pool, self.knobs.stop_grace_s, warn=not (quiet or _stopping_quietly()))
             self._runs.pop(key, None)
 
     def __iter__(self) -> Iterator[HostBatch]:
@@ -344,5 +351,5 @@ class Loader:
                     f"the loader's feeder thread is still busy after {FEEDER_WAIT_S:.0f} s; left behind"
                 )
             if pool is not None:
-                stop_pool(pool, self.knobs.stop_grace_s)
+                stop_pool(pool, self.knobs.stop_grace_s, warn=not _stopping_quietly())
             self._runs.pop(key, None)

@@ -6,6 +6,7 @@ on the worker forever (`Future.result()`, `shutdown(wait=True)`, the interpreter
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -108,3 +109,37 @@ def test_stop_pool_terminates_a_busy_worker_after_the_grace_period():
     idle = worker_pool(1, None, None)
     idle.submit(int, 1).result(timeout=30)
     assert stop_pool(idle, grace_s=30.0) == 0  # an idle worker leaves on its own (a loaded CI runner is slow)
+
+
+@pytest.mark.parametrize("warn", [True, False])
+def test_a_terminated_worker_is_a_warning_unless_the_stop_is_an_interrupt(caplog, warn):
+    """After Ctrl-C or at the interpreter's exit (warn=False) the user hears one line, not the workers' end."""
+    pool = worker_pool(1, None, None)
+    pool.submit(time.sleep, 3600)
+    time.sleep(0.5)
+    with caplog.at_level(logging.DEBUG, logger="kohakumoss"):
+        assert stop_pool(pool, grace_s=0.2, warn=warn) == 1
+    lines = [r for r in caplog.records if "terminated 1 loader worker" in r.getMessage()]
+    assert len(lines) == 1 and (lines[0].levelno == logging.WARNING) == warn
+
+
+def test_a_stop_is_quiet_during_ctrl_c_and_when_the_consumer_left():
+    from kohakumoss_data.loader import _stopping_quietly
+
+    seen = []
+
+    def batches():
+        try:
+            yield 1
+        finally:
+            seen.append(_stopping_quietly())
+
+    it = batches()
+    next(it)
+    it.close()  # the consumer abandoned the iteration: GeneratorExit in flight
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        seen.append(_stopping_quietly())
+    seen.append(_stopping_quietly())  # an explicit close in normal flow warns
+    assert seen == [True, True, False]
