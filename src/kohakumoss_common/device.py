@@ -28,6 +28,11 @@ def arch_name(capability: tuple[int, int] | None, kind: str = "cuda") -> str:
     return f"sm{capability[0]}{capability[1]}"
 
 
+def sm_at_least(arch: str, version: int) -> bool:
+    """Whether an arch name from `arch_name` is a CUDA card of compute capability `version` (80: sm80) or newer."""
+    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= version
+
+
 def device_info(device: torch.device | str | None = None) -> DeviceInfo:
     """Describe `device` (default: the first CUDA GPU, else XPU, else the CPU)."""
     if device is None:

@@ -27,6 +27,7 @@ from functools import partial
 
 import torch
 
+from kohakumoss_common.device import sm_at_least
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger, log_once
 
@@ -117,7 +118,7 @@ def priority_for(arch: str) -> tuple[str, ...]:
     """The backend order for an arch string from `kohakumoss_common.device` (sm90, sm75, xpu, cpu)."""
     if arch in DEFAULT_PRIORITY:
         return DEFAULT_PRIORITY[arch]
-    if arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 80:
+    if sm_at_least(arch, 80):
         return DEFAULT_PRIORITY["sm80+"]
     return DEFAULT_PRIORITY["other"]
 

@@ -332,8 +332,8 @@ def _problem_or_note(problem: str | None, no_check: bool) -> str | None:
 
 def wizard(out_dir: str = "configs/user", force: bool = False, no_check: bool = False) -> list[Path]:
     """Ask for what `new` takes, checking each answer as it is given, then write the same files."""
-    from kohakumoss.config.train import ALGO_CHOICES
     from kohakumoss.config.rules import run_name_problem
+    from kohakumoss.config.train import ALGO_CHOICES
 
     from .config_dataset import check_dataset, dataset_spec, guess_source
     from .config_gpu import detect_gpu, resolve_gpu

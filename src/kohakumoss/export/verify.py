@@ -364,7 +364,8 @@ def verify_merged(
         if key not in got:
             result.problems.append(f"'{key}' absent")
             continue
-        w = w.detach().cpu().double()  # the trainer's weights may be on a GPU, the file's are read to the host
+        # the trainer's weights may be on a GPU, the file's are read to the host
+        w = w.detach().cpu().double()
         result.error = max(result.error, float((got[key].double() - w).norm() / w.norm()))
     result.layers = layers
     return result

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from kohakumoss_common.device import sm_at_least
+
 from ... import mxfp8
 
 WEIGHTS = ("mxfp8",)
@@ -13,7 +15,7 @@ WEIGHTS = ("mxfp8",)
 
 def supports(arch: str, dtype: torch.dtype) -> bool:
     """Block-scaled fp8 tensor cores: sm100+ (Blackwell); not Hopper, not the CPU."""
-    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 100
+    return sm_at_least(arch, 100)
 
 
 def stored_linear(x: torch.Tensor, weight: mxfp8.Mxfp8Weight, bias: torch.Tensor | None) -> torch.Tensor:

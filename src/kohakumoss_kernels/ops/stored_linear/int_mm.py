@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from kohakumoss_common.device import sm_at_least
+
 from ... import int8
 
 WEIGHTS = ("int8",)
@@ -15,7 +17,7 @@ def supports(arch: str, dtype: torch.dtype) -> bool:
     """cuBLASLt's int8 GEMM behind torch._int_mm: sm80+ (and the CPU's, when named)."""
     if arch == "cpu":
         return True
-    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 80
+    return sm_at_least(arch, 80)
 
 
 def stored_linear(x: torch.Tensor, weight: int8.Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from kohakumoss_common.device import sm_at_least
+
 from ... import fp8
 
 WEIGHTS = ("fp8",)
@@ -15,7 +17,7 @@ def supports(arch: str, dtype: torch.dtype) -> bool:
     """Row-scaled fp8 tensor cores: sm89+ (Ada, Hopper, Blackwell), and the CPU's _scaled_mm when named."""
     if arch == "cpu":
         return True
-    return arch.startswith("sm") and arch[2:].isdigit() and int(arch[2:]) >= 89
+    return sm_at_least(arch, 89)
 
 
 def stored_linear(x: torch.Tensor, weight: fp8.Fp8Weight, bias: torch.Tensor | None) -> torch.Tensor:
