@@ -7,7 +7,7 @@
   each listed variant from its base backend's function with fixed keyword arguments.
 - An op with a frozen weight argument binds per weight kind too (a tensor, fp8, int8, MXFP8): each kind
   gets the backends that take it.
-- `DEFAULT_PRIORITY` orders them per arch: Triton first from sm75, then torch's own candidates (the `torch` slot: SDPA over equal-length groups, varlen_attn,
+- `DEFAULT_PRIORITY` orders them per arch: Triton first from sm75, then torch's own candidates (the `torch` slot: SDPA over equal-length groups, cuDNN's ragged SDPA, varlen_attn,
   FlexAttention, a fused addmm for the LoRA linear), then torch.compile, then eager. The CPU gets eager alone unless a backend is named.
   Backends never run on the hardware they are for stay off it until a card has run them: TileLang on
   sm70/sm75 and Triton on XPU are used only when named (`OPS_BACKEND`, `OpSet(backend=...)`).
@@ -43,6 +43,7 @@ log = get_logger("kohakumoss.kernels.registry")
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
     "sdpa_groups",
+    "cudnn_varlen",
     "torch_varlen",
     "flex",
     # a stored weight's own 8-bit GEMM before its weight-only `addmm` (stored_linear, untuned)
@@ -268,7 +269,7 @@ class BoundOp:
         return ordered
 
     def _choose(self, key: str, live, args, kwargs) -> str | None:
-        stored = self.table.get(key) if self.table is not None else None
+        stored = self.table.get(key, (n for n, _ in live)) if self.table is not None else None
         if self.tune == "table" and stored in dict(live):
             self.choices[key] = stored
             return stored
@@ -293,7 +294,7 @@ class BoundOp:
         best = min(ms, key=ms.get)
         self.choices[key] = best
         if self.table is not None and not short:
-            self.table.put(key, best, ms)
+            self.table.put(key, best, ms, tried=[n for n, _ in live])
         log.info(f"{self.op} {key}: {best} ({', '.join(f'{n} {t:.3f} ms' for n, t in ms.items())})")
         return best
 

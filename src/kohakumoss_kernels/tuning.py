@@ -22,7 +22,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -186,13 +186,22 @@ class TuningTable:
             return
         self.entries = dict(data.get("entries", {}))
 
-    def get(self, key: str) -> str | None:
+    def get(self, key: str, candidates: Iterable[str] = ()) -> str | None:
+        """The stored choice for `key`; None when a row is missing or one of `candidates` was never tried
+        for it (a backend added since: the row is timed again)."""
         entry = self.entries.get(key)
-        return entry["backend"] if entry else None
+        if not entry:
+            return None
+        tried = set(entry.get("tried", entry["ms"]))
+        return None if set(candidates) - tried else entry["backend"]
 
-    def put(self, key: str, backend: str, ms: dict[str, float]) -> None:
+    def put(self, key: str, backend: str, ms: dict[str, float], tried: Iterable[str] = ()) -> None:
+        """Store a choice; `tried`: every candidate timed, those that failed included."""
         with self._lock:
-            self.entries[key] = {"backend": backend, "ms": {k: round(v, 4) for k, v in ms.items()}}
+            entry = {"backend": backend, "ms": {k: round(v, 4) for k, v in ms.items()}}
+            if set(tried) - set(ms):
+                entry["tried"] = sorted(set(tried) | set(ms))
+            self.entries[key] = entry
             atomic_write_json(self.path, {"versions": self.versions, "entries": self.entries})
             _stored.append((key, self.path))
 

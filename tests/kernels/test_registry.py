@@ -258,6 +258,24 @@ def test_tune_table_is_loaded_by_a_new_process(cache):
     assert b.calls == ["b"] and a.calls == []
 
 
+def test_a_backend_added_since_the_row_was_stored_is_timed(cache):
+    """A row timed before a backend existed (an upgrade added it) is timed again with it; a row that has
+    seen every candidate, a failed one included, is used as stored."""
+    op = fake_op(triton=slow("old", 0.003), compile=slow("new", 0.0))
+    x = torch.ones(10)
+    key = shape_key(op, x)
+    table = tuning.table_for("cpu")
+    table.put(key, "triton", {"triton": 0.1, "eager": 2.0})  # written before `compile` existed
+    assert table.get(key, ["triton", "eager"]) == "triton"
+    assert table.get(key, ["triton", "compile", "eager"]) is None
+    with tuning.tuning_window():
+        getattr(OpSet(backend="triton,compile", tune="table"), op)(x)
+    assert table.get(key, ["triton", "compile", "eager"]) == "compile"
+    table.put(key, "eager", {"eager": 2.0}, tried=["triton", "compile", "eager"])  # two failed to time
+    assert table.get(key, ["triton", "compile", "eager"]) == "eager"
+    assert table.entries[key]["tried"] == ["compile", "eager", "triton"]
+
+
 def test_table_from_other_versions_is_ignored(cache, lines):
     path = cache / "tuning" / "cpu.json"
     path.parent.mkdir(parents=True)
