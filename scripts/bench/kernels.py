@@ -48,7 +48,7 @@ OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as
     "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
-ATTN_BACKENDS = "triton,sdpa_groups,cudnn_varlen,torch_varlen,flex"
+ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
 BLOCK = True
 LORA = True  # the LoRA linears at the block's shapes: each backend against the frozen GEMMs alone
 LORA_BACKENDS = "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"

@@ -7,7 +7,7 @@
   each listed variant from its base backend's function with fixed keyword arguments.
 - An op with a frozen weight argument binds per weight kind too (a tensor, fp8, int8, MXFP8): each kind
   gets the backends that take it.
-- `DEFAULT_PRIORITY` orders them per arch: Triton first from sm75, then torch's own candidates (the `torch` slot: SDPA over equal-length groups, cuDNN's ragged SDPA, varlen_attn,
+- `DEFAULT_PRIORITY` orders them per arch: Triton first from sm75, then torch's own candidates (the `torch` slot: SDPA over equal-length groups, varlen_attn,
   FlexAttention, a fused addmm for the LoRA linear), then torch.compile, then eager. The CPU gets eager alone unless a backend is named.
   Backends never run on the hardware they are for stay off it until a card has run them: TileLang on
   sm70/sm75 and Triton on XPU are used only when named (`OPS_BACKEND`, `OpSet(backend=...)`).
@@ -43,7 +43,6 @@ log = get_logger("kohakumoss.kernels.registry")
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
     "sdpa_groups",
-    "cudnn_varlen",
     "torch_varlen",
     "flex",
     # a stored weight's own 8-bit GEMM before its weight-only `addmm` (stored_linear, untuned)

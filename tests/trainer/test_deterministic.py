@@ -59,7 +59,7 @@ def _adapter_bits(run: Path) -> dict[str, bytes]:
     files = sorted(ckpt.rglob("*.safetensors"))
     assert files, ckpt
     return {
-        f"{f.name}/{k}": t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        f"{f.name.replace(run.name, '<run>')}/{k}": t.reshape(-1).view(torch.uint8).numpy().tobytes()
         for f in files
         for k, t in load_file(f).items()
     }

@@ -180,7 +180,9 @@ def _low_rank(
     if kind == "glora":
         a1, a2, b1, b2 = (entry[k].float() for k in GLORA_KEYS)
         s = _scale(entry, a2.shape[0])
-        return torch.cat([s * (weight.float() @ a1), s * b1], 1), torch.cat([a2, b2], 0)
+        # the trained model may sit on the GPU, the entries on the host
+        w = weight.to(a1.device, torch.float32)
+        return torch.cat([s * (w @ a1), s * b1], 1), torch.cat([a2, b2], 0)
     l1, r1, d1 = _lokr_factor(entry, "w1")
     l2, r2, d2 = _lokr_factor(entry, "w2")
     dim = d2 if d2 is not None else d1  # ComfyUI's alpha / dim: the last decomposed factor's rank
