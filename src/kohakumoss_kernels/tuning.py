@@ -17,6 +17,7 @@ mid-run too); outside, its model's pick runs untimed. An explicit LYCORIS_KERNEL
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import re
@@ -93,6 +94,10 @@ def tune_mode(explicit: str | None = None) -> str:
     return mode
 
 
+# Device-time candidates are captured into one memory pool per device, kept alive by the first graph
+# captured into it: each capture reuses what the one before freed. A pool per capture would hold every
+# candidate's buffers until the allocator's cache is emptied (4 GiB of a 24 GiB-capped first step).
+_timing_keepers: dict[int, torch.cuda.CUDAGraph] = {}
 _stored: list[tuple[str, Path]] = []  # (key, table file) timed and stored since the process started
 
 
@@ -120,6 +125,8 @@ def tuning_window(mode: str | None = None) -> Iterator[None]:
                 f"kernel prewarm: timed {len(_stored) - before} new shape keys in "
                 f"{time.perf_counter() - t0:.0f} s; kept in {', '.join(files)} (later runs reuse them)"
             )
+        if depth == 0:
+            release_timing_pools()
         if depth == 0 and _window.over:
             log.warning(
                 f"kernel prewarm: {_window.over} calls of untimed shape keys ran their first backend: "
@@ -285,18 +292,32 @@ def _time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int, calls: int,
     return best
 
 
+def release_timing_pools() -> None:
+    """Free the timing captures' memory pools (the outermost tuning window does this when it ends)."""
+    if not _timing_keepers:
+        return
+    _timing_keepers.clear()
+    gc.collect()  # a failed candidate's graph may sit in an exception's reference cycle
+    torch.cuda.empty_cache()
+
+
 def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls: int) -> float:
     """Milliseconds per call when `calls` calls replay from one CUDA graph (device time alone)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    keeper = _timing_keepers.get(index)
     graph = torch.cuda.CUDAGraph()
     # not torch.cuda.graph(): that one also runs gc.collect() and empty_cache() per capture, which made
     # the first step of a 5B run tune for ~2 minutes; and a failed capture must not leave the allocator
     # in capture mode (kohakumoss_kernels.capture)
     try:
-        with capture(graph, device):
+        with capture(graph, device, pool=keeper.pool() if keeper is not None else None):
             for _ in range(calls):
                 once()
     except Exception as e:  # not capturable: a graphed step could not use this backend either
-        raise RuntimeError(f"not capturable in a CUDA graph ({type(e).__name__}: {e})") from e
+        _timing_keepers.pop(index, None)  # a failed capture may have released the shared pool: start anew
+        raise RuntimeError(f"not capturable in a CUDA graph ({type(e).__name__}: {e})") from None
+    if keeper is None:
+        _timing_keepers[index] = graph
     best = float("inf")
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -267,3 +267,20 @@ def test_attention_graph_replays_other_lengths(backend):
     ref_grads = torch.autograd.grad(ref, ref_args, grad.float())
     for got, want in zip(static, (ref, *ref_grads), strict=True):
         torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_timing_captures_share_one_pool_freed_when_the_window_ends():
+    """Device-time timing of many candidates holds about one candidate's buffers (one shared pool), and
+    nothing once the tuning window ends: a pool per capture held all eight (4 GiB in a capped first step)."""
+    mib = 1 << 20
+    x = torch.randn(16 * mib, device="cuda")  # 64 MiB
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    with tuning.tuning_window():
+        for _ in range(8):
+            tuning.time_call(lambda t: t * 2, (x,), {}, device_time=True)  # a fresh 64 MiB output per call
+        during = torch.cuda.memory_reserved() - before
+    after = torch.cuda.memory_reserved() - before
+    assert during < 320 * mib, during / mib
+    assert after <= 16 * mib, after / mib
