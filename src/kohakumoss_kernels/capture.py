@@ -27,6 +27,8 @@ def capture(
     """Capture the block's work into `graph` on `stream` (a new side stream by default); on any error the
     allocator's window is closed and the pool released before the error propagates."""
     stream = stream if stream is not None else torch.cuda.Stream(device)
+    # a pool id of our own: after a failed capture `graph.pool()` raises, and the pool would never be freed
+    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
     current = torch.cuda.current_stream(device)
     stream.wait_stream(current)
     with torch.cuda.stream(stream):
@@ -35,28 +37,27 @@ def capture(
         try:
             yield
         except BaseException:
-            _end_failed(graph, device)
+            _end_failed(graph, device, pool)
             raise
         try:
             graph.capture_end()
         except BaseException:
-            _end_window(graph, device)
+            _end_window(device, pool)
             raise
     current.wait_stream(stream)
 
 
-def _end_failed(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
+def _end_failed(graph: torch.cuda.CUDAGraph, device: torch.device, pool) -> None:
     """The block raised mid-capture: end it (the graph is dropped by the caller) and close the window."""
     try:
         graph.capture_end()  # ends the allocator's window too when the capture itself is still valid
     except BaseException:
-        _end_window(graph, device)
+        _end_window(device, pool)
 
 
-def _end_window(graph: torch.cuda.CUDAGraph, device: torch.device) -> None:
+def _end_window(device: torch.device, pool) -> None:
     """capture_end raised before closing the allocator's window: close it and release the pool."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    pool = graph.pool()
     with suppress(RuntimeError):  # raises when the window is already closed: nothing to do
         torch._C._cuda_endAllocateToPool(index, pool)
     with suppress(RuntimeError):

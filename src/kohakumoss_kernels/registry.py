@@ -349,11 +349,16 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+# Backends measured slower than the op's other forms on these archs: there only when named. torch._int_mm
+# on the H200: 3 to 5x the int8 weight-only addmm's time (docs/concepts/numerics.md).
+AUTO_EXCLUDED: dict[str, tuple[str, ...]] = {"int_mm": ("sm90",)}
+
+
 def candidate_names(op: str, arch: str, backend: str = "auto") -> list[str]:
     """The backend names `resolve` tries, before import checks. backend: auto, a name, or a comma list."""
     _check_op(op)
     if backend == "auto":
-        names = _expand(priority_for(arch))
+        names = [n for n in _expand(priority_for(arch)) if arch not in AUTO_EXCLUDED.get(n, ())]
     else:
         names = _expand(backend.split(","))
         unknown = [n for n in names if n not in BACKENDS]

@@ -94,10 +94,11 @@ def tune_mode(explicit: str | None = None) -> str:
     return mode
 
 
-# Device-time candidates are captured into one memory pool per device, kept alive by the first graph
-# captured into it: each capture reuses what the one before freed. A pool per capture would hold every
-# candidate's buffers until the allocator's cache is emptied (4 GiB of a 24 GiB-capped first step).
-_timing_keepers: dict[int, torch.cuda.CUDAGraph] = {}
+# Device-time candidates are captured on one stream into one memory pool per device, the pool kept alive
+# by the first graph captured into it: each capture reuses what the one before freed (the allocator reuses
+# a block only on the stream it was made on). A pool per capture holds every candidate's buffers until the
+# allocator's cache is emptied.
+_timing_keepers: dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.Stream]] = {}
 _stored: list[tuple[str, Path]] = []  # (key, table file) timed and stored since the process started
 
 
@@ -304,20 +305,20 @@ def release_timing_pools() -> None:
 def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls: int) -> float:
     """Milliseconds per call when `calls` calls replay from one CUDA graph (device time alone)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    keeper = _timing_keepers.get(index)
+    keeper, stream = _timing_keepers.get(index) or (None, torch.cuda.Stream(device))
     graph = torch.cuda.CUDAGraph()
     # not torch.cuda.graph(): that one also runs gc.collect() and empty_cache() per capture, which made
     # the first step of a 5B run tune for ~2 minutes; and a failed capture must not leave the allocator
     # in capture mode (kohakumoss_kernels.capture)
     try:
-        with capture(graph, device, pool=keeper.pool() if keeper is not None else None):
+        with capture(graph, device, pool=keeper.pool() if keeper is not None else None, stream=stream):
             for _ in range(calls):
                 once()
     except Exception as e:  # not capturable: a graphed step could not use this backend either
         _timing_keepers.pop(index, None)  # a failed capture may have released the shared pool: start anew
         raise RuntimeError(f"not capturable in a CUDA graph ({type(e).__name__}: {e})") from None
     if keeper is None:
-        _timing_keepers[index] = graph
+        _timing_keepers[index] = (graph, stream)
     best = float("inf")
     for _ in range(rounds):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

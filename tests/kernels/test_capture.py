@@ -31,6 +31,25 @@ def test_a_capture_after_a_failed_one_replays():
     torch.testing.assert_close(y, torch.full((8,), 3.0, device=device))
 
 
+def test_a_failed_capture_frees_its_pool():
+    """A capture that fails after allocating gives its pool back: after empty_cache nothing stays reserved
+    (before, the cleanup asked the failed graph for its pool, which raised, and the pool leaked: 4 GiB
+    in a capped first step whose timing captures failed)."""
+    device = torch.device("cuda")
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_reserved()
+    graph = torch.cuda.CUDAGraph()
+    x = torch.ones(1024, device=device)
+    with pytest.raises(Exception), capture(graph, device):  # noqa: B017
+        y = torch.empty(256 << 20, dtype=torch.uint8, device=device)  # 256 MiB in the graph's pool
+        (x * 2).sum().item()
+    del graph, y
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() - before < 64 << 20
+
+
 def test_the_onehot_backends_capture():
     """F.one_hot checks its indices on the host; per_token.one_hot must not (the graphed step times it)."""
     from kohakumoss_kernels.registry import backend_fn
