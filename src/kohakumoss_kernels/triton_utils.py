@@ -214,17 +214,39 @@ def device_ms(fn: Callable[[], None], reps: int = 10, rounds: int = 3) -> float:
     return best
 
 
+def _launch_table(name: str, key: tuple):
+    """(row name, the card's tuning table) where a pick is kept across runs: keys with a device only."""
+    from . import tuning
+
+    devices = [k for k in key if isinstance(k, torch.device)]
+    if interpreting() or not devices:
+        return None, None
+    row = "|".join([name, *(str(k) for k in key if not isinstance(k, torch.device))])
+    return row, tuning.table_for(tuning.card_name(devices[0]))
+
+
 def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[tuple], None]) -> tuple:
-    """The fastest of `candidates` for (name, *key), timed once per process with `launch(config)`.
+    """The fastest of `candidates` for (name, *key), timed once per card with `launch(config)` and kept in
+    the card's tuning table (`tuning.TuningTable.launches`), so later runs time nothing again.
 
     `launch` must be safe to repeat (it writes only its outputs; callers reset accumulated buffers
-    afterwards). Where timing is not allowed (interpreter, graph capture, tracing) the first
-    candidate is used and nothing is stored.
+    afterwards). Where timing is not allowed (interpreter, graph capture, tracing) a stored pick or the
+    first candidate is used and nothing is stored. KOHAKUMOSS_TUNE=always times again.
     """
+    from . import tuning
+
     full = (name, *key)
     if full in _PICKED:
         return _PICKED[full]
-    if len(candidates) == 1 or not _may_time():
+    if len(candidates) == 1 or os.environ.get(ENV_PICK, "1") == "0" or torch.compiler.is_compiling():
+        return candidates[0]
+    row, table = _launch_table(name, key)
+    if table is not None and tuning.tune_mode() != "always":
+        stored = table.get_launch(row, candidates)
+        if stored is not None:
+            _PICKED[full] = stored
+            return stored
+    if not _may_time():
         return candidates[0]
     ms = {}
     for c in candidates:
@@ -236,5 +258,7 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
     best = min(ms, key=ms.get) if ms else candidates[0]
     _PICKED[full] = best
     _TIMES[full] = ms
+    if table is not None and ms:
+        table.put_launch(row, best, candidates, {c: t * 1e3 for c, t in ms.items()})
     log.debug(f"{name} {key}: {best} ({', '.join(f'{c} {t * 1e3:.1f} us' for c, t in ms.items())})")
     return best

@@ -23,7 +23,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -168,12 +168,14 @@ def software_versions() -> dict[str, str]:
 
 
 class TuningTable:
-    """One card's table: shape key -> {"backend", "ms": {backend: time}}."""
+    """One card's table: shape key -> {"backend", "ms": {backend: time}}; and the Triton launch configs
+    `triton_utils.pick` chose: kernel key -> {"config", "candidates", "us"}."""
 
     def __init__(self, path: Path, versions: dict[str, str] | None = None):
         self.path = Path(path)
         self.versions = versions or software_versions()
         self.entries: dict[str, dict] = {}
+        self.launches: dict[str, dict] = {}
         self._lock = threading.Lock()
         self.load()
 
@@ -193,6 +195,7 @@ class TuningTable:
             log_once(log, f"tuning table {self.path} was timed under {data.get('versions')}; re-timing")
             return
         self.entries = dict(data.get("entries", {}))
+        self.launches = dict(data.get("launches", {}))
 
     def get(self, key: str, candidates: Iterable[str] = ()) -> str | None:
         """The stored choice for `key`; None when a row is missing or one of `candidates` was never tried
@@ -210,8 +213,32 @@ class TuningTable:
             if set(tried) - set(ms):
                 entry["tried"] = sorted(set(tried) | set(ms))
             self.entries[key] = entry
-            atomic_write_json(self.path, {"versions": self.versions, "entries": self.entries})
+            self._save()
             _stored.append((key, self.path))
+
+    def get_launch(self, key: str, candidates: Sequence[tuple]) -> tuple | None:
+        """The launch config stored for `key` when it was chosen among these same candidates, else None."""
+        entry = self.launches.get(key)
+        if not entry or [list(c) for c in candidates] != entry["candidates"]:
+            return None
+        return tuple(entry["config"])
+
+    def put_launch(
+        self, key: str, config: tuple, candidates: Sequence[tuple], us: dict[tuple, float]
+    ) -> None:
+        with self._lock:
+            self.launches[key] = {
+                "config": list(config),
+                "candidates": [list(c) for c in candidates],
+                "us": {str(c): round(t, 2) for c, t in us.items()},
+            }
+            self._save()
+
+    def _save(self) -> None:
+        data = {"versions": self.versions, "entries": self.entries}
+        if self.launches:
+            data["launches"] = self.launches
+        atomic_write_json(self.path, data)
 
 
 _tables: dict[str, TuningTable] = {}

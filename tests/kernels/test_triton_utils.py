@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -67,3 +69,42 @@ def test_norm_modulate_backward_candidates_are_one_row_with_two_columns_per_thre
     cfgs = backward_rows(3072)
     assert cfgs and all(rows == 1 and 1024 // (32 * warps) >= 2 for rows, warps, _ in cfgs)
     assert (1, 4, 4) in cfgs and len(set(cfgs)) == len(cfgs)
+
+
+def test_a_launch_pick_is_kept_in_the_cards_table_and_reused(tmp_path, monkeypatch):
+    """The first run times the configs and keeps the winner in the card's table; a later process (its
+    in-memory picks gone) reuses it without timing; other candidates or TUNE=always time again."""
+    from kohakumoss_kernels import triton_utils, tuning
+
+    monkeypatch.setenv("KOHAKUMOSS_CACHE", str(tmp_path))
+    monkeypatch.setenv(triton_utils.ENV_PICK, "1")
+    monkeypatch.delenv("KOHAKUMOSS_TUNE", raising=False)
+    monkeypatch.setattr(tuning, "_tables", {})
+    monkeypatch.setattr(triton_utils, "_PICKED", {})
+    timed = []
+
+    def device_ms(fn, reps=10, rounds=3):
+        fn()
+        return {(1, 4): 0.3, (2, 8): 0.1, (4, 8): 0.2}[timed[-1]]
+
+    def launch(cfg):
+        timed.append(cfg)
+
+    monkeypatch.setattr(triton_utils, "device_ms", device_ms)
+    key = (3072, torch.bfloat16, 16384, torch.device("cpu"))
+    configs = [(1, 4), (2, 8)]
+    assert triton_utils.pick("demo.fwd", key, configs, launch) == (2, 8)
+    stored = json.loads((tmp_path / "tuning" / "cpu.json").read_text())["launches"]
+    assert stored["demo.fwd|3072|torch.bfloat16|16384"]["config"] == [2, 8]
+
+    monkeypatch.setattr(triton_utils, "_PICKED", {})  # a new process
+    monkeypatch.setattr(tuning, "_tables", {})
+    timed.clear()
+    assert triton_utils.pick("demo.fwd", key, configs, launch) == (2, 8) and timed == []
+    monkeypatch.setattr(triton_utils, "_PICKED", {})
+    assert triton_utils.pick("demo.fwd", key, [*configs, (4, 8)], launch) == (2, 8) and timed  # new candidate
+    monkeypatch.setattr(triton_utils, "_PICKED", {})
+    monkeypatch.setenv("KOHAKUMOSS_TUNE", "always")
+    timed.clear()
+    triton_utils.pick("demo.fwd", key, configs, launch)
+    assert timed
