@@ -127,6 +127,30 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def link_tree(src: str | Path, dst: str | Path) -> list[Path] | None:
+    """Hard-link every file under `src` to the same place under `dst` (a file there replaced in one rename):
+    a second name for files already written, no bytes copied. None, with nothing changed under `dst`, where
+    the filesystem cannot link them (another device, no hard links): the caller writes the files itself."""
+    src, dst = Path(src), Path(dst)
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for f in files:
+            target = dst / f.relative_to(src)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.link.tmp")
+            tmp.unlink(missing_ok=True)
+            os.link(f, tmp)
+            staged.append((tmp, target))
+    except OSError:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        return None
+    for tmp, target in staged:
+        os.replace(tmp, target)
+    return [target for _, target in staged]
+
+
 def save_safetensors(
     tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
 ) -> None:

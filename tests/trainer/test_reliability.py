@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -155,16 +156,58 @@ def test_a_disk_that_fills_during_a_checkpoint_gives_one_line_and_loses_nothing(
 
 
 def test_the_final_export_is_refused_when_it_would_not_fit(train_world, monkeypatch):
+    """Where the final checkpoint's exports cannot be linked (another filesystem), they are written again,
+    and refused first when they would not fit."""
     real = Trainer.save
     monkeypatch.setattr(
         Trainer,
         "save",
-        lambda self: (real(self), monkeypatch.setattr(io, "free_bytes", lambda path: 0))[0],
+        lambda self, final=False: (real(self, final), monkeypatch.setattr(io, "free_bytes", lambda path: 0))[
+            0
+        ],
     )
+    monkeypatch.setattr(trainer, "link_tree", lambda src, dst: None)
     with pytest.raises(DiskSpaceError, match=r"export: not enough disk space"):
         train(tiny_knobs(train_world, "noexport", STEPS=2))
     run = run_dir(train_world, "noexport")
     assert not (run / "export").exists() and verify_checkpoint(run / "checkpoints" / "step_00000002") is None
+
+
+def test_the_final_exports_are_the_final_checkpoints_files_linked(train_world):
+    """The run's export folder holds the final checkpoint's export files under a second name (the same
+    bytes on disk once), written with the final exports' settings; no free space is needed for them."""
+    run = train(tiny_knobs(train_world, "linked", STEPS=2, SAVE_FORMAT="both"))
+    ckpt = run / "checkpoints" / "step_00000002" / "export"
+    names = sorted(p.name for p in ckpt.iterdir())
+    assert names == sorted(p.name for p in (run / "export").iterdir()) and names
+    for name in names:
+        assert (ckpt / name).stat().st_ino == (run / "export" / name).stat().st_ino, name
+    assert "exports: " in (run / "log.txt").read_text()
+
+
+def test_link_tree_links_every_file_or_nothing(tmp_path, monkeypatch):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    (src / "sub").mkdir(parents=True)
+    (src / "a.bin").write_bytes(b"a")
+    (src / "sub" / "b.bin").write_bytes(b"b")
+    dst.mkdir()
+    (dst / "a.bin").write_bytes(b"old")  # replaced
+    linked = io.link_tree(src, dst)
+    assert sorted(p.relative_to(dst).as_posix() for p in linked) == ["a.bin", "sub/b.bin"]
+    assert (dst / "a.bin").read_bytes() == b"a" and (dst / "sub" / "b.bin").stat().st_nlink == 2
+    calls = []
+
+    def refuse(a, b):  # a filesystem without hard links, failing on the second file
+        calls.append(a)
+        if len(calls) == 2:
+            raise OSError(18, "Invalid cross-device link")
+        return real_link(a, b)
+
+    real_link = os.link
+    monkeypatch.setattr(os, "link", refuse)
+    other = tmp_path / "other"
+    assert io.link_tree(src, other) is None
+    assert [p for p in other.rglob("*") if p.is_file()] == []  # the first link taken back
 
 
 def test_an_unexpected_error_is_recorded_in_the_log(train_world, monkeypatch):

@@ -41,7 +41,7 @@ from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.verify import ExportMismatch
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
-from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space
+from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space, link_tree
 from kohakumoss_common.log import get_logger
 
 from .checkpoint import (
@@ -280,11 +280,15 @@ class Trainer:
             self.collector.stop()
             self.prefetch.close()
         self.bar.close()
-        log.info(f"checkpoint {self.save()}")
-        if self.step < self.steps:
+        final = self.step >= self.steps
+        if final and self.draws:
+            self.sample()  # the last grid: the final exports' thumbnail
+        checkpoint = self.save(final=final)
+        log.info(f"checkpoint {checkpoint}")
+        if not final:
             log.info(f"stopped at step {self.step} (STOP_AT); continue with RESUME='latest'")
             return self.run_dir
-        self.finish()
+        self.finish(checkpoint)
         return self.run_dir
 
     def train_step(self) -> None:
@@ -356,11 +360,9 @@ class Trainer:
         """The step is a multiple of an *_EVERY knob's value `n` (0: never)."""
         return bool(n) and self.step % int(n) == 0
 
-    def finish(self) -> None:
-        """After the last step: the final grid (the exports' thumbnail), the exports, the loss plot."""
-        if self.draws:
-            self.sample()
-        written = self.export()
+    def finish(self, checkpoint: Path) -> None:
+        """After the last step and its checkpoint: the run's exports, the loss plot."""
+        written = self.export(checkpoint)
         log.info("exports: " + ", ".join(f"{kind} {p}" for kind, p in written.items()))
         if self.rr.is_main:  # the run's plot is rank 0's (other ranks' metrics live in ranks/<rank>/)
             loss_plot(self.metrics.read(), self.run_dir / "loss.png")
@@ -401,14 +403,15 @@ class Trainer:
                 comps.backbone, comps.text_encoder, comps.vae, self.cfg, comps.device, comps.dtype
             )
 
-    def save(self) -> Path:
-        """A checkpoint at this step, its exports inside; rank 0 writes it (the weights are equal on every
-        rank). Under FSDP2 every rank writes its shards into it and takes part in the exports' gather."""
+    def save(self, final: bool = False) -> Path:
+        """A checkpoint at this step, its exports inside (`final`: the run's final exports, linked into
+        run_dir/export afterwards); rank 0 writes it (the weights are equal on every rank). Under FSDP2
+        every rank writes its shards into it and takes part in the exports' gather."""
         rr = self.rr
         if rr.sharded is not None:
             state = sharded_state(self.tr.module, optimizer_members(self.tr.optimizer))
             if rr.is_main:
-                path = self.write_checkpoint(state)
+                path = self.write_checkpoint(state, final)
             else:
                 path = self.ckpt_root / step_dirname(self.step)
                 rr.write_shards(None, state)
@@ -419,17 +422,18 @@ class Trainer:
         if not rr.is_main:
             return self.ckpt_root / step_dirname(self.step)
         with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
-            return self.write_checkpoint()
+            return self.write_checkpoint(final=final)
 
-    def write_checkpoint(self, sharded: dict | None = None) -> Path:
+    def write_checkpoint(self, sharded: dict | None = None, final: bool = False) -> Path:
         """Rank 0's checkpoint folder; `sharded` (FSDP2): every rank's DCP state, written by all of them
-        into `sharded/` instead of trainable.safetensors and optimizer.pt."""
+        into `sharded/` instead of trainable.safetensors and optimizer.pt. `final`: its exports are the
+        run's final ones (full ComfyUI differences, metadata at STEPS)."""
         tr, step, micro = self.tr, self.step, self.step * self.accum
         failed: list[ExportMismatch] = []
 
         def exports(tmp: Path) -> None:
             with self.rr.full_weights(self.comps.backbone):  # FSDP2: every rank gathers, rank 0 writes
-                _checked(failed, self.write_exports, tmp / "export", step)
+                _checked(failed, self.write_exports, tmp / "export", None if final else step)
 
         path = save_checkpoint(
             self.ckpt_root,
@@ -453,9 +457,17 @@ class Trainer:
             raise failed[0]
         return path
 
-    def export(self) -> dict[str, Path]:
-        """The run's final exports into run_dir/export, refused (path, needed, free) when they would not fit.
-        Under FSDP2 every rank gathers the weights and rank 0 writes them (the files of a one-process run)."""
+    def export(self, checkpoint: Path) -> dict[str, Path]:
+        """The run's final exports in run_dir/export: the final checkpoint's export files, hard-linked (the
+        bytes are on disk once). Where they cannot be linked (another filesystem, FSDP2) they are written
+        again, refused (path, needed, free) when they would not fit; under FSDP2 every rank gathers the
+        weights and rank 0 writes them (the files of a one-process run)."""
+        if self.rr.sharded is None:
+            if not self.rr.is_main:
+                return {}
+            linked = link_tree(checkpoint / "export", self.run_dir / "export")
+            if linked:
+                return {p.name: p for p in linked}
         with self.rr.full_weights(self.comps.backbone):
             if not self.rr.is_main:
                 return {}
