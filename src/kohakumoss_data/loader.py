@@ -85,6 +85,7 @@ def stop_pool(pool: Executor, grace_s: float = 5.0, warn: bool = True) -> int:
     """
     # ProcessPoolExecutor keeps its workers in `_processes` (3.8 to 3.14; 3.14 adds terminate_workers())
     procs = list((getattr(pool, "_processes", None) or {}).values())
+    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() drops the reference
     pool.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + grace_s
     for p in procs:
@@ -97,6 +98,10 @@ def stop_pool(pool: Executor, grace_s: float = 5.0, warn: bool = True) -> int:
         if p.is_alive():
             p.kill()
             p.join(2.0)
+    if manager is not None:
+        # its exit closes its wake-up pipe, which the interpreter's exit hook (concurrent.futures) would
+        # otherwise write to at the same moment: "Bad file descriptor" at exit (Python 3.11)
+        manager.join(2.0)
     if busy:
         (log.warning if warn else log.debug)(
             f"terminated {len(busy)} loader worker(s) still busy after {grace_s:.1f} s "

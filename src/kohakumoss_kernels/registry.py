@@ -350,7 +350,7 @@ def _capturing() -> bool:
 
 
 # Backends measured slower than the op's other forms on these archs: there only when named. torch._int_mm
-# on the H200: 3 to 5x the int8 weight-only addmm's time (docs/concepts/numerics.md).
+# on the H200: 1.7x (3072 x 18432) to 3.1x (3072 x 3072) the int8 weight-only addmm's forward time.
 AUTO_EXCLUDED: dict[str, tuple[str, ...]] = {"int_mm": ("sm90",)}
 
 
