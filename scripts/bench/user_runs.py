@@ -130,8 +130,14 @@ def read_run(run: Path, warmup: int) -> dict:
     out["plan"] = plan.group(1) if plan else None
     predicted = re.search(r"predicted peak ([\d.]+) GiB", log)
     out["predicted_gib"] = float(predicted.group(1)) if predicted else None
-    prewarm = re.search(r"kernel prewarm: timed (\d+) new shape keys in (\d+) s", log)
-    out["prewarm"] = f"{prewarm.group(1)} keys, {prewarm.group(2)} s" if prewarm else None
+    prewarm = re.search(
+        r"kernel prewarm: timed (\d+) new shape keys(?: and (\d+) launch configs)? in (\d+) s", log
+    )
+    out["prewarm"] = (
+        f"{prewarm.group(1)} keys, {prewarm.group(2) or 0} launch configs, {prewarm.group(3)} s"
+        if prewarm
+        else None
+    )
     stopped = re.search(r"stopped(?: by [A-Za-z]+)?: (.*)", log)
     out["stopped"] = stopped.group(1)[:200] if stopped else None
     return out

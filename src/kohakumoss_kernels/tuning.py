@@ -100,6 +100,7 @@ def tune_mode(explicit: str | None = None) -> str:
 # allocator's cache is emptied.
 _timing_keepers: dict[int, tuple[torch.cuda.CUDAGraph, torch.cuda.Stream]] = {}
 _stored: list[tuple[str, Path]] = []  # (key, table file) timed and stored since the process started
+_stored_launches: list[tuple[str, Path]] = []  # the same for Triton launch-config picks (triton_utils.pick)
 
 
 @contextlib.contextmanager
@@ -111,7 +112,7 @@ def tuning_window(mode: str | None = None) -> Iterator[None]:
     unless it is "off"."""
     depth = getattr(_window, "depth", 0)
     _window.depth = depth + 1
-    before, t0 = len(_stored), time.perf_counter()
+    before, launches, t0 = len(_stored), len(_stored_launches), time.perf_counter()
     if depth == 0:
         _window.deadline = t0 + float(os.environ.get(BUDGET_ENV) or 180)
         _window.over = 0
@@ -120,10 +121,11 @@ def tuning_window(mode: str | None = None) -> Iterator[None]:
             yield
     finally:
         _window.depth = depth
-        if depth == 0 and len(_stored) > before:
-            files = sorted({str(path) for _, path in _stored[before:]})
+        new, picked = _stored[before:], _stored_launches[launches:]
+        if depth == 0 and (new or picked):
+            files = sorted({str(path) for _, path in new + picked})
             log.info(
-                f"kernel prewarm: timed {len(_stored) - before} new shape keys in "
+                f"kernel prewarm: timed {len(new)} new shape keys and {len(picked)} launch configs in "
                 f"{time.perf_counter() - t0:.0f} s; kept in {', '.join(files)} (later runs reuse them)"
             )
         if depth == 0:
@@ -233,6 +235,7 @@ class TuningTable:
                 "us": {str(c): round(t, 2) for c, t in us.items()},
             }
             self._save()
+            _stored_launches.append((key, self.path))
 
     def _save(self) -> None:
         data = {"versions": self.versions, "entries": self.entries}

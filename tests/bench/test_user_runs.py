@@ -49,12 +49,16 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in steps))
     (run / "log.txt").write_text(
         "memory plan: auto: catalog entry c0250, no ckpt; predicted peak 12.3 GiB\n"
-        "kernel prewarm: timed 48 new shape keys in 61 s; kept in x.json (later runs reuse them)\n"
+        "kernel prewarm: timed 48 new shape keys and 12 launch configs in 61 s; kept in x.json (later runs reuse them)\n"
     )
     got = ur.read_run(run, warmup=4)
     assert got["steps"] == 8 and got["tokens_per_s"] == 1006.5  # median of steps 5..8
     assert got["peak_gib"] == pytest.approx(10.8) and got["first_step_s"] == 42.0
-    assert got["predicted_gib"] == 12.3 and got["prewarm"] == "48 keys, 61 s" and got["stopped"] is None
+    assert (
+        got["predicted_gib"] == 12.3
+        and got["prewarm"] == "48 keys, 12 launch configs, 61 s"
+        and got["stopped"] is None
+    )
     bench = {"rows": [{"row": "lora/speed/latent_text", "tokens_per_s": 2000.0}]}
     assert ur.bench_ratio({"row": "whole/lora/2", "tokens_per_s": 1940.0}, bench) == pytest.approx(0.97)
     assert ur.bench_ratio({"row": "card24/lora/2", "tokens_per_s": 1940.0}, bench) is None

@@ -93,7 +93,9 @@ def test_a_launch_pick_is_kept_in_the_cards_table_and_reused(tmp_path, monkeypat
     monkeypatch.setattr(triton_utils, "device_ms", device_ms)
     key = (3072, torch.bfloat16, 16384, torch.device("cpu"))
     configs = [(1, 4), (2, 8)]
+    before = len(tuning._stored_launches)
     assert triton_utils.pick("demo.fwd", key, configs, launch) == (2, 8)
+    assert len(tuning._stored_launches) == before + 1  # counted in the tuning window's log line
     stored = json.loads((tmp_path / "tuning" / "cpu.json").read_text())["launches"]
     assert stored["demo.fwd|3072|torch.bfloat16|16384"]["config"] == [2, 8]
 
