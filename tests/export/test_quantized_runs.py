@@ -37,8 +37,9 @@ def test_fp8_base_runs_checkpoint_and_export(train_world, caplog, algo, args, me
     with caplog.at_level("INFO", logger="kohakumoss.export.verify"):
         run = train(knobs)
     lines = [r.getMessage() for r in caplog.records if "keys matched, 0 unused" in r.getMessage()]
-    # two checkpoints and the final export, each with its ComfyUI and LyCORIS files (and merged)
-    assert len(lines) == 3 * (2 + merged), lines
+    # two checkpoints, each with its ComfyUI and LyCORIS files (and merged); the final export is the last
+    # checkpoint's files linked, verified when they were written
+    assert len(lines) == 2 * (2 + merged), lines
     export = run / "export"
     comfy = load_file(str(export / f"fp8-{algo}-comfy.safetensors"))
     assert not any(k.endswith("weight_scale") for k in comfy)
