@@ -11,6 +11,7 @@ timing capture, now spread per-sample rows with a comparison (`per_token.one_hot
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 
@@ -56,9 +57,25 @@ def _end_failed(graph: torch.cuda.CUDAGraph, device: torch.device, pool) -> None
 
 
 def _end_window(device: torch.device, pool) -> None:
-    """capture_end raised before closing the allocator's window: close it and release the pool."""
+    """capture_end raised before closing the allocator's window: close it, release the pool and take the
+    device's random generator out of capture mode."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     with suppress(RuntimeError):  # raises when the window is already closed: nothing to do
         torch._C._cuda_endAllocateToPool(index, pool)
     with suppress(RuntimeError):
         torch._C._cuda_releasePool(index, pool)
+    _end_generator_capture(torch.device("cuda", index))
+
+
+def _end_generator_capture(device: torch.device) -> None:
+    """A capture_end that raised skipped the default generator's capture epilogue, so every later random
+    draw on the device raises 'Offset increment outside graph capture'. An empty capture runs the
+    prologue and epilogue on the same generator state (its seed and offset kept)."""
+    graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
+    with warnings.catch_warnings(), torch.cuda.stream(torch.cuda.Stream(device)):
+        warnings.simplefilter("ignore")  # "the CUDA Graph is empty"
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        graph.capture_end()
+    del graph
+    with suppress(RuntimeError):
+        torch._C._cuda_releasePool(device.index, pool)

@@ -22,6 +22,9 @@ def _fail_capture(device: torch.device) -> None:
 def test_a_capture_after_a_failed_one_replays():
     device = torch.device("cuda")
     _fail_capture(device)
+    # the generator left capture mode (torch 2.11 raised 'Offset increment outside graph capture' here)
+    a, b = torch.randn(4, device=device), torch.randn(4, device=device)
+    assert not torch.equal(a, b)
     x = torch.arange(8.0, device=device)
     graph = torch.cuda.CUDAGraph()
     with capture(graph, device):

@@ -216,3 +216,16 @@ def test_lora_run_on_an_fp8_base_trains_resumes_and_is_refused_for_full(train_wo
     assert losses(resumed) == fp8_losses
     with pytest.raises(ConfigError, match="BASE_PRECISION: '.*' stores a frozen base"):
         train(tiny_knobs(train_world, f"{base}-full", STEPS=1, ALGO="full", BASE_PRECISION=base))
+
+
+def test_encoders_kept_off_the_device_fill_their_caches_first(train_world, tmp_path):
+    """MEMORY_PROFILE 'minimal' keeps the text encoder and VAE off the device while training (both caches
+    must hit): on a fresh cache the trainer encodes what the plan needs first, then trains as 'speed' does."""
+    base = dict(STEPS=3, CACHE_DIR=str(tmp_path / "cache"))
+    plain = train(tiny_knobs(train_world, "off-plain", MEMORY_PROFILE="speed", **base))
+    base["CACHE_DIR"] = str(tmp_path / "fresh-cache")
+    small = train(tiny_knobs(train_world, "off-minimal", MEMORY_PROFILE="minimal", **base))
+    log = (small / "log.txt").read_text()
+    assert "VAE_PLACEMENT='off': cache filled first: vae: 4 planned, 0 already cached, 4 encoded" in log, log
+    assert "TEXT_ENCODER_PLACEMENT='off': cache filled first" in log
+    assert losses(small) == pytest.approx(losses(plain), rel=1e-5)

@@ -5,7 +5,7 @@ them; catalog.py names its entries by them).
     balanced  every block checkpointed (only its input kept); everything resident
     low_vram  every block checkpointed, 32 blocks (of 42) streamed, optimizer states on the host
     minimal   every block checkpointed and streamed, activations and grads offloaded, optimizer on
-              the host, text encoder and VAE off (both caches must hit)
+              the host, text encoder and VAE off (the trainer fills their caches first)
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_data import Catalog, Loader, Plan, build_plan, open_caches
 from kohakumoss_data.catalog import scan
+from kohakumoss_data.offline import fill_latent_cache, fill_text_cache, planned_captions
 from kohakumoss_data.sources import make_source
 
 log = get_logger(__name__)
@@ -131,6 +132,39 @@ def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder) -> RunData:
     cache_dir = data.cache_dir or None
     latent_cache, text_cache = open_caches(cache_dir, image_encoder, text_encoder)
     return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache)
+
+
+def fill_caches_for_off_encoders(
+    data: RunData, cfg: TrainConfig, vae, text_encoder, fill: bool = True
+) -> bool:
+    """An encoder placed 'off' (kept off the device while training) cannot encode in the loader: the cache
+    entries the plans miss are encoded first, the encoder on the device for this pass only. With
+    `fill` False (a rank other than 0) the caches are only re-read, after rank 0 filled them. Returns
+    whether any encoder was 'off'."""
+    plans = [(data.plan, data.catalog)] + ([(data.val_plan, data.val_catalog)] if data.val_plan else [])
+    off = False
+    for encoder, cache, encode, knob in (
+        (vae, data.latent_cache, cfg.data.vae_encode, "VAE_ENCODE"),
+        (text_encoder, data.text_cache, cfg.data.text_encode, "TEXT_ENCODE"),
+    ):
+        if getattr(encoder, "placement", None) != "off" or encode != "auto":
+            continue  # resident / streamed encoders encode in the loader; 'cache' must hit as it is
+        off = True
+        if cache is None:
+            raise ConfigError(
+                "CACHE_DIR", f"empty, but {encoder.knob}='off' needs a cache to read from ({knob})"
+            )
+        if not fill:
+            cache.refresh()
+            continue
+        with encoder.on_device():
+            for plan, catalog in plans:
+                if encoder.kind == "vae":
+                    report = fill_latent_cache(plan, catalog, data.source, encoder, cache, cfg.data.workers)
+                else:
+                    report = fill_text_cache(planned_captions(plan), encoder, cache)
+                log.info(f"{encoder.knob}='off': cache filled first: {report.summary(encoder.kind)}")
+    return off
 
 
 def make_loader(data: RunData, cfg: TrainConfig, image_encoder, text_encoder, start_step: int) -> Loader:
