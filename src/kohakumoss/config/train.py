@@ -189,12 +189,12 @@ class MemoryConfig:
     )
     text_encoder_placement: str | None = knob(
         None,
-        "text encoder: resident, streamed or off (off: the text cache must hit; None: from the profile)",
+        "text encoder: resident, streamed or off (off: not on the device while training; the text cache is filled first; None: from the profile)",
         choices=(None, *ENCODER_PLACEMENTS),
     )
     vae_placement: str | None = knob(
         None,
-        "VAE: resident, streamed or off (off: the latent cache must hit; None: from the profile)",
+        "VAE: resident, streamed or off (off: not on the device while training; the latent cache is filled first; None: from the profile)",
         choices=(None, *ENCODER_PLACEMENTS),
     )
 

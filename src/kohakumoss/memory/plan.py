@@ -11,8 +11,8 @@ installs the engines it names. Every field is a knob:
     ACTIVATION_OFFLOAD   none | on                    saved activations to host, prefetched in backward
     GRAD_OFFLOAD         False | True                 grads to host fp32 sums through a staging ring
     OPTIMIZER_PLACEMENT  gpu | stream | host          optimizer states (and fp32 masters) location
-    TEXT_ENCODER_PLACEMENT  resident | streamed | off the text encoder (off: the text cache must hit)
-    VAE_PLACEMENT        resident | streamed | off    the VAE likewise (off: the latent cache must hit)
+    TEXT_ENCODER_PLACEMENT  resident | streamed | off the text encoder (off: its cache filled before training)
+    VAE_PLACEMENT        resident | streamed | off    the VAE likewise (off: its cache filled before training)
 """
 
 from __future__ import annotations
