@@ -309,9 +309,9 @@ def _time_call(fn: Callable, args: tuple, kwargs: dict, rounds: int, calls: int,
             for leaf in leaves:
                 leaf.grad = None
 
-    once()
     if device_time and first.device.type == "cuda":
         return _graph_ms(once, first.device, rounds, calls)
+    once()
     best = float("inf")
     for _ in range(rounds):
         _synchronize(first.device)
@@ -336,6 +336,13 @@ def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls
     """Milliseconds per call when `calls` calls replay from one CUDA graph (device time alone)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     keeper, stream = _timing_keepers.get(index) or (None, torch.cuda.Stream(device))
+    # the warm-up call on the capture stream, as torch's graph recipe does: per-stream lazy state (cuBLAS's
+    # workspace for this stream) is made outside the capture
+    current = torch.cuda.current_stream(device)
+    stream.wait_stream(current)
+    with torch.cuda.stream(stream):
+        once()
+    current.wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     # not torch.cuda.graph(): that one also runs gc.collect() and empty_cache() per capture, which made
     # the first step of a 5B run tune for ~2 minutes; and a failed capture must not leave the allocator

@@ -68,3 +68,20 @@ def test_the_onehot_backends_capture():
         out = fn(x, shift, scale, token_sample)
     graph.replay()
     torch.testing.assert_close(out, want)
+
+
+def test_the_onehot_backends_time_as_graphs():
+    """The graphed step's tuning times each candidate, forward and backward, inside a capture
+    (`tuning.time_call(device_time=True)`); the onehot backends failed it in a capped trainer run."""
+    from kohakumoss_kernels import tuning
+    from kohakumoss_kernels.registry import backend_fn
+
+    device = torch.device("cuda")
+    x = torch.randn(4096, 256, device=device, dtype=torch.bfloat16, requires_grad=True)
+    shift, scale = (torch.randn(2, 256, device=device, requires_grad=True) for _ in range(2))
+    token_sample = torch.tensor([0] * 1000 + [1] * 3096, device=device)
+    fn = backend_fn("norm_modulate", "onehot")
+    try:
+        assert tuning.time_call(fn, (x, shift, scale, token_sample), {}, device_time=True) > 0
+    finally:
+        tuning.release_timing_pools()
