@@ -4,13 +4,14 @@
     python scripts/bench/user_runs.py --rows default --out $OUT/user_runs.json
     python scripts/bench/user_runs.py --preset tiny --device cpu --rows cpu      # CPU smoke (CI)
 
-A row is CARD/ADAPTER/IMAGES[/online][/fp8]:
+A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE]:
 - CARD `whole` (the GPU as it is) or `cardN` (CARD_GB=N: MEMORY_PROFILE 'auto' plans for an N GiB card and
   the process is capped to N GiB, so a smaller card is emulated honestly);
 - ADAPTER `lora` (r32, every DiT linear, bypass: the benchmark's row), `lokr` or `full`;
 - IMAGES per step at 1 MP (TOKENS_PER_STEP = IMAGES x (4096 + 256));
 - `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of caches written on
-  the first pass; `fp8`: BASE_PRECISION=fp8.
+  the first pass; `fp8`: BASE_PRECISION=fp8; PROFILE (speed, balanced, low_vram, minimal): MEMORY_PROFILE
+  set by name instead of 'auto'.
 Each row runs in its own process from an EMPTY kernel tuning cache (a fresh machine), random weights of
 the preset, TEXT_ENCODER / VAE 'synthetic' (the real encoders' architectures are not built here), a
 kohya folder of synthetic images. Per row: completed, steps, median tokens/s of the steps after the
@@ -40,7 +41,12 @@ GROUPS = {
     "card12/lora/2,card8/lora/1,card6/lora/1,card24/lora/2/fp8,card24/lora/2/online,whole/lokr/2,"
     "whole/full/2,card80/full/2,card24/full/1",
     "cpu": "whole/lora/1,whole/lokr/2",
+    # the trainer against train_step.py's rows of the same plan (run both in one device call)
+    "profiles": "whole/lora/2/speed,whole/lora/2/balanced,whole/lora/2/low_vram,whole/lora/2/minimal,"
+    "whole/full/2/speed",
 }
+PROFILES = ("speed", "balanced", "low_vram", "minimal")
+BENCH_SAMPLES = 2  # train_step.py's images per step
 TEXT_TOKENS = 256  # MAX_TEXT_TOKENS budgeted per image
 
 
@@ -52,6 +58,7 @@ class Row:
     images: int
     online: bool
     fp8: bool
+    profile: str = ""  # '': MEMORY_PROFILE 'auto'
 
 
 def parse_row(name: str) -> Row:
@@ -62,10 +69,13 @@ def parse_row(name: str) -> Row:
     if card != "whole" and not re.fullmatch(r"card\d+(\.\d+)?", card):
         raise SystemExit(f"row '{name}': the card is 'whole' or cardN (GiB)")
     extra = set(parts[3:])
-    if extra - {"online", "fp8"}:
-        raise SystemExit(f"row '{name}': unknown parts {sorted(extra - {'online', 'fp8'})}")
+    if extra - {"online", "fp8", *PROFILES}:
+        raise SystemExit(f"row '{name}': unknown parts {sorted(extra - {'online', 'fp8', *PROFILES})}")
+    profiles = sorted(extra & set(PROFILES))
+    if len(profiles) > 1:
+        raise SystemExit(f"row '{name}': one memory profile, not {profiles}")
     return Row(name, 0.0 if card == "whole" else float(card[4:]), parts[1], int(parts[2]),
-               "online" in extra, "fp8" in extra)  # fmt: skip
+               "online" in extra, "fp8" in extra, profiles[0] if profiles else "")  # fmt: skip
 
 
 def knobs(a, row: Row, work: Path) -> dict:
@@ -98,6 +108,8 @@ def knobs(a, row: Row, work: Path) -> dict:
         k.update(VAE_ENCODE="online", TEXT_ENCODE="online")
     if row.fp8:
         k["BASE_PRECISION"] = "fp8"
+    if row.profile:
+        k["MEMORY_PROFILE"] = row.profile
     if a.device == "cpu":
         k.update(PRECISION="fp32", MIN_SIDE=32)
     return k
@@ -180,11 +192,21 @@ def run_row(a, row: Row, work: Path) -> dict:
     return result
 
 
+def bench_row(row: Row, plan: str | None) -> str | None:
+    """train_step.py's row of the same plan: a whole-card LoRA r32 or full fine-tune at the benchmark's
+    images per step, caches hit, under the profile the run used (named, or the one 'auto' picked)."""
+    if row.card_gb or row.adapter == "lokr" or row.images != BENCH_SAMPLES or row.online or row.fp8:
+        return None
+    picked = re.search(r"profile '(\w+)'", plan or "")
+    profile = row.profile or (picked.group(1) if picked else "speed")
+    return f"{row.adapter}/{profile}/latent_text"
+
+
 def bench_ratio(result: dict, bench: dict | None) -> float | None:
-    """The trainer's tokens/s over the benchmark row of the same plan (whole-card LoRA rows: lora/speed)."""
+    """The trainer's tokens/s over the benchmark row of the same plan (`bench_row`)."""
     if not bench or not result.get("tokens_per_s"):
         return None
-    want = "lora/speed/latent_text" if result["row"].startswith("whole/lora/") else None
+    want = bench_row(parse_row(result["row"]), result.get("plan"))
     for r in bench.get("rows", []):
         if r.get("row") == want:
             other = (r.get("trainer") or {}).get("tokens_per_s") or r.get("tokens_per_s")

@@ -62,3 +62,33 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
     bench = {"rows": [{"row": "lora/speed/latent_text", "tokens_per_s": 2000.0}]}
     assert ur.bench_ratio({"row": "whole/lora/2", "tokens_per_s": 1940.0}, bench) == pytest.approx(0.97)
     assert ur.bench_ratio({"row": "card24/lora/2", "tokens_per_s": 1940.0}, bench) is None
+
+
+def test_a_named_profile_is_the_runs_plan_and_picks_its_benchmark_row(ur, tmp_path):
+    a = ur.argparse.Namespace(
+        preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32
+    )
+    row = ur.parse_row("whole/lora/2/low_vram")
+    assert row.profile == "low_vram" and ur.knobs(a, row, tmp_path)["MEMORY_PROFILE"] == "low_vram"
+    assert "MEMORY_PROFILE" not in ur.knobs(a, ur.parse_row("whole/lora/2"), tmp_path)  # 'auto'
+    with pytest.raises(SystemExit):
+        ur.parse_row("whole/lora/2/speed/minimal")
+    bench = {
+        "rows": [
+            {"row": "lora/speed/latent_text", "tokens_per_s": 2000.0},
+            {"row": "lora/low_vram/latent_text", "tokens_per_s": 1000.0},
+            {"row": "full/balanced/latent_text", "tokens_per_s": 500.0},
+        ]
+    }
+    assert ur.bench_ratio({"row": "whole/lora/2/low_vram", "tokens_per_s": 990.0}, bench) == pytest.approx(
+        0.99
+    )
+    # 'auto' compares with the profile it picked, as the log names it
+    picked = {
+        "row": "whole/full/2",
+        "tokens_per_s": 450.0,
+        "plan": "auto: catalog entry c0007 (profile 'balanced')",
+    }
+    assert ur.bench_ratio(picked, bench) == pytest.approx(0.9)
+    assert ur.bench_ratio({"row": "whole/lora/4/low_vram", "tokens_per_s": 990.0}, bench) is None  # 4 images
+    assert [r.name for r in map(ur.parse_row, ur.GROUPS["profiles"].split(","))][-1] == "whole/full/2/speed"
