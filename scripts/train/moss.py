@@ -46,9 +46,12 @@ VAE_PLACEMENT = None  # resident, streamed or off (off: the latent cache must hi
 OPS_BACKEND = "auto"  # kernel registry backend: auto (per-arch priority), eager (the reference), or backend names in order (tilelang, triton, ...; the ones never run on this card's kind are used only so)
 DETERMINISTIC = False  # bitwise reproducible steps: torch's deterministic algorithms, fixed cuBLAS workspace, no atomics-adding kernel backends
 CUDA_GRAPHS = "auto"  # replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off
-DISTRIBUTED = "none"  # none, ddp (a worker per DEVICES entry, the model whole) or fsdp (blocks sharded)
+DISTRIBUTED = "none"  # none, ddp (a worker per DEVICES entry, the model whole), fsdp (blocks sharded), pipeline (a worker per stage of blocks) or threaded (one process, a thread per stage)
 DEVICES = 1  # workers of this node: a count (0: every visible GPU) or a list ([0, 2], ["cpu", "cpu"])
 DIST_TIMEOUT = 1800.0  # seconds a collective waits for a missing rank before the run stops, naming it
+PIPELINE_SPLIT = []  # pipeline / threaded: the first block of each stage ([0, 12, 24]); empty: balanced
+PIPELINE_SCHEDULE = "gpipe"  # pipeline: gpipe, 1f1b or interleaved (several stages per rank); threaded: gpipe
+PIPELINE_CHUNKS = 0  # pipeline / threaded: micro-batches (whole samples) per micro-step; 0: one per stage
 GC_EVERY = (
     0  # Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works
 )

@@ -29,8 +29,6 @@ def problems(tmp_path, body: str) -> list[tuple[str, str]]:
 @pytest.mark.parametrize(
     ("body", "knob", "needle"),
     [
-        ("DISTRIBUTED = 'pipeline'\n", "DISTRIBUTED", "pipelining engine is not built"),
-        ("DISTRIBUTED = 'threaded'\n", "DISTRIBUTED", "threaded pipeline"),
         ("DISTRIBUTED = 'fsdp'\nDEVICES = 2\nPRECISION = 'fp16'\n", "PRECISION", "with DISTRIBUTED='fsdp'"),
         ("DISTRIBUTED = 'fsdp'\nDEVICES = 2\nSTREAM_BLOCKS = 4\n", "STREAM_BLOCKS", "FSDP2 shards"),
         ("DISTRIBUTED = 'fsdp'\nDEVICES = 2\nCHECKPOINTING = 'attn'\n", "CHECKPOINTING", "half-block"),

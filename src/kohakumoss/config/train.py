@@ -87,6 +87,12 @@ def _distributed_devices(value: int | list) -> str | None:
     return devices_problem(value, "ddp")  # DEVICES with DISTRIBUTED='none': the trainer's own check
 
 
+def _pipeline_split(value: list) -> str | None:
+    from kohakumoss.distributed.pipeline import split_problem
+
+    return split_problem(value, None, None)  # its length and the depth: distributed.trainer's checks
+
+
 def _loggers(value: list) -> str | None:
     from .rules import loggers_problem  # imported when checked: it looks for the trackers' packages
 
@@ -219,7 +225,7 @@ class RuntimeConfig:
     )
     distributed: str = knob(
         "none",
-        "none, ddp (one worker process per DEVICES entry, gradients all-reduced) or fsdp (the backbone's blocks sharded over them, FSDP2) (docs/guides/multi-gpu.md)",
+        "none, ddp (one worker process per DEVICES entry, gradients all-reduced), fsdp (the backbone's blocks sharded over them, FSDP2), pipeline (a worker per stage of blocks, torch.distributed.pipelining) or threaded (one process, a thread per stage on each DEVICES entry) (docs/guides/multi-gpu.md)",
         check=_distributed_mode,
     )
     devices: int | list = knob(
@@ -229,6 +235,19 @@ class RuntimeConfig:
     )
     dist_timeout: float = knob(
         1800.0, "seconds a collective waits for a missing rank before the run stops, naming it", min=1.0
+    )
+    pipeline_split: list = knob(
+        [],
+        "pipeline / threaded: the first block of each stage ([0, 12, 24]); empty: the blocks balanced over the stages",
+        check=_pipeline_split,
+    )
+    pipeline_schedule: str = knob(
+        "gpipe",
+        "pipeline: torch's schedule, gpipe, 1f1b or interleaved (several stages per rank); threaded runs gpipe",
+        choices=("gpipe", "1f1b", "interleaved"),
+    )
+    pipeline_chunks: int = knob(
+        0, "pipeline / threaded: micro-batches (whole samples) per micro-step; 0: one per stage", min=0
     )
     gc_every: int = knob(
         0,

@@ -11,11 +11,8 @@ from kohakumoss_common.errors import ConfigError
 
 # every engine the issue names; only BUILT ones are accepted, the others are refused by name
 MODES = ("none", "ddp", "fsdp", "pipeline", "threaded")
-BUILT = ("none", "ddp", "fsdp")
-NOT_BUILT = {
-    "pipeline": "the torch.distributed.pipelining engine is not built yet; use 'ddp' or 'fsdp'",
-    "threaded": "the threaded pipeline (one process, a thread per device) is not built yet; use 'ddp' or 'fsdp'",
-}
+BUILT = MODES
+NOT_BUILT: dict[str, str] = {}
 
 
 def mode_problem(mode: Any) -> str | None:

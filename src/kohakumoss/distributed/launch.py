@@ -130,7 +130,7 @@ def run(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any]) -> Any:
     """fn(k) as DISTRIBUTED and DEVICES say; returns rank 0's result."""
     mode, devices = k.get("DISTRIBUTED", "none"), k.get("DEVICES", 1)
     check_knobs(mode, devices)
-    if mode == "none":
+    if mode in ("none", "threaded"):  # threaded: one process, a thread per stage (distributed/threaded.py)
         return fn(k)
     timeout_s = float(k.get("DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0

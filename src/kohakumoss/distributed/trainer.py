@@ -11,6 +11,12 @@ loss, samples, tokens = rr.step_totals(step, loss, samples, tokens)   # every ra
 rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank's log goes
 with rr.full_weights(model): ...                     # fsdp: rank 0 sees the whole weights (exports)
 rr.write_shards(tmp, state)                          # fsdp: every rank's shards into a checkpoint
+optimizer = rr.optimizer(optimizer)                  # pipeline: clipped by every rank's gradients
+rr.gather(tr)                                        # pipeline: rank 0 holds every stage's weights, states
+
+DISTRIBUTED='pipeline' (ranks, torch.distributed.pipelining) and 'threaded' (one process, a thread per
+device) run each micro-step's forward and backward inside `loss_fn` (pipeline.py, threaded.py): the
+runner takes the micro-step's loss and skips its own backward (`runs_backward`).
 """
 
 from __future__ import annotations
@@ -31,16 +37,33 @@ from kohakumoss_common.log import get_logger
 from .checkpoint import write_shards
 from .collectives import barrier
 from .gather import any_sharded, full_weights
-from .knobs import devices_problem, mode_problem
+from .knobs import devices_problem, mode_problem, worker_devices
 from .launch import current, run
+from .pipeline import (
+    SCHEDULES,
+    PipelineEngine,
+    PipelineOptimizer,
+    Prediction,
+    capacities,
+    split_problem,
+    stage_count,
+    stage_starts,
+    sync_optimizer_to_main,
+    sync_to_main,
+)
 from .shard import rank_weight, shard_plan, step_noise
+from .threaded import ThreadedEngine
 from .world import beat
 from .wrap import wrap_ddp, wrap_fsdp
 
 log = get_logger(__name__)
 
 # the engines the trainer drives
-TRAINER_MODES = ("none", "ddp", "fsdp")
+TRAINER_MODES = ("none", "ddp", "fsdp", "pipeline", "threaded")
+PIPELINES = ("pipeline", "threaded")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# the pipeline knobs and their defaults (off the pipelines, another value would do nothing: refused)
+PIPELINE_DEFAULTS = {"PIPELINE_SPLIT": [], "PIPELINE_SCHEDULE": "gpipe", "PIPELINE_CHUNKS": 0}
 # the memory plan's engines that run under FSDP2: the block runner calls each block whole (its FSDP
 # hooks all-gather it), so only no checkpointing or whole-block checkpointing; streaming, offloads and
 # host optimizer states move the parameters or their grads where FSDP2 does not look
@@ -97,9 +120,118 @@ def fsdp_plan_problem(plan) -> tuple[str, str] | None:
     return None
 
 
+def device_count(devices: Any) -> int | None:
+    """How many workers (pipeline) or stages (threaded) DEVICES names; None: every visible GPU."""
+    if isinstance(devices, (list, tuple)):
+        return len(devices)
+    return devices if isinstance(devices, int) and devices > 0 else None
+
+
+def preset_depth(k: dict[str, Any]) -> int | None:
+    """The backbone's depth where MODEL_PRESET says it without loading anything (else None)."""
+    from kohakumoss.model import get_preset
+
+    if k.get("WEIGHTS") or not k.get("MODEL_PRESET"):
+        return None
+    try:
+        return get_preset(k["MODEL_PRESET"]).depth
+    except Exception:
+        return None
+
+
+def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
+    """(knob, why) when DISTRIBUTED='pipeline' or 'threaded' cannot run these knobs (set ones; the
+    resolved memory plan is checked again by `pipeline_plan_problem`)."""
+    mode = k.get("DISTRIBUTED", "none")
+    why = f"with DISTRIBUTED='{mode}'"
+    schedule, split = k.get("PIPELINE_SCHEDULE", "gpipe"), k.get("PIPELINE_SPLIT", [])
+    chunks = k.get("PIPELINE_CHUNKS", 0)
+    if mode not in PIPELINES:
+        for knob, default in PIPELINE_DEFAULTS.items():
+            if k.get(knob, default) != default:
+                return knob, f"{k[knob]!r} with DISTRIBUTED='{mode}': only the pipelines read it"
+        return None
+    if schedule not in SCHEDULES:
+        return "PIPELINE_SCHEDULE", f"{schedule!r} is not one of {list(SCHEDULES)}"
+    if mode == "threaded" and schedule != "gpipe":
+        return "PIPELINE_SCHEDULE", f"'{schedule}' {why}: its stage threads run GPipe's order; use 'gpipe'"
+    devices = device_count(k.get("DEVICES", 1))
+    stages = stage_count(schedule, devices, split) if devices is not None else (len(split) or None)
+    if problem := split_problem(split, preset_depth(k), stages if mode == "threaded" else None):
+        return "PIPELINE_SPLIT", problem
+    if mode == "pipeline" and split and devices is not None:
+        if schedule != "interleaved" and len(split) != devices:
+            return (
+                "PIPELINE_SPLIT",
+                f"{len(split)} stages for {devices} ranks: one each ('interleaved': several)",
+            )
+        if schedule == "interleaved" and len(split) % devices:
+            return (
+                "PIPELINE_SPLIT",
+                f"{len(split)} stages for {devices} ranks: 'interleaved' needs a multiple",
+            )
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
+        return "PIPELINE_CHUNKS", f"{chunks!r}: a count of micro-batches per micro-step (0: one per stage)"
+    if chunks and stages is not None and schedule != "gpipe" and chunks < stages:
+        return (
+            "PIPELINE_CHUNKS",
+            f"{chunks} micro-batches for {stages} stages: '{schedule}' needs at least one per stage",
+        )
+    if k.get("PRECISION") == "fp16":
+        return "PRECISION", f"'fp16' {why}: the loss scaler is not run across stages; use 'bf16'"
+    if k.get("BASE_PRECISION", "same") not in ("same", None):
+        return (
+            "BASE_PRECISION",
+            f"'{k['BASE_PRECISION']}' {why}: 8-bit frozen linears are not placed per stage; use 'same'",
+        )
+    if mode == "pipeline" and k.get("OPTIMIZER", "adamw") != "adamw":
+        return (
+            "OPTIMIZER",
+            f"'{k['OPTIMIZER']}' {why}: each rank steps its own stages' weights; only 'adamw' (and USE_MUON) is per-parameter",
+        )
+    if k.get("EMA"):
+        return "EMA", f"True {why}: the EMA copies the weights before they move to their stages"
+    if k.get("SAMPLE_PROMPTS") or k.get("SAMPLE_PROMPTS_FILE"):
+        knob = "SAMPLE_PROMPTS" if k.get("SAMPLE_PROMPTS") else "SAMPLE_PROMPTS_FILE"
+        return knob, f"set {why}: the sampler calls the whole backbone on one device; leave it empty"
+    if k.get("VAL_ITEMS"):
+        return (
+            "VAL_ITEMS",
+            f"{k['VAL_ITEMS']} {why}: the validation loss calls the whole backbone on one device; use 0",
+        )
+    for knob, off in (
+        ("STREAM_BLOCKS", 0),
+        ("ACTIVATION_OFFLOAD", "none"),
+        ("OPTIMIZER_PLACEMENT", "gpu"),
+    ):
+        if k.get(knob) not in (None, off):
+            return knob, f"{k[knob]!r} {why}: the stages place the weights themselves; leave it {off!r}"
+    return None
+
+
+def pipeline_plan_problem(plan, mode: str) -> tuple[str, str] | None:
+    """(knob, why) when the resolved memory plan (from MEMORY_PROFILE too) cannot run under a pipeline:
+    block checkpointing runs (the stages call the block runner), the engines that move weights, states
+    or gradients do not."""
+    from kohakumoss.memory.plan import FIELD_KNOBS
+
+    why = f"with DISTRIBUTED='{mode}' (from the memory plan: set it, or another MEMORY_PROFILE)"
+    for name, off in (
+        ("stream_blocks", 0),
+        ("activation_offload", "none"),
+        ("grad_offload", False),
+        ("optimizer", "gpu"),
+    ):
+        if getattr(plan, name) != off:
+            return FIELD_KNOBS[name], f"{getattr(plan, name)!r} {why}; the pipeline needs {off!r}"
+    return None
+
+
 def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
     """(knob, why) when the trainer cannot run these knobs distributed, else None."""
     mode = k.get("DISTRIBUTED", "none")
+    if problem := pipeline_problem(k):  # also: the pipeline knobs set off the pipelines
+        return problem
     if mode == "none":
         return None
     if mode not in TRAINER_MODES:
@@ -136,10 +268,23 @@ def refusals(k: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def rank_knobs(k: dict[str, Any]) -> dict[str, Any]:
-    """The knobs a rank trains with: refused combinations raise; CUDA graphs stay off (see trainer_problem)."""
+    """The knobs a rank trains with: refused combinations raise; CUDA graphs stay off (see trainer_problem).
+    DISTRIBUTED='threaded' trains in this process, on its first stage's device."""
     if problem := trainer_problem(k):
         raise ConfigError(*problem)
-    return k if k.get("DISTRIBUTED", "none") == "none" else {**k, "CUDA_GRAPHS": "off"}
+    mode = k.get("DISTRIBUTED", "none")
+    if mode == "none":
+        return k
+    if mode == "threaded":
+        return {**k, "CUDA_GRAPHS": "off", "DEVICE": threaded_devices(k)[0]}
+    return {**k, "CUDA_GRAPHS": "off"}
+
+
+def threaded_devices(k: dict[str, Any]) -> list[str]:
+    """DISTRIBUTED='threaded': one device per stage, DEVICES resolved against DEVICE and this node."""
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = k.get("DEVICE", "auto")
+    return worker_devices(k.get("DEVICES", 1), "auto" if device.startswith("cuda:") else device, visible)
 
 
 def on_devices(train: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
@@ -173,6 +318,10 @@ class RankRun:
         self.sharded: torch.nn.Module | None = None  # the FSDP2-sharded backbone
         self.micro: dict[int, int] = {}  # id(batch) -> its micro-step
         self.taken = 0
+        self.knobs = k
+        self.engine: PipelineEngine | ThreadedEngine | None = None  # the pipelines' stages
+        self.staged: tuple | None = None  # (backbone, network) until the trainer's loss builds the engine
+        self.capacity: tuple[int, int] | None = None
 
     @property
     def is_main(self) -> bool:
@@ -187,10 +336,28 @@ class RankRun:
         """DISTRIBUTED='fsdp' on more than one rank (one rank trains as a plain process)."""
         return self.active and self.mode == "fsdp"
 
+    @property
+    def pipeline(self) -> bool:
+        """DISTRIBUTED='pipeline' on more than one rank (one rank trains as a plain process)."""
+        return self.active and self.mode == "pipeline"
+
+    @property
+    def threaded(self) -> bool:
+        return self.mode == "threaded"
+
+    @property
+    def collective_saves(self) -> bool:
+        """A checkpoint needs every rank (FSDP2's shards, a pipeline's stages): none after an interrupt."""
+        return self.sharded is not None or self.pipeline
+
     def check_plan(self, plan) -> None:
-        """DISTRIBUTED='fsdp': the resolved memory plan's engines FSDP2 cannot run, refused (naming the
-        engine's knob) as soon as the plan exists, before data, samples or training."""
-        if self.fsdp and plan is not None and (problem := fsdp_plan_problem(plan)):
+        """DISTRIBUTED='fsdp' or a pipeline: the resolved memory plan's engines it cannot run, refused
+        (naming the engine's knob) as soon as the plan exists, before data, samples or training."""
+        if plan is None:
+            return
+        if self.fsdp and (problem := fsdp_plan_problem(plan)):
+            raise ConfigError(*problem)
+        if (self.pipeline or self.threaded) and (problem := pipeline_plan_problem(plan, self.mode)):
             raise ConfigError(*problem)
 
     def shard(self, model: torch.nn.Module, dtype: torch.dtype, plan=None) -> None:
@@ -239,6 +406,9 @@ class RankRun:
     def local_data(self, data):
         """RunData whose plan holds this rank's images of every micro-step (the global plan is kept here)."""
         self.plan = data.plan
+        if self.pipeline or self.threaded:  # every stage sees every micro-step whole
+            self.capacity = capacities(data.plan.steps, self.chunks(), data.plan.knobs.max_text_tokens)
+            return data
         if not self.active:
             return data
         local, self.picks = shard_plan(data.plan, self.world.rank, self.world.size)
@@ -246,7 +416,7 @@ class RankRun:
 
     def next_batch(self, take: Callable[[], Any], start: int) -> Callable[[], Any]:
         """`take` (the prefetcher's next_batch), each batch remembered with its micro-step."""
-        if not self.active:
+        if not self.active or self.pipeline:
             return take
         self.taken = start
 
@@ -262,6 +432,11 @@ class RankRun:
     def wrap(self, model: torch.nn.Module, network: torch.nn.Module | None, plan=None) -> torch.nn.Module:
         """What the loss calls: the backbone itself, or DDP around it (after resume: DDP broadcasts rank 0's).
         `plan`: the resolved memory plan; one that sums gradients on the host is refused (DDP never sees them)."""
+        if self.pipeline or self.threaded:  # the stages are built with the trainer's loss (loss_fn)
+            self.check_plan(plan)
+            self.staged = (model, network)
+            self.prediction = Prediction()
+            return self.prediction
         if not self.active:
             return model
         if self.fsdp:  # the backbone sharded (self.shard); an adapter beside it stays whole, DDP averages it
@@ -287,7 +462,10 @@ class RankRun:
 
     def loss_fn(self, loss: Callable, tcfg, draw: Callable) -> Callable:
         """loss(batch, sigma, noise) as this rank's share of the whole micro-step (see the class); `draw`
-        is the trainer's noise function (train/step.py draw_step_noise), run on the whole step."""
+        is the trainer's noise function (train/step.py draw_step_noise), run on the whole step.
+        Under a pipeline: the micro-step's forward and backward through the stages (`runs_backward`)."""
+        if self.staged is not None:
+            return self.pipeline_loss(loss)
         if not self.active:
             return loss
 
@@ -315,6 +493,61 @@ class RankRun:
 
         return share
 
+    def chunks(self) -> int:
+        """PIPELINE_CHUNKS, 0 meaning one micro-batch per stage."""
+        return int(self.knobs.get("PIPELINE_CHUNKS", 0)) or self.stages()
+
+    def stages(self) -> int:
+        k = self.knobs
+        if self.threaded:
+            return len(threaded_devices(k))
+        return stage_count(k.get("PIPELINE_SCHEDULE", "gpipe"), self.world.size, k.get("PIPELINE_SPLIT", []))
+
+    def pipeline_loss(self, loss: Callable) -> Callable:
+        """The stages over the backbone (the trainer's `loss` on the last one) and the micro-step's loss fn."""
+        model, network = self.staged
+        k, dtype = self.knobs, DTYPES[self.knobs.get("PRECISION", "bf16")]
+        starts = stage_starts(len(model.layers), self.stages(), k.get("PIPELINE_SPLIT", []))
+        if self.threaded:
+            devices = threaded_devices(k)
+            self.engine = ThreadedEngine(
+                model, network, starts, devices, self.chunks(), dtype, loss, self.prediction,
+                self.accum, self.reduction,
+            )  # fmt: skip
+            where = ", ".join(devices)
+        else:
+            schedule = k.get("PIPELINE_SCHEDULE", "gpipe")
+            self.engine = PipelineEngine(
+                model, network, self.world, starts, schedule, self.chunks(), self.capacity, dtype, loss,
+                self.prediction, self.accum, self.reduction,
+            )  # fmt: skip
+            where = f"{self.world.size} ranks, torch.distributed.pipelining {schedule}"
+        ends = [*starts[1:], len(model.layers)]
+        blocks = ", ".join(f"{a}-{b - 1}" for a, b in zip(starts, ends))
+        log.info(
+            f"pipeline: {len(starts)} stages (blocks {blocks}) on {where}, {self.chunks()} micro-batches per "
+            "micro-step; CUDA graphs off (the stages hand tensors between devices inside the step)"
+        )
+        engine = self.engine
+
+        def step(batch, sigma, noise):
+            return engine.run(batch, sigma, noise)
+
+        step.runs_backward = True  # the runner takes the loss and skips its own backward
+        return step
+
+    def optimizer(self, optimizer):
+        """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients."""
+        return PipelineOptimizer(optimizer, self.world) if self.pipeline else optimizer
+
+    def gather(self, tr) -> None:
+        """Under a pipeline (every rank calls it): rank 0's copy of the trainable weights and optimizer
+        states takes every stage's, so it saves and exports the one-process run's files."""
+        if not self.pipeline or self.engine is None:
+            return
+        sync_to_main(tr.module, self.engine.owned, self.world)
+        sync_optimizer_to_main(tr.optimizer, self.engine.owned, self.world)
+
     def weight(self, micro_step: int) -> float:
         if not self.active:
             return 1.0
@@ -328,6 +561,8 @@ class RankRun:
         if not self.active:
             return loss, samples, tokens
         beat(self.world, step)
+        if self.pipeline:  # every rank ran the whole micro-steps; the loss came from the last stage
+            return loss, samples, tokens
         t = torch.tensor([loss, samples, tokens], dtype=torch.float64)
         if self.world.backend == "nccl":
             t = t.to(self.world.device)

@@ -121,8 +121,8 @@ class StepRunner:
                 if not math.isfinite(value):
                     res.finite = False
                     return False
-            if self.graphs is None:
-                scaled = loss / self.accum
+            if self.graphs is None and not getattr(self.loss_fn, "runs_backward", False):
+                scaled = loss / self.accum  # (a pipeline's loss_fn ran the backward itself)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         res.samples += inputs.batch.num_samples
         res.tokens += inputs.batch.tokens

@@ -250,6 +250,7 @@ class Trainer:
         loss_fn = step_loss_fn(cfg.objective, forward, comps.dtype)
         step_loss = rr.loss_fn(loss_fn, timestep_config(cfg.objective), draw_step_noise)  # this rank's share
         next_batch = rr.next_batch(lambda: self.prefetch.next_batch(), first)
+        self.tr.optimizer = rr.optimizer(self.tr.optimizer)  # a pipeline clips by every rank's grads
         self.runner = build_runner(cfg, comps, self.tr, step_loss, next_batch, scaler)
         pad = TEXT_PAD if self.runner.graphs is not None else 0  # other captions, the same graph
         self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first, pad_to=pad)
@@ -283,8 +284,8 @@ class Trainer:
                 self.train_step()
         except KeyboardInterrupt:
             self.bar.close()
-            if self.rr.sharded is not None:  # the ranks stop at different points: no collective save
-                log.info("interrupted: the last checkpoint stands (FSDP2 saves need every rank in step)")
+            if self.rr.collective_saves:  # the ranks stop at different points: no collective save
+                log.info("interrupted: the last checkpoint stands (its saves need every rank in step)")
                 raise
             log.info(f"interrupted: saved {self.save()}; continue with RESUME='latest'")
             raise
@@ -431,6 +432,7 @@ class Trainer:
                     pass
             rr.barrier()  # the folder has its name before any rank goes on
             return path
+        rr.gather(self.tr)  # a pipeline: rank 0 takes every stage's weights and optimizer states
         if not rr.is_main:
             return self.ckpt_root / step_dirname(self.step)
         with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
