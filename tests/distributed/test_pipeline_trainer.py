@@ -1,0 +1,112 @@
+"""The trainer with DISTRIBUTED='pipeline' (2 CPU ranks, gloo) and 'threaded' (one process, two CPU
+stages) against one process: the same losses, gradient norms and exports, a checkpoint resumed at the
+same stage count replaying the run, and the refused combinations named by their knob."""
+
+from __future__ import annotations
+
+import pytest
+
+from kohakumoss.cli.config_check import check_config
+from kohakumoss.distributed.trainer import on_devices, pipeline_plan_problem
+from kohakumoss.memory.plan import MemoryPlan
+from kohakumoss.train.loop import train
+from kohakumoss_common.errors import ConfigError
+
+from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
+from .test_fsdp_trainer import same_files, same_losses
+from .test_trainer import records
+
+train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
+STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_EVERY=2, SAVE_FORMAT="both")
+PIPELINE = dict(DISTRIBUTED="pipeline", DEVICES=2, DIST_TIMEOUT=120.0)
+
+
+@pytest.fixture(scope="module")
+def lora_one(train_world):  # noqa: F811
+    return train_on_devices(tiny_knobs(train_world, "pp-lora-one", **STEPS))
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pipeline_lora_trains_what_one_process_does(train_world, lora_one, schedule):  # noqa: F811
+    """Losses, gradient norms (clipped by every stage's gradients), counts and the exported files of one
+    process; the step-2 checkpoint (the one-process format, gathered on rank 0) resumed on 2 ranks
+    replays step 3."""
+    extra = dict(PIPELINE_SCHEDULE=schedule, **PIPELINE, **STEPS)
+    two = train_on_devices(tiny_knobs(train_world, f"pp-lora-{schedule}", **extra))
+    log = (two / "log.txt").read_text()
+    assert "pipeline: 2 stages (blocks 0-1, 2-3)" in log and "CUDA graphs off" in log
+    a, b = records(lora_one), records(two)
+    same_losses(a, b)
+    assert len({r["loss"] for r in b}) == 3  # the adapter moved
+    same_files(lora_one / "export", two / "export", "pp-lora-one", f"pp-lora-{schedule}")
+    ckpt = two / "checkpoints" / "step_00000002"
+    again = train_on_devices(tiny_knobs(train_world, f"pp-again-{schedule}", RESUME=str(ckpt), **extra))
+    same_losses(b[-1:], records(again), rel=1e-6)
+
+
+def test_threaded_trains_what_one_process_does(train_world, lora_one):  # noqa: F811
+    extra = dict(DISTRIBUTED="threaded", DEVICES=["cpu", "cpu"], PIPELINE_CHUNKS=2, **STEPS)
+    two = train_on_devices(tiny_knobs(train_world, "th-lora", **extra))
+    assert "pipeline: 2 stages (blocks 0-1, 2-3) on cpu, cpu" in (two / "log.txt").read_text()
+    same_losses(records(lora_one), records(two))
+    same_files(lora_one / "export", two / "export", "pp-lora-one", "th-lora")
+
+
+def test_pipeline_full_finetune_trains_what_one_process_does(train_world):  # noqa: F811
+    extra = dict(ALGO="full", LR=1e-4, USE_MUON=False, STEPS=2, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="both")
+    one = train_on_devices(tiny_knobs(train_world, "pp-full-one", **extra))
+    two = train_on_devices(
+        tiny_knobs(train_world, "pp-full-two", PIPELINE_SCHEDULE="1f1b", **PIPELINE, **extra)
+    )
+    same_losses(records(one), records(two))
+    same_files(one / "export", two / "export", "pp-full-one", "pp-full-two")
+
+
+def test_pipeline_refusals_name_the_knob(train_world):  # noqa: F811
+    refused = [
+        (dict(CUDA_GRAPHS="on"), "CUDA_GRAPHS: 'on' with DISTRIBUTED"),
+        (dict(EMA=True), "EMA: True with DISTRIBUTED='pipeline'"),
+        (dict(STREAM_BLOCKS=1), "STREAM_BLOCKS: 1 with DISTRIBUTED='pipeline'"),
+        (dict(OPTIMIZER_PLACEMENT="host"), "OPTIMIZER_PLACEMENT: 'host' with DISTRIBUTED='pipeline'"),
+        (dict(OPTIMIZER="prodigy"), "OPTIMIZER: 'prodigy' with DISTRIBUTED='pipeline'"),
+        (dict(SAMPLE_PROMPTS=["a cat"]), "SAMPLE_PROMPTS: set with DISTRIBUTED='pipeline'"),
+        (dict(VAL_ITEMS=1), "VAL_ITEMS: 1 with DISTRIBUTED='pipeline'"),
+        (dict(PIPELINE_SPLIT=[0, 5]), r"PIPELINE_SPLIT: \[0, 5\]: block 5 is past the backbone's last block"),
+        (dict(PIPELINE_SPLIT=[0, 1, 1]), "PIPELINE_SPLIT: .* must increase"),
+        (dict(PIPELINE_SCHEDULE="1f1b", PIPELINE_CHUNKS=1), "PIPELINE_CHUNKS: 1 micro-batches for 2 stages"),
+    ]
+    for knobs, message in refused:
+        with pytest.raises(ConfigError, match=message):
+            train_on_devices(tiny_knobs(train_world, "no", **PIPELINE, **knobs))
+    with pytest.raises(ConfigError, match="PIPELINE_SCHEDULE: '1f1b' with DISTRIBUTED='threaded'"):
+        train_on_devices(
+            tiny_knobs(train_world, "no", DISTRIBUTED="threaded", DEVICES=2, PIPELINE_SCHEDULE="1f1b")
+        )
+    with pytest.raises(
+        ConfigError, match="PIPELINE_SPLIT: \\[0, 1\\] with DISTRIBUTED='ddp': only the pipelines"
+    ):
+        train_on_devices(tiny_knobs(train_world, "no", DISTRIBUTED="ddp", DEVICES=2, PIPELINE_SPLIT=[0, 1]))
+    # the data plan is checked in the worker: a micro-batch per micro-step needs an image of its own
+    with pytest.raises(Exception, match="PIPELINE_CHUNKS: micro-step 0 of the plan holds 2 image"):
+        train_on_devices(tiny_knobs(train_world, "no", PIPELINE_CHUNKS=3, **PIPELINE))
+    # a plan resolved from MEMORY_PROFILE is checked in the worker, naming the engine's knob
+    assert pipeline_plan_problem(MemoryPlan(stream_blocks=-1), "pipeline")[0] == "STREAM_BLOCKS"
+    assert pipeline_plan_problem(MemoryPlan(grad_offload=True, optimizer="host"), "threaded")[0] in (
+        "GRAD_OFFLOAD",
+        "OPTIMIZER_PLACEMENT",
+    )
+    assert pipeline_plan_problem(MemoryPlan(checkpointing="attn"), "pipeline") is None
+
+
+def test_config_check_catches_a_bad_split(tmp_path):
+    path = tmp_path / "c.py"
+    path.write_text("MODEL_PRESET = 'tiny'\nDISTRIBUTED = 'pipeline'\nDEVICES = 2\nPIPELINE_SPLIT = [0, 9]\n")
+    found = check_config(path, kind="train").problems
+    assert any(k == "PIPELINE_SPLIT" and "past the backbone's last block" in why for k, why in found), found
+    path.write_text(
+        "MODEL_PRESET = 'tiny'\nDISTRIBUTED = 'pipeline'\nDEVICES = 2\nPIPELINE_SPLIT = [0, 1, 1]\n"
+    )
+    found = check_config(path, kind="train").problems
+    assert any(k == "PIPELINE_SPLIT" and "must increase" in why for k, why in found), found
+    path.write_text("MODEL_PRESET = 'tiny'\nDISTRIBUTED = 'pipeline'\nDEVICES = 2\nPIPELINE_SPLIT = [0, 1]\n")
+    assert not [p for p in check_config(path, kind="train").problems if p[0].startswith(("PIPELINE", "DIST"))]
