@@ -42,6 +42,9 @@ def test_pipeline_lora_trains_what_one_process_does(train_world, lora_one, sched
     ckpt = two / "checkpoints" / "step_00000002"
     again = train_on_devices(tiny_knobs(train_world, f"pp-again-{schedule}", RESUME=str(ckpt), **extra))
     same_losses(b[-1:], records(again), rel=1e-6)
+    if schedule == "gpipe":  # the one-process format: it resumes in one process too
+        alone = train_on_devices(tiny_knobs(train_world, "pp-alone", RESUME=str(ckpt), **STEPS))
+        same_losses(records(lora_one)[-1:], records(alone))
 
 
 def test_threaded_trains_what_one_process_does(train_world, lora_one):  # noqa: F811
