@@ -7,7 +7,9 @@ wrap.wrap_ddp / wrap_fsdp     DistributedDataParallel or FSDP2 around the backbo
 materialize.sharded_backbone  fsdp: built on the meta device, only this rank's shards read or drawn
 checkpoint.save_sharded / load_sharded          torch.distributed.checkpoint, any world size
 gather.full_weights           rank 0 sees an FSDP2 model's whole weights (exports)
-trainer.RankRun               what the trainer asks of a ddp / fsdp run
+pipeline.PipelineEngine       pipeline: stages of blocks through torch.distributed.pipelining's schedules
+threaded.ThreadedEngine       threaded: one process, a thread per stage on its own device
+trainer.RankRun               what the trainer asks of a ddp / fsdp / pipeline / threaded run
 """
 
 from .knobs import BUILT, MODES, check_knobs, devices_problem, mode_problem
