@@ -68,6 +68,8 @@ def test_pipeline_full_finetune_trains_what_one_process_does(train_world):  # no
 def test_pipeline_refusals_name_the_knob(train_world):  # noqa: F811
     refused = [
         (dict(CUDA_GRAPHS="on"), "CUDA_GRAPHS: 'on' with DISTRIBUTED"),
+        (dict(PRECISION="fp16"), "PRECISION: 'fp16' with DISTRIBUTED='pipeline'"),
+        (dict(BASE_PRECISION="int8_weight"), "BASE_PRECISION: 'int8_weight' with DISTRIBUTED='pipeline'"),
         (dict(EMA=True), "EMA: True with DISTRIBUTED='pipeline'"),
         (dict(STREAM_BLOCKS=1), "STREAM_BLOCKS: 1 with DISTRIBUTED='pipeline'"),
         (dict(OPTIMIZER_PLACEMENT="host"), "OPTIMIZER_PLACEMENT: 'host' with DISTRIBUTED='pipeline'"),
@@ -81,6 +83,8 @@ def test_pipeline_refusals_name_the_knob(train_world):  # noqa: F811
     for knobs, message in refused:
         with pytest.raises(ConfigError, match=message):
             train_on_devices(tiny_knobs(train_world, "no", **PIPELINE, **knobs))
+    with pytest.raises(ConfigError, match="EMA: True with DISTRIBUTED='threaded'"):
+        train_on_devices(tiny_knobs(train_world, "no", DISTRIBUTED="threaded", DEVICES=2, EMA=True))
     with pytest.raises(ConfigError, match="PIPELINE_SCHEDULE: '1f1b' with DISTRIBUTED='threaded'"):
         train_on_devices(
             tiny_knobs(train_world, "no", DISTRIBUTED="threaded", DEVICES=2, PIPELINE_SCHEDULE="1f1b")
