@@ -71,11 +71,9 @@ def _end_generator_capture(device: torch.device) -> None:
     """A capture_end that raised skipped the default generator's capture epilogue, so every later random
     draw on the device raises 'Offset increment outside graph capture'. An empty capture runs the
     prologue and epilogue on the same generator state (its seed and offset kept)."""
-    graph, pool = torch.cuda.CUDAGraph(), torch.cuda.graph_pool_handle()
+    graph = torch.cuda.CUDAGraph()
     with warnings.catch_warnings(), torch.cuda.stream(torch.cuda.Stream(device)):
         warnings.simplefilter("ignore")  # "the CUDA Graph is empty"
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        graph.capture_begin(capture_error_mode="thread_local")
         graph.capture_end()
-    del graph
-    with suppress(RuntimeError):
-        torch._C._cuda_releasePool(device.index, pool)
+    del graph  # a graph whose capture ended releases its pool itself (releasing it again broke empty_cache)
