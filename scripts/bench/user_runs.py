@@ -12,7 +12,8 @@ A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE]:
 - `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of caches written on
   the first pass; `fp8`: BASE_PRECISION=fp8; PROFILE (speed, balanced, low_vram, minimal): MEMORY_PROFILE
   set by name instead of 'auto'.
-Each row runs in its own process from an EMPTY kernel tuning cache (a fresh machine), random weights of
+Each row runs in its own process from an empty kernel tuning cache (a fresh machine: seeded from the table
+shipped for the card, if any; --empty-table: none, as on a card this project never timed), random weights of
 the preset, TEXT_ENCODER / VAE 'synthetic' (the real encoders' architectures are not built here), a
 kohya folder of synthetic images. Per row: completed, steps, median tokens/s of the steps after the
 warm-up (the trainer's own metrics.jsonl), the step peak (its peak_mem_gib) against the cap, the
@@ -160,6 +161,8 @@ def run_row(a, row: Row, work: Path) -> dict:
     if a.seed_cache:  # a machine that ran before: its tuning table reused
         shutil.copytree(a.seed_cache, cache, dirs_exist_ok=True)
     env = {**os.environ, "KOHAKUMOSS_CACHE": str(cache)}
+    if a.empty_table:
+        env["KOHAKUMOSS_SHIPPED_TABLES"] = "0"
     t0 = time.perf_counter()
     log_path = work / f"{row.name.replace('/', '-')}.log"
     with open(log_path, "w") as f:
@@ -250,6 +253,9 @@ def main(argv=None) -> None:
     p.add_argument(
         "--seed-cache", default=None, help="start each row from a copy of this kernel cache folder"
     )
+    p.add_argument(
+        "--empty-table", action="store_true", help="no shipped tuning table either (a card never timed here)"
+    )
     p.add_argument("--logs", default=None, help="copy each run's log.txt, metrics.jsonl and console log here")
     a = p.parse_args(argv)
     if a.preset == "tiny":
@@ -273,7 +279,8 @@ def main(argv=None) -> None:
         print("\n".join(table([result])[1:]), flush=True)
     print(f"\n{a.preset} random weights, synthetic encoders, {a.size}x{a.size} images, {a.steps} steps per row "
           f"(medians after {a.warmup}), each row from "
-          f"{'a copy of ' + a.seed_cache if a.seed_cache else 'an empty tuning cache'}")  # fmt: skip
+          f"{'a copy of ' + a.seed_cache if a.seed_cache else 'an empty tuning cache'}"
+          f"{' (no shipped table)' if a.empty_table else ' (and the shipped table, if the card has one)'}")  # fmt: skip
     print("\n".join(table(results)))
     out = a.out or (os.path.join(os.environ["OUT"], "user_runs.json") if os.environ.get("OUT") else None)
     if out:

@@ -12,6 +12,9 @@ under `user_cache_dir()/lycoris` unless LYCORIS_KERNEL_CACHE_DIR says otherwise:
 every timing a card needs, so a run that carries it times nothing again. lycoris times a new key's
 configs only inside a tuning window whose mode is not "off" (its own default: whenever it meets one,
 mid-run too); outside, its model's pick runs untimed. An explicit LYCORIS_KERNEL_TUNE wins.
+A card this project has timed has a table shipped in `kohakumoss_kernels/tables/<card>.json`: its rows and
+launch configs fill the ones the user's table lacks when the torch/triton versions match, so a fresh
+machine times only shapes the shipped table never met (env KOHAKUMOSS_SHIPPED_TABLES=0: start empty).
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from .capture import capture
 
 log = get_logger("kohakumoss.kernels.tuning")
 LYCORIS_ENV = "LYCORIS_KERNEL_CACHE_DIR"  # read by lycoris each time it opens its table
+SHIPPED_DIR = Path(__file__).resolve().parent / "tables"  # tables timed on this project's GPUs
+SHIPPED_ENV = "KOHAKUMOSS_SHIPPED_TABLES"  # "0": a fresh machine starts from an empty table
 
 
 def share_cache_with_lycoris() -> Path:
@@ -183,7 +188,27 @@ class TuningTable:
 
     @classmethod
     def for_card(cls, card: str) -> TuningTable:
-        return cls(user_cache_dir() / "tuning" / f"{card}.json")
+        table = cls(user_cache_dir() / "tuning" / f"{card}.json")
+        if os.environ.get(SHIPPED_ENV, "1") != "0":
+            table.seed(SHIPPED_DIR / f"{card}.json")
+        return table
+
+    def seed(self, path: Path) -> int:
+        """Fill the rows and launch configs this table lacks from `path` (a shipped table) when it was
+        timed under these versions; returns how many were added. Nothing is written until a new row is."""
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            return 0
+        if data.get("versions") != self.versions:
+            return 0
+        rows = {k: v for k, v in data.get("entries", {}).items() if k not in self.entries}
+        launches = {k: v for k, v in data.get("launches", {}).items() if k not in self.launches}
+        self.entries.update(rows)
+        self.launches.update(launches)
+        if rows or launches:
+            log_once(log, f"tuning table: {len(rows)} rows and {len(launches)} launch configs from {path}")
+        return len(rows) + len(launches)
 
     def load(self) -> None:
         if not self.path.exists():

@@ -285,6 +285,45 @@ def test_table_from_other_versions_is_ignored(cache, lines):
     assert any("re-timing" in m for m in lines)
 
 
+def test_a_shipped_table_fills_what_the_users_table_lacks(cache, monkeypatch, lines):
+    """A fresh machine on a card this project timed starts from the shipped table (same versions only);
+    the user's own rows win; KOHAKUMOSS_SHIPPED_TABLES=0 starts empty."""
+    op = fake_op(triton=slow("a", 0.003), compile=slow("b", 0.0))
+    x = torch.ones(4)
+    key = shape_key(op, x)
+    shipped = cache / "shipped"
+    shipped.mkdir()
+    versions = tuning.software_versions()
+    launch = {"config": [2, 4], "candidates": [[1, 4], [2, 4]], "us": {}}
+    rows = {
+        key: {"backend": "triton", "ms": {"triton": 0.1, "compile": 0.2, "eager": 2.0}},  # all candidates
+        "other": {"backend": "eager", "ms": {"eager": 1.0}},
+    }
+    (shipped / "cpu.json").write_text(
+        json.dumps({"versions": versions, "entries": rows, "launches": {"k": launch}})
+    )
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", shipped)
+    user = cache / "tuning" / "cpu.json"
+    user.parent.mkdir()
+    user.write_text(
+        json.dumps({"versions": versions, "entries": {"other": {"backend": "compile", "ms": {}}}})
+    )
+    table = tuning.table_for("cpu")
+    assert table.get(key) == "triton" and table.get("other") == "compile"  # the user's row wins
+    assert table.get_launch("k", [(1, 4), (2, 4)]) == (2, 4)
+    assert any("1 rows and 1 launch configs from" in m for m in lines)
+    with tuning.tuning_window():  # the shipped row is used as it stands: nothing timed
+        assert getattr(OpSet(backend="triton,compile", tune="table"), op)(x).tolist() == [2.0] * 4
+    assert table.entries[key]["backend"] == "triton" and not any("prewarm" in m for m in lines)
+    tuning._tables.clear()
+    monkeypatch.setenv("KOHAKUMOSS_SHIPPED_TABLES", "0")
+    assert tuning.table_for("cpu").get(key) is None
+    tuning._tables.clear()
+    monkeypatch.delenv("KOHAKUMOSS_SHIPPED_TABLES")
+    (shipped / "cpu.json").write_text(json.dumps({"versions": {"torch": "0.0"}, "entries": rows}))
+    assert tuning.table_for("cpu").get(key) is None  # timed under other versions: not used
+
+
 def test_tune_off_never_times(cache):
     a, b = slow("a", 0.003), slow("b", 0.0)
     op = fake_op(triton=a, compile=b)

@@ -24,6 +24,7 @@ def test_a_fresh_machine_trains_under_every_profile(train_world, tmp_path, monke
 
     monkeypatch.setenv("KOHAKUMOSS_CACHE", str(tmp_path / "cache"))  # nothing tuned yet
     monkeypatch.delenv("KOHAKUMOSS_TUNE", raising=False)  # the product's default: tune in the first step
+    monkeypatch.setenv("KOHAKUMOSS_SHIPPED_TABLES", "0")  # a card without a shipped table
     monkeypatch.setattr(tuning, "_tables", {})  # no table this process already read
     knobs = tiny_knobs(
         train_world,

@@ -1,0 +1,73 @@
+"""Merge kernel tuning tables from GPU runs into the tables shipped with the package
+(`src/kohakumoss_kernels/tables/<card>.json`), which seed a fresh machine's table (kohakumoss_kernels.tuning).
+
+    python scripts/bench/ship_tuning.py gpu-run.tar.gz [more archives or <card>.json files]
+    python scripts/bench/ship_tuning.py --replace $OUT/kohakumoss-cache/tuning/NVIDIA_H200.json
+
+Rows and launch configs the shipped table lacks are added; with --replace the newer timing wins. A table
+timed under other torch/triton versions than the shipped one replaces it only with --replace (the
+shipped table holds one version set per card).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tarfile
+from pathlib import Path
+
+SHIPPED = Path(__file__).resolve().parents[2] / "src" / "kohakumoss_kernels" / "tables"
+
+
+def read_tables(path: Path) -> dict[str, dict]:
+    """card -> table from a <card>.json file or every tuning/<card>.json inside a .tar.gz archive."""
+    if path.suffix == ".json":
+        return {path.stem: json.loads(path.read_text())}
+    out = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            parts = Path(member.name).parts
+            if (
+                member.isfile()
+                and len(parts) >= 2
+                and parts[-2] == "tuning"
+                and member.name.endswith(".json")
+            ):
+                out[Path(member.name).stem] = json.loads(tar.extractfile(member).read())
+    return out
+
+
+def merge(shipped: dict | None, new: dict, replace: bool) -> tuple[dict, int]:
+    """The shipped table with `new` merged in, and how many rows and launch configs changed."""
+    if shipped is None or shipped.get("versions") != new.get("versions"):
+        if shipped is not None and not replace:
+            return shipped, 0
+        shipped = {"versions": new.get("versions"), "entries": {}, "launches": {}}
+    changed = 0
+    for part in ("entries", "launches"):
+        into = shipped.setdefault(part, {})
+        for key, value in new.get(part, {}).items():
+            if key not in into or (replace and into[key] != value):
+                into[key] = value
+                changed += 1
+    return shipped, changed
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("tables", nargs="+", type=Path, help="gpu-run.tar.gz archives or <card>.json tables")
+    p.add_argument("--replace", action="store_true", help="the given timings win over the shipped ones")
+    p.add_argument("--out", type=Path, default=SHIPPED, help="the shipped tables' folder")
+    a = p.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    for path in a.tables:
+        for card, table in read_tables(path).items():
+            target = a.out / f"{card}.json"
+            shipped = json.loads(target.read_text()) if target.exists() else None
+            merged, changed = merge(shipped, table, a.replace)
+            target.write_text(json.dumps(merged, indent=0, sort_keys=True) + "\n")
+            print(f"{target}: {changed} rows / launch configs from {path} ({card}, {merged['versions']})")
+
+
+if __name__ == "__main__":
+    main()
