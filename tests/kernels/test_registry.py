@@ -288,6 +288,7 @@ def test_table_from_other_versions_is_ignored(cache, lines):
 def test_a_shipped_table_fills_what_the_users_table_lacks(cache, monkeypatch, lines):
     """A fresh machine on a card this project timed starts from the shipped table (same versions only);
     the user's own rows win; KOHAKUMOSS_SHIPPED_TABLES=0 starts empty."""
+    monkeypatch.delenv("KOHAKUMOSS_SHIPPED_TABLES", raising=False)  # tests/conftest.py turns them off
     op = fake_op(triton=slow("a", 0.003), compile=slow("b", 0.0))
     x = torch.ones(4)
     key = shape_key(op, x)
