@@ -48,7 +48,11 @@ OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as
     "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
-ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
+ATTN_BACKENDS = "triton,sdpa_groups,sdpa_windows,torch_varlen,flex"
+# caption tokens per sample, e.g. "40,90": the attention rows take the trainer's layout (SAMPLES images of
+# IMAGE_TOKENS, each with its caption, a pad segment to a multiple of TEXT_PAD, the pad bound as `tail`:
+# kohakumoss.model.seq.PackedSeq.build); "": SAMPLES runs of IMAGE_TOKENS + TEXT_TOKENS
+ATTN_CAPTIONS = ""
 BLOCK = True
 LORA = True  # the LoRA linears at the block's shapes: each backend against the frozen GEMMs alone
 LORA_BACKENDS = "eager,compile,triton,addmm,addmm_lora_first,addmm_lowrank"
@@ -179,18 +183,32 @@ def _inputs(op: str, dtype, g):
         "apply_rope": ((rnd(T, HEADS, HEAD_DIM), cos, sin), 2 * heads, 2 * heads),
         "qk_norm_rope": ((rnd(T, HEADS, HEAD_DIM), rnd(HEAD_DIM), cos, sin, 1e-6), 2 * heads, 3 * heads),
         "situ_glu": ((rnd(T, 2 * MLP_HIDDEN),), 3 * T * MLP_HIDDEN * e, 5 * T * MLP_HIDDEN * e),
-        "varlen_attention": (
-            (rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), rnd(T, HEADS, HEAD_DIM), cu, L),
-            None,
-            None,
-        ),
+        "varlen_attention": (attention_inputs(rnd, cu, L), None, None),
     }
     return table[op]
 
 
+def attention_lengths() -> list[int]:
+    """Each attended run's length: the samples' (and the pad segment's, in the trainer's layout)."""
+    if not ATTN_CAPTIONS:
+        return [IMAGE_TOKENS + TEXT_TOKENS] * SAMPLES
+    seq = trainer_layout()
+    return [b - a for a, b in zip(seq.cu_seqlens.tolist()[:-1], seq.cu_seqlens.tolist()[1:])]
+
+
+@functools.cache
+def trainer_layout():
+    """The PackedSeq the trainer builds for captions of ATTN_CAPTIONS tokens (square images)."""
+    from kohakumoss.model.seq import PackedSeq
+    from kohakumoss.train.graphs import TEXT_PAD
+
+    side = math.isqrt(IMAGE_TOKENS)
+    captions = [int(n) for n in ATTN_CAPTIONS.split(",")]
+    return PackedSeq.build(captions, [(side, side)] * len(captions), DEVICE, pad_to=TEXT_PAD)
+
+
 def attention_flops() -> float:
-    L = IMAGE_TOKENS + TEXT_TOKENS
-    return 4.0 * SAMPLES * L * L * HEADS * HEAD_DIM
+    return 4.0 * sum(n * n for n in attention_lengths()) * HEADS * HEAD_DIM
 
 
 def fwd_bwd(fn, args):
@@ -213,6 +231,15 @@ def fwd_bwd(fn, args):
     return fwd, both
 
 
+def attention_inputs(rnd, cu, L) -> tuple:
+    """q, k, v, cu_seqlens, max_seqlen of the attention rows (ATTN_CAPTIONS: the trainer's layout)."""
+    if not ATTN_CAPTIONS:
+        return (*(rnd(SAMPLES * L, HEADS, HEAD_DIM) for _ in range(3)), cu, L)
+    seq = trainer_layout()
+    T = int(seq.cu_seqlens[-1])
+    return (*(rnd(T, HEADS, HEAD_DIM) for _ in range(3)), seq.cu_seqlens, seq.max_seqlen)
+
+
 def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
     g = torch.Generator(device=DEVICE).manual_seed(0)
     args, bytes_f, bytes_b = inputs(op, dtype, g)
@@ -230,6 +257,8 @@ def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
                 raise RuntimeError("backend unavailable")
             if base_op(op)[1]:
                 fn = functools.partial(fn, fork=True)
+            if op == "varlen_attention" and ATTN_CAPTIONS:  # the pad segment's bound, as the model passes it
+                fn = functools.partial(fn, tail=trainer_layout().pad_bound)
             fwd, both = fwd_bwd(fn, args)
             row["call_fwd_ms"] = time_ms(fwd)
             row["call_fwd_bwd_ms"] = time_ms(both)
@@ -245,7 +274,7 @@ def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
         add_rates(row, op, bytes_f, bytes_b, ceil)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    if op == "varlen_attention":
+    if op == "varlen_attention" and not ATTN_CAPTIONS:
         rows.append(padded_sdpa(args, dtype, ceil))
         print(json.dumps(rows[-1]), flush=True)
 
@@ -570,6 +599,8 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     check_ops(OPS)
+    if ATTN_CAPTIONS and BLOCK:
+        raise SystemExit("ATTN_CAPTIONS times the attention rows alone: set BLOCK=False")
     assert torch.cuda.is_available(), "this benchmark needs a CUDA GPU"
     dtype = getattr(torch, DTYPE)
     ceil = ceilings()

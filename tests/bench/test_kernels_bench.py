@@ -98,3 +98,21 @@ def test_ops_knob_is_checked_and_frozen_rows_freeze_only_parameters():
     assert (fb, bb) == glb["inputs"]("norm_modulate", torch.float32, g)[1:]  # the same bytes counted
     q = glb["inputs"]("qk_norm_rope_frozen", torch.float32, g)[0]
     assert q[0].requires_grad and not q[1].requires_grad  # x trains, the q/k norm weight does not
+
+
+def test_attention_rows_take_the_trainers_layout_with_captions():
+    """ATTN_CAPTIONS: the attention rows' runs are the trainer's (PackedSeq with its pad segment), the
+    FLOPs count those runs, and every backend's row equals the eager one on them (CPU, tiny widths)."""
+    bench = runpy.run_path(str(SCRIPT), run_name="bench")
+    glb = bench["attention_inputs"].__globals__
+    glb.update(HEADS=2, HEAD_DIM=16, IMAGE_TOKENS=64, ATTN_CAPTIONS="5,40", DEVICE="cpu")
+    assert glb["attention_lengths"]() == [69, 104, 83]  # 64 + 5, 64 + 40, then pad to 256 tokens
+    layout = glb["trainer_layout"]()
+    assert layout.max_seqlen == 128 and layout.pad_bound == 128
+    q, k, v, cu, bound = glb["attention_inputs"](lambda *s: torch.randn(*s), None, None)
+    assert q.shape[0] == 256 and bound == 128
+    from kohakumoss_kernels.ops.varlen_attention import eager, sdpa_windows
+
+    want = eager.varlen_attention(q, k, v, cu, bound)
+    got = sdpa_windows.varlen_attention(q, k, v, cu, bound, tail=layout.pad_bound)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -230,10 +230,12 @@ def test_pick_times_the_device_not_the_hosts_launch_overhead(monkeypatch):
     assert best == ("slow_host",)
 
 
-@pytest.mark.parametrize("backend", ["triton", "torch_varlen"])
-def test_attention_graph_replays_other_lengths(backend):
+@pytest.mark.parametrize("tail", [0, 256])
+@pytest.mark.parametrize("backend", ["triton", "torch_varlen", "sdpa_windows"])
+def test_attention_graph_replays_other_lengths(backend, tail):
     """A graph of forward and backward captured at one batch's lengths, replayed with another's (same
-    token count, cu_seqlens copied in, the bound kept): the eager reference's outputs and gradients."""
+    token count, cu_seqlens copied in, the bound kept): the eager reference's outputs and gradients.
+    `tail`: the last run's bound (the trainer's pad segment), a hint only sdpa_windows reads."""
     dtype = torch.bfloat16
     fn = registry.load_backend("varlen_attention", backend, "sm90", dtype)
     if fn is None:
@@ -246,7 +248,7 @@ def test_attention_graph_replays_other_lengths(backend):
     cu = torch.tensor([0, 600, 900, T], device="cuda", dtype=torch.int32)
 
     def step():
-        out = fn(q, k, v, cu, bound)
+        out = fn(q, k, v, cu, bound, tail=tail)
         return (out, *torch.autograd.grad(out, (q, k, v), grad))
 
     side = torch.cuda.Stream()

@@ -98,7 +98,14 @@ def batch_signature(
     seq = batch.seq
     tensors = (batch.x0, batch.text, sigma, noise, *seq.tensors())
     shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
-    key = (shapes, seq.max_seqlen, seq.text_max_seqlen, str(batch.x0.device), batch.weight is not None)
+    key = (
+        shapes,
+        seq.max_seqlen,
+        seq.text_max_seqlen,
+        seq.pad_bound,
+        str(batch.x0.device),
+        batch.weight is not None,
+    )
     return (*key, seq.text_lens, seq.img_sizes) if exact else key
 
 
