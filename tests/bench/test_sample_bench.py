@@ -3,25 +3,18 @@ row does, the table and JSON come out; its FLOP count and argument checks."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
 from kohakumoss.memory.flops import block_macs, step_flops
 from kohakumoss.model import get_preset
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "sample.py"
+from .scripts import load_bench
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("sample_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("sample")
 
 
 def test_cpu_smoke_rows_agree_with_the_eager_sampler(tmp_path, capsys):

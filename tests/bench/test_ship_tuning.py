@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-import sys
 import tarfile
-from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "ship_tuning.py"
+from .scripts import load_bench
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("ship_tuning_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("ship_tuning")
 
 
 def _table(versions: str, **rows) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,17 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from .scripts import load_bench
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "bench" / "train_step.py"
 ROWS = ["lora/speed/latent_text", "full/speed/latent_text", "lora/minimal/none", "baseline/eager"]
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("train_step_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("train_step")
 
 
 def test_flops_of_the_5b_preset():

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "user_runs.py"
+from .scripts import load_bench
 
 
 @pytest.fixture(scope="module")
 def ur():
-    spec = importlib.util.spec_from_file_location("user_runs_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_bench("user_runs")
 
 
 def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
