@@ -16,8 +16,8 @@ from kohakumoss.distributed.pipeline import (
     capacities,
     stage_starts,
 )
-from kohakumoss.distributed.threaded import ThreadedEngine
-from kohakumoss.model import MossBackbone
+from kohakumoss.distributed.threaded import ThreadedEngine, spread_forward
+from kohakumoss.model import MossBackbone, PackedSeq
 from kohakumoss.train.step import draw_step_noise, flow_loss
 from kohakumoss_kernels import OpSet
 
@@ -148,3 +148,23 @@ def test_threaded_equals_one_process():
             )
 
         same_step(pipelined(engine_of, full), full)
+
+
+def test_spread_forward_is_the_backbone_forward():
+    """The backbone's own forward (the sampler's, with skip-layer guidance on leading samples) through
+    the threaded stages' block-runner wrapper equals the plain forward; the wrapper leaves on exit."""
+    m = model()
+    net = adapter(m)
+    batch, sigma, _ = draws(0)
+    args = (batch.x0, batch.text, sigma, batch.seq)
+    lead = PackedSeq.build(h.TEXT[:2], h.GRIDS[:2], torch.device("cpu"))
+    with torch.no_grad():
+        want = m(*args)
+        want_skip = m(*args, skip_layers=(2,), keep_lead=lead)
+        with spread_forward(m, net, stage_starts(CFG.depth, 3, [0, 1, 3]), ["cpu"] * 3):
+            assert m.block_runner is not None  # every block goes through the wrapper
+            got = m(*args)
+            got_skip = m(*args, skip_layers=(2,), keep_lead=lead)
+    assert m.block_runner is None
+    assert torch.equal(got, want) and torch.equal(got_skip, want_skip)
+    assert not torch.equal(want, want_skip)  # the skipped block changed the other samples

@@ -4,7 +4,9 @@ same stage count replaying the run, and the refused combinations named by their 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from PIL import Image
 
 from kohakumoss.cli.config_check import check_config
 from kohakumoss.distributed.trainer import on_devices, pipeline_plan_problem
@@ -55,6 +57,32 @@ def test_threaded_trains_what_one_process_does(train_world, lora_one):  # noqa: 
     same_files(lora_one / "export", two / "export", "pp-lora-one", "th-lora")
 
 
+def pixels(path):
+    return np.asarray(Image.open(path).convert("RGB"), dtype=np.int16)
+
+
+def test_threaded_samples_and_validates_as_one_process(train_world):  # noqa: F811
+    """The sampler and the validation loss call the backbone's own forward across the stages' devices
+    (threaded.spread_forward): the base row, the final row and the validation loss of one process."""
+    extra = dict(
+        STEPS=1, GRAD_ACCUM=1, LOGGERS=[], SAMPLE_PROMPTS=["a cat", "a dog"], VAL_ITEMS=1, VAL_EVERY=1
+    )
+    one = train_on_devices(tiny_knobs(train_world, "th-sample-one", **extra))
+    split = dict(DISTRIBUTED="threaded", DEVICES=["cpu"] * 3, PIPELINE_SPLIT=[0, 1, 3], PIPELINE_CHUNKS=2)
+    two = train_on_devices(tiny_knobs(train_world, "th-sample-two", **split, **extra))
+    a, b = records(one), records(two)
+    same_losses(a, b)
+    assert b and all("val_loss" in r for r in b)
+    assert [r["val_loss"] for r in b] == pytest.approx([r["val_loss"] for r in a], rel=1e-5)
+    rows = [f"{d}_{i:02d}.png" for d in ("base/base", "step_00000001/sample") for i in range(2)]
+    for row in rows:
+        x, y = pixels(one / "samples" / row), pixels(two / "samples" / row)
+        assert np.abs(x - y).max() <= 1, row  # 8-bit images of the same fp32 forward
+    assert (two / "samples" / "grid_step_00000001.png").is_file()
+    # the check can fail: another prompt's image differs
+    assert np.abs(pixels(one / "samples" / rows[0]) - pixels(two / "samples" / rows[1])).max() > 1
+
+
 def test_pipeline_full_finetune_trains_what_one_process_does(train_world):  # noqa: F811
     extra = dict(ALGO="full", LR=1e-4, USE_MUON=False, STEPS=2, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="both")
     one = train_on_devices(tiny_knobs(train_world, "pp-full-one", **extra))
@@ -74,8 +102,11 @@ def test_pipeline_refusals_name_the_knob(train_world):  # noqa: F811
         (dict(STREAM_BLOCKS=1), "STREAM_BLOCKS: 1 with DISTRIBUTED='pipeline'"),
         (dict(OPTIMIZER_PLACEMENT="host"), "OPTIMIZER_PLACEMENT: 'host' with DISTRIBUTED='pipeline'"),
         (dict(OPTIMIZER="prodigy"), "OPTIMIZER: 'prodigy' with DISTRIBUTED='pipeline'"),
-        (dict(SAMPLE_PROMPTS=["a cat"]), "SAMPLE_PROMPTS: set with DISTRIBUTED='pipeline'"),
-        (dict(VAL_ITEMS=1), "VAL_ITEMS: 1 with DISTRIBUTED='pipeline'"),
+        (
+            dict(SAMPLE_PROMPTS=["a cat"]),
+            "SAMPLE_PROMPTS: set with DISTRIBUTED='pipeline'.*'threaded'.*sample.py",
+        ),
+        (dict(VAL_ITEMS=1), "VAL_ITEMS: 1 with DISTRIBUTED='pipeline'.*DISTRIBUTED='threaded'"),
         (dict(PIPELINE_SPLIT=[0, 5]), r"PIPELINE_SPLIT: \[0, 5\]: block 5 is past the backbone's last block"),
         (dict(PIPELINE_SPLIT=[0, 1, 1]), "PIPELINE_SPLIT: .* must increase"),
         (dict(PIPELINE_SCHEDULE="1f1b", PIPELINE_CHUNKS=1), "PIPELINE_CHUNKS: 1 micro-batches for 2 stages"),

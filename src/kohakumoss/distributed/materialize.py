@@ -1,12 +1,18 @@
-"""DISTRIBUTED='fsdp': the backbone built on the meta device, sharded by FSDP2, then only this rank's
-shards given storage and values, so no worker ever holds the whole model in host memory.
+"""The backbone built on the meta device, then only what this worker holds given storage and values,
+so no worker (or device) ever holds the whole model:
 
-- From a checkpoint: each shard's rows are read from the file (safetensors slices), dequantized (int8 /
+- DISTRIBUTED='fsdp' (`sharded_backbone`): sharded by FSDP2, each rank's shards materialized;
+- DISTRIBUTED='pipeline' / 'threaded' (`staged_backbone`): whole parameters materialized by name on
+  their stage's device (`materialize`); a pipeline rank's other stages stay on the meta device.
+
+The values, either way:
+
+- From a checkpoint: each shard's rows (or each held parameter) are read from the file (safetensors slices), dequantized (int8 /
   fp8 scales, ConvRot un-rotated row by row) and cut out of fused layout keys (ComfyUI's qkv), the
   conversions `model.io.load_backbone` applies to whole tensors.
 - Random (MODEL_PRESET): every rank replays the one-process draw (`MossBackbone.init_weights`: one
   generator, the parameters in order, on the GPU when there is one) one parameter at a time and keeps
-  its rows. The sharded weights then equal the one-process run's bit for bit at any world size, and a
+  its rows (a parameter left on the meta device is drawn and dropped). The sharded weights then equal the one-process run's bit for bit at any world size, and a
   rank holds at most one whole parameter beside its shards; the cost is that every rank draws every value.
   The global generator is advanced as the one-process build advances it (`ReplayDraws`), so what the
   run draws next (an adapter's initial weights) is the one-process run's too.
@@ -15,8 +21,9 @@ shards given storage and values, so no worker ever holds the whole model in host
 from __future__ import annotations
 
 import resource
-from collections.abc import Callable
-from contextlib import ExitStack, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -144,6 +151,8 @@ def fill_random(
             full = torch.empty(p.shape, dtype=torch.float32, device=draw).normal_(
                 0.0, std, generator=generator
             )
+            if p.is_meta:  # not held here: drawn only so that the next parameters' draws are the same
+                continue
             if p.ndim == 1 and not name.endswith("bias"):  # norm weights around 1, as init_weights
                 full.add_(1.0)
             local(p).copy_(full[shard_index(p)].to(dtype))
@@ -193,12 +202,14 @@ class FileRows:
         return plan.dequantize(key, part.to(device), scale.to(device), dtype).to(device)
 
 
-def fill_from_checkpoint(model: nn.Module, info, dtype: torch.dtype, device: torch.device) -> None:
-    """This rank's shards of every parameter from the checkpoint `info` (`model.io.read_checkpoint`)."""
+def fill_from_checkpoint(model: nn.Module, info, dtype: torch.dtype) -> None:
+    """This rank's shards (or held parameters) from the checkpoint `info` (`model.io.read_checkpoint`),
+    each read onto its own device; parameters on the meta device are not read."""
     with ExitStack() as stack, torch.no_grad():
         rows = FileRows(info, stack)
         for name, p in model.named_parameters():
-            local(p).copy_(rows.read(name, shard_index(p), dtype, device))
+            if not p.is_meta:
+                local(p).copy_(rows.read(name, shard_index(p), dtype, local(p).device))
 
 
 # ---- building -------------------------------------------------------------------------------------
@@ -227,6 +238,44 @@ def build_sharded(
     return model.requires_grad_(False)
 
 
+@dataclass
+class Source:
+    """Where a distributed build's values come from: WEIGHTS or MODEL_PRESET."""
+
+    config: Any  # MossConfig
+    text: str  # for the build's log line
+    replay: torch.device | None  # the device whose global generator the one-process build advances
+    fill: Callable[[nn.Module], None]  # fills every materialized parameter (shard or whole)
+
+
+def weights_source(k: dict[str, Any], store: torch.dtype, draw: torch.device) -> Source:
+    """WEIGHTS (read slice by slice) or MODEL_PRESET (the one-process draw replayed on `draw`'s kind of
+    device: the GPU when there is one), filling parameters stored in `store`."""
+    from kohakumoss.model import get_preset
+    from kohakumoss.model.io import check_keys, read_checkpoint
+
+    if k["WEIGHTS"]:
+        info = read_checkpoint(k["WEIGHTS"])
+        check_keys(info, info.config)
+        quant = f", {info.quant.scheme}" if info.quant.scales else ""
+        # load_backbone builds on the meta device too: no global draws to match
+        return Source(
+            info.config,
+            f"{info.path} ({info.layout.name} layout{quant})",
+            None,
+            lambda model: fill_from_checkpoint(model, info, store),
+        )
+    if k["MODEL_PRESET"]:
+        where = draw if draw.type == "cuda" else torch.device("cpu")
+        return Source(
+            get_preset(k["MODEL_PRESET"]),
+            f"random {k['MODEL_PRESET']} weights (MODEL_PRESET)",
+            draw,  # build_backbone builds the model on the device: its constructors' draws
+            lambda model: fill_random(model, int(k["SEED"]), where, store),
+        )
+    raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
+
+
 def wants_sharded_build(k: dict[str, Any]) -> bool:
     """DISTRIBUTED='fsdp' on more than one rank: the backbone is built shard by shard."""
     return k.get("DISTRIBUTED", "none") == "fsdp" and current().size > 1
@@ -246,8 +295,6 @@ def sharded_backbone(
     before anything is built; the rank's held bytes and host peak RSS are logged."""
     if not wants_sharded_build(k):
         return None
-    from kohakumoss.model import get_preset
-    from kohakumoss.model.io import check_keys, read_checkpoint
     from kohakumoss_kernels import OpSet
 
     from .trainer import fsdp_plan_problem
@@ -256,29 +303,138 @@ def sharded_backbone(
         raise ConfigError(*problem)
     store = torch.float32 if fp32_masters else dtype
     rss_before = peak_rss_gib()
-    if k["WEIGHTS"]:
-        info = read_checkpoint(k["WEIGHTS"])
-        check_keys(info, info.config)
-        quant = f", {info.quant.scheme}" if info.quant.scales else ""
-        config, source = info.config, f"{info.path} ({info.layout.name} layout{quant})"
-        replay = None  # load_backbone builds on the meta device too: no global draws to match
-
-        def fill(model):
-            fill_from_checkpoint(model, info, store, device)
-    elif k["MODEL_PRESET"]:
-        config, source = get_preset(k["MODEL_PRESET"]), f"random {k['MODEL_PRESET']} weights (MODEL_PRESET)"
-        draw = device if device.type == "cuda" else torch.device("cpu")
-        replay = device  # build_backbone builds the model on the device: its constructors' draws
-
-        def fill(model):
-            fill_random(model, int(k["SEED"]), draw, store)
-    else:
-        raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
-    model = build_sharded(config, OpSet(backend), device, dtype, fill, replay)
+    src = weights_source(k, store, device)
+    model = build_sharded(src.config, OpSet(backend), device, dtype, src.fill, src.replay)
     here, whole = held_bytes(model)
     log.info(
         f"FSDP2 build: rank {current().rank} holds {here / 2**20:.1f} MiB of the DiT's "
-        f"{whole / 2**20:.1f} MiB ({source}, built on the meta device, its shards read or drawn alone); "
+        f"{whole / 2**20:.1f} MiB ({src.text}, built on the meta device, its shards read or drawn alone); "
         f"host peak RSS {peak_rss_gib():.2f} GiB (before the build {rss_before:.2f} GiB)"
     )
     return model
+
+
+# ---- whole parameters by name: the pipelines' stages ----------------------------------------------
+
+
+def materialize(model: nn.Module, where: Mapping[str, torch.device]) -> None:
+    """The parameters named in `where` given storage (uninitialized, their dtype) on their device, whole;
+    every other parameter stays on the meta device (no storage)."""
+    for name, p in list(model.named_parameters()):
+        if name in where:
+            set_module_tensor(model, name, torch.empty(p.shape, dtype=p.dtype, device=where[name]))
+
+
+def build_staged(
+    config,
+    ops,
+    where: Callable[[str], torch.device | None],
+    store: torch.dtype,
+    fill: Callable[[nn.Module], None],
+    replay: torch.device | None = None,
+    bands: torch.device | None = None,
+) -> nn.Module:
+    """A MossBackbone built on the meta device in `store`, each parameter `name` with `where(name)` a
+    device materialized there and filled by `fill(model)`, the others left on the meta device; frozen.
+    replay: advance this device's global generator as building the model there would (ReplayDraws);
+    bands: where `rope.bands` (a derived constant) is put."""
+    from kohakumoss.model import MossBackbone
+    from kohakumoss.model.rope import rope_bands
+
+    with torch.device("meta"), ReplayDraws(replay) if replay is not None else nullcontext():
+        model = MossBackbone(config, ops=ops)
+    model.to(store)
+    placed = {n: d for n, _ in model.named_parameters() if (d := where(n)) is not None}
+    materialize(model, placed)
+    fill(model)
+    if bands is not None:
+        set_module_tensor(model, "rope.bands", rope_bands(config.head_dim, config.rope_theta, bands))
+    return model.requires_grad_(False)
+
+
+def stage_bytes(model: nn.Module) -> dict[str, int]:
+    """Bytes of the parameters held per device ('meta': those with no storage)."""
+    out: dict[str, int] = {}
+    for p in model.parameters():
+        out[str(p.device)] = out.get(str(p.device), 0) + p.numel() * p.element_size()
+    return out
+
+
+def wants_staged_build(k: dict[str, Any]) -> bool:
+    """DISTRIBUTED='threaded', or 'pipeline' on more than one rank: the backbone is built stage by stage."""
+    mode = k.get("DISTRIBUTED", "none")
+    return mode == "threaded" or (mode == "pipeline" and current().size > 1)
+
+
+def staged_backbone(
+    k: dict[str, Any],
+    plan,
+    device: torch.device,
+    dtype: torch.dtype,
+    fp32_masters: bool,
+    backend: str,
+) -> nn.Module | None:
+    """The trainer's backbone under the pipelines (None otherwise), built on the meta device with only
+    what this process holds materialized, read from WEIGHTS or drawn as MODEL_PRESET's one-process draw:
+    - 'pipeline': this rank's stages (its blocks; stage 0 the embedders and conditioning, the last stage
+      the head) on its device, plus the video embedder on every rank (in_channels x dim: the adapter
+      builder places the adapter on the backbone's first parameter's device); the rest stays meta;
+    - 'threaded': every stage on its own device, so no device holds the whole model.
+    A memory plan the pipelines cannot run is refused before anything is built."""
+    if not wants_staged_build(k):
+        return None
+    from kohakumoss_kernels import OpSet
+
+    from .pipeline import owner_stage
+    from .trainer import pipeline_plan_problem, pipeline_starts, threaded_devices
+
+    mode, world = k["DISTRIBUTED"], current()
+    if plan is not None and (problem := pipeline_plan_problem(plan, mode)):
+        raise ConfigError(*problem)
+    store = torch.float32 if fp32_masters else dtype
+    rss_before = peak_rss_gib()
+    src = weights_source(k, store, device)
+    starts = pipeline_starts(k, src.config.depth, world.size)
+    if mode == "threaded":
+        devices = [torch.device(d) for d in threaded_devices(k)]
+
+        def where(name: str) -> torch.device | None:
+            return devices[owner_stage(name, starts)]
+    else:
+        local = {s for s in range(len(starts)) if s % world.size == world.rank}
+
+        def where(name: str) -> torch.device | None:
+            held = owner_stage(name, starts) in local or name.startswith("video_embedder.")
+            return device if held else None
+
+    model = build_staged(src.config, OpSet(backend), where, store, src.fill, src.replay, device)
+    held = stage_bytes(model)
+    whole = sum(held.values())
+    spread = ", ".join(f"{n / 2**20:.1f} MiB on {d}" for d, n in sorted(held.items()) if d != "meta")
+    who = "this process" if mode == "threaded" else f"rank {world.rank}"
+    log.info(
+        f"pipeline build: {who} holds {spread} of the DiT's {whole / 2**20:.1f} MiB ({src.text}, built "
+        f"on the meta device, each stage read or drawn onto its device alone); host peak RSS "
+        f"{peak_rss_gib():.2f} GiB (before the build {rss_before:.2f} GiB)"
+    )
+    return model
+
+
+@contextmanager
+def only_on(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """Inside: the parameters that are not on `device` (another stage's device, or the meta device) are
+    hidden from `model.parameters()`, so code that places the whole model (the memory plan's install)
+    leaves them where they are; put back on exit."""
+    from kohakumoss_common.device import same_device
+
+    hidden = []
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None and (p.is_meta or not same_device(p.device, device)):
+                hidden.append((module, name, p))
+                module._parameters[name] = None
+    try:
+        yield
+    finally:
+        for module, name, p in hidden:
+            module._parameters[name] = p

@@ -23,7 +23,8 @@ owns them, where that rank's optimizer steps them.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -359,15 +360,20 @@ def place_stages(
     for name, module in backbone.named_children():
         if name == "layers":
             for i, block in enumerate(module):
-                if (dev := devices[stage_of_block(i, starts)]) is not None:
-                    block.to(dev)
-        elif (dev := devices[owner_stage(name, starts)]) is not None:
-            module.to(dev)
+                _place(block, devices[stage_of_block(i, starts)])
+        else:
+            _place(module, devices[owner_stage(name, starts)])
     if network is not None:
         for module in network.modules():
             stage = adapter_stage(module, owners)
-            if stage is not None and devices[stage] is not None:
-                module.to(devices[stage])
+            if stage is not None:
+                _place(module, devices[stage])
+
+
+def _place(module: nn.Module, device) -> None:
+    """`module` onto `device`; one left on the meta device (a stage another rank built) stays there."""
+    if device is not None and not any(t.is_meta for t in module.parameters()):
+        module.to(device)
 
 
 # ---- the engine over torch.distributed.pipelining
@@ -418,7 +424,8 @@ class PipelineEngine:
         n = len(starts)
         self.local = [s for s in range(n) if s % world.size == world.rank]
         self.last_rank = (n - 1) % world.size
-        # the stages this rank does not run leave its device (kept on the host: rank 0's exports read them)
+        # the stages this rank does not run: on the meta device when the trainer built the backbone (only
+        # this rank's stages materialized), else (a backbone built whole) moved to the host
         host = torch.device("cpu")
         place_stages(backbone, network, starts, [world.device if s in self.local else host for s in range(n)])
         self.modules = [
@@ -495,35 +502,94 @@ def owned_params(backbone: nn.Module, network: nn.Module | None, starts: Sequenc
     return ids
 
 
-@torch.no_grad()
-def sync_to_main(module: nn.Module, owned: set[int], world: World) -> None:
-    """Rank 0's copy of every trainable parameter of `module` takes its owner rank's value (a collective).
-    Every rank built the whole model, so the names agree; rank 0 then saves and exports as one process."""
-    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
-    mine = {n: p.detach().cpu() for n, p in params.items() if id(p) in owned}
-    parts: list[Any] = [None] * world.size
-    dist.all_gather_object(parts, mine)
-    if world.is_main:
-        for r, part in enumerate(parts):
-            for n, t in part.items() if r != world.rank else ():
-                params[n].copy_(t.to(params[n].device, params[n].dtype))
+def param_ranks(
+    backbone: nn.Module, network: nn.Module | None, starts: Sequence[int], world_size: int
+) -> list[tuple[nn.Module, str, nn.Parameter, int]]:
+    """(owner module, name, parameter, rank of its stage) of every backbone and adapter parameter, in
+    the same order on every rank (every rank built the same modules, held or on the meta device)."""
+    out = []
+    for fqn, p in backbone.named_parameters():
+        owner, _, name = fqn.rpartition(".")
+        out.append((backbone.get_submodule(owner), name, p, owner_stage(fqn, starts) % world_size))
+    if network is not None:  # an adapter module's parameters (its lora_down, lora_up) go with its linear
+        owners, rank = module_owners(backbone, starts), {}
+        for module in network.modules():
+            if (stage := adapter_stage(module, owners)) is not None:
+                rank.update({id(p): stage % world_size for p in module.parameters()})
+        for fqn, p in network.named_parameters():
+            owner, _, name = fqn.rpartition(".")
+            out.append((network.get_submodule(owner), name, p, rank.get(id(p), 0)))
+    return out
 
 
-def sync_optimizer_to_main(optimizer, owned: set[int], world: World) -> None:
-    """Rank 0's optimizer takes every rank's states of the parameters that rank steps (a collective):
-    its state_dict is then the one-process run's. The members' parameter order is the same everywhere."""
-    for opt in getattr(optimizer, "optimizers", {}).values():
-        params = [p for g in opt.param_groups for p in g["params"]]
-        mine = {}
-        for i, p in enumerate(params):
-            if id(p) in owned and p in opt.state:
-                mine[i] = {
-                    k: (v.detach().cpu() if torch.is_tensor(v) else v) for k, v in opt.state[p].items()
-                }
-        parts: list[Any] = [None] * world.size
-        dist.all_gather_object(parts, mine)
-        if world.is_main:
-            for r, part in enumerate(parts):
-                for i, st in part.items() if r != world.rank else ():
-                    p = params[i]
-                    opt.state[p] = {k: (v.to(p.device) if torch.is_tensor(v) else v) for k, v in st.items()}
+def _carrier(world: World) -> torch.device:
+    """Where tensors travel between ranks: the rank's GPU under NCCL, the host under gloo."""
+    return world.device if world.backend == "nccl" else torch.device("cpu")
+
+
+@contextmanager
+def main_holds_all(
+    backbone: nn.Module, network: nn.Module | None, starts: Sequence[int], world: World
+) -> Iterator[None]:
+    """A collective: inside, rank 0's backbone and adapter hold every stage's current parameters, whole
+    and on the host (each sent by its stage's rank, one tensor at a time, point to point), so rank 0
+    saves and exports what one process would; its own parameters (meta ones included) come back on
+    exit. Nothing may run a forward inside (the received weights sit on the host)."""
+    swapped = []
+    carrier = _carrier(world)
+    try:
+        for owner, name, p, rank in param_ranks(backbone, network, starts, world.size):
+            if rank == 0:
+                continue
+            if world.rank == rank:
+                dist.send(p.detach().to(carrier).contiguous(), dst=0)
+            elif world.is_main:
+                got = torch.empty(p.shape, dtype=p.dtype, device=carrier)
+                dist.recv(got, src=rank)
+                owner._parameters[name] = nn.Parameter(got.cpu(), requires_grad=p.requires_grad)
+                swapped.append((owner, name, p))
+        yield
+    finally:
+        for owner, name, p in swapped:
+            owner._parameters[name] = p
+
+
+@contextmanager
+def main_holds_states(optimizer, owned: set[int], world: World) -> Iterator[None]:
+    """A collective: inside, rank 0's optimizer holds every rank's states of the parameters that rank
+    steps (its state_dict is the one-process run's); on exit rank 0 drops the states it received. The
+    states' names, shapes and plain values travel as one small object per rank, their tensors point to
+    point. The members' parameter order is the same everywhere."""
+    carrier = _carrier(world)
+    received = []
+    try:
+        for opt in getattr(optimizer, "optimizers", {}).values():
+            params = [p for g in opt.param_groups for p in g["params"]]
+            mine = {}  # index -> {key: (shape, dtype) of a tensor, or the plain value}
+            for i, p in enumerate(params):
+                if id(p) in owned and p in opt.state:
+                    mine[i] = {
+                        k: ("tensor", tuple(v.shape), v.dtype) if torch.is_tensor(v) else ("value", v)
+                        for k, v in opt.state[p].items()
+                    }
+            parts: list[Any] = [None] * world.size
+            dist.all_gather_object(parts, mine)
+            for r in range(1, world.size):
+                for i, entries in parts[r].items():
+                    state = {}
+                    for key, entry in entries.items():
+                        if entry[0] == "value":
+                            state[key] = entry[1]
+                        elif world.rank == r:
+                            dist.send(opt.state[params[i]][key].detach().to(carrier).contiguous(), dst=0)
+                        elif world.is_main:
+                            got = torch.empty(entry[1], dtype=entry[2], device=carrier)
+                            dist.recv(got, src=r)
+                            state[key] = got.cpu()
+                    if world.is_main:
+                        opt.state[params[i]] = state
+                        received.append((opt, params[i]))
+        yield
+    finally:
+        for opt, p in received:
+            opt.state.pop(p, None)

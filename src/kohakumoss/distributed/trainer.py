@@ -12,7 +12,8 @@ rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank
 with rr.full_weights(model): ...                     # fsdp: rank 0 sees the whole weights (exports)
 rr.write_shards(tmp, state)                          # fsdp: every rank's shards into a checkpoint
 optimizer = rr.optimizer(optimizer)                  # pipeline: clipped by every rank's gradients
-rr.gather(tr)                                        # pipeline: rank 0 holds every stage's weights, states
+with rr.gathered(tr, model): ...                     # pipeline: rank 0 holds every stage's weights, states
+with rr.whole_forward(model): sample / validate      # threaded: the backbone's forward over its devices
 
 DISTRIBUTED='pipeline' (ranks, torch.distributed.pipelining) and 'threaded' (one process, a thread per
 device) run each micro-step's forward and backward inside `loss_fn` (pipeline.py, threaded.py): the
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +46,14 @@ from .pipeline import (
     PipelineOptimizer,
     Prediction,
     capacities,
+    main_holds_all,
+    main_holds_states,
     split_problem,
     stage_count,
     stage_starts,
-    sync_optimizer_to_main,
-    sync_to_main,
 )
 from .shard import rank_weight, shard_plan, step_noise
-from .threaded import ThreadedEngine
+from .threaded import ThreadedEngine, spread_forward
 from .world import beat
 from .wrap import wrap_ddp, wrap_fsdp
 
@@ -190,14 +191,27 @@ def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
             f"'{k['OPTIMIZER']}' {why}: each rank steps its own stages' weights; only 'adamw' (and USE_MUON) is per-parameter",
         )
     if k.get("EMA"):
-        return "EMA", f"True {why}: the EMA copies the weights before they move to their stages"
-    if k.get("SAMPLE_PROMPTS") or k.get("SAMPLE_PROMPTS_FILE"):
+        return (
+            "EMA",
+            f"True {why}: the EMA keeps every trainable weight in one place; it is not built per stage",
+        )
+    # 'threaded' samples and validates across its devices (threaded.spread_forward); a pipeline rank
+    # holds only its stages and the sampler's forward is not run through the ranks
+    instead = (
+        "; use DISTRIBUTED='threaded' (the same stages in one process, which samples and validates), "
+        "or leave it empty and sample the exported files (scripts/sample/sample.py)"
+    )
+    if mode == "pipeline" and (k.get("SAMPLE_PROMPTS") or k.get("SAMPLE_PROMPTS_FILE")):
         knob = "SAMPLE_PROMPTS" if k.get("SAMPLE_PROMPTS") else "SAMPLE_PROMPTS_FILE"
-        return knob, f"set {why}: the sampler calls the whole backbone on one device; leave it empty"
-    if k.get("VAL_ITEMS"):
+        return (
+            knob,
+            f"set {why}: each rank holds only its stages, the sampler needs the whole backbone{instead}",
+        )
+    if mode == "pipeline" and k.get("VAL_ITEMS"):
         return (
             "VAL_ITEMS",
-            f"{k['VAL_ITEMS']} {why}: the validation loss calls the whole backbone on one device; use 0",
+            f"{k['VAL_ITEMS']} {why}: each rank holds only its stages, the validation loss needs the whole "
+            "backbone; use 0, or DISTRIBUTED='threaded'",
         )
     for knob, off in (
         ("STREAM_BLOCKS", 0),
@@ -285,6 +299,16 @@ def threaded_devices(k: dict[str, Any]) -> list[str]:
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     device = k.get("DEVICE", "auto")
     return worker_devices(k.get("DEVICES", 1), "auto" if device.startswith("cuda:") else device, visible)
+
+
+def pipeline_starts(k: dict[str, Any], depth: int, world_size: int) -> list[int]:
+    """The first block of every pipeline stage: PIPELINE_SPLIT, or the blocks balanced over the stages
+    (one per rank, two per rank interleaved; 'threaded': one per DEVICES entry)."""
+    if k.get("DISTRIBUTED") == "threaded":
+        stages = len(threaded_devices(k))
+    else:
+        stages = stage_count(k.get("PIPELINE_SCHEDULE", "gpipe"), world_size, k.get("PIPELINE_SPLIT", []))
+    return stage_starts(depth, stages, k.get("PIPELINE_SPLIT", []))
 
 
 def on_devices(train: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
@@ -507,7 +531,7 @@ class RankRun:
         """The stages over the backbone (the trainer's `loss` on the last one) and the micro-step's loss fn."""
         model, network = self.staged
         k, dtype = self.knobs, DTYPES[self.knobs.get("PRECISION", "bf16")]
-        starts = stage_starts(len(model.layers), self.stages(), k.get("PIPELINE_SPLIT", []))
+        starts = pipeline_starts(k, len(model.layers), self.world.size)
         if self.threaded:
             devices = threaded_devices(k)
             self.engine = ThreadedEngine(
@@ -536,17 +560,34 @@ class RankRun:
         step.runs_backward = True  # the runner takes the loss and skips its own backward
         return step
 
+    def whole_forward(self, backbone: torch.nn.Module):
+        """A context around a call of the backbone's own forward (samples, the validation loss): under
+        'threaded' it runs across the stages' devices (threaded.spread_forward); nothing otherwise."""
+        if not self.threaded:
+            return nullcontext()
+        network = self.staged[1] if self.staged is not None else None
+        starts = pipeline_starts(self.knobs, len(backbone.layers), 1)
+        return spread_forward(backbone, network, starts, threaded_devices(self.knobs))
+
     def optimizer(self, optimizer):
         """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients."""
         return PipelineOptimizer(optimizer, self.world) if self.pipeline else optimizer
 
-    def gather(self, tr) -> None:
-        """Under a pipeline (every rank calls it): rank 0's copy of the trainable weights and optimizer
-        states takes every stage's, so it saves and exports the one-process run's files."""
+    @contextmanager
+    def gathered(self, tr, backbone: torch.nn.Module) -> Iterator[None]:
+        """A context every rank enters: under a pipeline, rank 0 holds every stage's weights (the frozen
+        base too: the exports merge and verify against it) and optimizer states inside, so it saves and
+        exports the one-process run's files (pipeline.main_holds_all / main_holds_states); nothing
+        happens otherwise."""
         if not self.pipeline or self.engine is None:
+            yield
             return
-        sync_to_main(tr.module, self.engine.owned, self.world)
-        sync_optimizer_to_main(tr.optimizer, self.engine.owned, self.world)
+        starts, world = self.engine.starts, self.world
+        with (
+            main_holds_all(backbone, tr.network, starts, world),
+            main_holds_states(tr.optimizer, self.engine.owned, world),
+        ):
+            yield
 
     def weight(self, micro_step: int) -> float:
         if not self.active:

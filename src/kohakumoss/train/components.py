@@ -6,6 +6,7 @@ The builders take the config's sections (`build_backbone(cfg.model, ...)`, `buil
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +16,7 @@ from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.adapters.dropouts import dropout_check
 from kohakumoss.config.sample import SampleModelConfig
 from kohakumoss.config.train import EncoderConfig, ModelConfig, TrainConfig
-from kohakumoss.distributed.materialize import sharded_backbone
+from kohakumoss.distributed.materialize import only_on, sharded_backbone, staged_backbone
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
@@ -262,8 +263,11 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     host_first = plan.streamed_count(model_config(cfg.model).depth) > 0
     masters_here = full_ft and plan.optimizer == "gpu"
     build = build_device or (torch.device("cpu") if host_first else device)
-    # DISTRIBUTED='fsdp': built on the meta device, sharded, only this rank's shards read or drawn
-    backbone = sharded_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
+    # DISTRIBUTED='fsdp': built on the meta device, sharded, only this rank's shards read or drawn;
+    # the pipelines: only this process's stages, each on its device
+    staged = staged_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
+    if (backbone := staged) is None:
+        backbone = sharded_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
     if backbone is None:
         draw = device if device.type == "cuda" else None
         backbone = build_backbone(
@@ -277,7 +281,10 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     if n_fp8:
         log.info(f"BASE_PRECISION {dev.base_precision}: {n_fp8} frozen block linears stored in 8 bits")
     fp32_residuals(backbone, wants_fp32_residuals(dev.precision))  # fp16: the residual streams in float32
-    engines = install_memory_plan(plan, backbone, device, compute_dtype=dtype, full_ft=full_ft)
+    with (
+        only_on(backbone, device) if staged is not None else nullcontext()
+    ):  # other stages stay where they are
+        engines = install_memory_plan(plan, backbone, device, compute_dtype=dtype, full_ft=full_ft)
     te_device = device if plan.text_encoder == "resident" else torch.device("cpu")
     vae_device = device if plan.vae == "resident" else torch.device("cpu")
     text_dim, max_length = backbone.config.text_dim, cfg.data.max_text_tokens

@@ -387,7 +387,7 @@ class Trainer:
     def validate(self) -> float:
         """The validation loss at VAL_SIGMAS (schedule-free: at its averaged weights)."""
         cfg, comps = self.cfg, self.comps
-        with eval_weights(self.tr.optimizer):
+        with eval_weights(self.tr.optimizer), self.rr.whole_forward(comps.backbone):
             return validation_loss(
                 comps.backbone, self.val, list(cfg.data.val_sigmas), comps.dtype, int(cfg.run.seed)
             )
@@ -411,7 +411,7 @@ class Trainer:
     def draw_row(self):
         """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile."""
         comps = self.comps
-        with comps.text_encoder.on_device(), comps.vae.on_device():
+        with comps.text_encoder.on_device(), comps.vae.on_device(), self.rr.whole_forward(comps.backbone):
             return draw_row(
                 comps.backbone, comps.text_encoder, comps.vae, self.cfg, comps.device, comps.dtype
             )
@@ -432,11 +432,11 @@ class Trainer:
                     pass
             rr.barrier()  # the folder has its name before any rank goes on
             return path
-        rr.gather(self.tr)  # a pipeline: rank 0 takes every stage's weights and optimizer states
-        if not rr.is_main:
-            return self.ckpt_root / step_dirname(self.step)
-        with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
-            return self.write_checkpoint(final=final)
+        with rr.gathered(self.tr, self.comps.backbone):  # a pipeline: rank 0 holds every stage's
+            if not rr.is_main:
+                return self.ckpt_root / step_dirname(self.step)
+            with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
+                return self.write_checkpoint(final=final)
 
     def write_checkpoint(self, sharded: dict | None = None, final: bool = False) -> Path:
         """Rank 0's checkpoint folder; `sharded` (FSDP2): every rank's DCP state, written by all of them
