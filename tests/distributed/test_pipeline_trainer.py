@@ -99,6 +99,8 @@ def test_pipeline_refusals_name_the_knob(train_world):  # noqa: F811
         (dict(PRECISION="fp16"), "PRECISION: 'fp16' with DISTRIBUTED='pipeline'"),
         (dict(BASE_PRECISION="int8_weight"), "BASE_PRECISION: 'int8_weight' with DISTRIBUTED='pipeline'"),
         (dict(EMA=True), "EMA: True with DISTRIBUTED='pipeline'"),
+        (dict(ALGO="dora"), "ALGO: DoRA with DISTRIBUTED='pipeline'"),
+        (dict(ALGO_ARGS={"dora_wd": True}), "ALGO_ARGS: DoRA with DISTRIBUTED='pipeline'"),
         (dict(STREAM_BLOCKS=1), "STREAM_BLOCKS: 1 with DISTRIBUTED='pipeline'"),
         (dict(OPTIMIZER_PLACEMENT="host"), "OPTIMIZER_PLACEMENT: 'host' with DISTRIBUTED='pipeline'"),
         (dict(OPTIMIZER="prodigy"), "OPTIMIZER: 'prodigy' with DISTRIBUTED='pipeline'"),
@@ -148,3 +150,13 @@ def test_config_check_catches_a_bad_split(tmp_path):
     assert any(k == "PIPELINE_SPLIT" and "must increase" in why for k, why in found), found
     path.write_text("MODEL_PRESET = 'tiny'\nDISTRIBUTED = 'pipeline'\nDEVICES = 2\nPIPELINE_SPLIT = [0, 1]\n")
     assert not [p for p in check_config(path, kind="train").problems if p[0].startswith(("PIPELINE", "DIST"))]
+
+
+@pytest.mark.parametrize("algo", ["lokr", "glora", "oft"])
+def test_pipeline_trains_other_adapters_as_one_process(train_world, algo):  # noqa: F811
+    """LyCORIS algorithms other than LoRA attach to the staged build (other stages' weights on the meta
+    device) and train as one process does; DoRA, which reads them, is refused above."""
+    steps = dict(STEPS=2, GRAD_ACCUM=1, LOGGERS=[], SAVE_EVERY=0, ALGO=algo)
+    one = train_on_devices(tiny_knobs(train_world, f"pp-{algo}-one", **steps))
+    two = train_on_devices(tiny_knobs(train_world, f"pp-{algo}-two", **PIPELINE, **steps))
+    same_losses(records(one), records(two))

@@ -2,7 +2,7 @@
 
 rr = RankRun(k)                                      # this rank (launch.current())
 rr.shard(model, dtype, plan)                         # DISTRIBUTED='fsdp': the sharded build recorded
-rr.main_decides(flag)                                # fsdp: rank 0's flag, so every rank joins a forward
+rr.main_decides(flag)                                # fsdp, pipeline: rank 0's flag, so every rank joins
 loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
 forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward (adapters)
 step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)   # the share's loss, noise, sync
@@ -194,6 +194,13 @@ def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
         return (
             "EMA",
             f"True {why}: the EMA keeps every trainable weight in one place; it is not built per stage",
+        )
+    if mode == "pipeline" and (k.get("ALGO") == "dora" or (k.get("ALGO_ARGS") or {}).get("dora_wd")):
+        knob = "ALGO" if k.get("ALGO") == "dora" else "ALGO_ARGS"
+        return (
+            knob,
+            f"DoRA {why}: its magnitudes start from the frozen weights, which a rank holds for its own "
+            "stages only; use DISTRIBUTED='threaded' (every stage built) or another ALGO",
         )
     # 'threaded' samples and validates across its devices (threaded.spread_forward); a pipeline rank
     # holds only its stages and the sampler's forward is not run through the ranks
@@ -404,9 +411,9 @@ class RankRun:
         )
 
     def main_decides(self, flag: bool) -> bool:
-        """Rank 0's `flag` on every rank under FSDP2, where all ranks take the branch to a collective
-        forward together (rank 0 alone reads the run folder); `flag` itself otherwise."""
-        if not self.fsdp:
+        """Rank 0's `flag` on every rank under FSDP2 or a pipeline, where all ranks take a branch to a
+        collective together (rank 0 alone reads the run folder); `flag` itself otherwise."""
+        if not (self.fsdp or self.pipeline):
             return flag
         box = [bool(flag)]
         dist.broadcast_object_list(box, src=0)

@@ -477,12 +477,11 @@ class Trainer:
         again, refused (path, needed, free) when they would not fit; under FSDP2 every rank gathers the
         weights and rank 0 writes them (the files of a one-process run)."""
         if self.rr.sharded is None:
-            if not self.rr.is_main:
-                return {}
-            linked = link_tree(checkpoint / "export", self.run_dir / "export")
-            if linked:
+            linked = link_tree(checkpoint / "export", self.run_dir / "export") if self.rr.is_main else []
+            # every rank learns whether rank 0 writes them again: under a pipeline that gathers the stages
+            if not self.rr.main_decides(not linked):
                 return {p.name: p for p in linked}
-        with self.rr.full_weights(self.comps.backbone):
+        with self.rr.full_weights(self.comps.backbone), self.rr.gathered(self.tr, self.comps.backbone):
             if not self.rr.is_main:
                 return {}
             folder, needed = self.run_dir / "export", self.export_bytes()
