@@ -98,14 +98,26 @@ def test_refused_before_any_work(train_world):  # noqa: F811
         train_on_devices(k)
 
 
-def test_a_plan_summing_gradients_on_the_host_is_refused(monkeypatch):
+def test_a_plan_summing_gradients_on_the_host_is_not_wrapped_in_ddp(monkeypatch):
+    """GRAD_OFFLOAD hooks every trainable parameter: DDP's reducer would see no gradient, so the model is
+    not wrapped and the optimizer's host sums are averaged instead (test_host_grads*.py); an optimizer that
+    leaves a trainable parameter out of the host sums is refused, naming the knob."""
     from kohakumoss.distributed import trainer
+    from kohakumoss.memory.engines.grad_offload import GradOffload
+    from kohakumoss.memory.engines.optimizer import PlacedOptimizer
+    from kohakumoss.optim.combined import CombinedOptimizer
 
     monkeypatch.setattr(trainer, "current", lambda: World(0, 2, 0, 2, torch.device("cpu"), "gloo"))
     rr = RankRun({"SEED": 0, "LOSS_REDUCTION": "token"})
+    model, extra = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     plan = MemoryPlan(grad_offload=True, optimizer="host")
+    assert rr.wrap(model, extra, plan) is model and rr.ddp is None
+    plain = CombinedOptimizer({"adamw": torch.optim.AdamW(model.parameters())})
     with pytest.raises(ConfigError, match="GRAD_OFFLOAD: the memory plan sums gradients on the host"):
-        rr.wrap(torch.nn.Linear(2, 2), None, plan)
+        rr.optimizer(plain)
+    placed = PlacedOptimizer(plain, "host", grad_offload=GradOffload(list(model.parameters())))
+    with pytest.raises(ConfigError, match=r"GRAD_OFFLOAD: 2 trainable parameter\(s\) are not summed"):
+        rr.optimizer(placed)  # `extra`'s weight and bias train but are not hooked
 
 
 def test_a_rank_that_dies_mid_run_stops_the_run_naming_it(train_world, monkeypatch):  # noqa: F811

@@ -36,8 +36,9 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 
 from .checkpoint import write_shards
-from .collectives import barrier
+from .collectives import barrier, host_group
 from .gather import any_sharded, full_weights
+from .host_grads import attach, broadcast_trainable
 from .knobs import devices_problem, mode_problem, worker_devices
 from .launch import current, run
 from .pipeline import (
@@ -54,7 +55,7 @@ from .pipeline import (
 )
 from .shard import rank_weight, shard_plan, step_noise
 from .threaded import ThreadedEngine, spread_forward
-from .world import beat
+from .world import DEFAULT_TIMEOUT_S, beat
 from .wrap import wrap_ddp, wrap_fsdp
 
 log = get_logger(__name__)
@@ -100,6 +101,11 @@ def fsdp_problem(k: dict[str, Any]) -> tuple[str, str] | None:
     for knob, off in (("STREAM_BLOCKS", 0), ("ACTIVATION_OFFLOAD", "none"), ("OPTIMIZER_PLACEMENT", "gpu")):
         if k.get(knob) not in (None, off):
             return knob, f"{k[knob]!r} {why}: FSDP2 shards the weights and states instead; leave it {off!r}"
+    if k.get("GRAD_OFFLOAD"):
+        return (
+            "GRAD_OFFLOAD",
+            f"True {why}: FSDP2 reduce-scatters the gradients on the device; the host sums are not sharded",
+        )
     return None
 
 
@@ -119,6 +125,16 @@ def fsdp_plan_problem(plan) -> tuple[str, str] | None:
         if getattr(plan, field) != off:
             return FIELD_KNOBS[field], f"{getattr(plan, field)!r} {why}; FSDP2 needs {off!r}"
     return None
+
+
+def trainable_params(model: torch.nn.Module, network: torch.nn.Module | None) -> list[torch.nn.Parameter]:
+    """The parameters that train: the adapter's (the backbone frozen), or the backbone's (a full fine-tune)."""
+    seen: dict[int, torch.nn.Parameter] = {}
+    for m in (model, network):
+        for p in m.parameters() if m is not None else ():
+            if p.requires_grad:
+                seen.setdefault(id(p), p)
+    return list(seen.values())
 
 
 def device_count(devices: Any) -> int | None:
@@ -227,6 +243,11 @@ def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
     ):
         if k.get(knob) not in (None, off):
             return knob, f"{k[knob]!r} {why}: the stages place the weights themselves; leave it {off!r}"
+    if k.get("GRAD_OFFLOAD"):
+        return (
+            "GRAD_OFFLOAD",
+            f"True {why}: the stages keep their gradients on their devices (the host sums are not run per stage)",
+        )
     return None
 
 
@@ -266,11 +287,6 @@ def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
         return (
             "ALGO",
             "'tlora' masks its ranks by the step runner's sigmas, which DISTRIBUTED redraws per rank",
-        )
-    if k.get("GRAD_OFFLOAD"):
-        return (
-            "GRAD_OFFLOAD",
-            "gradients summed on the host are not all-reduced by DDP; leave it off with DISTRIBUTED",
         )
     return fsdp_problem(k) if mode == "fsdp" else None
 
@@ -353,6 +369,7 @@ class RankRun:
         self.engine: PipelineEngine | ThreadedEngine | None = None  # the pipelines' stages
         self.staged: tuple | None = None  # (backbone, network) until the trainer's loss builds the engine
         self.capacity: tuple[int, int] | None = None
+        self.host_summed: list[torch.nn.Parameter] | None = None  # DDP + GRAD_OFFLOAD: averaged on the host
 
     @property
     def is_main(self) -> bool:
@@ -462,7 +479,8 @@ class RankRun:
 
     def wrap(self, model: torch.nn.Module, network: torch.nn.Module | None, plan=None) -> torch.nn.Module:
         """What the loss calls: the backbone itself, or DDP around it (after resume: DDP broadcasts rank 0's).
-        `plan`: the resolved memory plan; one that sums gradients on the host is refused (DDP never sees them)."""
+        `plan`: the resolved memory plan; where it sums every gradient on the host (GRAD_OFFLOAD) DDP's
+        reducer would see none: the backbone is returned and `optimizer` averages the host sums."""
         if self.pipeline or self.threaded:  # the stages are built with the trainer's loss (loss_fn)
             self.check_plan(plan)
             self.staged = (model, network)
@@ -472,12 +490,9 @@ class RankRun:
             return model
         if self.fsdp:  # the backbone sharded (self.shard); an adapter beside it stays whole, DDP averages it
             return model if network is None else self.wrap_adapter(model, network)
-        if plan is not None and getattr(plan, "grad_offload", False):
-            raise ConfigError(
-                "GRAD_OFFLOAD",
-                "the memory plan sums gradients on the host, where DDP does not all-reduce them; "
-                "set GRAD_OFFLOAD=False (or another MEMORY_PROFILE) with DISTRIBUTED",
-            )
+        if plan is not None and plan.grad_offload:  # every trainable grad goes to the host sums
+            self.host_summed = trainable_params(model, network)
+            return model  # no DDP: its reducer would see no gradient (host_grads.py averages them)
         self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
         return self.ddp
 
@@ -577,8 +592,27 @@ class RankRun:
         return spread_forward(backbone, network, starts, threaded_devices(self.knobs))
 
     def optimizer(self, optimizer):
-        """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients."""
-        return PipelineOptimizer(optimizer, self.world) if self.pipeline else optimizer
+        """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients; under
+        DDP with GRAD_OFFLOAD, its host-summed gradients averaged over the ranks before it reads them
+        (clipping, unscaling, the update: host_grads.py), every rank starting from rank 0's weights."""
+        if self.pipeline:
+            return PipelineOptimizer(optimizer, self.world)
+        if self.host_summed is not None:
+            if getattr(optimizer, "grad_offload", None) is None:
+                raise ConfigError(
+                    "GRAD_OFFLOAD",
+                    "the memory plan sums gradients on the host, the optimizer has no GradOffload",
+                )
+            timeout = float(self.knobs.get("DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+            group = host_group(self.world, timeout)
+            attach(optimizer, self.host_summed, group)
+            broadcast_trainable(optimizer, group)
+            log.info(
+                f"DDP with GRAD_OFFLOAD: {len(self.host_summed)} host-summed gradients averaged over "
+                f"{self.world.size} ranks in fp32 buckets ({'the default gloo group' if group is None else 'a gloo group'}) "
+                "before clipping and the update; no DDP wrapper (its reducer would see no gradient)"
+            )
+        return optimizer
 
     @contextmanager
     def gathered(self, tr, backbone: torch.nn.Module) -> Iterator[None]:

@@ -6,13 +6,15 @@ grad (`param.grad = None`, with `record_stream` so the allocator keeps the memor
 and hands the fp32 add to one worker thread, so the CPU add overlaps the rest of the backward. The sums
 persist across micro-steps (grad accumulation) until `zero()`. Without CUDA the same adds run inline.
 A param's first grad after `zero()` is copied into its sum, not added, so `zero()` writes nothing; later
-grads are widened to fp32 in a scratch buffer and then added. On a 2-core host, for 200M bf16 grads:
+grads are widened to fp32 in a scratch buffer and then added. A distributed run sets `reduce`: the sums are
+averaged over its ranks once per step, before anything reads them (`host_grads`). On a 2-core host, for 200M bf16 grads:
 memset + mixed-dtype add 0.50 s, copy 0.04 s, widen + add 0.10 s (mixed add alone 0.47 s).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -40,6 +42,10 @@ class _Slot:
             self.future = None
 
 
+# (sums, received) -> received: the sums averaged over the ranks in place, a param received where any rank's was
+Reduce = Callable[[list[torch.Tensor], list[bool]], list[bool]]
+
+
 class GradOffload:
     """fp32 host sums of the grads of `params`, filled by hooks during backward."""
 
@@ -52,6 +58,8 @@ class GradOffload:
         use_cuda = any(p.is_cuda for p in self.params)
         self._sums = [torch.zeros(p.shape, dtype=torch.float32, pin_memory=use_cuda) for p in self.params]
         self._received = [False] * len(self.params)
+        self.reduce: Reduce | None = None  # set by a distributed run (distributed/host_grads.py)
+        self._reduced = False
         self._scratch = torch.empty(0, dtype=torch.float32)  # grads widened to fp32 before an add
         self._lock = threading.Lock()
         self._pending_bytes = 0
@@ -134,17 +142,24 @@ class GradOffload:
             slot.wait()
 
     def host_grads(self) -> list[torch.Tensor]:
-        """The fp32 CPU sums, aligned with `params` (zeros where no grad arrived: see `received`)."""
+        """The fp32 CPU sums, aligned with `params` (zeros where no grad arrived: see `received`);
+        with `reduce` set, averaged over the ranks (once per step: the first call after the backward)."""
         self.wait()
+        if self._reduced:
+            return self._sums
         for s, got in zip(self._sums, self._received, strict=True):
             if not got:
                 s.zero_()  # it may hold an earlier step's sum
+        if self.reduce is not None:
+            self._received = list(self.reduce(self._sums, self._received))
+            self._reduced = True
         return self._sums
 
     def zero(self) -> None:
         """Start new sums: each param's next grad overwrites its sum (nothing is written here)."""
         self.wait()
         self._received = [False] * len(self.params)
+        self._reduced = False
 
     def remove(self) -> None:
         """Unhook every param and stop the worker (pending adds finish first)."""
