@@ -37,9 +37,14 @@ def problems(tmp_path, body: str) -> list[tuple[str, str]]:
         ("DISTRIBUTED = 'ddp'\nDEVICES = ['gpu0']\n", "DEVICES", "'gpu0' is not a device"),
         ("DISTRIBUTED = 'ddp'\nDEVICES = 2\nCUDA_GRAPHS = 'on'\n", "CUDA_GRAPHS", "'on' with DISTRIBUTED"),
         (
-            "DISTRIBUTED = 'ddp'\nDEVICES = 2\nOPTIMIZER_PLACEMENT = 'host'\nGRAD_OFFLOAD = True\n",
+            "DISTRIBUTED = 'fsdp'\nDEVICES = 2\nGRAD_OFFLOAD = True\n",
             "GRAD_OFFLOAD",
-            "not all-reduced",
+            "with DISTRIBUTED='fsdp'",
+        ),
+        (
+            "DISTRIBUTED = 'pipeline'\nDEVICES = 2\nGRAD_OFFLOAD = True\n",
+            "GRAD_OFFLOAD",
+            "with DISTRIBUTED='pipeline'",
         ),
     ],
 )
@@ -52,3 +57,7 @@ def test_a_good_ddp_config_passes(tmp_path):
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = [0, 1]\nDIST_TIMEOUT = 600.0\n") == []
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = 2\n") == []
     assert problems(tmp_path, "DISTRIBUTED = 'fsdp'\nDEVICES = 2\nCHECKPOINTING = 'full'\n") == []
+    # host-summed gradients run under DDP (averaged over the ranks: distributed/host_grads.py)
+    grads = "DISTRIBUTED = 'ddp'\nDEVICES = 2\nOPTIMIZER_PLACEMENT = 'host'\nGRAD_OFFLOAD = True\n"
+    assert problems(tmp_path, grads) == []
+    assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = 2\nMEMORY_PROFILE = 'minimal'\n") == []
