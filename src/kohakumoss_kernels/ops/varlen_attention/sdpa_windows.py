@@ -5,7 +5,8 @@ attends over [runs, H, max_seqlen, D] with the keys past each run's end masked o
 the shapes depend only on the bounds and one CUDA graph serves every mix of lengths. The window's padded
 queries compute rows nobody reads. `tail` > 0 bounds the last run's length (the trainer's pad segment of
 at most TEXT_PAD tokens): it gets a window of that size instead of a full one. SDPA chooses its kernel
-(cuDNN first: the fastest on the H200 at this shape) among those that take a mask.
+(cuDNN first: the fastest on the H200 at this shape) among the fused ones that take a mask; when
+neither takes it, the call raises and the registry drops the backend.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# the kernels that accept an additive mask, fastest first on the H200; flash takes none
-_MASKED = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# the kernels that accept an additive mask, fastest first on the H200; flash takes none. Never the math
+# kernel on a GPU: it would hold [runs, H, L, L] scores (3.4 GiB at 1 MP) where a fused kernel refused
+_MASKED = [SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
 
 
 def supports(arch: str, dtype: torch.dtype) -> bool:
@@ -42,7 +44,8 @@ def _masked_sdpa(q, k, v, lengths: torch.Tensor, scale: float | None) -> torch.T
     bias = torch.zeros(n, 1, 1, L, device=q.device, dtype=q.dtype).masked_fill(
         ~valid[:, None, None, :], float("-inf")
     )
-    with sdpa_kernel(_MASKED, set_priority=True):
+    kernels = _MASKED if q.device.type != "cpu" else [SDPBackend.MATH]
+    with sdpa_kernel(kernels, set_priority=True):
         o = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=bias, scale=scale
         )
