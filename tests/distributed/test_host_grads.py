@@ -68,13 +68,32 @@ def on_each_rank(k: dict) -> dict:
             for p in net.parameters():
                 p.add_(1.0)
     opt = CombinedOptimizer({"adamw": torch.optim.AdamW(list(net.parameters()), lr=1e-3)})
-    placed = PlacedOptimizer(opt, "host", grad_offload=GradOffload(list(net.parameters())))
+    streamed = next(iter(net.parameters()))  # held in a streamer's host copy: reached by the write-back
+    copies = StreamedCopy(streamed)
+    placed = PlacedOptimizer(opt, "host", grad_offload=GradOffload(list(net.parameters())), write_back=copies)
     broadcast_trainable(placed, group)
     out["weights"] = [p.detach().cpu().clone() for p in net.parameters()]
+    out["weights"][0] = copies.host.clone()
     out["masters"] = [m.clone() for m in placed.master_params()]
     both = [None, None]
     dist.all_gather_object(both, out, group=group)  # rank 1's results come back through rank 0
     return both
+
+
+class StreamedCopy:
+    """A write-back that owns one parameter: its value lives in `host` (as a streamed block's does)."""
+
+    def __init__(self, param: torch.nn.Parameter):
+        self.param, self.host = param, torch.full(param.shape, float("nan"))
+
+    def owns(self, param: torch.nn.Parameter) -> bool:
+        return param is self.param
+
+    def __call__(self, param: torch.nn.Parameter, master: torch.Tensor) -> None:
+        if param is self.param:
+            self.host.copy_(master)
+        else:
+            param.data.copy_(master)
 
 
 def named(net: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:

@@ -58,12 +58,16 @@ def attach(optimizer, trainable: list[nn.Parameter], group: dist.ProcessGroup | 
 @torch.no_grad()
 def broadcast_trainable(optimizer, group: dist.ProcessGroup | None) -> None:
     """Every rank starts from rank 0's trainable weights, as DDP's constructor makes it: the fp32 host
-    masters over the host `group`, the resident parameters (on the rank's device) over the default group.
-    A parameter the optimizer writes back through the weight streamer (a streamed block's) lives in its
-    host copy, built the same on every rank from the seed or the checkpoint: it is left as it is."""
-    for m in optimizer.master_params():
+    masters over the host `group`, the resident parameters (on the rank's device) over the default group;
+    a parameter the optimizer writes back through the weight streamer (a streamed block's, held in its
+    host copy) takes rank 0's master through that write-back."""
+    masters = optimizer.master_params()
+    for m in masters:
         dist.broadcast(m, src=0, group=group)
-    owns = getattr(optimizer.write_back, "owns", lambda p: True) if optimizer.write_back else None
-    for p in optimizer.params():
-        if owns is None or not owns(p):
+    write_back = optimizer.write_back
+    owns = getattr(write_back, "owns", lambda p: True) if write_back is not None else (lambda p: False)
+    for p, m in zip(optimizer.params(), masters, strict=True):
+        if owns(p):
+            write_back(p, m)
+        else:
             dist.broadcast(p.data, src=0)
