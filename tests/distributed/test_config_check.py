@@ -35,7 +35,11 @@ def problems(tmp_path, body: str) -> list[tuple[str, str]]:
         ("DISTRIBUTED = 'dpp'\n", "DISTRIBUTED", "is not one of"),
         ("DEVICES = 2\n", "DEVICES", "2 workers asked for with DISTRIBUTED='none'"),
         ("DISTRIBUTED = 'ddp'\nDEVICES = ['gpu0']\n", "DEVICES", "'gpu0' is not a device"),
-        ("DISTRIBUTED = 'ddp'\nDEVICES = 2\nCUDA_GRAPHS = 'on'\n", "CUDA_GRAPHS", "'on' with DISTRIBUTED"),
+        (
+            "DISTRIBUTED = 'fsdp'\nDEVICES = 2\nCUDA_GRAPHS = 'on'\n",
+            "CUDA_GRAPHS",
+            "'on' with DISTRIBUTED='fsdp'",
+        ),
         (
             "DISTRIBUTED = 'fsdp'\nDEVICES = 2\nGRAD_OFFLOAD = True\n",
             "GRAD_OFFLOAD",
@@ -56,6 +60,8 @@ def test_each_problem_is_named(tmp_path, body, knob, needle):
 def test_a_good_ddp_config_passes(tmp_path):
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = [0, 1]\nDIST_TIMEOUT = 600.0\n") == []
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = 2\n") == []
+    # graphed DDP steps: gradients averaged after the backward (distributed/trainer.py RankRun.graphed)
+    assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = 2\nCUDA_GRAPHS = 'on'\n") == []
     assert problems(tmp_path, "DISTRIBUTED = 'fsdp'\nDEVICES = 2\nCHECKPOINTING = 'full'\n") == []
     # host-summed gradients run under DDP (averaged over the ranks: distributed/host_grads.py)
     grads = "DISTRIBUTED = 'ddp'\nDEVICES = 2\nOPTIMIZER_PLACEMENT = 'host'\nGRAD_OFFLOAD = True\n"

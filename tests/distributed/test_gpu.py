@@ -71,6 +71,28 @@ def test_trainer_ddp_on_two_gpus_logs_the_losses_of_one(train_world):  # noqa: F
 
 
 @pytest.mark.parametrize("algo", ["lora", "full"])
+def test_trainer_ddp_graphed_on_two_gpus_logs_the_losses_of_one(train_world, algo):  # noqa: F811
+    """DDP with CUDA_GRAPHS='auto' (bf16): each rank captures and replays its micro-steps, the gradients
+    averaged after the backward (no DDP wrapper); the losses within bf16 tolerance of one GPU's."""
+    base = dict(DEVICE="cuda", PRECISION="bf16", OPS_BACKEND="auto", MEMORY_PROFILE="speed", STEPS=6)
+    base.update(GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf", CUDA_GRAPHS="auto", ALGO=algo, USE_MUON=False)
+    one = train_on_devices(tiny_knobs(train_world, f"gpu-graphed-{algo}-one", **base))
+    two = train_on_devices(
+        tiny_knobs(train_world, f"gpu-graphed-{algo}-two", DISTRIBUTED="ddp", DEVICES=2, **base)
+    )
+    log = (two / "log.txt").read_text()
+    assert "CUDA graph captured" in log and "replayed" in log, log
+    assert "gradients averaged over 2 ranks after the backward" in log and "CUDA graphs" in log
+    a, b = records(one), records(two)
+    print(f"graphed ddp {algo}: one GPU", [r["loss"] for r in a], "two GPUs", [r["loss"] for r in b])
+    assert [r["step"] for r in b] == list(range(1, 7))
+    for ra, rb in zip(a, b, strict=True):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=2e-2)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=5e-2)
+        assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])
+
+
+@pytest.mark.parametrize("algo", ["lora", "full"])
 def test_trainer_fsdp_on_two_gpus_logs_the_losses_of_one(train_world, algo):  # noqa: F811
     """DISTRIBUTED='fsdp' on 2 GPUs (NCCL) against 1 GPU, fp32 (eager ops, tiny model): the same losses;
     its sharded step-2 checkpoint resumed on 1 GPU gives the one-GPU run's step 3."""

@@ -6,6 +6,7 @@ rr.main_decides(flag)                                # fsdp, pipeline: rank 0's 
 loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
 forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward (adapters)
 step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)   # the share's loss, noise, sync
+StepRunner(..., step_loss, graphs=...)               # step_loss.hooks: graphed, before/after_micro, after_backward
 next_batch = rr.next_batch(prefetch.next_batch, start_micro_step)
 loss, samples, tokens = rr.step_totals(step, loss, samples, tokens)   # every rank's, summed
 rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank's log goes
@@ -56,7 +57,7 @@ from .pipeline import (
 from .shard import rank_weight, shard_plan, step_noise
 from .threaded import ThreadedEngine, spread_forward
 from .world import DEFAULT_TIMEOUT_S, beat
-from .wrap import wrap_ddp, wrap_fsdp
+from .wrap import Bound, average_grads, broadcast_params, wrap_ddp, wrap_fsdp
 
 log = get_logger(__name__)
 
@@ -72,6 +73,12 @@ PIPELINE_DEFAULTS = {"PIPELINE_SPLIT": [], "PIPELINE_SCHEDULE": "gpipe", "PIPELI
 FSDP_CHECKPOINTING = ("none", "full")
 # optimizers tested on sharded parameters (Muon through USE_MUON)
 FSDP_OPTIMIZERS = ("adamw",)
+# why the step graphs stay off under an engine (DDP graphs: its gradients are averaged after the backward)
+GRAPHLESS = {
+    "fsdp": "FSDP2 all-gathers and reduce-scatters inside the forward and backward, which the step graphs do not capture",
+    "pipeline": "the stages hand tensors between ranks inside the step",
+    "threaded": "the stages hand tensors between devices inside the step",
+}
 
 
 def fsdp_problem(k: dict[str, Any]) -> tuple[str, str] | None:
@@ -278,11 +285,8 @@ def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
         return None
     if mode not in TRAINER_MODES:
         return "DISTRIBUTED", f"'{mode}' is not driven by the trainer yet; use 'ddp', 'fsdp' (or 'none')"
-    if k.get("CUDA_GRAPHS") == "on":
-        return (
-            "CUDA_GRAPHS",
-            "'on' with DISTRIBUTED: graphed steps are not captured with collectives yet; use 'auto'",
-        )
+    if k.get("CUDA_GRAPHS") == "on" and mode in GRAPHLESS:
+        return "CUDA_GRAPHS", f"'on' with DISTRIBUTED='{mode}': {GRAPHLESS[mode]}; use 'auto' or 'off'"
     if k.get("ALGO") == "tlora":
         return (
             "ALGO",
@@ -305,12 +309,12 @@ def refusals(k: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def rank_knobs(k: dict[str, Any]) -> dict[str, Any]:
-    """The knobs a rank trains with: refused combinations raise; CUDA graphs stay off (see trainer_problem).
-    DISTRIBUTED='threaded' trains in this process, on its first stage's device."""
+    """The knobs a rank trains with: refused combinations raise; CUDA graphs stay off but under 'ddp' (see
+    GRAPHLESS). DISTRIBUTED='threaded' trains in this process, on its first stage's device."""
     if problem := trainer_problem(k):
         raise ConfigError(*problem)
     mode = k.get("DISTRIBUTED", "none")
-    if mode == "none":
+    if mode in ("none", "ddp"):  # DDP graphs its steps as one process does (RankRun.graphed)
         return k
     if mode == "threaded":
         return {**k, "CUDA_GRAPHS": "off", "DEVICE": threaded_devices(k)[0]}
@@ -348,7 +352,19 @@ class RankRun:
     """This process's part of the run. Wraps the trainer's pieces so the step runner needs no change:
     the batches it takes (`next_batch`: which micro-step each one is) and the loss it calls (`loss_fn`:
     the whole step's noise, the rank's weight, DDP's gradient sync on the last micro-step only, and a
-    non-finite loss on any rank seen by every rank, so all skip the step together)."""
+    non-finite loss on any rank seen by every rank, so all skip the step together).
+
+    Under DDP the step runner says whether its micro-steps are graphed (`graphed`, through the loss's
+    `hooks`). Graphed, the backbone is not wrapped in DDP (its reducer all-reduces from autograd hooks,
+    which a replayed graph never runs): each rank captures and replays its own micro-steps, and after the
+    step's last one the trainable gradients are averaged with one bucketed all-reduce (`after_backward`),
+    before clipping, the non-finite skip and the update. Whatever may not sit in a graph runs eagerly
+    around each micro-step: the whole step's noise cut to this rank, its weight written into a device
+    scalar the graph reads (`before_micro`), the non-finite agreement (`after_micro`)."""
+
+    # True: DDP's gradients averaged after the backward without graphs too (the CPU tests force the path
+    # a graphed run takes); False: only when the micro-steps are graphed
+    REDUCE_AFTER_BACKWARD = False
 
     def __init__(self, k: dict[str, Any]):
         self.world = current()
@@ -370,6 +386,12 @@ class RankRun:
         self.staged: tuple | None = None  # (backbone, network) until the trainer's loss builds the engine
         self.capacity: tuple[int, int] | None = None
         self.host_summed: list[torch.nn.Parameter] | None = None  # DDP + GRAD_OFFLOAD: averaged on the host
+        self.pending: tuple | None = None  # DDP: (backbone, network) until the step runner says it graphs
+        self.bound: Bound | None = None  # DDP: the forward the loss calls (DDP, or the backbone)
+        self.graphs_on = False
+        self.reduced: list[torch.nn.Parameter] | None = None  # DDP, graphed: averaged after the backward
+        self.current = 0  # the micro-step running
+        self.scale: torch.Tensor | None = None  # its rank weight, on the device (a graph reads it there)
 
     @property
     def is_main(self) -> bool:
@@ -493,8 +515,42 @@ class RankRun:
         if plan is not None and plan.grad_offload:  # every trainable grad goes to the host sums
             self.host_summed = trainable_params(model, network)
             return model  # no DDP: its reducer would see no gradient (host_grads.py averages them)
-        self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
-        return self.ddp
+        self.pending, self.bound = (model, network), Bound()
+        return self.bound  # DDP, or the backbone itself when graphed: bound by `graphed`
+
+    def graphed(self, on: bool) -> None:
+        """The step runner's word, before any micro-step: are its micro-steps CUDA graphs? Binds the DDP
+        forward: DDP around the backbone, or (graphed, or REDUCE_AFTER_BACKWARD) the backbone itself, every
+        rank starting from rank 0's trainable weights and its gradients averaged by `after_backward`."""
+        self.graphs_on = bool(on)
+        self.bind()
+
+    def bind(self) -> None:
+        if self.pending is None:
+            return
+        (model, network), self.pending = self.pending, None
+        if not (self.graphs_on or self.REDUCE_AFTER_BACKWARD):
+            self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
+            self.bound.target = self.ddp
+            return
+        if self.find_unused:  # graphs refuse MODULE_DROPOUT; a forced reduction cannot skip unused ones
+            raise ConfigError(
+                "MODULE_DROPOUT",
+                "a dropped module leaves its parameters without a gradient on some ranks only; the "
+                "reduction after the backward needs every one (DDP's reducer finds them)",
+            )
+        self.reduced = trainable_params(model, network)
+        if not self.reduced:
+            raise ConfigError(
+                "DISTRIBUTED", "DDP found no trainable parameter (no adapter and a frozen model)"
+            )
+        broadcast_params(self.reduced)  # what DDP's constructor does
+        self.bound.target = model
+        log.info(
+            f"DDP: {len(self.reduced)} trainable gradients averaged over {self.world.size} ranks after the "
+            f"backward, in fp32 buckets ({'the micro-steps are CUDA graphs' if self.graphs_on else 'forced'}); "
+            "no DDP wrapper (its reducer runs from autograd hooks, which a replayed graph does not run)"
+        )
 
     def wrap_adapter(self, model: torch.nn.Module, network: torch.nn.Module) -> torch.nn.Module:
         """DDP over the adapter alone (every frozen, sharded base weight is left out of its buckets):
@@ -515,29 +571,51 @@ class RankRun:
         if not self.active:
             return loss
 
-        def share(batch, sigma, noise):
-            m = self.micro[id(batch)]
-            sigma, noise = step_noise(
-                draw,
-                self.seed,
-                m,
-                self.plan.steps[m],
-                self.picks[m],
-                tcfg,
-                batch.x0.device,
-                noise.dtype,
-                batch.x0.shape[-1],
-            )
-            sync = (
-                nullcontext() if self.ddp is None or m % self.accum == self.accum - 1 else self.ddp.no_sync()
-            )
-            with sync:  # DDP decides at the forward whether the backward all-reduces
-                value = loss(batch, sigma, noise) * self.weight(m)
-            finite = torch.isfinite(value.detach()).to(torch.float32).reshape(1)
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # queued on the device: no host read
-            return torch.where(finite.reshape(()) > 0, value, torch.full_like(value, math.nan))
+        self.draw, self.tcfg = draw, tcfg
 
+        def share(batch, sigma, noise):  # what a graph captures: no host value, no collective
+            last = self.current % self.accum == self.accum - 1
+            sync = nullcontext() if self.ddp is None or last else self.ddp.no_sync()
+            with sync:  # DDP decides at the forward whether the backward all-reduces
+                value = loss(batch, sigma, noise)
+            return value * self.scale.to(value.dtype)
+
+        share.hooks = self  # the step runner calls graphed, before_micro, after_micro, after_backward
         return share
+
+    def before_micro(self, batch, sigma: torch.Tensor, noise: torch.Tensor):
+        """Eager, before a micro-step's forward: this rank's cut of the whole step's sigmas and noise
+        (replacing the runner's own draws) and its weight, written where the loss reads it."""
+        self.bind()
+        m = self.micro[id(batch)]
+        self.current = m
+        sigma, noise = step_noise(
+            self.draw,
+            self.seed,
+            m,
+            self.plan.steps[m],
+            self.picks[m],
+            self.tcfg,
+            batch.x0.device,
+            noise.dtype,
+            batch.x0.shape[-1],
+        )
+        if self.scale is None:
+            self.scale = torch.ones((), dtype=torch.float32, device=batch.x0.device)
+        self.scale.fill_(self.weight(m))  # a kernel argument: no host copy
+        return sigma, noise
+
+    def after_micro(self, loss: torch.Tensor) -> torch.Tensor:
+        """Eager, after a micro-step: its loss, NaN on every rank where any rank's is not finite."""
+        finite = torch.isfinite(loss.detach()).to(torch.float32).reshape(1)
+        dist.all_reduce(finite, op=dist.ReduceOp.MIN)  # queued on the device: no host read
+        return torch.where(finite.reshape(()) > 0, loss, torch.full_like(loss, math.nan))
+
+    def after_backward(self) -> None:
+        """After a step's last micro-step, before clipping and the update: graphed DDP's gradients
+        averaged over the ranks (once a step, eagerly); DDP's reducer did it already otherwise."""
+        if self.reduced is not None:
+            average_grads(self.reduced)
 
     def chunks(self) -> int:
         """PIPELINE_CHUNKS, 0 meaning one micro-batch per stage."""

@@ -7,11 +7,14 @@
 - `wrap_fsdp`: FSDP2, `fully_shard` per block then the root, under a MixedPrecisionPolicy; adapter
   parameters (outside the backbone's tree) stay whole on every rank and `all_reduce_grads` averages them
   (the trainer wraps the adapter alone in DDP instead: the same average, overlapped with the backward).
+- Graphed DDP steps: no DDP wrapper (its reducer all-reduces from autograd hooks, which a replayed CUDA
+  graph never runs); `Bound` is the forward the loss calls until the trainer knows, `broadcast_params` does
+  what DDP's constructor does, and `average_grads` averages the `.grad` buffers once after the backward.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -19,6 +22,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from kohakumoss_common.errors import ConfigError
+
+from .collectives import all_reduce_mean
 
 
 class Forward(nn.Module):
@@ -68,6 +73,41 @@ def wrap_ddp(
     if any(p.dtype != torch.float32 for p in fwd.parameters() if p.requires_grad):
         ddp.register_comm_hook(None, _fp32_allreduce_hook)
     return ddp
+
+
+class Bound:
+    """The forward the loss calls, bound later (`target`): DDP around the backbone, or the backbone itself
+    when its gradients are averaged after the backward (the step runner says which, before any step)."""
+
+    def __init__(self):
+        self.target: nn.Module | None = None
+
+    def __call__(self, *args, **kwargs):
+        if self.target is None:
+            raise RuntimeError("the DDP forward was called before the step runner bound it (RankRun.graphed)")
+        return self.target(*args, **kwargs)
+
+
+@torch.no_grad()
+def broadcast_params(params: Sequence[torch.Tensor]) -> None:
+    """Rank 0's values on every rank, as DDP's constructor makes them (over the default group)."""
+    for p in params:
+        dist.broadcast(p.data, src=0)
+
+
+@torch.no_grad()
+def average_grads(params: Sequence[torch.Tensor], group: dist.ProcessGroup | None = None) -> None:
+    """DDP's average without its reducer: every parameter's `.grad` becomes its mean over the ranks, in
+    place where it lies (NCCL on GPUs, gloo on CPUs; the buffers a CUDA graph accumulates into), summed in
+    fp32 buckets (`collectives.all_reduce_mean`). Every trainable parameter must hold a gradient, as DDP
+    without `find_unused_parameters` expects: every rank then reduces the same buffers."""
+    grads = [p.grad for p in params]
+    if (missing := sum(g is None for g in grads)) > 0:
+        raise RuntimeError(
+            f"{missing} trainable parameter(s) received no gradient; the ranks' gradients are averaged "
+            "after the backward and need every one (as DDP without find_unused_parameters does)"
+        )
+    all_reduce_mean(grads, group)
 
 
 def blocks(backbone: nn.Module) -> list[nn.Module]:

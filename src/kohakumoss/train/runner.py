@@ -57,6 +57,11 @@ class StepRunner:
 
     next_batch() -> DeviceBatch gives the micro-steps' batches in order (a `Prefetcher`, or the
     benchmark's encoders); sigma and noise come from (seed, micro-step) alone (`step.draw_step_noise`).
+
+    `loss_fn.hooks` (a DDP rank's share, distributed/trainer.py RankRun) is told whether the micro-steps
+    are graphed, and runs what a graph may not hold, eagerly: `before_micro(batch, sigma, noise)` gives
+    the sigma and noise to use, `after_micro(loss)` the loss to keep, `after_backward()` runs after the
+    step's last micro-step, before clipping and the update (the ranks' gradient average).
     """
 
     def __init__(
@@ -86,6 +91,9 @@ class StepRunner:
         self.on_device = scaler is None and skips_on_device(optimizer, device)
         self.ready: StepInputs | None = None
         self.started = False
+        self.hooks = getattr(loss_fn, "hooks", None)
+        if self.hooks is not None:
+            self.hooks.graphed(graphs is not None)
 
     def inputs(self, micro_step: int) -> StepInputs:
         if self.ready is not None and self.ready.micro_step == micro_step:
@@ -106,11 +114,16 @@ class StepRunner:
         # are timed once and the winners kept in the card's tuning table
         window = self.tuning() if self.tuning is not None and not self.started else nullcontext()
         self.started = True
+        sigma, noise, hooks = inputs.sigma, inputs.noise, self.hooks
+        if hooks is not None:
+            sigma, noise = hooks.before_micro(inputs.batch, sigma, noise)
         with window:
             if self.graphs is not None:  # forward and backward replayed from a CUDA graph
-                loss = self.graphs.run(inputs.batch, inputs.sigma, inputs.noise)
+                loss = self.graphs.run(inputs.batch, sigma, noise)
             else:
-                loss = self.loss_fn(inputs.batch, inputs.sigma, inputs.noise)
+                loss = self.loss_fn(inputs.batch, sigma, noise)
+            if hooks is not None:
+                loss = hooks.after_micro(loss)
             if self.on_device:  # read after the update is queued (finite.py)
                 ok = torch.isfinite(loss)
                 res.ok = ok if res.ok is None else res.ok & ok
@@ -134,6 +147,8 @@ class StepRunner:
             if not self.micro(self.inputs(step * self.accum + m), res):
                 break
         if res.finite:
+            if self.hooks is not None:
+                self.hooks.after_backward()
             self.update(res)
         self.optimizer.zero_grad(set_to_none=self.graphs is None)  # graphs keep their .grad buffers
         return res
