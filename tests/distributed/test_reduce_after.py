@@ -2,14 +2,17 @@
 each rank's micro-steps accumulate into its own `.grad` buffers, one bucketed all-reduce per step). CUDA
 graphs need a GPU, so on 2 CPU ranks (gloo) the path is forced (`RankRun.REDUCE_AFTER_BACKWARD`): the
 trainer logs one process's losses and gradient norms (LoRA and full fine-tune, two accumulated
-micro-steps) and its checkpoint resumes at world size 2 and 1; the reduction of the `.grad` buffers equals
-the ranks' mean, in place."""
+micro-steps, an EMA exported) and its checkpoint resumes at world size 2 and 1; a non-finite loss on one
+rank skips the step on every rank; the reduction of the `.grad` buffers equals the ranks' mean, in place."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from safetensors.torch import load_file
 
 from kohakumoss.distributed import current, run
 from kohakumoss.distributed.collectives import host_group
@@ -22,7 +25,10 @@ from .test_trainer import records
 
 train_on_devices = on_devices(train)
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")
-CASES = {"lora": {}, "full": dict(ALGO="full", USE_MUON=False, LR=1e-4)}
+CASES = {
+    "lora": dict(EMA=True, EMA_WARMUP=0, EMA_DECAY=0.5, EXPORT_EMA=True),  # the exports are the EMA's
+    "full": dict(ALGO="full", USE_MUON=False, LR=1e-4),
+}
 # sizes around the 64-value test bucket: several in one bucket, one alone, one bigger than a bucket
 SHAPES = [(3,), (5, 7), (64,), (200,), (1,), (2, 3, 4)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float32, torch.float32, torch.float16, torch.float32]
@@ -38,6 +44,20 @@ def params(rank: int, device: torch.device | str = "cpu") -> list[torch.nn.Param
         p.grad = (torch.randn(shape, generator=g, dtype=torch.float64) * (rank + 1)).to(device, dtype)
         out.append(p)
     return out
+
+
+def same_exports(one: Path, two: Path) -> None:
+    names = sorted(p.name.replace(one.name, "") for p in (one / "export").iterdir())
+    assert names == sorted(p.name.replace(two.name, "") for p in (two / "export").iterdir()) and names
+    for name in names:
+        if name.endswith(".safetensors"):
+            wa, wb = (
+                load_file(one / "export" / f"{one.name}{name}"),
+                load_file(two / "export" / f"{two.name}{name}"),
+            )
+            assert wa.keys() == wb.keys() and wa
+            for key in wa:
+                assert (wa[key].float() - wb[key].float()).abs().max() <= 1e-5 + 1e-4 * wa[key].abs().max()
 
 
 def on_each_rank(k: dict) -> dict:
@@ -120,6 +140,7 @@ def test_ddp_reducing_after_the_backward_trains_what_one_process_does(train_worl
         assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])
     assert len({r["loss"] for r in b}) == 3  # the weights moved
     assert [r["loss"] for r in records(two / "ranks" / "1")] == [r["loss"] for r in b]
+    same_exports(one, two)
 
     ckpt = str(two / "checkpoints" / "step_00000002")
     resumed = train_on_devices(tiny_knobs(train_world, f"after-{case}-resumed", RESUME=ckpt, **extra))
@@ -130,3 +151,32 @@ def test_ddp_reducing_after_the_backward_trains_what_one_process_does(train_worl
     )
     assert LOGGED in (again / "log.txt").read_text()
     assert records(again)[0]["loss"] == pytest.approx(b[-1]["loss"], rel=1e-6)
+
+
+def test_a_non_finite_loss_on_one_rank_skips_the_step_on_every_rank(train_world, monkeypatch):  # noqa: F811
+    """Rank 1's loss turns NaN in step 2 (its third micro-step): every rank skips that step (the losses
+    agree after each micro-step, eagerly; the averaged NaN gradients are skipped on the device) and the
+    run logs what one process logs when its step 2 is NaN."""
+    from kohakumoss.train import trainer as ttrainer
+
+    real, calls = ttrainer.flow_loss, [0]
+
+    def flaky(*a, **kw):
+        calls[0] += 1
+        loss = real(*a, **kw)
+        rank = dist.get_rank() if dist.is_initialized() else 1
+        return loss * float("nan") if rank == 1 and calls[0] == 3 else loss
+
+    monkeypatch.setattr(ttrainer, "flow_loss", flaky)
+    monkeypatch.setattr(RankRun, "REDUCE_AFTER_BACKWARD", True)
+    extra = dict(STEPS=4, GRAD_ACCUM=2, LOGGERS=[], MAX_BAD_STEPS=2)
+    one = train_on_devices(tiny_knobs(train_world, "after-nan-one", **extra))
+    calls[0] = 0  # the workers fork from here: each counts its own calls
+    two = train_on_devices(tiny_knobs(train_world, "after-nan-two", DISTRIBUTED="ddp", DEVICES=2, **extra))
+    for folder in (one, two, two / "ranks" / "1"):
+        assert "non-finite loss, step skipped (1 in a row)" in (folder / "log.txt").read_text()
+    a, b = records(one), records(two)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 3, 4]
+    for ra, rb in zip(a, b, strict=True):
+        assert rb["loss"] == pytest.approx(ra["loss"], rel=1e-5)
+        assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-4)
