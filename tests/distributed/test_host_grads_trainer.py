@@ -39,6 +39,7 @@ def test_ddp_with_host_summed_gradients_trains_what_one_process_does(train_world
     two = train_on_devices(two_k)
     log = (two / "log.txt").read_text()
     assert "DDP with GRAD_OFFLOAD:" in log and "averaged over 2 ranks" in log, log
+    assert "host masters: 1 copy per node" in log, log  # host_share.py: the ranks share the masters
     a, b = records(one), records(two)
     assert [r["step"] for r in b] == [1, 2, 3]
     for ra, rb in zip(a, b, strict=True):

@@ -40,6 +40,7 @@ from .checkpoint import write_shards
 from .collectives import barrier, host_group
 from .gather import any_sharded, full_weights
 from .host_grads import attach, broadcast_trainable
+from .host_share import share_on_node
 from .knobs import devices_problem, mode_problem, worker_devices
 from .launch import current, run
 from .pipeline import (
@@ -386,6 +387,7 @@ class RankRun:
         self.staged: tuple | None = None  # (backbone, network) until the trainer's loss builds the engine
         self.capacity: tuple[int, int] | None = None
         self.host_summed: list[torch.nn.Parameter] | None = None  # DDP + GRAD_OFFLOAD: averaged on the host
+        self.node_share = None  # DDP + host optimizer states: the node's one copy (host_share.py)
         self.pending: tuple | None = None  # DDP: (backbone, network) until the step runner says it graphs
         self.bound: Bound | None = None  # DDP: the forward the loss calls (DDP, or the backbone)
         self.graphs_on = False
@@ -418,7 +420,7 @@ class RankRun:
     @property
     def collective_saves(self) -> bool:
         """A checkpoint needs every rank (FSDP2's shards, a pipeline's stages): none after an interrupt."""
-        return self.sharded is not None or self.pipeline
+        return self.sharded is not None or self.pipeline or self.node_share is not None
 
     def check_plan(self, plan) -> None:
         """DISTRIBUTED='fsdp' or a pipeline: the resolved memory plan's engines it cannot run, refused
@@ -450,9 +452,10 @@ class RankRun:
         )
 
     def main_decides(self, flag: bool) -> bool:
-        """Rank 0's `flag` on every rank under FSDP2 or a pipeline, where all ranks take a branch to a
-        collective together (rank 0 alone reads the run folder); `flag` itself otherwise."""
-        if not (self.fsdp or self.pipeline):
+        """Rank 0's `flag` on every rank under FSDP2, a pipeline or node-shared DDP masters (`gathered` is
+        a collective there), where all ranks take a branch to a collective together (rank 0 alone reads the
+        run folder); `flag` itself otherwise."""
+        if not (self.fsdp or self.pipeline or self.node_share is not None):
             return flag
         box = [bool(flag)]
         dist.broadcast_object_list(box, src=0)
@@ -672,9 +675,11 @@ class RankRun:
     def optimizer(self, optimizer):
         """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients; under
         DDP with GRAD_OFFLOAD, its host-summed gradients averaged over the ranks before it reads them
-        (clipping, unscaling, the update: host_grads.py), every rank starting from rank 0's weights."""
+        (clipping, unscaling, the update: host_grads.py), every rank starting from rank 0's weights; under
+        DDP with host optimizer states, the node's ranks share one copy of the masters (host_share.py)."""
         if self.pipeline:
             return PipelineOptimizer(optimizer, self.world)
+        group = None
         if self.host_summed is not None:
             if getattr(optimizer, "grad_offload", None) is None:
                 raise ConfigError(
@@ -690,6 +695,11 @@ class RankRun:
                 f"{self.world.size} ranks in fp32 buckets ({'the default gloo group' if group is None else 'a gloo group'}) "
                 "before clipping and the update; no DDP wrapper (its reducer would see no gradient)"
             )
+        if self.active and self.mode == "ddp":
+            timeout = float(self.knobs.get("DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+            offload = self.host_summed is not None
+            made = (lambda: group) if offload else (lambda: host_group(self.world, timeout))
+            self.node_share = share_on_node(optimizer, self.world, made, broadcast=not offload)
         return optimizer
 
     @contextmanager
@@ -697,7 +707,11 @@ class RankRun:
         """A context every rank enters: under a pipeline, rank 0 holds every stage's weights (the frozen
         base too: the exports merge and verify against it) and optimizer states inside, so it saves and
         exports the one-process run's files (pipeline.main_holds_all / main_holds_states); nothing
-        happens otherwise."""
+        happens otherwise. Under DDP with node-shared masters, rank 0 holds its node's states inside."""
+        if self.node_share is not None:
+            with self.node_share.main_holds_states(tr.optimizer):
+                yield
+            return
         if not self.pipeline or self.engine is None:
             yield
             return

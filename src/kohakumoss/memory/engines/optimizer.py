@@ -8,6 +8,9 @@
             chunk on the device, downloads masters and states, writes the weights back. The next chunk's
             upload runs on a side stream while the current one steps.
 
+Shared masters (`share`): processes that hold the same masters (a DDP node's ranks, distributed/host_share.py)
+each step only their indices and hold only those states; after `barrier()` every stepped master is written back.
+
 The members keep their own param_groups (the masters replace the device params in them), so the LR schedule,
 state_dict and the torch update rules are the members' own. Grads are clipped and unscaled in fp32 on the
 masters' side. The state_dict adds '__masters__' (the fp32 masters) so a resumed run keeps full precision.
@@ -129,6 +132,8 @@ class PlacedOptimizer:
         self._host_grad_bufs: dict[int, torch.Tensor] = {}
         self._written: torch.cuda.Event | None = None
         self._side: torch.cuda.Stream | None = None  # the upload stream of 'stream'
+        self._mine: set[int] | None = None  # shared masters: the indices this process steps (None: all)
+        self._barrier: Callable[[], None] | None = None  # shared masters: every process has stepped its own
         if placement == "gpu":
             self._masters = self._params
             self._chunks: list[list[int]] = []
@@ -171,12 +176,52 @@ class PlacedOptimizer:
             self.combined.step()
             return
         self._gather()
+        stepped = [self._has_grad(i) for i in range(len(self._params))]
         if self.placement == "host":
-            for opt in self.optimizers.values():
-                opt.step()
-            self._write_back_host()
+            held = [(m, m.grad) for i, m in enumerate(self._masters) if not self._steps_here(i)]
+            for m, _ in held:
+                m.grad = None  # another process steps it
+            try:
+                for opt in self.optimizers.values():
+                    opt.step()
+            finally:
+                for m, g in held:
+                    m.grad = g
+            self._write_back_host(only=self._mine)
         else:
             self._stream_step()
+        self._take_shared(stepped)
+
+    def share(self, mine: list[int], barrier: Callable[[], None]) -> None:
+        """The masters are shared with other processes that step the others: step only the indices `mine`
+        (the other params' states are dropped and never created here); after each step `barrier()` waits
+        for every process's, then the params stepped elsewhere take their masters' new values."""
+        if self.placement == "gpu":
+            raise ConfigError("OPTIMIZER_PLACEMENT", "'gpu' has no host masters to share")
+        self._mine, self._barrier = set(mine), barrier
+        self._drop_others_states()
+
+    def _drop_others_states(self) -> None:
+        if self._mine is None:
+            return
+        kept = {id(self._masters[i]) for i in self._mine}
+        for opt in self.optimizers.values():
+            for key in [k for k in opt.state if id(k) not in kept]:
+                del opt.state[key]
+
+    def _steps_here(self, i: int) -> bool:
+        return self._has_grad(i) and (self._mine is None or i in self._mine)
+
+    def _take_shared(self, stepped: list[bool]) -> None:
+        """Shared masters: once every process has stepped its own, the others' stepped params written back."""
+        if self._mine is None:
+            return
+        self._barrier()
+        with torch.no_grad():
+            for i, (p, m) in enumerate(zip(self._params, self._masters, strict=True)):
+                if stepped[i] and i not in self._mine:
+                    self._write_one(i, p, m)
+        self._record_written()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         zero_grads(self._params, set_to_none)
@@ -251,13 +296,17 @@ class PlacedOptimizer:
                 opt.state[key] = {
                     k: _host_copy(v, self._pin) if isinstance(v, torch.Tensor) else v for k, v in st.items()
                 }
+        self._drop_others_states()
         self._prefer_fused()
         if masters is None:
             self.sync_masters()
             return
         with torch.no_grad():
-            for m, src in zip(self._masters, masters, strict=True):
-                m.copy_(src)
+            for i, (m, src) in enumerate(zip(self._masters, masters, strict=True)):
+                if self._mine is None or i in self._mine:
+                    m.copy_(src)
+        if self._barrier is not None:
+            self._barrier()
         self._write_back_host(every=True)
 
     # -- placement helpers -----------------------------------------------------------------------------
@@ -268,8 +317,11 @@ class PlacedOptimizer:
             return
         self._wait_written()
         with torch.no_grad():
-            for m, p in zip(self._masters, self._params, strict=True):
-                m.copy_(self.read_param(p))
+            for i, (m, p) in enumerate(zip(self._masters, self._params, strict=True)):
+                if self._mine is None or i in self._mine:
+                    m.copy_(self.read_param(p))
+        if self._barrier is not None:
+            self._barrier()
 
     def _prefer_fused(self) -> None:
         """Adam/AdamW members step with torch's fused kernel where their params live: on the host
@@ -343,19 +395,24 @@ class PlacedOptimizer:
         self._grad_coef = 1.0
         self._gathered = True
 
-    def _write_back_host(self, every: bool = False) -> None:
-        """Updated masters -> device params (cast to their dtype), or through the write_back callback."""
+    def _write_back_host(self, every: bool = False, only: set[int] | None = None) -> None:
+        """Updated masters -> device params (cast to their dtype), or through the write_back callback
+        (`only`: those indices)."""
         with torch.no_grad():
-            for p, m in zip(self._params, self._masters, strict=True):
-                if m.grad is None and not every:
-                    continue  # not stepped
-                if self.write_back is not None:
-                    self.write_back(p, m)
-                elif p.device.type == "cpu":
-                    p.copy_(m)
-                else:
-                    p.copy_(m.to(p.device, non_blocking=True))
+            for i, (p, m) in enumerate(zip(self._params, self._masters, strict=True)):
+                if (m.grad is None and not every) or (only is not None and i not in only):
+                    continue  # not stepped (here)
+                self._write_one(i, p, m)
         self._record_written()
+
+    def _write_one(self, i: int, p: nn.Parameter, m: torch.Tensor) -> None:
+        """One master into its param: through write_back ('stream': the params it owns), else cast in."""
+        if self.write_back is not None and (self.placement == "host" or self._host_written[i]):
+            self.write_back(p, m)
+        elif p.device.type == "cpu":
+            p.copy_(m)
+        else:
+            p.copy_(m.to(p.device, non_blocking=True))
 
     def _record_written(self) -> None:
         if self.device.type == "cuda":  # the H2D write-backs read the pinned masters until this event
@@ -451,7 +508,8 @@ class PlacedOptimizer:
 
     def _stream_step(self) -> None:
         owners = self._owners()
-        chunks = [c for c in self._chunks if any(self._has_grad(i) for i in c)]
+        chunks = [[i for i in c if self._steps_here(i)] for c in self._chunks]
+        chunks = [c for c in chunks if c]
         cuda = self.device.type == "cuda"
         compute = torch.cuda.current_stream(self.device) if cuda else None
         if cuda and self._side is None:
@@ -487,7 +545,7 @@ class PlacedOptimizer:
         if self.write_back is not None:
             with torch.no_grad():
                 for i, (p, m) in enumerate(zip(self._params, self._masters, strict=True)):
-                    if self._host_written[i] and self._has_grad(i):
+                    if self._host_written[i] and self._steps_here(i):
                         self.write_back(p, m)
             self._record_written()
 
