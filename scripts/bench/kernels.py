@@ -48,9 +48,9 @@ OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as
     "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
-ATTN_BACKENDS = "triton,sdpa_groups,sdpa_windows,torch_varlen,flex"
+ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
 # caption tokens per sample, e.g. "40,90": the attention rows take the trainer's layout (SAMPLES images of
-# IMAGE_TOKENS, each with its caption, a pad segment to a multiple of TEXT_PAD, the pad bound as `tail`:
+# IMAGE_TOKENS, each with its caption, a pad segment to a multiple of TEXT_PAD:
 # kohakumoss.model.seq.PackedSeq.build); "": SAMPLES runs of IMAGE_TOKENS + TEXT_TOKENS
 ATTN_CAPTIONS = ""
 BLOCK = True
@@ -257,8 +257,6 @@ def bench_op(op: str, dtype, ceil: dict, rows: list[dict]) -> None:
                 raise RuntimeError("backend unavailable")
             if base_op(op)[1]:
                 fn = functools.partial(fn, fork=True)
-            if op == "varlen_attention" and ATTN_CAPTIONS:  # the pad segment's bound, as the model passes it
-                fn = functools.partial(fn, tail=trainer_layout().pad_bound)
             fwd, both = fwd_bwd(fn, args)
             row["call_fwd_ms"] = time_ms(fwd)
             row["call_fwd_bwd_ms"] = time_ms(both)

@@ -113,6 +113,9 @@ def knobs(a, row: Row, work: Path) -> dict:
         k["MEMORY_PROFILE"] = row.profile
     if a.device == "cpu":
         k.update(PRECISION="fp32", MIN_SIDE=32)
+    for item in a.set:  # every row's extra knobs, as kogine reads them (`--set GC_EVERY=1`)
+        name, _, value = item.partition("=")
+        k[name] = value
     return k
 
 
@@ -256,6 +259,8 @@ def main(argv=None) -> None:
     p.add_argument(
         "--empty-table", action="store_true", help="no shipped tuning table either (a card never timed here)"
     )
+    p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
+                   help="a trainer knob for every row, as kogine's --set takes it (repeatable)")  # fmt: skip
     p.add_argument("--logs", default=None, help="copy each run's log.txt, metrics.jsonl and console log here")
     a = p.parse_args(argv)
     if a.preset == "tiny":

@@ -117,8 +117,8 @@ OPS: tuple[OpSpec, ...] = (
     OpSpec(
         "varlen_attention",
         "varlen_attention",
-        "q, k, v [T, H, D], cu_seqlens [B+1] int32, max_seqlen, scale=None, tail=0 -> [T, H, D]",
-        "softmax attention within each packed sample; tail > 0: the last sample is at most that long (a hint)",
+        "q, k, v [T, H, D], cu_seqlens [B+1] int32, max_seqlen, scale=None -> [T, H, D]",
+        "softmax attention within each packed sample",
     ),
     OpSpec(
         "lora_linear",

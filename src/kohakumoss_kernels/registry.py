@@ -43,7 +43,6 @@ log = get_logger("kohakumoss.kernels.registry")
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
     "sdpa_groups",
-    "sdpa_windows",
     "torch_varlen",
     "flex",
     # a stored weight's own 8-bit GEMM before its weight-only `addmm` (stored_linear, untuned)

@@ -32,15 +32,14 @@ def _rows(x: torch.Tensor) -> dict[str, int]:
     return {"T": bucket(x.shape[0]), "d": x.shape[-1]}
 
 
-def _attention(q, k, v, cu_seqlens, max_seqlen, scale=None, tail=0, *args, **kwargs) -> dict[str, int]:
-    dims = {
+def _attention(q, k, v, cu_seqlens, max_seqlen, *args, **kwargs) -> dict[str, int]:
+    return {
         "T": bucket(q.shape[0]),
         "H": q.shape[1],
         "D": q.shape[2],
         "L": bucket(max_seqlen),
         "B": cu_seqlens.numel() - 1,
     }
-    return {**dims, "tail": tail} if tail else dims
 
 
 def _rope(x, *args, **kwargs) -> dict[str, int]:

@@ -108,11 +108,11 @@ def test_attention_rows_take_the_trainers_layout_with_captions():
     glb.update(HEADS=2, HEAD_DIM=16, IMAGE_TOKENS=64, ATTN_CAPTIONS="5,40", DEVICE="cpu")
     assert glb["attention_lengths"]() == [69, 104, 83]  # 64 + 5, 64 + 40, then pad to 256 tokens
     layout = glb["trainer_layout"]()
-    assert layout.max_seqlen == 128 and layout.pad_bound == 128
+    assert layout.max_seqlen == 128 and layout.text_pad == 83
     q, k, v, cu, bound = glb["attention_inputs"](lambda *s: torch.randn(*s), None, None)
     assert q.shape[0] == 256 and bound == 128
-    from kohakumoss_kernels.ops.varlen_attention import eager, sdpa_windows
+    from kohakumoss_kernels.ops.varlen_attention import eager, sdpa_groups
 
     want = eager.varlen_attention(q, k, v, cu, bound)
-    got = sdpa_windows.varlen_attention(q, k, v, cu, bound, tail=layout.pad_bound)
+    got = sdpa_groups.varlen_attention(q, k, v, cu, bound)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

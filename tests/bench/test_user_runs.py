@@ -18,9 +18,16 @@ def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
     row = ur.parse_row("card24/lora/4/fp8")
     assert (row.card_gb, row.adapter, row.images, row.online, row.fp8) == (24.0, "lora", 4, False, True)
     a = ur.argparse.Namespace(
-        preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32
+        preset="moss-image-5b",
+        device="cuda",
+        size=1024,
+        text_tokens=256,
+        steps=20,
+        rank=32,
+        set=["GC_EVERY=1"],
     )
     k = ur.knobs(a, row, tmp_path)
+    assert "GC_EVERY=1" in ur.kogine_argv(k)  # --set: every row's extra knob, handed over as given
     assert k["CARD_GB"] == 24.0 and k["BASE_PRECISION"] == "fp8" and k["TOKENS_PER_STEP"] == 4 * (4096 + 256)
     assert k["TARGET_PRESET"] == "full" and k["BYPASS"] is True  # the benchmark's adapter
     argv = ur.kogine_argv(k)
@@ -59,7 +66,7 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
 
 def test_a_named_profile_is_the_runs_plan_and_picks_its_benchmark_row(ur, tmp_path):
     a = ur.argparse.Namespace(
-        preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32
+        preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32, set=[]
     )
     row = ur.parse_row("whole/lora/2/low_vram")
     assert row.profile == "low_vram" and ur.knobs(a, row, tmp_path)["MEMORY_PROFILE"] == "low_vram"

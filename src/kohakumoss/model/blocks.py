@@ -44,16 +44,14 @@ def attention(
     num_heads: int,
     eps: float,
     ops,
-    tail: int = 0,
 ) -> torch.Tensor:
-    """[T, d] q, k, v -> per-head QK-norm and RoPE -> attention within each cu_seqlens run -> [T, d].
-    tail: a bound on the last run's length (the pad segment's), 0 when there is none."""
+    """[T, d] q, k, v -> per-head QK-norm and RoPE -> attention within each cu_seqlens run -> [T, d]."""
     shape = (q.shape[0], num_heads, q.shape[-1] // num_heads)
     q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
     cos, sin = rope
     q = ops.qk_norm_rope(q, q_norm.weight, cos, sin, eps)
     k = ops.qk_norm_rope(k, k_norm.weight, cos, sin, eps)
-    return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen, tail=tail).reshape(q.shape[0], -1)
+    return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen).reshape(q.shape[0], -1)
 
 
 class _NormedBlock(nn.Module):
@@ -95,7 +93,6 @@ class MossBlock(_NormedBlock):
         q, k, v = self.project_qkv(y)
         out = attention(
             q, k, v, self.q_norm, self.k_norm, rope, seq.cu_seqlens, seq.max_seqlen, self.num_heads, eps, ops,
-            seq.pad_bound,
         )  # fmt: skip
         return ops.residual_norm_modulate(x, self.proj["o"](out), gate_a, shift_f, scale_f, ts, eps)
 
@@ -139,7 +136,7 @@ class TextRefinerBlock(_NormedBlock):
         q, k, v = (t.contiguous() for t in self.qkv(ops.rms_norm(x, self.norm1.weight, eps)).chunk(3, -1))
         out = attention(
             q, k, v, self.q_norm, self.k_norm, rope, seq.text_cu_seqlens, seq.text_max_seqlen,
-            self.num_heads, eps, ops, seq.pad_bound,
+            self.num_heads, eps, ops,
         )  # fmt: skip
         x = x + self.proj(out)
         y = ops.rms_norm(x, self.norm2.weight, eps)

@@ -61,7 +61,6 @@ class PackedSeq:
     max_seqlen: int
     text_max_seqlen: int
     text_pad: int = 0  # pad tokens after the last sample's (a segment of their own on both axes)
-    pad_bound: int = 0  # with a pad segment: the most pad tokens there can be (pad_to), a static bound
 
     @property
     def num_samples(self) -> int:
@@ -161,5 +160,4 @@ class PackedSeq:
             max_seqlen=_round_up(max(segments), pad_to),
             text_max_seqlen=_round_up(max(text_segments), pad_to),
             text_pad=pad,
-            pad_bound=pad_to if pad else 0,
         ).to(device)

@@ -102,7 +102,6 @@ def batch_signature(
         shapes,
         seq.max_seqlen,
         seq.text_max_seqlen,
-        seq.pad_bound,
         str(batch.x0.device),
         batch.weight is not None,
     )

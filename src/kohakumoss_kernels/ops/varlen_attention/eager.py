@@ -15,7 +15,6 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
-    tail: int = 0,
 ) -> torch.Tensor:
     """q, k, v [T, H, D]; cu_seqlens [B + 1] int32 sample boundaries. Returns [T, H, D]."""
     del max_seqlen  # the loop needs no bound; kernels use it to size their grid

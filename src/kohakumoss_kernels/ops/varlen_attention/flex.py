@@ -30,7 +30,6 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
-    tail: int = 0,
 ) -> torch.Tensor:
     T = q.shape[0]
     doc = document_ids(cu_seqlens, T)

@@ -43,7 +43,6 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
-    tail: int = 0,
     sdpa_backends: tuple[SDPBackend, ...] | None = None,
 ) -> torch.Tensor:
     """sdpa_backends: SDPA's kernels to use, in this order of preference (None: torch's own order)."""

@@ -17,7 +17,6 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
-    tail: int = 0,
 ) -> torch.Tensor:
     cu = cu_seqlens.to(torch.int32)
     if scale is None:

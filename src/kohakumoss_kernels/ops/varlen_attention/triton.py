@@ -276,7 +276,6 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
-    tail: int = 0,
 ) -> torch.Tensor:
     return _VarlenAttention.apply(q, k, v, cu_seqlens, int(max_seqlen), scale)
 
