@@ -147,7 +147,9 @@ def test_rows_not_grouped_by_sample():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 # the last: the trainer's layout, two 1 MP samples with captions of 40 and 90 tokens and the pad segment
-@pytest.mark.parametrize("lengths", LENGTHS + [[4096 + 256, 4096 + 256], [4096 + 40, 4096 + 90, 126]], ids=str)
+@pytest.mark.parametrize(
+    "lengths", LENGTHS + [[4096 + 256, 4096 + 256], [4096 + 40, 4096 + 90, 126]], ids=str
+)
 @pytest.mark.parametrize("backend", ["triton", "sdpa_groups", "torch_varlen", "flex"])
 def test_attention_backends(backend, lengths, dtype):
     if (
