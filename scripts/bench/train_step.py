@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_model.py si
 from kohakumoss.memory.flops import step_flops  # noqa: E402
 from kohakumoss.precision import BASE_PRECISIONS  # noqa: E402
 from kohakumoss.train.collector import StepCollector  # noqa: E402
+from kohakumoss.train.profiling import device_kernels  # noqa: E402
 from kohakumoss_common.timing import copy_gbs  # noqa: E402
 from kohakumoss_kernels import triton_utils  # noqa: E402
 
@@ -571,19 +572,6 @@ KERNEL_KINDS = (  # (kind, substrings of a kernel name), first match wins
 def kernel_kind(name: str) -> str:
     low = name.lower()
     return next((kind for kind, keys in KERNEL_KINDS if any(k in low for k in keys)), "other")
-
-
-def device_kernels(events) -> list[tuple[str, float, int]]:
-    """(name, device ms summed, calls) of the profiler's device-side kernels, memsets and copies. Not the
-    user annotations mirrored on the GPU timeline (`Optimizer.step#AdamW.step` spans the fused AdamW's
-    kernels: counting both counted the optimizer twice)."""
-    return [
-        (e.key, e.self_device_time_total / 1e3, e.count)
-        for e in events
-        if e.device_type == torch.autograd.DeviceType.CUDA
-        and e.self_device_time_total > 0
-        and not getattr(e, "is_user_annotation", False)
-    ]
 
 
 def kinds_table(

@@ -166,6 +166,8 @@ def run_row(a, row: Row, work: Path) -> dict:
     env = {**os.environ, "KOHAKUMOSS_CACHE": str(cache)}
     if a.empty_table:
         env["KOHAKUMOSS_SHIPPED_TABLES"] = "0"
+    # a row starts fresh: an earlier call's run of the same row (a machine kept warm) would be refused
+    shutil.rmtree(work / "runs" / row.name.replace("/", "-"), ignore_errors=True)
     t0 = time.perf_counter()
     log_path = work / f"{row.name.replace('/', '-')}.log"
     with open(log_path, "w") as f:

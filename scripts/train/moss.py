@@ -55,6 +55,7 @@ PIPELINE_CHUNKS = 0  # pipeline / threaded: micro-batches (whole samples) per mi
 GC_EVERY = (
     0  # Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works
 )
+PROFILE_STEPS = []  # [first, last]: torch.profiler over these steps, trace and tables in <run>/profile/
 
 # --- data --------------------------------------------------------------------------------------
 DATASET = {

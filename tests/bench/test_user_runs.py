@@ -92,3 +92,17 @@ def test_a_named_profile_is_the_runs_plan_and_picks_its_benchmark_row(ur, tmp_pa
     assert ur.bench_ratio(picked, bench) == pytest.approx(0.9)
     assert ur.bench_ratio({"row": "whole/lora/4/low_vram", "tokens_per_s": 990.0}, bench) is None  # 4 images
     assert [r.name for r in map(ur.parse_row, ur.GROUPS["profiles"].split(","))][-1] == "whole/full/2/speed"
+
+
+def test_a_row_runs_the_trainer_again_over_the_same_work_folder(ur, tmp_path):
+    """The trainer through kogine, tiny preset on the CPU, twice over one work folder (a machine kept warm
+    between calls): each time a fresh run completes, and --set reaches the trainer (PROFILE_STEPS)."""
+    out = tmp_path / "rows.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--rows", "whole/lora/1", "--steps", "2", "--warmup", "0",
+            "--images", "2", "--work", str(tmp_path / "work"), "--out", str(out), "--row-timeout", "300",
+            "--set", "PROFILE_STEPS=[2,2]"]  # fmt: skip
+    for _ in range(2):
+        ur.main(argv)
+        (row,) = json.loads(out.read_text())["rows"]
+        assert row["completed"] and row["steps"] == 2, row
+    assert (tmp_path / "work" / "runs" / "whole-lora-1" / "profile" / "kernels.txt").exists()

@@ -93,6 +93,13 @@ def _pipeline_split(value: list) -> str | None:
     return split_problem(value, None, None)  # its length and the depth: distributed.trainer's checks
 
 
+def _profile_steps(value: list) -> str | None:
+    ok = not value or (
+        len(value) == 2 and all(isinstance(v, int) and v >= 1 for v in value) and value[0] <= value[1]
+    )
+    return None if ok else f"{value} is not [first, last] with 1 <= first <= last (e.g. [5, 7])"
+
+
 def _loggers(value: list) -> str | None:
     from .rules import loggers_problem  # imported when checked: it looks for the trackers' packages
 
@@ -252,6 +259,11 @@ class RuntimeConfig:
     gc_every: int = knob(
         0,
         "Python's garbage collector: 0 its own; N: setup frozen, collected every N steps while the GPU works",
+    )
+    profile_steps: list = knob(
+        [],
+        "[first, last]: torch.profiler over these steps; trace and operator tables in <run>/profile/ (empty: off)",
+        check=_profile_steps,
     )
 
 

@@ -74,6 +74,7 @@ from .optim import (
     set_train_mode,
 )
 from .prefetch import Prefetcher
+from .profiling import StepProfiler
 from .resume import check_resume_knobs
 from .rng import restore_rng
 from .runner import StepResult, StepRunner
@@ -272,6 +273,9 @@ class Trainer:
         )
         self.progress = ProgressLines(log, self.steps) if self.bar.disable and self.rr.is_main else None
         self.collector = StepCollector(int(self.cfg.runtime.gc_every))
+        self.profiler = StepProfiler(
+            self.cfg.runtime.profile_steps, self.rr.own(self.run_dir), self.comps.device
+        )
 
     # ---- the loop
 
@@ -290,6 +294,7 @@ class Trainer:
             log.info(f"interrupted: saved {self.save()}; continue with RESUME='latest'")
             raise
         finally:
+            self.profiler.close()
             self.collector.stop()
             self.prefetch.close()
         self.bar.close()
@@ -306,7 +311,9 @@ class Trainer:
 
     def train_step(self) -> None:
         """One optimizer step over the runner; its result is read on the host only after the launches."""
-        step, t0 = self.step, time.perf_counter()
+        step = self.step
+        self.profiler.before(step + 1)
+        t0 = time.perf_counter()
         lr_factor = self.tr.schedule.apply(self.tr.optimizer, step)
         result = self.runner.run(step)
         if step + 1 < self.stop_at:  # host work for the next step before this one's read
@@ -322,6 +329,7 @@ class Trainer:
         dt = time.perf_counter() - t0
         self.bar.update(1)
         self.log_step(result, lr_factor, dt)
+        self.profiler.after(self.step)
         if self.step < self.steps:  # the last step's grid and checkpoint come after the loop
             if self.draws and self.every(self.cfg.samples.sample_every):
                 self.sample()
@@ -363,6 +371,8 @@ class Trainer:
             skipped=self.skipped,
             gc_ms=self.collector.take_paused_ms(),
         )
+        if self.profiler.active(step):
+            record["profiled"] = True
         val_every = self.cfg.data.val_every
         if self.val and (self.every(val_every) or (val_every and step == self.steps)):
             record["val_loss"] = self.validate()
