@@ -63,6 +63,8 @@ if __name__ == "__main__":
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=32)  # one chunk (row_chunks)
         if op == "situ_glu":
             check_situ_glu()
+        if op == "varlen_attention":  # whole 16-row blocks only, and a one-row masked tail after two
+            compare(op, "triton", [16, 32, 33], torch.float32, "cpu", **SMALL[op])
         if op in ("rms_norm", "qk_norm_rope"):
             compare(op, "triton", [2], torch.float32, "cpu", d=40, heads=3, head_dim=16)
         if op in (*PER_SAMPLE, "rms_norm", "qk_norm_rope"):  # frozen parameters: their sums skipped

@@ -35,8 +35,9 @@ def _configs(pairs):
 
 
 FWD_CONFIGS = _configs([(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3)])
-DKDV_CONFIGS = _configs([(64, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)])
-DQ_CONFIGS = _configs([(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)])
+# the 5-stage ones: the Triton fused-attention tutorial's Hopper backward settings
+DKDV_CONFIGS = _configs([(64, 128, 8, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 64, 4, 3), (128, 128, 8, 2)])
+DQ_CONFIGS = _configs([(128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 4, 5), (64, 64, 4, 3), (128, 128, 8, 2)])
 
 
 @triton.jit
@@ -149,6 +150,34 @@ def _attention_bwd_delta(Out, DO, DELTA, T, H, stride_t, HEAD_DIM: tl.constexpr,
 
 
 @triton.jit
+def _attention_bwd_dkdv_inner(
+    dk, dv, k, v, Q, DO, LSE, DELTA, base, row_base, offs_m0, offs_d, start_m, seq_len, stride_t, qk_scale,
+    MASK: tl.constexpr,
+):  # fmt: skip
+    """One block of queries into this program's dk, dv; MASK: the block crosses the sample's end."""
+    offs_m = start_m + offs_m0
+    if MASK:
+        m_ok = offs_m < seq_len
+        q, do, q_off = _load_block(Q, DO, base, offs_m, m_ok, offs_d, stride_t)
+        lse, delta = _row_stats(LSE, DELTA, row_base, offs_m, m_ok)
+    else:
+        off = offs_m[:, None] * stride_t + offs_d[None, :]
+        q = tl.load(Q + base + off)
+        do = tl.load(DO + base + off)
+        lse = tl.load(LSE + row_base + offs_m)
+        delta = tl.load(DELTA + row_base + offs_m)
+    qkT = tl.dot(k, tl.trans(q)) * qk_scale
+    pT = tl.math.exp2(qkT - lse[None, :])
+    if MASK:
+        pT = tl.where(m_ok[None, :], pT, 0.0)
+    dv += tl.dot(pT.to(do.dtype), do)
+    dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
+    dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+    dk += tl.dot(dsT, q)
+    return dk, dv
+
+
+@triton.jit
 def _attention_bwd_dkdv(
     Q, K, V, DO, DK, DV, LSE, DELTA, CU, T, H, stride_t, qk_scale, sm_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -166,20 +195,44 @@ def _attention_bwd_dkdv(
     v = tl.load(V + base + kv_off, mask=kv_mask, other=0.0)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    for start_m in range(0, seq_len, BLOCK_M):
-        offs_m = start_m + offs_m0
-        m_ok = offs_m < seq_len
-        q, do, q_off = _load_block(Q, DO, base, offs_m, m_ok, offs_d, stride_t)
-        lse, delta = _row_stats(LSE, DELTA, row_base, offs_m, m_ok)
-        qkT = tl.dot(k, tl.trans(q)) * qk_scale
-        pT = tl.math.exp2(qkT - lse[None, :])
-        pT = tl.where(m_ok[None, :], pT, 0.0)
-        dv += tl.dot(pT.to(do.dtype), do)
-        dpT = tl.dot(v, tl.trans(do)).to(tl.float32)
-        dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
-        dk += tl.dot(dsT, q)
+    m_main = (seq_len // BLOCK_M) * BLOCK_M
+    # full blocks, unmasked (a short k block's rows past the end are zeros whose results are never stored)
+    for start_m in range(0, m_main, BLOCK_M):
+        dk, dv = _attention_bwd_dkdv_inner(
+            dk, dv, k, v, Q, DO, LSE, DELTA, base, row_base, offs_m0, offs_d, start_m, seq_len, stride_t,
+            qk_scale, MASK=False,
+        )  # fmt: skip
+    if m_main < seq_len:  # the masked last block
+        dk, dv = _attention_bwd_dkdv_inner(
+            dk, dv, k, v, Q, DO, LSE, DELTA, base, row_base, offs_m0, offs_d, m_main, seq_len, stride_t,
+            qk_scale, MASK=True,
+        )  # fmt: skip
     tl.store(DK + base + kv_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)
     tl.store(DV + base + kv_off, dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+
+@triton.jit
+def _attention_bwd_dq_inner(
+    dq, q, do, lse, delta, K, V, base, offs_n0, offs_d, start_n, seq_len, stride_t, qk_scale,
+    MASK: tl.constexpr,
+):  # fmt: skip
+    """One block of keys into this program's dq; MASK: the block crosses the sample's end."""
+    offs_n = start_n + offs_n0
+    if MASK:
+        n_ok = offs_n < seq_len
+        k, v, kv_off = _load_block(K, V, base, offs_n, n_ok, offs_d, stride_t)
+    else:
+        off = offs_n[:, None] * stride_t + offs_d[None, :]
+        k = tl.load(K + base + off)
+        v = tl.load(V + base + off)
+    qk = tl.dot(q, tl.trans(k)) * qk_scale
+    p = tl.math.exp2(qk - lse[:, None])
+    if MASK:
+        p = tl.where(n_ok[None, :], p, 0.0)
+    dp = tl.dot(do, tl.trans(v)).to(tl.float32)
+    ds = (p * (dp - delta[:, None])).to(k.dtype)
+    dq += tl.dot(ds, k)
+    return dq
 
 
 @triton.jit
@@ -198,16 +251,15 @@ def _attention_bwd_dq(
     q, do, q_off = _load_block(Q, DO, base, offs_m, m_ok, offs_d, stride_t)
     lse, delta = _row_stats(LSE, DELTA, row_base, offs_m, m_ok)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for start_n in range(0, seq_len, BLOCK_N):
-        offs_n = start_n + offs_n0
-        n_ok = offs_n < seq_len
-        k, v, kv_off = _load_block(K, V, base, offs_n, n_ok, offs_d, stride_t)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
-        p = tl.math.exp2(qk - lse[:, None])
-        p = tl.where(n_ok[None, :], p, 0.0)
-        dp = tl.dot(do, tl.trans(v)).to(tl.float32)
-        ds = (p * (dp - delta[:, None])).to(k.dtype)
-        dq += tl.dot(ds, k)
+    n_main = (seq_len // BLOCK_N) * BLOCK_N
+    for start_n in range(0, n_main, BLOCK_N):  # full blocks, unmasked
+        dq = _attention_bwd_dq_inner(
+            dq, q, do, lse, delta, K, V, base, offs_n0, offs_d, start_n, seq_len, stride_t, qk_scale, MASK=False
+        )  # fmt: skip
+    if n_main < seq_len:  # the masked last block
+        dq = _attention_bwd_dq_inner(
+            dq, q, do, lse, delta, K, V, base, offs_n0, offs_d, n_main, seq_len, stride_t, qk_scale, MASK=True
+        )  # fmt: skip
     tl.store(DQ + base + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
 
 
