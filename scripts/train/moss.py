@@ -64,9 +64,7 @@ DATASET = {
 }  # data source: {'kind': kohya|folder|jsonl|parquet|webdataset|shards, 'path': ...}, or a list (docs/concepts/data.md: per-dataset options)
 CATALOG_DIR = None  # where the catalog cache lives (None: beside the dataset)
 CACHE_DIR = "cache"  # latent and text caches (safetensors shards)
-VAE_ENCODE = (
-    "auto"  # latents: auto (cache, misses encoded in the step and written back), cache (must hit), online
-)
+VAE_ENCODE = "auto"  # latents: auto (what the plan misses is encoded before the first step and cached), cache (must hit), online
 TEXT_ENCODE = "auto"  # text embeddings: auto, cache or online (as VAE_ENCODE)
 MIN_SIDE = 64  # images with a shorter side are dropped
 MAX_PIXELS = 178956970  # decompression-bomb limit in pixels

@@ -218,14 +218,26 @@ def test_lora_run_on_an_fp8_base_trains_resumes_and_is_refused_for_full(train_wo
         train(tiny_knobs(train_world, f"{base}-full", STEPS=1, ALGO="full", BASE_PRECISION=base))
 
 
-def test_encoders_kept_off_the_device_fill_their_caches_first(train_world, tmp_path):
-    """MEMORY_PROFILE 'minimal' keeps the text encoder and VAE off the device while training (both caches
-    must hit): on a fresh cache the trainer encodes what the plan needs first, then trains as 'speed' does."""
+def test_caches_are_filled_before_the_first_step(train_world, tmp_path):
+    """VAE_ENCODE / TEXT_ENCODE 'auto': what the plan needs is encoded before step 1, with the encoders
+    resident ('speed') or kept off the device while training ('minimal': both caches must hit), and the
+    two train the same model; a second run over the filled cache encodes nothing."""
     base = dict(STEPS=3, CACHE_DIR=str(tmp_path / "cache"))
     plain = train(tiny_knobs(train_world, "off-plain", MEMORY_PROFILE="speed", **base))
+    log = (plain / "log.txt").read_text()
+    assert (
+        "VAE_ENCODE='auto': cache filled before the first step: vae: 4 planned, 0 already cached, 4 encoded"
+        in log
+    )
+    assert "TEXT_ENCODE='auto': cache filled before the first step" in log
+    again = train(tiny_knobs(train_world, "off-again", MEMORY_PROFILE="speed", **base))
+    assert "vae: 4 planned, 4 already cached, 0 encoded" in (again / "log.txt").read_text()
     base["CACHE_DIR"] = str(tmp_path / "fresh-cache")
     small = train(tiny_knobs(train_world, "off-minimal", MEMORY_PROFILE="minimal", **base))
     log = (small / "log.txt").read_text()
-    assert "VAE_PLACEMENT='off': cache filled first: vae: 4 planned, 0 already cached, 4 encoded" in log, log
-    assert "TEXT_ENCODER_PLACEMENT='off': cache filled first" in log
+    assert (
+        "VAE_ENCODE='auto': cache filled before the first step: vae: 4 planned, 0 already cached, 4 encoded"
+        in log
+    ), log
     assert losses(small) == pytest.approx(losses(plain), rel=1e-5)
+    assert losses(again) == pytest.approx(losses(plain), rel=1e-5)

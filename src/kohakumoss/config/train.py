@@ -34,7 +34,7 @@ ENCODE_PLACEMENTS = (
     "auto",
     "cache",
     "online",
-)  # auto: cache hits, misses encoded in the step and written back
+)  # auto: the plan's misses encoded before the first step and cached
 SAVE_FORMATS = ("comfy", "hf", "both")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ALGO_CHOICES = (*sorted(ALGOS), "full")
@@ -341,7 +341,7 @@ class DataConfig(PlanConfig, ScanConfig, CacheDirConfig, DatasetConfig):
 
     vae_encode: str = knob(
         "auto",
-        "latents: auto (cache, misses encoded in the step and written back), cache (must hit), online",
+        "latents: auto (what the plan misses is encoded before the first step and cached), cache (must hit), online",
         choices=ENCODE_PLACEMENTS,
     )
     text_encode: str = knob(

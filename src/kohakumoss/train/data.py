@@ -134,26 +134,28 @@ def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder) -> RunData:
     return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache)
 
 
-def fill_caches_for_off_encoders(
-    data: RunData, cfg: TrainConfig, vae, text_encoder, fill: bool = True
-) -> bool:
-    """An encoder placed 'off' (kept off the device while training) cannot encode in the loader: the cache
-    entries the plans miss are encoded first, the encoder on the device for this pass only. With
-    `fill` False (a rank other than 0) the caches are only re-read, after rank 0 filled them. Returns
-    whether any encoder was 'off'."""
+def fill_caches_first(data: RunData, cfg: TrainConfig, vae, text_encoder, fill: bool = True) -> bool:
+    """VAE_ENCODE / TEXT_ENCODE 'auto': the cache entries the plans miss are encoded before the first step
+    (the encoder on the device for this pass only when it is placed 'off'), so the training steps read
+    caches and no loader thread encodes beside them (which slowed host-bound steps 2-3x on the CPU while
+    it ran). An encoder placed 'off' cannot encode in the loader at all. With `fill` False (a rank other
+    than 0) the caches are only re-read, after rank 0 filled them. Returns whether any cache was filled."""
     plans = [(data.plan, data.catalog)] + ([(data.val_plan, data.val_catalog)] if data.val_plan else [])
-    off = False
+    filled = False
     for encoder, cache, encode, knob in (
         (vae, data.latent_cache, cfg.data.vae_encode, "VAE_ENCODE"),
         (text_encoder, data.text_cache, cfg.data.text_encode, "TEXT_ENCODE"),
     ):
-        if getattr(encoder, "placement", None) != "off" or encode != "auto":
-            continue  # resident / streamed encoders encode in the loader; 'cache' must hit as it is
-        off = True
+        if encoder is None or encode != "auto":
+            continue  # 'online' encodes every step; 'cache' must hit as it is
+        off = getattr(encoder, "placement", None) == "off"
         if cache is None:
-            raise ConfigError(
-                "CACHE_DIR", f"empty, but {encoder.knob}='off' needs a cache to read from ({knob})"
-            )
+            if off:
+                raise ConfigError(
+                    "CACHE_DIR", f"empty, but {encoder.knob}='off' needs a cache to read from ({knob})"
+                )
+            continue  # no cache: the loader encodes every step
+        filled = True
         if not fill:
             cache.refresh()
             continue
@@ -163,8 +165,8 @@ def fill_caches_for_off_encoders(
                     report = fill_latent_cache(plan, catalog, data.source, encoder, cache, cfg.data.workers)
                 else:
                     report = fill_text_cache(planned_captions(plan), encoder, cache)
-                log.info(f"{encoder.knob}='off': cache filled first: {report.summary(encoder.kind)}")
-    return off
+                log.info(f"{knob}='auto': cache filled before the first step: {report.summary(encoder.kind)}")
+    return filled
 
 
 def make_loader(data: RunData, cfg: TrainConfig, image_encoder, text_encoder, start_step: int) -> Loader:

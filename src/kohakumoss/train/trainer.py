@@ -57,7 +57,7 @@ from .collector import StepCollector
 from .components import Components, build_components
 from .data import (
     check_data_position,
-    fill_caches_for_off_encoders,
+    fill_caches_first,
     make_loader,
     open_run_data,
     plan_prefix_sha256,
@@ -172,11 +172,9 @@ class Trainer:
             else CacheOnly(comps.text_encoder, "TEXT_ENCODE", "scripts/data/cache_text.py")
         )
         self.data = open_run_data(cfg, self.image_encoder, self.text_encoder)
-        if fill_caches_for_off_encoders(
-            self.data, cfg, self.image_encoder, self.text_encoder, self.rr.is_main
-        ):
+        if fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, self.rr.is_main):
             self.rr.barrier()  # rank 0 filled the caches; the others read them again
-            fill_caches_for_off_encoders(self.data, cfg, self.image_encoder, self.text_encoder, fill=False)
+            fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, fill=False)
         batches = validation_batches(self.data, cfg, self.image_encoder, self.text_encoder)
         val = [to_device_batch(b, comps.device, comps.dtype) for b in batches]
         # the validation loss is rank 0's to log; under FSDP2 every rank runs the forward (it gathers)
