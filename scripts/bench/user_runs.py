@@ -9,8 +9,8 @@ A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE]:
   the process is capped to N GiB, so a smaller card is emulated honestly);
 - ADAPTER `lora` (r32, every DiT linear, bypass: the benchmark's row), `lokr` or `full`;
 - IMAGES per step at 1 MP (TOKENS_PER_STEP = IMAGES x (4096 + 256));
-- `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of caches written on
-  the first pass; `fp8`: BASE_PRECISION=fp8; PROFILE (speed, balanced, low_vram, minimal): MEMORY_PROFILE
+- `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of the caches the
+  trainer fills before its first step (VAE_ENCODE 'auto'); `fp8`: BASE_PRECISION=fp8; PROFILE (speed, balanced, low_vram, minimal): MEMORY_PROFILE
   set by name instead of 'auto'.
 Each row runs in its own process from an empty kernel tuning cache (a fresh machine: seeded from the table
 shipped for the card, if any; --empty-table: none, as on a card this project never timed), random weights of
