@@ -41,11 +41,15 @@ DQ_CONFIGS = _configs([(128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 4, 5), (64, 6
 
 
 @triton.jit
-def _load_block(X, Y, base, offs, ok, offs_d, stride_t):
-    """Rows `offs` of q or k, the same rows of do or v, and their offsets."""
+def _load_block(X, Y, base, offs, ok, offs_d, stride_t, MASK: tl.constexpr = True):
+    """Rows `offs` of q or k, the same rows of do or v, and their offsets; MASK: rows not `ok` read 0."""
     off = offs[:, None] * stride_t + offs_d[None, :]
-    x = tl.load(X + base + off, mask=ok[:, None], other=0.0)
-    y = tl.load(Y + base + off, mask=ok[:, None], other=0.0)
+    if MASK:
+        x = tl.load(X + base + off, mask=ok[:, None], other=0.0)
+        y = tl.load(Y + base + off, mask=ok[:, None], other=0.0)
+    else:
+        x = tl.load(X + base + off)
+        y = tl.load(Y + base + off)
     return x, y, off
 
 
@@ -69,9 +73,13 @@ def _bases(seq_start, h, T, stride_t, HEAD_DIM: tl.constexpr):
 
 
 @triton.jit
-def _row_stats(LSE, DELTA, row_base, offs, ok):
-    lse = tl.load(LSE + row_base + offs, mask=ok, other=0.0)
-    delta = tl.load(DELTA + row_base + offs, mask=ok, other=0.0)
+def _row_stats(LSE, DELTA, row_base, offs, ok, MASK: tl.constexpr = True):
+    if MASK:
+        lse = tl.load(LSE + row_base + offs, mask=ok, other=0.0)
+        delta = tl.load(DELTA + row_base + offs, mask=ok, other=0.0)
+    else:
+        lse = tl.load(LSE + row_base + offs)
+        delta = tl.load(DELTA + row_base + offs)
     return lse, delta
 
 
@@ -156,16 +164,9 @@ def _attention_bwd_dkdv_inner(
 ):  # fmt: skip
     """One block of queries into this program's dk, dv; MASK: the block crosses the sample's end."""
     offs_m = start_m + offs_m0
-    if MASK:
-        m_ok = offs_m < seq_len
-        q, do, q_off = _load_block(Q, DO, base, offs_m, m_ok, offs_d, stride_t)
-        lse, delta = _row_stats(LSE, DELTA, row_base, offs_m, m_ok)
-    else:
-        off = offs_m[:, None] * stride_t + offs_d[None, :]
-        q = tl.load(Q + base + off)
-        do = tl.load(DO + base + off)
-        lse = tl.load(LSE + row_base + offs_m)
-        delta = tl.load(DELTA + row_base + offs_m)
+    m_ok = offs_m < seq_len
+    q, do, _ = _load_block(Q, DO, base, offs_m, m_ok, offs_d, stride_t, MASK)
+    lse, delta = _row_stats(LSE, DELTA, row_base, offs_m, m_ok, MASK)
     qkT = tl.dot(k, tl.trans(q)) * qk_scale
     pT = tl.math.exp2(qkT - lse[None, :])
     if MASK:
@@ -218,13 +219,8 @@ def _attention_bwd_dq_inner(
 ):  # fmt: skip
     """One block of keys into this program's dq; MASK: the block crosses the sample's end."""
     offs_n = start_n + offs_n0
-    if MASK:
-        n_ok = offs_n < seq_len
-        k, v, kv_off = _load_block(K, V, base, offs_n, n_ok, offs_d, stride_t)
-    else:
-        off = offs_n[:, None] * stride_t + offs_d[None, :]
-        k = tl.load(K + base + off)
-        v = tl.load(V + base + off)
+    n_ok = offs_n < seq_len
+    k, v, _ = _load_block(K, V, base, offs_n, n_ok, offs_d, stride_t, MASK)
     qk = tl.dot(q, tl.trans(k)) * qk_scale
     p = tl.math.exp2(qk - lse[:, None])
     if MASK:
