@@ -7,6 +7,7 @@ import gzip
 import json
 
 import pytest
+import torch
 
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import KohakuMossError
@@ -29,3 +30,14 @@ def test_the_named_steps_are_profiled_into_the_run_folder(train_world):
 def test_a_malformed_range_names_the_knob(train_world, bad):
     with pytest.raises(KohakuMossError, match="PROFILE_STEPS"):
         tiny_knobs(train_world, "bad-profile", PROFILE_STEPS=bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_run_reports_the_gpus_busy_and_waiting_time(train_world):
+    run = train(tiny_knobs(train_world, "profiled-cuda", STEPS=3, PROFILE_STEPS=[2, 3], DEVICE="cuda",
+                           PRECISION="bf16"))  # fmt: skip
+    line = next(x for x in (run / "log.txt").read_text().splitlines() if "profiled steps 2-3" in x)
+    busy = float(line.split("GPU busy ")[1].split(" ms")[0])
+    assert busy > 0 and "GPU waiting for the host" in line
+    assert "by device time" in (run / "profile" / "kernels.txt").read_text()
