@@ -42,6 +42,8 @@ log = get_logger("kohakumoss.kernels.registry")
 
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
+    "sdpa_slots",
+    "sdpa_slots_flash",
     "sdpa_groups",
     "torch_varlen",
     "flex",
@@ -168,7 +170,9 @@ def _backend(op: str, backend: str) -> tuple[Callable, Callable | None, tuple[st
         return _COMPILED[ref], compile_supports, DENSE
     variant = SPECS[op].variants.get(backend)
     if variant is not None:
-        fn = partial(getattr(importlib.import_module(_module_name(op, variant.base)), op), **variant.kwargs)
+        base = getattr(importlib.import_module(_module_name(op, variant.base)), op)
+        fn = partial(base, **variant.kwargs)
+        fn.__dict__.update(getattr(base, "__dict__", {}))  # its marks: device_lengths, accepts
         supports = None
         if variant.supports_from is not None:
             supports = importlib.import_module(f"kohakumoss_kernels.ops.{variant.supports_from}").supports
@@ -245,10 +249,14 @@ class BoundOp:
 
     def order(self, *args, **kwargs) -> list[tuple[str, Callable]]:
         """The backends for this call, the chosen one first, the rest in priority order."""
-        exact = _exact_key(args, kwargs)
+        # a backend may serve only some calls of its op (`fn.accepts`, e.g. one layout): the others skip it
+        declined = tuple(
+            n for n, f in self.backends if hasattr(f, "accepts") and not f.accepts(*args, **kwargs)
+        )
+        exact = (_exact_key(args, kwargs), declined)
         if exact in self._decided:  # the hot path: no string key, no table lookup
             return self._decided[exact]
-        live = [(n, f) for n, f in self.backends if n not in self.failed]
+        live = [(n, f) for n, f in self.backends if n not in self.failed and n not in declined]
         live = _graph_safe(live, self.timing, self.lengths) or self.backends[-1:]
         if self.kind not in (None, "dense") and len(live) > 1:  # the reference keeps a dequantized copy
             live = [(n, f) for n, f in live if n != "eager"]  # of a stored weight: last resort, never timed

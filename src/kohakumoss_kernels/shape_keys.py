@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from .host_values import slots
 from .stored_weight import weight_kind
 
 _DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -33,13 +34,18 @@ def _rows(x: torch.Tensor) -> dict[str, int]:
 
 
 def _attention(q, k, v, cu_seqlens, max_seqlen, *args, **kwargs) -> dict[str, int]:
-    return {
+    dims = {
         "T": bucket(q.shape[0]),
         "H": q.shape[1],
         "D": q.shape[2],
         "L": bucket(max_seqlen),
         "B": cu_seqlens.numel() - 1,
     }
+    if (
+        slots(cu_seqlens) is not None
+    ):  # samples in slots (`host_values.register_slots`): sdpa_slots serves them
+        dims["slots"] = 1
+    return dims
 
 
 def _rope(x, *args, **kwargs) -> dict[str, int]:
