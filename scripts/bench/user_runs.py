@@ -188,8 +188,8 @@ def run_row(a, row: Row, work: Path) -> dict:
     if a.logs:  # the run's own records, without its checkpoints
         keep = Path(a.logs) / run.name
         keep.mkdir(parents=True, exist_ok=True)
-        for src in (run / "log.txt", run / "metrics.jsonl", log_path):
-            if src.exists():
+        for src in (run / "log.txt", run / "metrics.jsonl", log_path, *(run / "profile").glob("*")):
+            if src.exists():  # profile/: PROFILE_STEPS' kernels.txt and trace
                 shutil.copy(src, keep / src.name)
         if (cache / "tuning").is_dir():  # the row's tuning table: merge it into a later --seed-cache
             shutil.copytree(cache / "tuning", keep / "tuning", dirs_exist_ok=True)
@@ -263,7 +263,9 @@ def main(argv=None) -> None:
     )
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="a trainer knob for every row, as kogine's --set takes it (repeatable)")  # fmt: skip
-    p.add_argument("--logs", default=None, help="copy each run's log.txt, metrics.jsonl and console log here")
+    p.add_argument(
+        "--logs", default=None, help="copy each run's log.txt, metrics.jsonl, console log and profile/ here"
+    )
     a = p.parse_args(argv)
     if a.preset == "tiny":
         a.size, a.text_tokens = min(a.size, 128), min(a.text_tokens, 16)

@@ -77,11 +77,6 @@ class StepProfiler:
         folder = self.out_dir / "profile"
         folder.mkdir(parents=True, exist_ok=True)
         count = self.steps[1] - self.steps[0] + 1
-        raw = folder / "trace.json"
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as f, gzip.open(folder / "trace.json.gz", "wb") as g:
-            g.write(f.read())
-        raw.unlink()
         events = prof.key_averages()
         busy = sum(ms for _, ms, _ in device_kernels(events)) / count
         wall = wall_ms / count
@@ -96,4 +91,13 @@ class StepProfiler:
             parts += ["by device time", events.table(sort_by="self_device_time_total", row_limit=40)]
         parts += ["by host time", events.table(sort_by="self_cpu_time_total", row_limit=40)]
         (folder / "kernels.txt").write_text("\n".join(parts) + "\n")
-        log.info(f"{summary}; trace and tables in {folder}")
+        log.info(f"{summary}; tables in {folder / 'kernels.txt'}, writing the trace")
+        # last: an eager step's trace holds ~10^5 events and takes tens of seconds to write
+        started = time.perf_counter()
+        raw = folder / "trace.json"
+        prof.export_chrome_trace(str(raw))
+        with open(raw, "rb") as f, gzip.open(folder / "trace.json.gz", "wb") as g:
+            g.write(f.read())
+        raw.unlink()
+        log.info(f"trace of steps {self.steps[0]}-{self.steps[1]} in {folder / 'trace.json.gz'} "
+                 f"({time.perf_counter() - started:.0f} s to write)")  # fmt: skip
