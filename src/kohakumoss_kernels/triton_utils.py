@@ -3,10 +3,13 @@ small launch-config picker that times a few candidates once per (kernel, width, 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -262,3 +265,46 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
         table.put_launch(row, best, candidates, {c: t * 1e3 for c, t in ms.items()})
     log.debug(f"{name} {key}: {best} ({', '.join(f'{c} {t * 1e3:.1f} us' for c, t in ms.items())})")
     return best
+
+
+@dataclass
+class Compiles:
+    """Triton JIT compiles counted by `counting_compiles` (a cache hit on disk counts too, quickly)."""
+
+    available: bool = False  # this Triton has the JIT hooks (triton.knobs.runtime)
+    kernels: int = 0
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def counting_compiles() -> Iterator[Compiles]:
+    """Count Triton's JIT compiles inside, and their seconds, through triton.knobs' JIT hooks (chained to
+    hooks already set, restored after). A run's first step compiles every kernel it meets on a machine
+    whose Triton cache is empty: most of a fresh machine's first step that the tuning does not explain."""
+    stats = Compiles()
+    try:
+        from triton import knobs
+
+        runtime = knobs.runtime
+        before, after = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    except (ImportError, AttributeError):
+        yield stats
+        return
+    starts: list[float] = []
+
+    def on_compile(**kwargs):
+        starts.append(time.perf_counter())
+        return before(**kwargs) if before is not None else None  # truthy would skip the compile
+
+    def on_compiled(**kwargs):
+        if starts:
+            stats.kernels += 1
+            stats.seconds += time.perf_counter() - starts.pop()
+        return after(**kwargs) if after is not None else None
+
+    stats.available = True
+    runtime.jit_cache_hook, runtime.jit_post_compile_hook = on_compile, on_compiled
+    try:
+        yield stats
+    finally:
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = before, after

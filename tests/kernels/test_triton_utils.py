@@ -110,3 +110,45 @@ def test_a_launch_pick_is_kept_in_the_cards_table_and_reused(tmp_path, monkeypat
     timed.clear()
     triton_utils.pick("demo.fwd", key, configs, launch)
     assert timed
+
+
+def test_counting_compiles_chains_the_hooks_and_restores_them():
+    """Triton calls jit_cache_hook before a compile (a truthy answer skips it) and jit_post_compile_hook
+    after; the counter chains hooks already set, passes their answers on, and puts them back."""
+    from triton import knobs
+
+    runtime = knobs.runtime
+    seen = []
+    runtime.jit_cache_hook = lambda **kw: seen.append(("pre", kw["key"])) or False
+    runtime.jit_post_compile_hook = lambda **kw: seen.append(("post", kw["key"]))
+    try:
+        outer_pre, outer_post = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+        with triton_utils.counting_compiles() as stats:
+            assert stats.available
+            for key in ("a", "b"):
+                assert not runtime.jit_cache_hook(key=key)  # a compile, not skipped
+                runtime.jit_post_compile_hook(key=key)
+        assert stats.kernels == 2 and stats.seconds >= 0
+        assert seen == [("pre", "a"), ("post", "a"), ("pre", "b"), ("post", "b")]
+        assert (runtime.jit_cache_hook, runtime.jit_post_compile_hook) == (outer_pre, outer_post)
+    finally:
+        runtime.jit_cache_hook = runtime.jit_post_compile_hook = None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
+)
+def test_counting_compiles_counts_a_real_compile():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x_ptr, n, SEED: tl.constexpr):  # SEED: a specialization no cache holds yet
+        i = tl.arange(0, 128)
+        tl.store(x_ptr + i, tl.load(x_ptr + i, mask=i < n) + 1, mask=i < n)
+
+    x = torch.zeros(128, device="cuda")
+    with triton_utils.counting_compiles() as stats:
+        add_one[(1,)](x, 128, SEED=int(torch.randint(1 << 30, ()).item()))
+    assert stats.kernels == 1 and stats.seconds > 0 and x[0].item() == 1

@@ -241,3 +241,24 @@ def test_caches_are_filled_before_the_first_step(train_world, tmp_path):
     ), log
     assert losses(small) == pytest.approx(losses(plain), rel=1e-5)
     assert losses(again) == pytest.approx(losses(plain), rel=1e-5)
+
+
+def test_the_first_step_reports_its_triton_compiles(train_world, monkeypatch):
+    """A fresh machine's first step compiles every Triton kernel it meets: the log says how many and how
+    long (counted through Triton's JIT hooks, faked here: the CPU compiles none), once."""
+    import contextlib
+
+    from kohakumoss.train import runner
+    from kohakumoss_kernels.triton_utils import Compiles
+
+    entered = []
+
+    @contextlib.contextmanager
+    def fake_counter():
+        entered.append(1)
+        yield Compiles(available=True, kernels=37, seconds=41.2)
+
+    monkeypatch.setattr(runner, "counting_compiles", fake_counter)
+    run = train(tiny_knobs(train_world, "compiles", STEPS=2))
+    log = (run / "log.txt").read_text()
+    assert len(entered) == 1 and log.count("first micro-step: Triton compiled 37 kernels in 41 s") == 1

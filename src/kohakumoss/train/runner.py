@@ -9,6 +9,7 @@ loss after the launches; the next step's first inputs are prepared before that r
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -18,10 +19,14 @@ import torch
 from kohakumoss.adapters.tlora import set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.precision import placed_scaled_step
+from kohakumoss_common.log import get_logger
+from kohakumoss_kernels.triton_utils import counting_compiles
 
 from .finite import arm_skip, skips_on_device
 from .graphs import StepGraphs
 from .step import DeviceBatch, draw_step_noise
+
+log = get_logger("kohakumoss.train.runner")
 
 LossFn = Callable[[DeviceBatch, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -112,12 +117,14 @@ class StepRunner:
             set_tlora_sigma(inputs.sigma, self.tlora_rank)
         # the run's first micro-step is the kernel registry's prewarm: every op's missing shape keys
         # are timed once and the winners kept in the card's tuning table
-        window = self.tuning() if self.tuning is not None and not self.started else nullcontext()
-        self.started = True
+        first = not self.started
+        window = self.tuning() if self.tuning is not None and first else nullcontext()
+        compiles = counting_compiles() if first else nullcontext()
+        self.started, began = True, time.perf_counter()
         sigma, noise, hooks = inputs.sigma, inputs.noise, self.hooks
         if hooks is not None:
             sigma, noise = hooks.before_micro(inputs.batch, sigma, noise)
-        with window:
+        with window, compiles as compiled:
             if self.graphs is not None:  # forward and backward replayed from a CUDA graph
                 loss = self.graphs.run(inputs.batch, sigma, noise)
             else:
@@ -137,6 +144,11 @@ class StepRunner:
             if self.graphs is None and not getattr(self.loss_fn, "runs_backward", False):
                 scaled = loss / self.accum  # (a pipeline's loss_fn ran the backward itself)
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if first and compiled is not None and compiled.kernels:
+            log.info(
+                f"first micro-step: Triton compiled {compiled.kernels} kernels in {compiled.seconds:.0f} s of its "
+                f"{time.perf_counter() - began:.0f} s (Triton's cache keeps them: later runs here load them)"
+            )
         res.samples += inputs.batch.num_samples
         res.tokens += inputs.batch.tokens
         return True
