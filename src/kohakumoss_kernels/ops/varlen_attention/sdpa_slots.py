@@ -79,7 +79,7 @@ def _masks(cu: torch.Tensor, stride: int, prefix: int) -> tuple[torch.Tensor, to
 
 
 def _bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask [B, 1, S, L]: 0 where allowed, -inf elsewhere; its rows padded to 16 elements in
+    """Additive mask [B, 1, S, L] (expanded over heads by the caller): 0 where allowed, -inf elsewhere; its rows padded to 16 elements in
     memory (the memory-efficient kernel's alignment), as F.scaled_dot_product_attention pads them."""
     B, S, L = allowed.shape
     bias = torch.zeros(B, 1, S, -(-L // 16) * 16, dtype=dtype, device=allowed.device)[..., :L]
@@ -167,7 +167,7 @@ class _SlotAttention(torch.autograd.Function):
         (img_fwd, _), (rest_fwd, _) = KERNELS[kernels]
         qs, ks, vs = (_slot_view(t, stride) for t in (q, k, v))
         real_rows, allowed = _masks(cu_seqlens, stride, prefix)
-        bias = _bias(allowed, q.dtype)
+        bias = _bias(allowed, q.dtype).expand(-1, q.shape[1], -1, -1)  # the kernels want a head dimension
         o_a, lse_a, saved_a = img_fwd(qs, ks[:, :, :prefix], vs[:, :, :prefix], None, scale)
         o_b, lse_b, saved_b = rest_fwd(qs, ks[:, :, prefix:], vs[:, :, prefix:], bias, scale)
         lse_a = lse_a.float().masked_fill(~real_rows[:, None], float("-inf"))  # pad rows see no image key
