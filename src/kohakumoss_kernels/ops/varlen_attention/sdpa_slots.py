@@ -8,14 +8,16 @@ slot, so that part is one unmasked SDPA call, [B, H, stride, D] queries x [B, H,
 through one masked SDPA call: real queries see the real text keys, pad queries only the pad keys
 (and no image key). The parts are merged by their log-sum-exps,
 
-    lse = logaddexp(lse_a, lse_b),   o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse),
+    lse = logaddexp(lse_a, lse_b),   o = o_a exp(lse_a - lse) + o_b exp(lse_b - lse)
 
-and each part's backward is its kernel's own, given the merged o and lse (as ring attention does):
-P = exp(S - lse) and dS = P (dP - rowsum(dO o)) hold per part. The text lengths are read on the
+(one Triton pass on CUDA, `slot_merge.py`), and each part's backward is its kernel's own, given the
+merged o and lse (as ring attention does): P = exp(S - lse) and dS = P (dP - rowsum(dO o)) hold per part. The text lengths are read on the
 device (from cu_seqlens), so one CUDA graph replays every batch whose captions fit the slot.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +86,33 @@ def _bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     B, S, L = allowed.shape
     bias = torch.zeros(B, 1, S, -(-L // 16) * 16, dtype=dtype, device=allowed.device)[..., :L]
     return bias.masked_fill_(~allowed[:, None], float("-inf"))
+
+
+def merge_torch(o_a, o_b, lse_a, lse_b, real_rows, out) -> torch.Tensor:
+    """The merge (reference; the CPU's path): o_a, o_b, out [B, H, S, D]; lse_a, lse_b [B, H, S];
+    real_rows [B, S]. Writes out, returns the merged lse [B, H, S] float32."""
+    lse_a = lse_a.float().masked_fill(~real_rows[:, None], float("-inf"))  # pad rows see no image key
+    lse = torch.logaddexp(lse_a, lse_b.float())
+    o_b = o_b.float()
+    out.copy_(torch.addcmul(o_b, torch.exp(lse_a - lse).unsqueeze(-1), o_a.float() - o_b))
+    return lse
+
+
+@functools.cache
+def _fused_merge():
+    """slot_merge's Triton kernel, or None (no Triton)."""
+    try:
+        from . import slot_merge
+    except ImportError:
+        return None
+    return slot_merge
+
+
+def _merge(o_a, o_b, lse_a, lse_b, real_rows, out) -> torch.Tensor:
+    fused = _fused_merge() if out.is_cuda else None
+    if fused is not None and fused.fits(o_a, o_b, lse_a, lse_b, out):
+        return fused.merge(o_a, o_b, lse_a, lse_b, real_rows, out)
+    return merge_torch(o_a, o_b, lse_a, lse_b, real_rows, out)
 
 
 # Each kernel: forward (q, k, v, bias, scale) -> (o [B, H, S, D], lse [B, H, S] float32, saved) and
@@ -170,13 +199,8 @@ class _SlotAttention(torch.autograd.Function):
         bias = _bias(allowed, q.dtype).expand(-1, q.shape[1], -1, -1)  # the kernels want a head dimension
         o_a, lse_a, saved_a = img_fwd(qs, ks[:, :, :prefix], vs[:, :, :prefix], None, scale)
         o_b, lse_b, saved_b = rest_fwd(qs, ks[:, :, prefix:], vs[:, :, prefix:], bias, scale)
-        lse_a = lse_a.float().masked_fill(~real_rows[:, None], float("-inf"))  # pad rows see no image key
-        lse = torch.logaddexp(lse_a, lse_b.float())
-        w_a = torch.exp(lse_a - lse).unsqueeze(-1)
         out = torch.empty_like(q)  # [T, H, D]; its slot view is the kernels' [B, H, S, D] layout
-        o = _slot_view(out, stride)
-        o_b = o_b.float()
-        o.copy_(torch.addcmul(o_b, w_a, o_a.float() - o_b))
+        lse = _merge(o_a, o_b, lse_a, lse_b, real_rows, _slot_view(out, stride))
         ctx.save_for_backward(q, k, v, out, lse, real_rows, bias)
         ctx.layout, ctx.scale, ctx.kernels, ctx.saved = (stride, prefix), scale, kernels, (saved_a, saved_b)
         return out
