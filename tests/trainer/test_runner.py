@@ -137,3 +137,16 @@ def test_prefetcher_on_cuda_copies_pinned_batches_on_its_stream_and_the_step_see
         want = to_device_batch(b, cuda, torch.bfloat16)
         assert g.x0.device.type == "cuda"
         same_batch(g, want)
+
+
+def test_text_pad_on_cuda_for_every_single_process_step():
+    """Graphed steps pad (one graph per bucket); eager CUDA steps too (kernels kept across captions); not
+    the CPU, nor a pipeline, which cuts its batches by sample."""
+    from kohakumoss.train.graphs import TEXT_PAD
+    from kohakumoss.train.trainer import text_pad
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert text_pad(cuda, graphed=True, pipeline=False) == TEXT_PAD
+    assert text_pad(cuda, graphed=False, pipeline=False) == TEXT_PAD
+    assert text_pad(cuda, graphed=False, pipeline=True) == 0
+    assert text_pad(cpu, graphed=False, pipeline=False) == 0

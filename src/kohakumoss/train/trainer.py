@@ -251,7 +251,9 @@ class Trainer:
         next_batch = rr.next_batch(lambda: self.prefetch.next_batch(), first)
         self.tr.optimizer = rr.optimizer(self.tr.optimizer)  # a pipeline clips by every rank's grads
         self.runner = build_runner(cfg, comps, self.tr, step_loss, next_batch, scaler)
-        pad = TEXT_PAD if self.runner.graphs is not None else 0  # other captions, the same graph
+        pad = text_pad(comps.device, self.runner.graphs is not None, rr.pipeline or rr.threaded)
+        if pad and self.runner.graphs is None:  # eager: fixed shapes and no host reads of the lengths
+            comps.backbone.ops.set_lengths("device")
         self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first, pad_to=pad)
 
     def begin(self) -> None:
@@ -611,6 +613,14 @@ def step_loss_fn(objective: ObjectiveConfig, forward, dtype: torch.dtype):
         return flow_loss(forward, batch, sigma, noise, dtype, o.loss_weighting, o.loss_reduction, **options)
 
     return step_loss
+
+
+def text_pad(device: torch.device, graphed: bool, pipeline: bool) -> int:
+    """The batches' text padding (`PackedSeq.build(pad_to=...)`): on CUDA, so that batches of one
+    bucket have one shape whatever their captions. A graph replays it; an eager step keeps its kernels
+    (cuDNN plans, Triton specializations by token count) instead of building new ones per batch, which
+    a profile of an eager run found in its host time. Not under a pipeline, which cuts batches by sample."""
+    return TEXT_PAD if graphed or (device.type == "cuda" and not pipeline) else 0
 
 
 def build_runner(
