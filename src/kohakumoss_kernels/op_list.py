@@ -119,13 +119,6 @@ OPS: tuple[OpSpec, ...] = (
         "varlen_attention",
         "q, k, v [T, H, D], cu_seqlens [B+1] int32, max_seqlen, scale=None -> [T, H, D]",
         "softmax attention within each packed sample",
-        variants={
-            "sdpa_slots_flash": Variant(
-                "sdpa_slots",
-                {"dense": "flash"},
-                "sdpa_slots with flash, not cuDNN, for each slot's image keys",
-            )
-        },
     ),
     OpSpec(
         "lora_linear",

@@ -43,7 +43,6 @@ log = get_logger("kohakumoss.kernels.registry")
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
     "sdpa_slots",
-    "sdpa_slots_flash",
     "sdpa_groups",
     "torch_varlen",
     "flex",
@@ -170,9 +169,7 @@ def _backend(op: str, backend: str) -> tuple[Callable, Callable | None, tuple[st
         return _COMPILED[ref], compile_supports, DENSE
     variant = SPECS[op].variants.get(backend)
     if variant is not None:
-        base = getattr(importlib.import_module(_module_name(op, variant.base)), op)
-        fn = partial(base, **variant.kwargs)
-        fn.__dict__.update(getattr(base, "__dict__", {}))  # its marks: device_lengths, accepts
+        fn = partial(getattr(importlib.import_module(_module_name(op, variant.base)), op), **variant.kwargs)
         supports = None
         if variant.supports_from is not None:
             supports = importlib.import_module(f"kohakumoss_kernels.ops.{variant.supports_from}").supports

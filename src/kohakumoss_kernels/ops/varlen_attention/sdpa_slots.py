@@ -4,7 +4,7 @@
 and registers (stride, prefix) on its cu_seqlens (`host_values.register_slots`); cu_seqlens alternates
 each sample's segment and its pad's. Every real query of a slot sees all `prefix` image keys of its
 slot, so that part is one unmasked SDPA call, [B, H, stride, D] queries x [B, H, prefix, D] keys
-(cuDNN or flash: fixed shapes, ~97% of the FLOPs at 1 MP). The slot's other keys (text, then pad) go
+(cuDNN, else flash: fixed shapes, ~97% of the FLOPs at 1 MP). The slot's other keys (text, then pad) go
 through one masked SDPA call: real queries see the real text keys, pad queries only the pad keys
 (and no image key). The parts are merged by their log-sum-exps,
 
@@ -46,10 +46,8 @@ def varlen_attention(
     cu_seqlens: torch.Tensor,
     max_seqlen: int,
     scale: float | None = None,
-    dense: str = "auto",
 ) -> torch.Tensor:
-    """q, k, v [T, H, D] in slots (`accepts`). dense: the kernel of the image keys on CUDA, 'cudnn',
-    'flash' or 'auto' (cuDNN where torch has it)."""
+    """q, k, v [T, H, D] in slots (`accepts`)."""
     layout = slots(cu_seqlens)
     if layout is None:
         raise RuntimeError(
@@ -60,10 +58,8 @@ def varlen_attention(
         scale = q.shape[-1] ** -0.5
     if q.device.type != "cuda":
         kernels = "cpu"
-    elif dense == "auto":
+    else:  # flash where torch has no cuDNN: 1.5x cuDNN's time on the H200 (docs/performance/kernels.md)
         kernels = "cudnn" if torch.backends.cudnn.is_available() else "flash"
-    else:
-        kernels = dense
     return _SlotAttention.apply(q, k, v, cu_seqlens, stride, prefix, float(scale), kernels)
 
 
