@@ -48,9 +48,9 @@ OPS = (  # a row op with the suffix _frozen: its parameters need no gradient (as
     "residual_norm_modulate,apply_rope,qk_norm_rope,qk_norm_rope_frozen,situ_glu,varlen_attention"
 )
 BACKENDS = "eager,compile,triton"  # per op (attention adds ATTN_BACKENDS)
-ATTN_BACKENDS = "sdpa_slots,triton,sdpa_groups,torch_varlen,flex"  # sdpa_slots: ATTN_CAPTIONS rows only
+ATTN_BACKENDS = "triton,sdpa_groups,torch_varlen,flex"
 # caption tokens per sample, e.g. "40,90": the attention rows take the trainer's layout (SAMPLES images of
-# IMAGE_TOKENS, each with its caption, in equal slots padded to a multiple of TEXT_PAD / SAMPLES:
+# IMAGE_TOKENS, each with its caption, a pad segment to a multiple of TEXT_PAD:
 # kohakumoss.model.seq.PackedSeq.build); "": SAMPLES runs of IMAGE_TOKENS + TEXT_TOKENS
 ATTN_CAPTIONS = ""
 BLOCK = True

@@ -37,25 +37,3 @@ def host_values(tensor: torch.Tensor) -> tuple[int, ...]:
     if values is None:
         values = tuple(tensor.tolist())
     return values
-
-
-# Slot layouts: a batch whose samples sit in equal slots (`kohakumoss.model.seq.PackedSeq.build`) says
-# so on its cu_seqlens. These are shapes, fixed for every batch a CUDA graph replays (the graph key
-# holds them), not values: reading them is not a host read.
-_SLOTS = WeakTensorKeyDictionary()
-
-
-def register_slots(cu_seqlens: torch.Tensor, stride: int, prefix: int) -> torch.Tensor:
-    """cu_seqlens describes samples in slots of `stride` tokens: each slot's first `prefix` tokens belong
-    to its sample (the image), the rest are the sample's other tokens then a pad segment, so cu_seqlens
-    alternates a sample's and its pad's segment (2 per slot). Returns cu_seqlens."""
-    if not 0 < prefix < stride or (cu_seqlens.numel() - 1) % 2:
-        raise ValueError(f"slots of {stride} tokens with a prefix of {prefix} need 0 < prefix < stride "
-                         f"and 2 segments per slot, not {cu_seqlens.numel() - 1}")  # fmt: skip
-    _SLOTS[cu_seqlens] = (int(stride), int(prefix))
-    return cu_seqlens
-
-
-def slots(cu_seqlens: torch.Tensor) -> tuple[int, int] | None:
-    """(stride, prefix) registered for cu_seqlens, or None."""
-    return _SLOTS.get(cu_seqlens)

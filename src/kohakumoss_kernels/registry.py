@@ -42,7 +42,6 @@ log = get_logger("kohakumoss.kernels.registry")
 
 # The `torch` slot of a priority list expands to these, where the op has them.
 TORCH_NATIVE = (
-    "sdpa_slots",
     "sdpa_groups",
     "torch_varlen",
     "flex",
@@ -246,14 +245,10 @@ class BoundOp:
 
     def order(self, *args, **kwargs) -> list[tuple[str, Callable]]:
         """The backends for this call, the chosen one first, the rest in priority order."""
-        # a backend may serve only some calls of its op (`fn.accepts`, e.g. one layout): the others skip it
-        declined = tuple(
-            n for n, f in self.backends if hasattr(f, "accepts") and not f.accepts(*args, **kwargs)
-        )
-        exact = (_exact_key(args, kwargs), declined)
+        exact = _exact_key(args, kwargs)
         if exact in self._decided:  # the hot path: no string key, no table lookup
             return self._decided[exact]
-        live = [(n, f) for n, f in self.backends if n not in self.failed and n not in declined]
+        live = [(n, f) for n, f in self.backends if n not in self.failed]
         live = _graph_safe(live, self.timing, self.lengths) or self.backends[-1:]
         if self.kind not in (None, "dense") and len(live) > 1:  # the reference keeps a dequantized copy
             live = [(n, f) for n, f in live if n != "eager"]  # of a stored weight: last resort, never timed

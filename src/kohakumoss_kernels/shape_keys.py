@@ -13,7 +13,6 @@ from collections.abc import Callable
 
 import torch
 
-from .host_values import slots
 from .stored_weight import weight_kind
 
 _DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -34,18 +33,13 @@ def _rows(x: torch.Tensor) -> dict[str, int]:
 
 
 def _attention(q, k, v, cu_seqlens, max_seqlen, *args, **kwargs) -> dict[str, int]:
-    dims = {
+    return {
         "T": bucket(q.shape[0]),
         "H": q.shape[1],
         "D": q.shape[2],
         "L": bucket(max_seqlen),
         "B": cu_seqlens.numel() - 1,
     }
-    if (
-        slots(cu_seqlens) is not None
-    ):  # samples in slots (`host_values.register_slots`): sdpa_slots serves them
-        dims["slots"] = 1
-    return dims
 
 
 def _rope(x, *args, **kwargs) -> dict[str, int]:

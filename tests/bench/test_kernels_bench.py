@@ -101,13 +101,12 @@ def test_ops_knob_is_checked_and_frozen_rows_freeze_only_parameters():
 
 
 def test_attention_rows_take_the_trainers_layout_with_captions():
-    """ATTN_CAPTIONS: the attention rows' runs are the trainer's (PackedSeq with its pad segments), the
+    """ATTN_CAPTIONS: the attention rows' runs are the trainer's (PackedSeq with its pad segment), the
     FLOPs count those runs, and every backend's row equals the eager one on them (CPU, tiny widths)."""
     bench = runpy.run_path(str(SCRIPT), run_name="bench")
     glb = bench["attention_inputs"].__globals__
     glb.update(HEADS=2, HEAD_DIM=16, IMAGE_TOKENS=64, ATTN_CAPTIONS="5,40", DEVICE="cpu")
-    # slots of 128 tokens (64 image + 64 text): 64 + 5 and its pad, 64 + 40 and its pad
-    assert glb["attention_lengths"]() == [69, 59, 104, 24]
+    assert glb["attention_lengths"]() == [69, 104, 83]  # 64 + 5, 64 + 40, then pad to 256 tokens
     layout = glb["trainer_layout"]()
     assert layout.max_seqlen == 128 and layout.text_pad == 83
     q, k, v, cu, bound = glb["attention_inputs"](lambda *s: torch.randn(*s), None, None)

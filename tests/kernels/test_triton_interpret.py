@@ -41,8 +41,3 @@ def test_adaln_kernels_take_the_models_mixed_dtypes_in_the_interpreter():
     frozen: outputs and gradients as the eager op's, each gradient in its input's dtype."""
     out = _interpret("interpret_mixed_dtypes.py")
     assert out.split() == ["ok", "norm_modulate", "ok", "residual_norm_modulate", "ok", "gated_residual"], out
-
-
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton not installed")
-def test_sdpa_slots_merge_kernel_matches_torch_in_the_interpreter():
-    assert "ok slot_merge" in _interpret("interpret_slot_merge.py")

@@ -6,15 +6,10 @@ two packed tensors (all image tokens, all text tokens, each sample's run contigu
 image token (row, col) -> (0, text_len, row - (rows - 1) / 2, col - (cols - 1) / 2); text token j -> (0, j, 0, 0).
 The text refiner attends within each sample's text alone: `text_cu_seqlens` over the packed text tokens.
 
-`build(..., pad_to=Q)` adds pad tokens: text-only tokens in segments of their own, so they touch no real
-token, and carry no loss. With them and the length bounds rounded, batches whose captions differ in
-length have the same tensor shapes, so one CUDA graph serves them (`train/graphs.py`); `text_lens`,
-`img_sizes` and the token counts stay the real ones. Where the images are of one size (one bucket), each
-sample gets a slot of the same `stride` tokens, [image, text, pad], its text rounded up to a multiple
-of Q / B: every image then starts at a fixed offset, so attention can run the image keys as one dense
-call (`kohakumoss_kernels/ops/varlen_attention/sdpa_slots.py`); cu_seqlens alternates each sample's
-segment and its pad's. Otherwise one pad segment at the end rounds the text tokens to a multiple of Q.
-The pad tokens' rows of the packed text come last, after every sample's text.
+`build(..., pad_to=Q)` rounds the text tokens up to a multiple of Q with a trailing pad segment: text-only
+tokens that attend among themselves, so they touch no real token, and carry no loss. With it and the
+length bounds rounded too, batches whose captions differ in length have the same tensor shapes, so one
+CUDA graph serves them (`train/graphs.py`); `text_lens`, `img_sizes` and the token counts stay the real ones.
 """
 
 from __future__ import annotations
@@ -24,7 +19,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from kohakumoss_kernels.host_values import host_values, register_host_values, register_slots
+from kohakumoss_kernels.host_values import host_values, register_host_values
 
 
 def sample_positions(n_text: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +60,7 @@ class PackedSeq:
     joint_gather: torch.Tensor  # [T] long: cat(img_tokens, text_tokens)[joint_gather] is the joint axis
     max_seqlen: int
     text_max_seqlen: int
-    text_pad: int = 0  # pad tokens in all (segments of their own on both axes; their text rows come last)
-    slots: tuple[int, int] | None = None  # (stride, prefix): samples in equal slots, image first
+    text_pad: int = 0  # pad tokens after the last sample's (a segment of their own on both axes)
 
     @property
     def num_samples(self) -> int:
@@ -103,8 +97,6 @@ class PackedSeq:
         }
         for name in ("cu_seqlens", "text_cu_seqlens"):
             register_host_values(moved[name], host_values(getattr(self, name)))
-        if self.slots is not None:
-            register_slots(moved["cu_seqlens"], *self.slots)
         return PackedSeq(**moved)
 
     def tensors(self) -> list[torch.Tensor]:
@@ -119,8 +111,8 @@ class PackedSeq:
         pad_to: int = 0,
     ) -> PackedSeq:
         """Describe a batch from per-sample text lengths and image token grids (rows, cols).
-        pad_to > 0: pad tokens make the shapes repeat (filling each slot, or one segment of at least one
-        making the text tokens a multiple of pad_to), and the length bounds are rounded to multiples of it."""
+        pad_to > 0: a pad segment makes the text tokens a multiple of it (at least one pad token), and
+        the length bounds are rounded up to multiples of it."""
         text_lens = tuple(int(t) for t in text_lens)
         img_sizes = tuple((int(h), int(w)) for h, w in img_sizes)
         if len(text_lens) != len(img_sizes) or not text_lens:
@@ -129,52 +121,35 @@ class PackedSeq:
             raise ValueError(
                 f"every sample needs >= 1 text token and >= 1 image token: {text_lens}, {img_sizes}"
             )
-        img_lens = [h * w for h, w in img_sizes]
-        B = len(text_lens)
-        slotted = pad_to > 0 and len(set(img_lens)) == 1
-        # slotted: each sample's pad fills its slot; else one pad segment rounds the text tokens up
-        slot_text = _round_up(max(text_lens), max(1, pad_to // B))  # a pad segment may be empty
-        pads = [slot_text - t for t in text_lens] if slotted else [0] * B
-        tail = _round_up(sum(text_lens) + 1, pad_to) - sum(text_lens) if pad_to > 0 and not slotted else 0
         text_index, img_index, sample, img_pos, text_pos = [], [], [], [], []
-        pad_index = []
-        segments: list[int] = []
         start = 0
-        for b, (n_text, (rows, cols), pad) in enumerate(zip(text_lens, img_sizes, pads)):
+        for b, (n_text, (rows, cols)) in enumerate(zip(text_lens, img_sizes)):
             n_img = rows * cols
             img_index.append(torch.arange(start, start + n_img))
             text_index.append(torch.arange(start + n_img, start + n_img + n_text))
-            sample.append(torch.full((n_img + n_text + pad,), b))  # joint order: the slot's pad too
+            sample.append(torch.full((n_img + n_text,), b))
             pi, pt = sample_positions(n_text, rows, cols)
             img_pos.append(pi)
             text_pos.append(pt)
             start += n_img + n_text
-            segments.append(n_img + n_text)
-            if slotted:
-                pad_index.append(torch.arange(start, start + pad))
-                start += pad
-                segments.append(pad)
-        if tail:  # its own segment at the end; sample 0's modulation (any would do: nothing reads them)
-            pad_index.append(torch.arange(start, start + tail))
-            sample.append(torch.zeros(tail, dtype=torch.long))
-            segments.append(tail)
-        text_pad = sum(pads) + tail
-        text_segments = [*text_lens, *(pads if slotted else [tail] if tail else [])]
-        text_index.extend(pad_index)
-        text_pos.append(torch.zeros(text_pad, 4))
+        seq_lens = [t + h * w for t, (h, w) in zip(text_lens, img_sizes)]
+        segments, text_segments = list(seq_lens), list(text_lens)
+        pad = _round_up(sum(text_lens) + 1, pad_to) - sum(text_lens) if pad_to > 0 else 0
+        if pad:  # its own segment at the end; sample 0's modulation (any would do: nothing reads them)
+            text_index.append(torch.arange(start, start + pad))
+            sample.append(torch.zeros(pad, dtype=torch.long))
+            text_pos.append(torch.zeros(pad, 4))
+            segments.append(pad)
+            text_segments.append(pad)
+        token_sample = torch.cat(sample).long()
         img_index_t = torch.cat(img_index).long()
         text_index_t = torch.cat(text_index).long()
         joint_gather = torch.argsort(torch.cat([img_index_t, text_index_t]))
-        token_sample = torch.cat(sample).long()
         positions = torch.cat([torch.cat(img_pos), torch.cat(text_pos)])[joint_gather]
-        stride = img_lens[0] + slot_text
-        cu_seqlens = _cu(segments)
-        if slotted:
-            register_slots(cu_seqlens, stride, img_lens[0])
         return cls(
             text_lens=text_lens,
             img_sizes=img_sizes,
-            cu_seqlens=cu_seqlens,
+            cu_seqlens=_cu(segments),
             text_cu_seqlens=_cu(text_segments),
             token_sample=token_sample,
             img_token_sample=token_sample[img_index_t],
@@ -182,8 +157,7 @@ class PackedSeq:
             img_index=img_index_t,
             positions=positions,
             joint_gather=joint_gather,
-            max_seqlen=stride if slotted else _round_up(max(segments), pad_to),
+            max_seqlen=_round_up(max(segments), pad_to),
             text_max_seqlen=_round_up(max(text_segments), pad_to),
-            text_pad=text_pad,
-            slots=(stride, img_lens[0]) if slotted else None,
+            text_pad=pad,
         ).to(device)

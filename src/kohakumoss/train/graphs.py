@@ -8,14 +8,12 @@ a capture needs), so no micro-step is lost or repeated. Every graph accumulates 
 gradient buffers, which become the parameters' `.grad` before each replay; ops that can (the LoRA
 linears) add their weight gradients into those buffers from their GEMMs (kohakumoss_kernels.grad_sink).
 
-Captions differ in length from batch to batch; the trainer pads each batch's text tokens (pad segments,
-`PackedSeq.build(pad_to=TEXT_PAD)`: one image size gets equal slots, each sample's text rounded up to
-a multiple of TEXT_PAD / B), so batches of the same image sizes share tensor shapes and one graph: a
-graph is keyed by shapes, length bounds and the slot layout alone, and each replay copies the batch's
-sequence tensors (cu_seqlens, indices, positions) into the graph's. That holds while every captured
-kernel reads the lengths on the device, as `sdpa_slots` does (each slot's image keys in one dense SDPA
-call). Attention that reads them on the host (SDPA per sample) would bake one batch's lengths into the
-graph, so graphs start keyed by the exact lengths too, and switch (the model's OpSet to
+Captions differ in length from batch to batch; the trainer pads each batch's text tokens to a multiple
+of TEXT_PAD (a pad segment, `PackedSeq.build(pad_to=...)`), so batches of the same image sizes share
+tensor shapes and one graph: a graph is keyed by shapes and length bounds alone, and each replay copies
+the batch's sequence tensors (cu_seqlens, indices, positions) into the graph's. That holds while every
+captured kernel reads the lengths on the device. The fastest attention on the H200 (SDPA per sample)
+reads them on the host, so graphs start keyed by the exact lengths too, and switch (the model's OpSet to
 device-length backends, `OpSet.set_lengths`) once LENGTH_MISSES batches arrived whose shapes were seen
 with other lengths: fixed-length captions keep the faster attention, varied ones get graphs that replay.
 A capture during which an op still read lengths on the host (`kohakumoss_kernels.host_values`) keys the
@@ -104,7 +102,6 @@ def batch_signature(
         shapes,
         seq.max_seqlen,
         seq.text_max_seqlen,
-        seq.slots,  # the slot layout sdpa_slots was captured for (stride, image tokens per sample)
         str(batch.x0.device),
         batch.weight is not None,
     )
