@@ -86,7 +86,7 @@ def knobs(a, row: Row, work: Path) -> dict:
         "DEVICE": a.device,
         "TEXT_ENCODER": "synthetic",
         "VAE": "synthetic",
-        "DATASET": {"kind": "kohya", "path": str(work / "data")},
+        "DATASET": {"kind": "kohya", "path": str(data_dir(a, work))},
         "AREA": a.size * a.size,
         "MAX_TEXT_TOKENS": a.text_tokens,
         "TOKENS_PER_STEP": row.images * (side * side + a.text_tokens),
@@ -157,6 +157,11 @@ def read_run(run: Path, warmup: int) -> dict:
     stopped = re.search(r"stopped(?: by [A-Za-z]+)?: (.*)", log)
     out["stopped"] = stopped.group(1)[:200] if stopped else None
     return out
+
+
+def data_dir(a, work: Path) -> Path:
+    """The synthetic dataset of this many images, size and caption words (made once, reused)."""
+    return work / f"data-{a.images}x{a.size}-{a.caption_words}"
 
 
 def run_row(a, row: Row, work: Path) -> dict:
@@ -247,6 +252,12 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--size", type=int, default=1024, help="image side in pixels (1 MP: 1024)")
     p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS)
+    p.add_argument(
+        "--caption-words",
+        default="3-40",
+        help="words per synthetic caption: a range (captions differ, as real ones do) or one count "
+        "(every caption that long: '256' gives the step benchmark's text tokens per image)",
+    )
     p.add_argument("--rank", type=int, default=32)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
@@ -275,9 +286,9 @@ def main(argv=None) -> None:
         a.work or (Path(os.environ["OUT"]) / "user_runs" if os.environ.get("OUT") else "/tmp/user_runs")
     )
     work.mkdir(parents=True, exist_ok=True)
-    if not (work / "data").exists():
-        subprocess.run([sys.executable, str(ROOT / "scripts/bench/make_images.py"), str(work / "data"),
-                        str(a.images), str(a.size)], check=True)  # fmt: skip
+    if not data_dir(a, work).exists():
+        subprocess.run([sys.executable, str(ROOT / "scripts/bench/make_images.py"), str(data_dir(a, work)),
+                        str(a.images), str(a.size), a.caption_words], check=True)  # fmt: skip
     bench = json.loads(Path(a.bench).read_text()) if a.bench and Path(a.bench).exists() else None
     results = []
     for row in rows:

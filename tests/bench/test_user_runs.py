@@ -25,8 +25,11 @@ def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
         steps=20,
         rank=32,
         set=["GC_EVERY=1"],
+        images=16,
+        caption_words="3-40",
     )
     k = ur.knobs(a, row, tmp_path)
+    assert k["DATASET"]["path"] == str(tmp_path / "data-16x1024-3-40")  # one folder per dataset shape
     assert "GC_EVERY=1" in ur.kogine_argv(k)  # --set: every row's extra knob, handed over as given
     assert k["CARD_GB"] == 24.0 and k["BASE_PRECISION"] == "fp8" and k["TOKENS_PER_STEP"] == 4 * (4096 + 256)
     assert k["TARGET_PRESET"] == "full" and k["BYPASS"] is True  # the benchmark's adapter
@@ -66,7 +69,15 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
 
 def test_a_named_profile_is_the_runs_plan_and_picks_its_benchmark_row(ur, tmp_path):
     a = ur.argparse.Namespace(
-        preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32, set=[]
+        preset="moss-image-5b",
+        device="cuda",
+        size=1024,
+        text_tokens=256,
+        steps=20,
+        rank=32,
+        set=[],
+        images=16,
+        caption_words="3-40",
     )
     row = ur.parse_row("whole/lora/2/low_vram")
     assert row.profile == "low_vram" and ur.knobs(a, row, tmp_path)["MEMORY_PROFILE"] == "low_vram"
@@ -100,9 +111,11 @@ def test_a_row_runs_the_trainer_again_over_the_same_work_folder(ur, tmp_path):
     out = tmp_path / "rows.json"
     argv = ["--preset", "tiny", "--device", "cpu", "--rows", "whole/lora/1", "--steps", "2", "--warmup", "0",
             "--images", "2", "--work", str(tmp_path / "work"), "--out", str(out), "--row-timeout", "300",
-            "--set", "PROFILE_STEPS=[2,2]"]  # fmt: skip
+            "--set", "PROFILE_STEPS=[2,2]", "--caption-words", "5"]  # fmt: skip
     for _ in range(2):
         ur.main(argv)
         (row,) = json.loads(out.read_text())["rows"]
         assert row["completed"] and row["steps"] == 2, row
     assert (tmp_path / "work" / "runs" / "whole-lora-1" / "profile" / "kernels.txt").exists()
+    captions = sorted((tmp_path / "work" / "data-2x128-5" / "1_smoke").glob("*.txt"))
+    assert len(captions) == 2 and all(len(c.read_text().split()) == 5 for c in captions)  # one length
