@@ -17,7 +17,6 @@ import torch.distributed as dist
 from kohakumoss.config.train import TrainConfig
 from kohakumoss.distributed import current, run
 from kohakumoss.distributed.materialize import (
-    ReplayDraws,
     build_sharded,
     fill_random,
     held_bytes,
@@ -208,19 +207,14 @@ def test_sharded_build_is_the_fsdp_workers_only_and_refuses_a_streaming_plan():
     assert "STREAM_BLOCKS: 2 with DISTRIBUTED='fsdp'" in run(FSDP, refusal)
 
 
-def test_replayed_draws_leave_the_generator_where_a_real_build_does():
+def test_a_random_preset_build_draws_nothing_from_the_global_generator():
+    """The one-process build starts on the meta device as the sharded ones do (init_weights draws from its
+    own generator), so an adapter's initial weights come from the same global state after any build."""
     torch.manual_seed(11)
-    MossBackbone(TINY)  # nn.Linear's constructors draw from the global generator
     want = torch.get_rng_state()
-    torch.manual_seed(11)
-    with torch.device("meta"), ReplayDraws(torch.device("cpu")):
-        model = MossBackbone(TINY)
+    model = build_backbone({**KNOBS, "MODEL_PRESET": "tiny"}, torch.device("cpu"), torch.float32, False)
     assert torch.equal(torch.get_rng_state(), want)
-    assert all(p.is_meta for p in model.parameters())
-    torch.manual_seed(11)
-    with torch.device("meta"):  # without the replay, an adapter would draw other initial weights
-        MossBackbone(TINY)
-    assert not torch.equal(torch.get_rng_state(), want)
+    assert not any(p.is_meta for p in model.parameters()) and model.rope.bands.dtype == torch.float32
 
 
 # ---- 2 GPUs (NCCL): skipped with fewer

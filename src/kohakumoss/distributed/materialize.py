@@ -14,15 +14,15 @@ The values, either way:
   generator, the parameters in order, on the GPU when there is one) one parameter at a time and keeps
   its rows (a parameter left on the meta device is drawn and dropped). The sharded weights then equal the one-process run's bit for bit at any world size, and a
   rank holds at most one whole parameter beside its shards; the cost is that every rank draws every value.
-  The global generator is advanced as the one-process build advances it (`ReplayDraws`), so what the
-  run draws next (an adapter's initial weights) is the one-process run's too.
+  Neither build draws from the global generator (the one-process build too starts on the meta device),
+  so what the run draws next (an adapter's initial weights) is the one-process run's.
 """
 
 from __future__ import annotations
 
 import resource
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,6 @@ from safetensors import safe_open
 from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from kohakumoss_common.errors import CheckpointError, ConfigError
 from kohakumoss_common.io import resolve_files, set_module_tensor
@@ -88,56 +87,6 @@ def peak_rss_gib() -> float:
 
 
 # ---- values ---------------------------------------------------------------------------------------
-
-# random ops a module's constructor may call (nn.Linear's kaiming_uniform_ is uniform_)
-IN_PLACE_RANDOM = frozenset(
-    {"uniform_", "normal_", "bernoulli_", "random_", "exponential_", "geometric_", "log_normal_", "cauchy_"}
-)
-FACTORY_RANDOM = frozenset(
-    {
-        "rand",
-        "randn",
-        "randint",
-        "randperm",
-        "rand_like",
-        "randn_like",
-        "randint_like",
-        "normal",
-        "bernoulli",
-        "multinomial",
-    }
-)
-
-
-class ReplayDraws(TorchDispatchMode):
-    """A model built on the meta device under this mode advances `device`'s default generator exactly as
-    building it there would (each random fill drawn into a scratch tensor there and dropped): what the
-    run draws next from the global generator (an adapter's initial weights) then equals the one-process
-    run's, which builds the model on its device. One parameter's scratch at a time."""
-
-    def __init__(self, device: torch.device):
-        super().__init__()
-        self.device = device
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func.overloadpacket.__name__
-        if name in IN_PLACE_RANDOM and args and args[0].is_meta:
-            func(torch.empty(args[0].shape, dtype=args[0].dtype, device=self.device), *args[1:], **kwargs)
-        elif name in FACTORY_RANDOM and any(t.is_meta for t in _tensors(out)):
-            real = [torch.empty_like(a, device=self.device) if _is_meta(a) else a for a in args]
-            moved = {k: (self.device if k == "device" else v) for k, v in kwargs.items()}
-            func(*real, **moved)
-        return out
-
-
-def _is_meta(x: Any) -> bool:
-    return isinstance(x, torch.Tensor) and x.is_meta
-
-
-def _tensors(out: Any) -> list[torch.Tensor]:
-    return [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(t, torch.Tensor)]
 
 
 def fill_random(
@@ -221,15 +170,13 @@ def build_sharded(
     device: torch.device,
     param_dtype: torch.dtype,
     fill: Callable[[nn.Module], None],
-    replay: torch.device | None = None,
 ) -> nn.Module:
     """A MossBackbone built on the meta device, `fully_shard` per block and at the root (computing in
-    `param_dtype`), its shards allocated on `device` and filled by `fill(model)`; frozen.
-    replay: advance this device's global generator as building the model there would (ReplayDraws)."""
+    `param_dtype`), its shards allocated on `device` and filled by `fill(model)`; frozen."""
     from kohakumoss.model import MossBackbone
     from kohakumoss.model.rope import rope_bands
 
-    with torch.device("meta"), ReplayDraws(replay) if replay is not None else nullcontext():
+    with torch.device("meta"):
         model = MossBackbone(config, ops=ops)
     wrap_fsdp(model, param_dtype=param_dtype)
     model.to_empty(device=device)  # FSDP2 re-points its shards at the new storage
@@ -244,7 +191,6 @@ class Source:
 
     config: Any  # MossConfig
     text: str  # for the build's log line
-    replay: torch.device | None  # the device whose global generator the one-process build advances
     fill: Callable[[nn.Module], None]  # fills every materialized parameter (shard or whole)
 
 
@@ -262,7 +208,6 @@ def weights_source(k: dict[str, Any], store: torch.dtype, draw: torch.device) ->
         return Source(
             info.config,
             f"{info.path} ({info.layout.name} layout{quant})",
-            None,
             lambda model: fill_from_checkpoint(model, info, store),
         )
     if k["MODEL_PRESET"]:
@@ -270,7 +215,6 @@ def weights_source(k: dict[str, Any], store: torch.dtype, draw: torch.device) ->
         return Source(
             get_preset(k["MODEL_PRESET"]),
             f"random {k['MODEL_PRESET']} weights (MODEL_PRESET)",
-            draw,  # build_backbone builds the model on the device: its constructors' draws
             lambda model: fill_random(model, int(k["SEED"]), where, store),
         )
     raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
@@ -304,7 +248,7 @@ def sharded_backbone(
     store = torch.float32 if fp32_masters else dtype
     rss_before = peak_rss_gib()
     src = weights_source(k, store, device)
-    model = build_sharded(src.config, OpSet(backend), device, dtype, src.fill, src.replay)
+    model = build_sharded(src.config, OpSet(backend), device, dtype, src.fill)
     here, whole = held_bytes(model)
     log.info(
         f"FSDP2 build: rank {current().rank} holds {here / 2**20:.1f} MiB of the DiT's "
@@ -331,17 +275,15 @@ def build_staged(
     where: Callable[[str], torch.device | None],
     store: torch.dtype,
     fill: Callable[[nn.Module], None],
-    replay: torch.device | None = None,
     bands: torch.device | None = None,
 ) -> nn.Module:
     """A MossBackbone built on the meta device in `store`, each parameter `name` with `where(name)` a
     device materialized there and filled by `fill(model)`, the others left on the meta device; frozen.
-    replay: advance this device's global generator as building the model there would (ReplayDraws);
     bands: where `rope.bands` (a derived constant) is put."""
     from kohakumoss.model import MossBackbone
     from kohakumoss.model.rope import rope_bands
 
-    with torch.device("meta"), ReplayDraws(replay) if replay is not None else nullcontext():
+    with torch.device("meta"):
         model = MossBackbone(config, ops=ops)
     model.to(store)
     placed = {n: d for n, _ in model.named_parameters() if (d := where(n)) is not None}
@@ -407,7 +349,7 @@ def staged_backbone(
             held = owner_stage(name, starts) in local or name.startswith("video_embedder.")
             return device if held else None
 
-    model = build_staged(src.config, OpSet(backend), where, store, src.fill, src.replay, device)
+    model = build_staged(src.config, OpSet(backend), where, store, src.fill, device)
     held = stage_bytes(model)
     whole = sum(held.values())
     spread = ", ".join(f"{n / 2**20:.1f} MiB on {d}" for d, n in sorted(held.items()) if d != "meta")

@@ -110,6 +110,8 @@ class MossBackbone(nn.Module):
         self, std: float = 0.02, generator: torch.Generator | None = None, via: torch.device | None = None
     ) -> MossBackbone:
         """Random weights (normal linears, norm weights 1 + normal): for tests and the random-weight benchmarks.
+        Each parameter is drawn whole in float32 and stored in its own dtype (as distributed builds
+        replay it: `distributed.materialize.fill_random`).
 
         via: draw the values on this device and copy them in (a GPU fills a host-built 5B model in
         seconds instead of minutes); `generator` must then live on `via`.
@@ -118,15 +120,11 @@ class MossBackbone(nn.Module):
             if p.device.type == "meta":
                 continue
             with torch.no_grad():
-                if via is None:
-                    p.normal_(0.0, std, generator=generator)
-                else:
-                    drawn = torch.empty(p.shape, dtype=p.dtype, device=via).normal_(
-                        0.0, std, generator=generator
-                    )
-                    p.copy_(drawn)
+                drawn = torch.empty(p.shape, dtype=torch.float32, device=via or p.device)
+                drawn.normal_(0.0, std, generator=generator)
                 if p.ndim == 1 and not name.endswith("bias"):  # norm weights around 1
-                    p.add_(1.0)
+                    drawn.add_(1.0)
+                p.copy_(drawn)
         return self
 
 

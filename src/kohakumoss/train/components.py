@@ -26,9 +26,11 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
+from kohakumoss.model.rope import rope_bands
 from kohakumoss.precision import fp32_residuals, quantize_frozen_linears, wants_fp32_residuals
 from kohakumoss_common.device import same_device
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.io import set_module_tensor
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
 from kohakumoss_kernels.deterministic import backends_for, set_deterministic
@@ -137,12 +139,13 @@ def build_backbone(
         backbone = load_backbone(model.weights, dtype=store, device=device, ops=ops)
     elif model.model_preset:
         preset = get_preset(model.model_preset)
-        with torch.device(device):
+        with torch.device("meta"):  # no default init: init_weights draws every parameter anyway
             backbone = MossBackbone(preset, ops=ops)
+        backbone.to(store).to_empty(device=device)
+        set_module_tensor(backbone, "rope.bands", rope_bands(preset.head_dim, preset.rope_theta, device))
         draw = draw or device
         generator = torch.Generator(device=draw).manual_seed(int(seed))
         backbone.init_weights(std=0.02, generator=generator, via=None if same_device(draw, device) else draw)
-        backbone.to(store)
         log.info(f"random {model.model_preset} weights (MODEL_PRESET): for demos and benchmarks only")
     else:
         raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
