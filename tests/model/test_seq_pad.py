@@ -25,8 +25,13 @@ def test_pad_makes_the_text_a_multiple_and_keeps_the_real_layout():
     )
     assert padded.text_index[8:].tolist() == list(range(n, n + 8))
     assert torch.equal(padded.img_token_sample, plain.img_token_sample)
-    # an exact multiple still gets a pad token: every padded batch has the pad segment, so one shape
-    assert PackedSeq.build([8, 8], [(2, 2), (2, 2)], pad_to=16).text_pad == 16
+    # an exact multiple gets an empty pad segment: every padded batch has the segment, so one shape, and
+    # captions that fill the multiple (the step benchmark's 256 tokens) pay no pad token
+    exact = PackedSeq.build([8, 8], [(2, 2), (2, 2)], pad_to=16)
+    assert exact.text_pad == 0 and exact.cu_seqlens.tolist() == [0, 12, 24, 24]
+    assert exact.text_cu_seqlens.tolist() == [0, 8, 16, 16] and exact.text_index.numel() == 16
+    other = PackedSeq.build([5, 3], [(2, 2), (2, 2)], pad_to=16)  # 8 pad tokens
+    assert [t.shape for t in exact.tensors()] == [t.shape for t in other.tensors()]
 
 
 def test_other_captions_pad_to_the_same_shapes():
@@ -37,7 +42,10 @@ def test_other_captions_pad_to_the_same_shapes():
     assert a.text_lens != b.text_lens
 
 
-@pytest.mark.parametrize("text_lens, img_sizes", [([5, 3], [(4, 4), (2, 6)]), ([7], [(3, 5)])])
+# the last: the text an exact multiple, so an empty pad segment
+@pytest.mark.parametrize(
+    "text_lens, img_sizes", [([5, 3], [(4, 4), (2, 6)]), ([7], [(3, 5)]), ([8, 8], [(2, 2), (2, 3)])]
+)
 def test_padded_forward_equals_the_unpadded_one(text_lens, img_sizes):
     """Pad tokens attend among themselves: the image tokens' velocity is the unpadded batch's."""
     cfg = get_preset("tiny")

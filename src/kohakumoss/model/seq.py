@@ -111,7 +111,8 @@ class PackedSeq:
         pad_to: int = 0,
     ) -> PackedSeq:
         """Describe a batch from per-sample text lengths and image token grids (rows, cols).
-        pad_to > 0: a pad segment makes the text tokens a multiple of it (at least one pad token), and
+        pad_to > 0: a pad segment makes the text tokens a multiple of it (empty when they already are:
+        the segment is always there, so the shapes are the same), and
         the length bounds are rounded up to multiples of it."""
         text_lens = tuple(int(t) for t in text_lens)
         img_sizes = tuple((int(h), int(w)) for h, w in img_sizes)
@@ -134,8 +135,8 @@ class PackedSeq:
             start += n_img + n_text
         seq_lens = [t + h * w for t, (h, w) in zip(text_lens, img_sizes)]
         segments, text_segments = list(seq_lens), list(text_lens)
-        pad = _round_up(sum(text_lens) + 1, pad_to) - sum(text_lens) if pad_to > 0 else 0
-        if pad:  # its own segment at the end; sample 0's modulation (any would do: nothing reads them)
+        pad = _round_up(sum(text_lens), pad_to) - sum(text_lens) if pad_to > 0 else 0
+        if pad_to > 0:  # its own segment at the end; sample 0's modulation (any would do: nothing reads them)
             text_index.append(torch.arange(start, start + pad))
             sample.append(torch.zeros(pad, dtype=torch.long))
             text_pos.append(torch.zeros(pad, 4))
