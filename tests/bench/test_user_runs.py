@@ -14,20 +14,17 @@ def ur():
     return load_bench("user_runs")
 
 
+def args(ur, **over):
+    """The script's options for a 5B row on the GPU, as its command line would give them."""
+    base = dict(preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32, set=[],
+                images=16, caption_words="3-40")  # fmt: skip
+    return ur.argparse.Namespace(**{**base, **over})
+
+
 def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
     row = ur.parse_row("card24/lora/4/fp8")
     assert (row.card_gb, row.adapter, row.images, row.online, row.fp8) == (24.0, "lora", 4, False, True)
-    a = ur.argparse.Namespace(
-        preset="moss-image-5b",
-        device="cuda",
-        size=1024,
-        text_tokens=256,
-        steps=20,
-        rank=32,
-        set=["GC_EVERY=1"],
-        images=16,
-        caption_words="3-40",
-    )
+    a = args(ur, set=["GC_EVERY=1"])
     k = ur.knobs(a, row, tmp_path)
     assert k["DATASET"]["path"] == str(tmp_path / "data-16x1024-3-40")  # one folder per dataset shape
     assert "GC_EVERY=1" in ur.kogine_argv(k)  # --set: every row's extra knob, handed over as given
@@ -68,17 +65,7 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
 
 
 def test_a_named_profile_is_the_runs_plan_and_picks_its_benchmark_row(ur, tmp_path):
-    a = ur.argparse.Namespace(
-        preset="moss-image-5b",
-        device="cuda",
-        size=1024,
-        text_tokens=256,
-        steps=20,
-        rank=32,
-        set=[],
-        images=16,
-        caption_words="3-40",
-    )
+    a = args(ur)
     row = ur.parse_row("whole/lora/2/low_vram")
     assert row.profile == "low_vram" and ur.knobs(a, row, tmp_path)["MEMORY_PROFILE"] == "low_vram"
     assert "MEMORY_PROFILE" not in ur.knobs(a, ur.parse_row("whole/lora/2"), tmp_path)  # 'auto'
