@@ -43,7 +43,10 @@ def test_the_default_demo_runs_and_its_lora_row_resembles_the_training_pictures(
     ]
     assert not list(IMAGES.parent.glob(".*catalog*"))  # the catalog stays in the run folder
     print(f"distance to the training pictures: {near}")
-    assert near["lora"]["hist"] < 0.8 * near["base"]["hist"], near
+    # an untrained LoRA is the base row exactly (ratio 1.0, same seeds per column); a trained one came
+    # 0.69 to 0.83 of it over SEED 0, 1, 2 (CPU, the build drawing nothing from the global generator): the
+    # four-picture measure varies with the adapter's initial draw, so the margin is 10%
+    assert near["lora"]["hist"] < 0.9 * near["base"]["hist"], near
     assert near["lora"]["mse16"] < near["base"]["mse16"], near
 
 
@@ -86,4 +89,7 @@ def test_the_demo_runs_on_the_gpu_with_its_default_device(demo, tmp_path):
     near = demo["run"](knobs)
     log = (tmp_path / knobs["RUN_NAME"] / "log.txt").read_text()
     assert "device cuda" in log, log[:2000]
-    assert near["lora"]["hist"] < 0.8 * near["base"]["hist"], near
+    # an untrained LoRA is the base row exactly (ratio 1.0, same seeds per column); a trained one came
+    # 0.69 to 0.83 of it over SEED 0, 1, 2 (CPU, the build drawing nothing from the global generator): the
+    # four-picture measure varies with the adapter's initial draw, so the margin is 10%
+    assert near["lora"]["hist"] < 0.9 * near["base"]["hist"], near
