@@ -16,7 +16,8 @@ Each row runs in its own process from an empty kernel tuning cache (a fresh mach
 shipped for the card, if any; --empty-table: none, as on a card this project never timed), random weights of
 the preset, TEXT_ENCODER / VAE 'synthetic' (the real encoders' architectures are not built here), a
 kohya folder of synthetic images. Per row: completed, steps, median tokens/s of the steps after the
-warm-up (the trainer's own metrics.jsonl), the step peak (its peak_mem_gib) against the cap, the
+warm-up (the trainer's own metrics.jsonl), the step peak (its peak_mem_gib) and
+the allocator's reserved peak (peak_reserved_gib) against the cap, the
 plan's predicted peak (log.txt), the first step's cost, and the ratio to the train_step.py row of the
 same plan when --bench gives that benchmark's JSON (run in the same device call).
 """
@@ -141,6 +142,8 @@ def read_run(run: Path, warmup: int) -> dict:
         out["step_s"] = statistics.median(m["step_s"] for m in late)
     if metrics:
         out["peak_gib"] = max(m["peak_mem_gib"] for m in metrics)
+        reserved = [m["peak_reserved_gib"] for m in metrics if "peak_reserved_gib" in m]
+        out["reserved_gib"] = max(reserved) if reserved else None
         out["first_step_s"] = metrics[0]["step_s"]
     plan = re.search(r"memory plan: (.*)", log)
     out["plan"] = plan.group(1) if plan else None
@@ -232,12 +235,13 @@ def fmt(v, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = [f"{'row':<24} {'done':>4} {'steps':>5} {'tokens/s':>9} {'peak GiB':>8} {'cap':>4} "
-             f"{'pred GiB':>8} {'vs bench':>8} {'step 1 s':>8}  plan / why stopped"]  # fmt: skip
+    lines = [f"{'row':<24} {'done':>4} {'steps':>5} {'tokens/s':>9} {'s/step':>6} {'peak GiB':>8} {'reserved':>8} "
+             f"{'cap':>4} {'pred GiB':>8} {'vs bench':>8} {'step 1 s':>8}  plan / why stopped"]  # fmt: skip
     for r in rows:
         lines.append(
             f"{r['row']:<24} {'yes' if r['completed'] else 'NO':>4} {r['steps']:>5} "
-            f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('peak_gib'), '.1f'):>8} "
+            f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('step_s'), '.3f'):>6} "
+            f"{fmt(r.get('peak_gib'), '.1f'):>8} {fmt(r.get('reserved_gib'), '.1f'):>8} "
             f"{fmt(r.get('cap_gib'), 'g'):>4} {fmt(r.get('predicted_gib'), '.1f'):>8} "
             f"{fmt(r.get('bench_ratio'), '.2f'):>8} {fmt(r.get('first_step_s'), '.0f'):>8}  "
             f"{r.get('stopped') or r.get('plan') or ''}"

@@ -43,7 +43,14 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     steps = [
-        dict(step=s, tokens_per_s=1000.0 + s, step_s=0.5, peak_mem_gib=10.0 + s / 10) for s in range(1, 9)
+        dict(
+            step=s,
+            tokens_per_s=1000.0 + s,
+            step_s=0.5,
+            peak_mem_gib=10.0 + s / 10,
+            peak_reserved_gib=11.0 + s,
+        )
+        for s in range(1, 9)
     ]
     steps[0]["step_s"] = 42.0
     (run / "metrics.jsonl").write_text("\n".join(json.dumps(m) for m in steps))
@@ -53,7 +60,9 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
     )
     got = ur.read_run(run, warmup=4)
     assert got["steps"] == 8 and got["tokens_per_s"] == 1006.5  # median of steps 5..8
-    assert got["peak_gib"] == pytest.approx(10.8) and got["first_step_s"] == 42.0
+    assert (
+        got["peak_gib"] == pytest.approx(10.8) and got["reserved_gib"] == 19.0 and got["first_step_s"] == 42.0
+    )
     assert (
         got["predicted_gib"] == 12.3
         and got["prewarm"] == "48 keys, 12 launch configs, 61 s"

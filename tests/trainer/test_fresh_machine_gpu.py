@@ -38,8 +38,9 @@ def test_a_fresh_machine_trains_under_every_profile(train_world, tmp_path, monke
         CACHE_DIR=str(tmp_path / "data-cache"),
     )
     run = train(knobs)
-    losses = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert len(losses) == 4 and all(math.isfinite(v) for v in losses)
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(metrics) == 4 and all(math.isfinite(m["loss"]) for m in metrics)
+    assert all(m["peak_reserved_gib"] >= m["peak_mem_gib"] > 0 for m in metrics)
     log = (run / "log.txt").read_text()
     assert "different number of tensors" not in log and "out of memory" not in log
     assert list(Path(tmp_path / "cache" / "tuning").glob("*.json"))  # the first step tuned and kept it

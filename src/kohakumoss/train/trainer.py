@@ -371,6 +371,8 @@ class Trainer:
             skipped=self.skipped,
             gc_ms=self.collector.take_paused_ms(),
         )
+        if self.comps.device.type == "cuda":  # the allocator's cache on top: what the card must hold
+            record["peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.comps.device) / 2**30
         if self.profiler.active(step):
             record["profiled"] = True
         val_every = self.cfg.data.val_every
