@@ -261,6 +261,7 @@ class Trainer:
         device = self.comps.device
         self.comps.backbone.train()
         if device.type == "cuda":
+            torch.cuda.empty_cache()  # the build's cached blocks: the reserved peak is then the training's
             torch.cuda.reset_peak_memory_stats(device)
         quiet = None if self.rr.is_main else True
         self.bar = tqdm(
