@@ -1,8 +1,8 @@
 """The MOSS-Image backbone: config and presets, packed sequence layout, blocks, reference, checkpoint io."""
 
-from .backbone import MossBackbone
+from .backbone import MossBackbone, linear_rows
 from .config import MossConfig
 from .presets import PRESETS, get_preset
 from .seq import PackedSeq
 
-__all__ = ["PRESETS", "MossBackbone", "MossConfig", "PackedSeq", "get_preset"]
+__all__ = ["PRESETS", "MossBackbone", "MossConfig", "PackedSeq", "get_preset", "linear_rows"]

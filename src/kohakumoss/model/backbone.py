@@ -31,6 +31,20 @@ from .rope import RotaryBands, rope_cos_sin
 from .seq import PackedSeq
 
 
+def linear_rows(name: str, image_tokens: int, text_tokens: int, samples: int) -> int:
+    """Rows the linear `name` multiplies in one forward (the diagram above): the blocks see every token,
+    the refiner the text, the embedder and the head the image tokens, the time path one row per sample."""
+    if name.startswith("layers."):
+        return image_tokens + text_tokens
+    if name.startswith("text_embedder."):
+        return text_tokens
+    if name in ("video_embedder", "final_linear_video"):
+        return image_tokens
+    if name.startswith("time_embedding.") or name.endswith("_modulation"):
+        return samples
+    raise ValueError(f"'{name}' is no linear of MossBackbone")
+
+
 class MossBackbone(nn.Module):
     def __init__(self, config: MossConfig, ops: OpSet | None = None):
         super().__init__()

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kohakumoss.adapters import adapter_param_groups, build_from_spec, clear_tlora_mask
+from kohakumoss.adapters import adapter_param_groups, build_from_spec, clear_tlora_mask, kernel_probe
 from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
@@ -40,9 +40,11 @@ from kohakumoss.distributed.trainer import RankRun
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.verify import ExportMismatch
+from kohakumoss.model import linear_rows
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space, link_tree
 from kohakumoss_common.log import get_logger
+from kohakumoss_common.paths import user_cache_dir
 
 from .checkpoint import (
     clean_stale,
@@ -557,6 +559,7 @@ def build_trainable(cfg: TrainConfig, comps: Components) -> Trainable:
         model.requires_grad_(True)
         module, network = model, None
     else:
+        probe_adapter_kernels(cfg, comps)
         network = build_from_spec(model, cfg.adapter.spec())
         network.to(device=comps.device, dtype=torch.float32)  # adapter weights train in fp32
         if model.block_runner is not None:  # recomputation restores the RNG state only for dropout
@@ -571,6 +574,21 @@ def build_trainable(cfg: TrainConfig, comps: Components) -> Trainable:
     what = "the full model" if network is None else cfg.adapter.algo
     log.info(f"training {what}: {n:,} trainable parameters")
     return Trainable(module, network, params, optimizer, schedule, ema)
+
+
+def probe_adapter_kernels(cfg: TrainConfig, comps: Components) -> None:
+    """On a GPU, an adapter that runs lycoris's own kernels tries them in a child process first, at the
+    step's shapes (`adapters/kernel_probe.py`): a kernel that faults there costs the run its speed, not
+    the run."""
+    spec = cfg.adapter.spec()
+    if comps.device.type != "cuda" or not kernel_probe.needs_probe(spec):
+        return
+    image, text = cfg.data.area // 256, cfg.data.max_text_tokens
+    n = max(1, cfg.data.tokens_per_step // (image + text))  # samples in a full step
+    shapes = kernel_probe.probe_shapes(
+        comps.backbone, spec, lambda name: linear_rows(name, n * image, n * text, n)
+    )
+    kernel_probe.probe_lycoris_kernels(spec, shapes, comps.dtype, comps.device, user_cache_dir())
 
 
 def build_optimizer(
