@@ -131,7 +131,10 @@ def _run_child(spec, shapes, dtype, device, timeout_s) -> ProbeResult:
     )
     t0 = time.perf_counter()
     try:
-        done = subprocess.run(child_command(payload), capture_output=True, text=True, timeout=timeout_s)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the parent's imports
+        done = subprocess.run(
+            child_command(payload), capture_output=True, text=True, timeout=timeout_s, env=env
+        )
         code, stdout, stderr = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as e:
         code, stdout, stderr = None, _text(e.stdout), f"no answer in {timeout_s:.0f} s"
