@@ -321,16 +321,6 @@ def _number(text: str) -> float | None:
         return None
 
 
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
-
-
 def compute_dtype(device: torch.device) -> torch.dtype:
     """bf16 on the GPU; float32 on the CPU (the smoke path: CPU bf16 matmuls are very slow)."""
     return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -395,31 +385,14 @@ def row_config(a, spec: RowSpec):
 # ---------------------------------------------------------------- encoders
 
 
-class RandomTextEncoder:
-    """A random Qwen3.5 text model behind the encoder interface the placement engine wraps (no tokenizer)."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-
-    @torch.no_grad()
-    def encode(self, ids: torch.Tensor) -> torch.Tensor:
-        """Token ids [B, N] -> packed hidden states [B * N, hidden]."""
-        device = self.model.embed_tokens.weight.device
-        hidden = self.model(input_ids=ids.to(device, non_blocking=True), use_cache=False).last_hidden_state
-        return hidden.reshape(-1, hidden.shape[-1])
-
-
-def text_encoder_config(name: str, preset: str):
-    from transformers.models.qwen3_5 import Qwen3_5TextConfig
-
-    from kohakumoss.encoders.text_config import QWEN35_9B, tiny_text_encoder_config
+def text_encoder_size(name: str, preset: str) -> tuple[str, str]:
+    """--text-encoder -> (the random encoder's size, its name in the notes)."""
+    from kohakumoss.encoders.random_weights import random_size
 
     if name == "auto":
-        name = "tiny" if preset == "tiny" else "qwen3.5-9b"
-    if name == "tiny":
-        return tiny_text_encoder_config(vocab_size=64), name
-    if name == "qwen3.5-9b":
-        return Qwen3_5TextConfig(**QWEN35_9B), name
+        name = "tiny" if random_size(preset) == "tiny" else "qwen3.5-9b"
+    if name in ("tiny", "qwen3.5-9b"):
+        return ("tiny" if name == "tiny" else "full"), name
     raise SystemExit(f"--text-encoder: '{name}' is not qwen3.5-9b, tiny or auto")
 
 
@@ -436,36 +409,37 @@ def encoder_plan(plan, cache: str, notes: list[str]):
 def build_text_encoder(
     a, where: str, device: torch.device, dtype: torch.dtype, capped: bool, notes: list[str]
 ):
-    """A random Qwen3.5 text model placed by the encoder engine; returns (encoder, vocab, bytes)."""
-    from transformers.models.qwen3_5 import Qwen3_5TextModel
-
+    """A random Qwen3.5 text model (what TEXT_ENCODER='random' builds) placed by the encoder engine; returns
+    (encoder, vocab, width, bytes)."""
+    from kohakumoss.encoders.random_weights import build_random_text_encoder
     from kohakumoss.memory.engines.encoders import place_encoder
 
-    cfg, name = text_encoder_config(a.text_encoder, a.preset)
+    size, name = text_encoder_size(a.text_encoder, a.preset)
     build = device if (where == "resident" or not capped) else torch.device("cpu")
     t0 = time.perf_counter()
-    with default_dtype(dtype), torch.device(build):
-        model = Qwen3_5TextModel(cfg).eval().requires_grad_(False)
-    n = sum(p.numel() for p in model.parameters())
-    placed = place_encoder(RandomTextEncoder(model), where, device)
+    encoder = build_random_text_encoder(size, a.seed, build, dtype)
+    n = sum(p.numel() for p in encoder.model.parameters())
+    placed = place_encoder(encoder, where, device)
     notes.append(
         f"text encoder random {name} ({n / 1e9:.2f}B, {where}, built in {time.perf_counter() - t0:.0f}s)"
     )
-    return placed, cfg.vocab_size, cfg.hidden_size, placed.weight_bytes
+    return placed, encoder.vocab_size, encoder.hidden_size, placed.weight_bytes
 
 
 def build_vae(a, where: str, device: torch.device, dtype: torch.dtype, capped: bool, notes: list[str]):
-    """The FLUX.2 VAE architecture (AutoencoderKLFlux2, random weights) placed by the encoder engine."""
-    from kohakumoss.encoders.vae import ImageVAE
-    from kohakumoss.encoders.vae_config import FLUX2_VAE_CONFIG, tiny_vae_config
+    """The FLUX.2 VAE architecture (AutoencoderKLFlux2, random weights: what VAE='random' builds) placed by the
+    encoder engine."""
+    from kohakumoss.encoders.random_weights import build_random_vae, random_size
     from kohakumoss.memory.engines.encoders import place_encoder
 
-    tiny = a.preset == "tiny"
+    size = random_size(a.preset)
     build = device if (where == "resident" or not capped) else torch.device("cpu")
-    vae = ImageVAE.from_config(tiny_vae_config() if tiny else FLUX2_VAE_CONFIG, dtype=dtype, device=build)
+    vae = build_random_vae(size, a.seed, build, dtype)
     placed = place_encoder(vae, where, device)
     n = sum(p.numel() for p in vae.model.parameters())
-    notes.append(f"VAE {'tiny' if tiny else 'FLUX.2'} AutoencoderKLFlux2 random ({n / 1e6:.0f}M, {where})")
+    notes.append(
+        f"VAE {'tiny' if size == 'tiny' else 'FLUX.2'} AutoencoderKLFlux2 random ({n / 1e6:.0f}M, {where})"
+    )
     return placed, placed.weight_bytes
 
 
@@ -840,7 +814,8 @@ def run_moss_row(a, spec: RowSpec) -> dict:
                 lats = [vae.encode(pixels[i : i + 1].to(device, non_blocking=True)) for i in range(a.samples)]
             x0 = torch.cat([patchify(lat.float()) for lat in lats]).to(dtype)
         if text_enc is not None:
-            text = text_enc.encode(ids).to(dtype)
+            with text_enc.on_device():  # one load per step when streamed
+                text = text_enc.encode_ids(ids).to(dtype)
         return DeviceBatch(x0, text, seq)
 
     model.train()

@@ -10,13 +10,15 @@ A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE]:
 - ADAPTER `lora` (r32, every DiT linear, bypass: the benchmark's row), `lokr` or `full`;
 - IMAGES per step at 1 MP (TOKENS_PER_STEP = IMAGES x (4096 + 256));
 - `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of the caches the
-  trainer fills before its first step (VAE_ENCODE 'auto'); `fp8`: BASE_PRECISION=fp8; PROFILE (speed, balanced, low_vram, minimal): MEMORY_PROFILE
-  set by name instead of 'auto'.
+  trainer fills before its first step (VAE_ENCODE 'auto'), with TEXT_ENCODER / VAE 'random': the real
+  Qwen3.5 and FLUX.2 VAE architectures with random weights, sized by the preset, so encoding costs what it
+  costs; `fp8`: BASE_PRECISION=fp8; PROFILE (speed, balanced, low_vram, minimal): MEMORY_PROFILE set by
+  name instead of 'auto'.
 Each row runs in its own process from an empty kernel tuning cache (a fresh machine: seeded from the table
 shipped for the card, if any; --empty-table: none, as on a card this project never timed), random weights of
-the preset, TEXT_ENCODER / VAE 'synthetic' (the real encoders' architectures are not built here), a
-kohya folder of synthetic images. Per row: completed, steps, median tokens/s of the steps after the
-warm-up (the trainer's own metrics.jsonl), the step peak (its peak_mem_gib) and
+the preset, TEXT_ENCODER / VAE 'synthetic' (cheap stand-ins: those rows encode before the first step) or
+'random' in the /online rows, a kohya folder of synthetic images. Per row: completed, steps, median
+tokens/s of the steps after the warm-up (the trainer's own metrics.jsonl), the step peak (its peak_mem_gib) and
 the allocator's reserved peak (peak_reserved_gib) against the cap, the
 plan's predicted peak (log.txt), the first step's cost, and the ratio to the train_step.py row of the
 same plan when --bench gives that benchmark's JSON (run in the same device call).
@@ -106,8 +108,8 @@ def knobs(a, row: Row, work: Path) -> dict:
     }
     if row.adapter != "full":  # the benchmark's adapter: every DiT linear, bypass forward
         k.update(RANK=a.rank, ALPHA=float(a.rank), TARGET_PRESET="full", BYPASS=True)
-    if row.online:
-        k.update(VAE_ENCODE="online", TEXT_ENCODE="online")
+    if row.online:  # the encoders run every step: the real architectures, so they cost what they cost
+        k.update(TEXT_ENCODER="random", VAE="random", VAE_ENCODE="online", TEXT_ENCODE="online")
     if row.fp8:
         k["BASE_PRECISION"] = "fp8"
     if row.profile:
@@ -301,7 +303,8 @@ def main(argv=None) -> None:
         result["bench_ratio"] = bench_ratio(result, bench)
         results.append(result)
         print("\n".join(table([result])[1:]), flush=True)
-    print(f"\n{a.preset} random weights, synthetic encoders, {a.size}x{a.size} images, {a.steps} steps per row "
+    print(f"\n{a.preset} random weights, synthetic encoders (/online rows: random-weight Qwen3.5 and FLUX.2 VAE), "
+          f"{a.size}x{a.size} images, {a.steps} steps per row "
           f"(medians after {a.warmup}), each row from "
           f"{'a copy of ' + a.seed_cache if a.seed_cache else 'an empty tuning cache'}"
           f"{' (no shipped table)' if a.empty_table else ' (and the shipped table, if the card has one)'}")  # fmt: skip

@@ -77,6 +77,7 @@ def run(k: dict) -> None:
         build_backbone,
         build_text_encoder,
         build_vae,
+        dit_preset,
         model_config,
         resolve_device,
         text_encoder_config,
@@ -88,7 +89,7 @@ def run(k: dict) -> None:
     read_prompts(k)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
     device, dtype = resolve_device(cfg.device.device), PRECISION_DTYPES[precision]
     text_tokens = None  # priced at MAX_TEXT_TOKENS unless the prompts can be counted (a real tokenizer)
-    if encoders.text_encoder and encoders.text_encoder != "synthetic":
+    if encoders.text_encoder and encoders.text_encoder not in ("synthetic", "random"):
         te_config = text_encoder_config(encoders, torch.device("cpu"), device, precision, max_length)
         tokenizer = load_prompt_tokenizer(te_config)
         text_tokens = longest_prompt_tokens(k, tokenizer)
@@ -119,9 +120,12 @@ def run(k: dict) -> None:
         precision=precision,
         seed=cfg.sampler.seed,
         max_length=max_length,
+        preset=dit_preset(cfg.model),
     )
     vae_where = device if plan.vae == "resident" else host
-    vae = build_vae(encoders, vae_where, device, precision=precision, seed=cfg.sampler.seed)
+    vae = build_vae(
+        encoders, vae_where, device, precision=precision, seed=cfg.sampler.seed, preset=dit_preset(cfg.model)
+    )
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
     for path in sample_images(k, model, text_encoder, vae, device, dtype, speed):

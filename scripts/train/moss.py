@@ -16,14 +16,14 @@ MODEL_PRESET = (
     ""  # with WEIGHTS empty: random weights of this preset (tiny, moss-image-5b): demos and benchmarks
 )
 TEXT_ENCODER = (
-    ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file ("synthetic": benchmarks only)
+    ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file ("synthetic"/"random": benchmarks)
 )
 TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
 TEXT_ENCODER_QUANT = "none"  # text encoder linears: none, fp8, fp8_weight, int8, int8_weight
 ENCODER_PRECISION = "auto"  # text encoder and VAE dtype: auto, bf16, fp16, fp32
-VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic": benchmarks only)
+VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic"/"random": benchmarks)
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
 PRECISION = "bf16"  # compute precision (autocast); weights of the frozen base follow it
 BASE_PRECISION = (

@@ -34,6 +34,9 @@ def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
     assert "TARGET_PRESET=full" in argv and "CARD_GB=24.0" in argv  # strings bare, the rest as literals
     online = ur.knobs(a, ur.parse_row("whole/full/2/online"), tmp_path)
     assert online["CARD_GB"] == 0.0 and online["VAE_ENCODE"] == "online" and "RANK" not in online
+    # encoders online: the real architectures with random weights; cached rows keep the free stand-ins
+    assert online["TEXT_ENCODER"] == online["VAE"] == "random" and online["TEXT_ENCODE"] == "online"
+    assert k["TEXT_ENCODER"] == k["VAE"] == "synthetic"
     for bad in ("card24/lora", "gpu24/lora/2", "card24/lora/2/turbo", "card24/dora/2"):
         with pytest.raises(SystemExit):
             ur.parse_row(bad)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kohakumoss.encoders.random_weights import build_random_text_encoder, build_random_vae
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.encoders.tiny import load_tiny_text_encoder, tiny_vae
 from kohakumoss.memory.engines.encoders import PlacedEncoder, encoder_tensors, place_encoder
@@ -39,6 +40,8 @@ def encoders():
         "vae": lambda _te, vae: vae,
         "synthetic-text": lambda *_: SyntheticTextEncoder(16, seed=3),
         "synthetic-vae": lambda *_: SyntheticVAE(seed=3),
+        "random-text": lambda *_: build_random_text_encoder("tiny", 3, "cpu", torch.float32),
+        "random-vae": lambda *_: build_random_vae("tiny", 3, "cpu", torch.float32),
     }
 
 
@@ -87,6 +90,8 @@ def test_the_wrapper_forwards_what_the_data_code_reads(text_encoder, vae):
         ("vae", "VAE_PLACEMENT", "cache_latents.py"),
         ("synthetic-text", "TEXT_ENCODER_PLACEMENT", "cache_text.py"),
         ("synthetic-vae", "VAE_PLACEMENT", "cache_latents.py"),
+        ("random-text", "TEXT_ENCODER_PLACEMENT", "cache_text.py"),
+        ("random-vae", "VAE_PLACEMENT", "cache_latents.py"),
     ],
 )
 def test_off_refuses_to_encode_outside_sampling(text_encoder, vae, which, knob, script):
@@ -111,7 +116,7 @@ def test_a_bad_placement_names_its_knob(vae):
         place_encoder(vae, "gpu", "cpu")
 
 
-@pytest.mark.parametrize("which", ["text", "vae", "synthetic-vae"])
+@pytest.mark.parametrize("which", ["text", "vae", "synthetic-vae", "random-text"])
 def test_streamed_moves_the_weights_in_for_each_call_and_out_after(text_encoder, vae, which):
     """On the CPU the 'device' copy is a fresh buffer: inside a call the weights are other storage than
     the kept host copy, after it they are the host copy again, and one load happens per call."""

@@ -92,7 +92,7 @@ def _model_files(knobs: dict[str, Any], out: CheckResult) -> tuple[Any, int | No
             out.problems.append(("WEIGHTS", f"unrecognised DiT checkpoint: {e}"))
     for knob, fn in (("TEXT_ENCODER", check_text_encoder), ("VAE", check_vae)):
         value = knobs.get(knob, "")
-        usable = isinstance(value, str) and value not in ("", "synthetic") and Path(value).exists()
+        usable = isinstance(value, str) and value not in ("", "synthetic", "random") and Path(value).exists()
         if usable and (msg := fn(value)):
             out.problems.append((knob, msg))
     if config is None:
@@ -165,7 +165,7 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
 
 
 def encoder_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
-    """(text encoder, VAE) file sizes for the estimate; 0 when not set or synthetic."""
+    """(text encoder, VAE) sizes for the estimate (files, or what 'random' builds); 0 when not set or synthetic."""
     from kohakumoss.memory.estimate import encoder_file_bytes
 
     return encoder_file_bytes(knobs)

@@ -46,10 +46,11 @@ def _optimizer_problem(value: str) -> str | None:
     return optimizer_problem(value)
 
 
-def _exists_or_synthetic(value: str, knob: str) -> str | None:
+def _exists_or_stand_in(value: str, knob: str) -> str | None:
+    """A path that exists, or a benchmark stand-in: 'synthetic' or 'random'."""
     from pathlib import Path
 
-    if value in ("", "synthetic") or Path(value).exists():
+    if value in ("", "synthetic", "random") or Path(value).exists():
         return None
     return f"path '{value}' does not exist"
 
@@ -124,8 +125,9 @@ class EncoderConfig:
 
     text_encoder: str = knob(
         "",
-        "Qwen3.5 text encoder: HF folder or single ComfyUI-style file ('synthetic': benchmarks only)",
-        check=lambda v: _exists_or_synthetic(v, "TEXT_ENCODER"),
+        "Qwen3.5 text encoder: HF folder or single ComfyUI-style file; benchmarks only: 'synthetic' (random "
+        "word vectors) or 'random' (the Qwen3.5 architecture with random weights, sized by MODEL_PRESET)",
+        check=lambda v: _exists_or_stand_in(v, "TEXT_ENCODER"),
     )
     tokenizer: str = knob("", "tokenizer folder (needed with a single-file text encoder)", path="any")
     text_template: str = knob("", "prompt template with {caption}; empty: the encoder's default")
@@ -142,8 +144,9 @@ class EncoderConfig:
     )
     vae: str = knob(
         "",
-        "FLUX.2 VAE: diffusers folder or single file ('synthetic': benchmarks only)",
-        check=lambda v: _exists_or_synthetic(v, "VAE"),
+        "FLUX.2 VAE: diffusers folder or single file; benchmarks only: 'synthetic' (a random patch "
+        "projection) or 'random' (the FLUX.2 VAE architecture with random weights, sized by MODEL_PRESET)",
+        check=lambda v: _exists_or_stand_in(v, "VAE"),
     )
 
 

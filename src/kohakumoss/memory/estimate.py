@@ -249,10 +249,24 @@ def file_bytes(path: str | Path) -> int:
 
 
 def encoder_file_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
-    """(text encoder, VAE) file sizes of TEXT_ENCODER / VAE for the estimate; 0 when unset or synthetic."""
-    sizes = [knobs.get(k) for k in ("TEXT_ENCODER", "VAE")]
-    te, vae = (file_bytes(v) if v not in ("", "synthetic", None) else 0 for v in sizes)
-    return te, vae
+    """(text encoder, VAE) sizes of TEXT_ENCODER / VAE for the estimate: their files', or for 'random' the
+    parameter bytes of the architecture MODEL_PRESET sizes; 0 when unset or synthetic."""
+
+    def size(value: str | None, kind: str) -> int:
+        if value in ("", "synthetic", None):
+            return 0
+        if value != "random":
+            return file_bytes(value)
+        import torch
+
+        from kohakumoss.encoders.random_weights import random_encoder_bytes, random_size
+
+        preset = "" if knobs.get("WEIGHTS") else knobs.get("MODEL_PRESET") or ""
+        auto_fp32 = knobs.get("ENCODER_PRECISION", "auto") == "auto" and knobs.get("DEVICE") == "cpu"
+        wide = knobs.get("ENCODER_PRECISION") == "fp32" or auto_fp32  # components.encoder_dtype's choice
+        return random_encoder_bytes(kind, random_size(preset), torch.float32 if wide else torch.bfloat16)
+
+    return size(knobs.get("TEXT_ENCODER"), "text"), size(knobs.get("VAE"), "vae")
 
 
 def _encoder(placement: str, encode: str, size: float) -> float:

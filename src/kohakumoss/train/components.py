@@ -18,6 +18,13 @@ from kohakumoss.config.sample import SampleModelConfig
 from kohakumoss.config.train import EncoderConfig, ModelConfig, TrainConfig
 from kohakumoss.distributed.materialize import only_on, sharded_backbone, staged_backbone
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
+from kohakumoss.encoders.random_weights import (
+    build_random_text_encoder,
+    build_random_vae,
+    random_encoder_bytes,
+    random_size,
+    random_text_config,
+)
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
 from kohakumoss.memory.engines.encoders import place_encoder
 from kohakumoss.memory.estimate import estimate_peak, file_bytes
@@ -77,7 +84,9 @@ def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]
     """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
     knobs = cfg.knobs()  # the memory package's profiles and estimate read the flat knobs
     card = card_memory_gb(knobs, device) if device.type != "cpu" else None
-    te, vae = encoder_file_bytes(cfg.encoders)
+    encoders = cfg.encoders
+    dtype = encoder_dtype(encoders, cfg.device.precision, device)
+    te, vae = encoder_file_bytes(encoders, dit_preset(cfg.model), dtype)
     plan, why = resolve_plan(
         knobs, model_config(cfg.model), card, cfg.adapter.algo == "full", text_encoder_bytes=te, vae_bytes=vae
     )
@@ -87,13 +96,40 @@ def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]
     return plan, why
 
 
-def encoder_file_bytes(encoders: EncoderConfig) -> tuple[int, int]:
-    """The text encoder's and the VAE's file sizes (0: none, or synthetic)."""
-    te, vae = encoders.text_encoder, encoders.vae
-    return (
-        file_bytes(te) if te not in ("", "synthetic") else 0,
-        file_bytes(vae) if vae not in ("", "synthetic") else 0,
-    )
+def encoder_file_bytes(
+    encoders: EncoderConfig, preset: str = "", dtype: torch.dtype = torch.bfloat16
+) -> tuple[int, int]:
+    """The text encoder's and the VAE's sizes: their files', or for 'random' the parameter bytes the
+    architecture sized by the DiT `preset` takes in `dtype` (0: none, or synthetic)."""
+
+    def size(value: str, kind: str) -> int:
+        if value in ("", "synthetic"):
+            return 0
+        return (
+            random_encoder_bytes(kind, random_size(preset), dtype) if value == "random" else file_bytes(value)
+        )
+
+    return size(encoders.text_encoder, "text"), size(encoders.vae, "vae")
+
+
+def dit_preset(model: ModelConfig | SampleModelConfig) -> str:
+    """MODEL_PRESET where the DiT is one ('' with WEIGHTS): what sizes TEXT_ENCODER / VAE 'random'."""
+    return "" if model.weights else model.model_preset
+
+
+def check_random_text(encoders: EncoderConfig, preset: str, text_dim: int) -> None:
+    """TEXT_ENCODER='random' builds a text model as wide as the DiT's text_dim, or is refused."""
+    if encoders.text_encoder != "random":
+        return
+    size = random_size(preset)
+    width = random_text_config(size).hidden_size
+    if width != text_dim:
+        dit = f"MODEL_PRESET '{preset}'" if preset else "WEIGHTS"
+        raise ConfigError(
+            "TEXT_ENCODER",
+            f"'random' builds the {size} Qwen3.5 text model for {dit} (width {width}), but the DiT's "
+            f"text_dim is {text_dim}: give a text encoder of width {text_dim}",
+        )
 
 
 def predicted_peak_gib(
@@ -188,14 +224,25 @@ def build_text_encoder(
     precision: str,
     seed: int = 0,
     max_length: int | None = None,
+    preset: str = "",
+    draw: torch.device | None = None,
 ) -> TextEncoder | None:
-    """Loaded on `device`; its dtype follows `compute` (where it will run: bf16 on a GPU, fp32 on a CPU)."""
+    """Loaded on `device`; its dtype follows `compute` (where it will run: bf16 on a GPU, fp32 on a CPU).
+    'random': sized by the DiT `preset` (`dit_preset`), its weights drawn on `draw` (default `device`)."""
     compute = compute or device
     if not encoders.text_encoder:
         return None
     if encoders.text_encoder == "synthetic":
         log.warning("TEXT_ENCODER='synthetic': fixed random word vectors, for benchmarks and smoke runs only")
         return SyntheticTextEncoder(text_dim, int(seed), device)
+    if encoders.text_encoder == "random":
+        check_random_text(encoders, preset, text_dim)
+        size, dtype = random_size(preset), encoder_dtype(encoders, precision, compute)
+        log.warning(
+            f"TEXT_ENCODER='random': a {size} Qwen3.5 text model with random weights, for benchmarks only"
+        )
+        kwargs = {"max_length": int(max_length)} if max_length is not None else {}
+        return build_random_text_encoder(size, int(seed), device, dtype, draw=draw, **kwargs)
     return TextEncoder.load(text_encoder_config(encoders, device, compute, precision, max_length))
 
 
@@ -206,14 +253,21 @@ def build_vae(
     *,
     precision: str,
     seed: int = 0,
+    preset: str = "",
 ) -> ImageVAE | None:
+    """Loaded on `device` in `compute`'s encoder dtype; 'random': sized by the DiT `preset`."""
     compute = compute or device
     if not encoders.vae:
         return None
     if encoders.vae == "synthetic":
         log.warning("VAE='synthetic': a fixed random patch projection, for benchmarks and smoke runs only")
         return SyntheticVAE(int(seed), device)
-    return ImageVAE.load(encoders.vae, dtype=encoder_dtype(encoders, precision, compute), device=device)
+    dtype = encoder_dtype(encoders, precision, compute)
+    if encoders.vae == "random":
+        size = random_size(preset)
+        log.warning(f"VAE='random': a {size} AutoencoderKLFlux2 with random weights, for benchmarks only")
+        return build_random_vae(size, int(seed), device, dtype)
+    return ImageVAE.load(encoders.vae, dtype=dtype, device=device)
 
 
 def encoder_dtype(encoders: EncoderConfig, precision: str, compute: torch.device) -> torch.dtype:
@@ -259,6 +313,8 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
         raise ConfigError("BASE_PRECISION", problem)
     if refusal := dropout_check(knobs):
         raise ConfigError(*refusal)
+    preset = dit_preset(cfg.model)
+    check_random_text(cfg.encoders, preset, model_config(cfg.model).text_dim)  # before anything is built
     plan, why = build_plan(cfg, device)
     log.info(f"memory plan: {why}")
     # streamed blocks never sit whole on the device: such a model is loaded on the host first;
@@ -291,10 +347,20 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     te_device = device if plan.text_encoder == "resident" else torch.device("cpu")
     vae_device = device if plan.vae == "resident" else torch.device("cpu")
     text_dim, max_length = backbone.config.text_dim, cfg.data.max_text_tokens
+    # a random text model kept on the host is drawn on the GPU piece by piece, unless it never goes there
+    draw = device if device.type == "cuda" and plan.text_encoder != "off" else None
     text_encoder = build_text_encoder(
-        cfg.encoders, te_device, text_dim, device, precision=dev.precision, seed=seed, max_length=max_length
+        cfg.encoders,
+        te_device,
+        text_dim,
+        device,
+        precision=dev.precision,
+        seed=seed,
+        max_length=max_length,
+        preset=preset,
+        draw=draw,
     )
-    vae = build_vae(cfg.encoders, vae_device, device, precision=dev.precision, seed=seed)
+    vae = build_vae(cfg.encoders, vae_device, device, precision=dev.precision, seed=seed, preset=preset)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
     return Components(device, dtype, backbone, text_encoder, vae, plan, engines, why)
