@@ -82,3 +82,17 @@ def test_the_trainer_probes_a_lycoris_adapter_on_a_gpu_at_the_steps_rows(monkeyp
     comps.device = torch.device("cuda")
     trainer.probe_adapter_kernels(cfg, comps)
     assert len(calls) == 1
+
+
+def test_the_child_lets_lycoris_time_its_kernels_as_the_first_step_does(monkeypatch, capsys):
+    from lycoris.kernels.plans import tune
+
+    seen = []
+    forward = kernel_probe._One.forward
+    monkeypatch.setattr(
+        kernel_probe._One, "forward", lambda self, x: seen.append(tune.tuning_enabled()) or forward(self, x)
+    )
+    payload = {"spec": LOKR.to_json(), "shapes": [[32, 48, 5]], "dtype": "float32", "device": "cpu"}
+    kernel_probe._child(payload)
+    assert seen == [True] and not tune.tuning_enabled()  # on inside the child's window only
+    assert capsys.readouterr().out.splitlines()[-1].strip() == kernel_probe.DONE.strip()

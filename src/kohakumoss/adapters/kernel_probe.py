@@ -27,6 +27,7 @@ from torch import nn
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.io import atomic_write_text
 from kohakumoss_common.log import get_logger
+from kohakumoss_kernels import tuning
 from kohakumoss_kernels.tuning import software_versions
 
 from .spec import AdapterSpec
@@ -164,14 +165,15 @@ def _child(payload: dict) -> None:
 
     spec = AdapterSpec(**{**json.loads(payload["spec"]), "preset": "custom", "patterns": ("proj",)})
     device, dtype = torch.device(payload["device"]), getattr(torch, payload["dtype"])
-    for fan_in, fan_out, rows in payload["shapes"]:
-        print(START + json.dumps([fan_in, fan_out, rows]), flush=True)
-        model = _One(fan_in, fan_out).to(device, dtype)
-        build_from_spec(model, spec).to(device)  # fp32 adapter weights, as the trainer keeps them
-        x = torch.randn(rows, fan_in, device=device, dtype=dtype, requires_grad=True)
-        model(x).float().square().mean().backward()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # a fault shows here, under this shape's line
+    with tuning.tuning_window():  # lycoris times its launch configs here, as in the run's first step
+        for fan_in, fan_out, rows in payload["shapes"]:
+            print(START + json.dumps([fan_in, fan_out, rows]), flush=True)
+            model = _One(fan_in, fan_out).to(device, dtype)
+            build_from_spec(model, spec).to(device)  # fp32 adapter weights, as the trainer keeps them
+            x = torch.randn(rows, fan_in, device=device, dtype=dtype, requires_grad=True)
+            model(x).float().square().mean().backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # a fault shows here, under this shape's line
     print(DONE, flush=True)
 
 
