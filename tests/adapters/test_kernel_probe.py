@@ -44,14 +44,16 @@ def test_a_child_that_dies_names_the_shape_and_the_run_falls_back(tmp_path, monk
     dying = (
         "import json, os, sys; p = json.loads(sys.argv[1]);"
         "[print('probe-start ' + json.dumps(s), flush=True) for s in p['shapes'][:2]];"
-        "print('an illegal memory access was encountered', file=sys.stderr, flush=True); os.abort()"
+        "print('torch.AcceleratorError: CUDA error: an illegal memory access was encountered', file=sys.stderr);"
+        "print('Compile with TORCH_USE_CUDA_DSA to enable device-side assertions.', file=sys.stderr, flush=True);"
+        "os.abort()"
     )
     monkeypatch.setattr(kernel_probe, "child_command", lambda payload: [sys.executable, "-c", dying, payload])
     monkeypatch.delenv(kernel_probe.BACKEND_ENV, raising=False)
     shapes = [(32, 48, 20), (48, 32, 3), (64, 64, 7)]
     got = kernel_probe.probe_lycoris_kernels(LOKR, shapes, torch.float32, torch.device("cpu"), tmp_path)
     assert not got.ok and got.failed == (48, 32, 3)
-    assert "illegal memory access" in got.message
+    assert got.message == "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
     assert kernel_probe.os.environ[kernel_probe.BACKEND_ENV] == "torch"
     assert "in=48 out=32 rows=3" in caplog.text
     monkeypatch.delenv(kernel_probe.BACKEND_ENV)

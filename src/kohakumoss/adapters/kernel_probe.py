@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -143,8 +144,14 @@ def _run_child(spec, shapes, dtype, device, timeout_s) -> ProbeResult:
     started = [json.loads(line[len(START) :]) for line in stdout.splitlines() if line.startswith(START)]
     if code == 0 and DONE.strip() in stdout:
         return ProbeResult(True, seconds)
-    tail = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or [f"exit code {code}"]
-    return ProbeResult(False, seconds, tuple(started[-1]) if started else None, tail[0][:300])
+    return ProbeResult(False, seconds, tuple(started[-1]) if started else None, _error_line(stderr, code))
+
+
+def _error_line(stderr: str, code: int | None) -> str:
+    """The child's exception line (a CUDA error is followed by lines of advice), else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"[\w.]+(Error|Exception)\b", line)]
+    return ((errors or lines)[-1:] or [f"exit code {code}"])[0][:300]
 
 
 def _text(value) -> str:
