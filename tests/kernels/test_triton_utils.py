@@ -152,3 +152,12 @@ def test_counting_compiles_counts_a_real_compile():
     with triton_utils.counting_compiles() as stats:
         add_one[(1,)](x, 128, SEED=int(torch.randint(1 << 30, ()).item()))
     assert stats.kernels == 1 and stats.seconds > 0 and x[0].item() == 1
+
+
+def test_attention_launch_configs_are_picked_per_sample_length_bucket():
+    from kohakumoss_kernels.ops.varlen_attention.triton import _key
+
+    q = torch.empty(10, 2, 128, dtype=torch.bfloat16)
+    assert _key(q, 128) != _key(q, 4352)  # the refiner's text and a 1 MP sample: their own configs
+    assert _key(q, 4352) == _key(q, 5000) and _key(q, 4352)[:2] == (128, torch.bfloat16)
+    assert _key(q.half(), 4352) != _key(q, 4352)

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ...triton_utils import next_pow2, pick
 from ...triton_utils import supports as _triton_supports
 
 LOG2E = 1.4426950408889634
@@ -28,16 +29,15 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _configs(pairs):
-    if _interpreting():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=1, num_stages=1)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s) for m, n, w, s in pairs]
+def _configs(pairs: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) candidates, the default first; 16 x 16 in the interpreter."""
+    return [(16, 16, 1, 1)] if _interpreting() else pairs
 
 
-FWD_CONFIGS = _configs([(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3)])
+FWD_CONFIGS = [(128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4), (64, 64, 4, 3)]
 # the 5-stage ones: the Triton fused-attention tutorial's Hopper backward settings
-DKDV_CONFIGS = _configs([(64, 128, 8, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 64, 4, 3), (128, 128, 8, 2)])
-DQ_CONFIGS = _configs([(128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 4, 5), (64, 64, 4, 3), (128, 128, 8, 2)])
+DKDV_CONFIGS = [(64, 128, 8, 3), (32, 128, 4, 3), (32, 128, 4, 5), (64, 64, 4, 3), (128, 128, 8, 2)]
+DQ_CONFIGS = [(128, 64, 8, 3), (128, 32, 4, 3), (128, 32, 4, 5), (64, 64, 4, 3), (128, 128, 8, 2)]
 
 
 @triton.jit
@@ -259,13 +259,23 @@ def _attention_bwd_dq(
     tl.store(DQ + base + q_off, (dq * sm_scale).to(DQ.dtype.element_ty), mask=m_ok[:, None])
 
 
-_FWD = triton.autotune(configs=FWD_CONFIGS, key=["HEAD_DIM"])(_attention_fwd)
-_DKDV = triton.autotune(configs=DKDV_CONFIGS, key=["HEAD_DIM"])(_attention_bwd_dkdv)
-_DQ = triton.autotune(configs=DQ_CONFIGS, key=["HEAD_DIM"])(_attention_bwd_dq)
+def _key(q: torch.Tensor, max_seqlen: int) -> tuple:
+    """The launch-config pick's key: head_dim, dtype, the longest sample's power-of-two bucket, device.
+    (One config per head_dim would be timed at whichever call came first: the text refiner's.)"""
+    return (q.shape[2], q.dtype, next_pow2(max(int(max_seqlen), 64)), q.device)
 
 
-def _grid(max_seqlen: int, B: int, H: int, block: str):
-    return lambda meta: (triton.cdiv(max_seqlen, meta[block]), B, H)
+def _launch(kernel, grid_block: str, max_seqlen: int, B: int, H: int, *args, **meta):
+    """A `pick`-able launch: config (BLOCK_M, BLOCK_N, num_warps, num_stages) -> the kernel over its grid."""
+
+    def launch(cfg: tuple[int, int, int, int]) -> None:
+        bm, bn, warps, stages = cfg
+        block = bm if grid_block == "BLOCK_M" else bn
+        kernel[(triton.cdiv(max_seqlen, block), B, H)](
+            *args, **meta, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages
+        )
+
+    return launch
 
 
 def attention_forward(q, k, v, cu, max_seqlen: int, sm_scale: float):
@@ -274,9 +284,11 @@ def attention_forward(q, k, v, cu, max_seqlen: int, sm_scale: float):
     o = torch.empty_like(q)
     lse = torch.empty(H, T, device=q.device, dtype=torch.float32)
     if T and max_seqlen:
-        _FWD[_grid(max_seqlen, cu.numel() - 1, H, "BLOCK_M")](
-            q, k, v, o, lse, cu, T, H, H * D, sm_scale * LOG2E, HEAD_DIM=D
-        )
+        launch = _launch(
+            _attention_fwd, "BLOCK_M", max_seqlen, cu.numel() - 1, H,
+            q, k, v, o, lse, cu, T, H, H * D, sm_scale * LOG2E, HEAD_DIM=D,
+        )  # fmt: skip
+        launch(pick("varlen_attention.fwd", _key(q, max_seqlen), _configs(FWD_CONFIGS), launch))
     return o, lse
 
 
@@ -290,9 +302,16 @@ def attention_backward(q, k, v, o, lse, cu, do, max_seqlen: int, sm_scale: float
     if T and max_seqlen:
         block = 16 if _interpreting() else 64
         _attention_bwd_delta[(triton.cdiv(T, block), H)](o, do, delta, T, H, H * D, HEAD_DIM=D, BLOCK=block)
-        args = (T, H, H * D, sm_scale * LOG2E, sm_scale)
-        _DKDV[_grid(max_seqlen, B, H, "BLOCK_N")](q, k, v, do, dk, dv, lse, delta, cu, *args, HEAD_DIM=D)
-        _DQ[_grid(max_seqlen, B, H, "BLOCK_M")](q, k, v, do, dq, lse, delta, cu, *args, HEAD_DIM=D)
+        args = (lse, delta, cu, T, H, H * D, sm_scale * LOG2E, sm_scale)
+        key = _key(q, max_seqlen)
+        dkdv = _launch(
+            _attention_bwd_dkdv, "BLOCK_N", max_seqlen, B, H, q, k, v, do, dk, dv, *args, HEAD_DIM=D
+        )
+        dkdv(pick("varlen_attention.dkdv", key, _configs(DKDV_CONFIGS), dkdv))
+        dq_launch = _launch(
+            _attention_bwd_dq, "BLOCK_M", max_seqlen, B, H, q, k, v, do, dq, *args, HEAD_DIM=D
+        )
+        dq_launch(pick("varlen_attention.dq", key, _configs(DQ_CONFIGS), dq_launch))
     return dq, dk, dv
 
 
