@@ -128,6 +128,26 @@ def test_every_launch_config(op, monkeypatch):
         compare(op, "triton", [513, 1, 64, 1000, 7], torch.bfloat16, "cuda", **dims)
 
 
+def test_every_attention_launch_config(monkeypatch):
+    """Each (BLOCK_M, BLOCK_N, num_warps, num_stages) candidate of the forward, dK/dV and dQ kernels."""
+    from kohakumoss_kernels.ops.varlen_attention import triton as attention
+
+    n = max(len(attention.FWD_CONFIGS), len(attention.DKDV_CONFIGS), len(attention.DQ_CONFIGS))
+    for i in range(n):
+        monkeypatch.setattr(
+            attention, "pick", lambda name, key, cands, launch, i=i: cands[min(i, len(cands) - 1)]
+        )
+        compare(
+            "varlen_attention",
+            "triton",
+            [513, 1, 64, 1000, 7],
+            torch.bfloat16,
+            "cuda",
+            heads=24,
+            head_dim=128,
+        )
+
+
 def test_per_sample_ops_backward_twice_through_a_retained_graph():
     """A 3-row sample inside one program's chunk of 8704 rows: its sums go through the atomics buffer,
     which only the first backward takes from the forward."""
