@@ -20,6 +20,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedd
 
 from kohakumoss_common.hashing import sha256_json
 
+from .text import QwenTextModelHolder
 from .text_config import QWEN35_9B, tiny_text_encoder_config
 from .text_template import MAX_TEXT_TOKENS
 from .vae_config import FLUX2_VAE_CONFIG, tiny_vae_config, with_block_types
@@ -70,7 +71,7 @@ def random_encoder_bytes(kind: str, size: str, dtype: torch.dtype) -> int:
     return sum(p.numel() for p in model.parameters()) * dtype.itemsize
 
 
-class RandomTextEncoder:
+class RandomTextEncoder(QwenTextModelHolder):
     """A Qwen3.5 text model behind the trainer's encoder interface; captions -> word-hash token ids."""
 
     template = "{caption}"
@@ -87,14 +88,6 @@ class RandomTextEncoder:
         config.pop("dtype", None)
         weights = [seed, str(self.dtype), drawn_on]  # the values differ per generator device
         self.identity = "random-text:" + sha256_json([config, weights, self.max_length, "word-hash"])[:16]
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
 
     @property
     def hidden_size(self) -> int:

@@ -82,7 +82,21 @@ class _Capture:
             handle.remove()
 
 
-class TextEncoder:
+class QwenTextModelHolder:
+    """Where a wrapped Qwen3.5 text model (`self.model`) lives: its device and dtype."""
+
+    model: nn.Module
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed_tokens.weight.dtype
+
+
+class TextEncoder(QwenTextModelHolder):
     """Qwen3.5 text encoder with a fixed template and layer choice."""
 
     def __init__(
@@ -123,14 +137,6 @@ class TextEncoder:
     @property
     def template(self) -> str:
         return self.config.template
-
-    @property
-    def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
 
     @property
     def hidden_size(self) -> int:
