@@ -283,23 +283,26 @@ def test_one_graph_replays_batches_with_other_captions(backend, exact):
         assert ((a - b).norm() / b.norm()).item() < 1e-2
 
 
+class _FakeOps:
+    """The OpSet calls the length policy makes: which lengths mode, how many tuning windows opened."""
+
+    lengths, windows = "host", 0
+
+    def set_lengths(self, lengths):
+        self.lengths = lengths
+
+    def tuning(self, device_time=False):
+        self.windows += 1
+        return contextlib.nullcontext()
+
+
 def test_graphs_serve_every_length_once_batches_differ_in_lengths_alone(monkeypatch):
     """Keyed by exact lengths at first; after LENGTH_MISSES batches of seen shapes with new lengths the
     model's ops switch to device-length backends, graphs are keyed by shapes alone and the next eager
     micro-step times the switched ops (capture and replay faked: the policy is what runs)."""
-    from kohakumoss.train.graphs import LENGTH_MISSES
+    from kohakumoss.train.lengths import LENGTH_MISSES
 
-    class Ops:
-        lengths, windows = "host", 0
-
-        def set_lengths(self, lengths):
-            self.lengths = lengths
-
-        def tuning(self, device_time=False):
-            self.windows += 1
-            return contextlib.nullcontext()
-
-    ops = Ops()
+    ops = _FakeOps()
     graphs = StepGraphs(lambda *a: torch.zeros((), requires_grad=True), [], ops=ops)
     calls = []
     monkeypatch.setattr(
@@ -312,7 +315,7 @@ def test_graphs_serve_every_length_once_batches_differ_in_lengths_alone(monkeypa
     assert graphs.exact_lengths and ops.lengths == "host" and calls == ["capture", "replay", "replay"]
     for i in range(LENGTH_MISSES):
         graphs.run(*_padded_batch([5 - i - 1, 3 + i + 1], [(4, 4), (2, 6)], pad_to=16, seed=i))
-    assert not graphs.exact_lengths and ops.lengths == "device" and graphs.switched
+    assert not graphs.exact_lengths and ops.lengths == "device" and graphs.lengths.switched
     assert ops.windows == 1 and not graphs.graphs  # the switching micro-step ran eagerly, timing
     graphs.run(*_padded_batch([1, 9], [(4, 4), (2, 6)], pad_to=16, seed=9))  # seen shapes: captured
     graphs.run(*_padded_batch([6, 2], [(4, 4), (2, 6)], pad_to=16, seed=8))  # other lengths: replayed
@@ -333,3 +336,39 @@ def test_checkpointed_blocks_keep_rng_state_only_for_adapter_dropout(train_world
     assert adapter_draws_random(cfg.adapter) is preserve
     draws = adapter_draws_random(cfg.adapter)
     assert (graph_refusal(comps.plan, GPU, draws_random=draws) is None) is not preserve
+
+
+def test_an_eager_padded_step_reads_lengths_on_the_host_until_they_vary():
+    """The eager runner over padded batches keeps host-length attention (SDPA) while captions repeat their
+    lengths, switches once they vary, and times the switched ops in that micro-step."""
+    from kohakumoss.train.lengths import LENGTH_MISSES, LengthSwitch
+    from kohakumoss.train.runner import StepInputs, StepResult, StepRunner
+
+    ops, weight = _FakeOps(), torch.zeros(1, requires_grad=True)
+    runner = StepRunner(
+        torch.optim.SGD([weight], lr=0.1),
+        lambda batch, sigma, noise: (weight * sigma.sum()).sum(),
+        lambda: None,
+        device=torch.device("cpu"),
+        seed=0,
+        tuning=ops.tuning,
+        lengths=LengthSwitch(ops, "no kernel is rebuilt per caption length"),
+    )
+
+    def micro(i, lens):
+        batch, sigma, noise = _padded_batch(lens, [(4, 4), (2, 6)], pad_to=16, seed=i)
+        assert runner.micro(StepInputs(i, batch, sigma, noise), StepResult())
+
+    for i in range(2 * LENGTH_MISSES):  # captions of one length: never switched
+        micro(i, [5, 3])
+    assert ops.lengths == "host" and ops.windows == 1  # the run's first micro-step
+    for i in range(LENGTH_MISSES):
+        micro(10 + i, [4 - i, 4 + i])
+    assert ops.lengths == "device" and ops.windows == 2  # the switching micro-step timed the new backends
+    micro(20, [1, 9])
+    assert ops.windows == 2 and runner.lengths.switched
+    graphed = StepRunner(
+        runner.optimizer, runner.loss_fn, runner.next_batch, device=torch.device("cpu"), seed=0,
+        graphs=object(), lengths=LengthSwitch(ops, "x"),
+    )  # fmt: skip
+    assert graphed.lengths is None  # a graphed step's length policy is the graphs' own

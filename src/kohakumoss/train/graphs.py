@@ -12,12 +12,11 @@ Captions differ in length from batch to batch; the trainer pads each batch's tex
 of TEXT_PAD (a pad segment, `PackedSeq.build(pad_to=...)`), so batches of the same image sizes share
 tensor shapes and one graph: a graph is keyed by shapes and length bounds alone, and each replay copies
 the batch's sequence tensors (cu_seqlens, indices, positions) into the graph's. That holds while every
-captured kernel reads the lengths on the device. The fastest attention on the H200 (SDPA per sample)
-reads them on the host, so graphs start keyed by the exact lengths too, and switch (the model's OpSet to
-device-length backends, `OpSet.set_lengths`) once LENGTH_MISSES batches arrived whose shapes were seen
-with other lengths: fixed-length captions keep the faster attention, varied ones get graphs that replay.
-A capture during which an op still read lengths on the host (`kohakumoss_kernels.host_values`) keys the
-graphs by the exact lengths again.
+captured kernel reads the lengths on the device. The fastest attention on the H200 reads them on the
+host, so graphs start keyed by the exact lengths too, and switch to device-length backends when the
+lengths keep varying (`lengths.LengthSwitch`): fixed-length captions keep the faster attention, varied
+ones get graphs that replay. A capture during which an op still read lengths on the host
+(`kohakumoss_kernels.host_values`) keys the graphs by the exact lengths again.
 
 Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
 and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
@@ -40,12 +39,12 @@ from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import grad_sink, host_values
 from kohakumoss_kernels.capture import capture
 
+from .lengths import LengthSwitch
 from .step import DeviceBatch
 
 log = get_logger("kohakumoss.train.graphs")
 
 MODES = ("auto", "on", "off")
-LENGTH_MISSES = 3  # batches of seen shapes with new lengths before graphs serve every length
 TEXT_PAD = 128  # text tokens per batch rounded up to this: ~1.5% more tokens at 1 MP x 2, few graph shapes
 PYTHON_SIDE_ALGOS = ("tlora", "dylora")  # their forward reads Python state set per step
 
@@ -158,9 +157,7 @@ class StepGraphs:
         self.replays = 0
         self.captures = 0
         self.exact_lengths = ops is not None  # keyed by the lengths too (an op reads them on the host)
-        self.loose_seen: set[tuple] = set()  # shapes seen, lengths aside (while keyed exactly)
-        self.length_misses = 0  # batches whose shapes were seen before, with other lengths
-        self.switched = False
+        self.lengths = None if ops is None else LengthSwitch(ops, "one CUDA graph serves every length")
         self.retime = False  # the next eager micro-step times the device-length backends
         self.side: torch.cuda.Stream | None = None  # the warm-ups' stream (one: its cached blocks are reused)
 
@@ -170,12 +167,12 @@ class StepGraphs:
         if entry is not None:
             self.graphs.move_to_end(key)
             return self._replay(entry, batch, sigma, noise)
-        if self.exact_lengths and self.ops is not None and not self.switched:
+        if self.exact_lengths and self.lengths is not None:
             loose = batch_signature(batch, sigma, noise)
-            self.length_misses += int(loose in self.loose_seen and self.seen[key] == 0)
-            self.loose_seen.add(loose)
-            if self.length_misses >= LENGTH_MISSES:
-                self._serve_every_length()
+            if self.lengths.observe(loose, key):  # graphs now serve every length
+                self.exact_lengths, self.retime = False, True
+                self.graphs.clear()
+                self.seen.clear()
                 key = loose
         self.seen[key] += 1
         if self.failed is None and self._thrashing():
@@ -186,16 +183,6 @@ class StepGraphs:
         if self.failed is not None or self.seen[key] < 2:
             return self._eager(batch, sigma, noise)
         return self._capture(key, batch, sigma, noise)
-
-    def _serve_every_length(self) -> None:
-        self.switched, self.exact_lengths, self.retime = True, False, True
-        self.ops.set_lengths("device")
-        self.graphs.clear()
-        self.seen.clear()
-        log.info(
-            f"batches differ in sequence lengths alone ({self.length_misses} so far): attention now reads the "
-            "lengths on the device, so one CUDA graph serves every length"
-        )
 
     def _thrashing(self) -> bool:
         """Shapes keep evicting each other: every capture costs a step's memory and a second of setup."""

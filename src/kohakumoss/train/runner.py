@@ -23,7 +23,8 @@ from kohakumoss_common.log import get_logger
 from kohakumoss_kernels.triton_utils import counting_compiles
 
 from .finite import arm_skip, skips_on_device
-from .graphs import StepGraphs
+from .graphs import StepGraphs, batch_signature
+from .lengths import LengthSwitch
 from .step import DeviceBatch, draw_step_noise
 
 log = get_logger("kohakumoss.train.runner")
@@ -63,6 +64,9 @@ class StepRunner:
     next_batch() -> DeviceBatch gives the micro-steps' batches in order (a `Prefetcher`, or the
     benchmark's encoders); sigma and noise come from (seed, micro-step) alone (`step.draw_step_noise`).
 
+    `lengths` (an eager step over padded batches): attention reads the lengths on the host until they
+    vary, then on the device (`lengths.py`); the micro-step that switches is a tuning window again.
+
     `loss_fn.hooks` (a DDP rank's share, distributed/trainer.py RankRun) is told whether the micro-steps
     are graphed, and runs what a graph may not hold, eagerly: `before_micro(batch, sigma, noise)` gives
     the sigma and noise to use, `after_micro(loss)` the loss to keep, `after_backward()` runs after the
@@ -85,6 +89,7 @@ class StepRunner:
         scaler: torch.amp.GradScaler | None = None,
         tuning: Callable[[], object] | None = None,
         tlora_rank: int | None = None,
+        lengths: LengthSwitch | None = None,
     ):
         self.optimizer, self.loss_fn, self.next_batch = optimizer, loss_fn, next_batch
         self.device, self.seed, self.accum = device, int(seed), int(accum)
@@ -93,6 +98,7 @@ class StepRunner:
         self.graphs, self.engines, self.scaler = graphs, engines, scaler
         self.tuning = tuning  # the kernel registry's window, opened around the run's first micro-step
         self.tlora_rank = tlora_rank
+        self.lengths = None if graphs is not None else lengths  # graphs keep their own
         self.on_device = scaler is None and skips_on_device(optimizer, device)
         self.ready: StepInputs | None = None
         self.started = False
@@ -118,7 +124,11 @@ class StepRunner:
         # the run's first micro-step is the kernel registry's prewarm: every op's missing shape keys
         # are timed once and the winners kept in the card's tuning table
         first = not self.started
-        window = self.tuning() if self.tuning is not None and first else nullcontext()
+        switched = self.lengths is not None and self.lengths.observe(
+            batch_signature(inputs.batch, inputs.sigma, inputs.noise),
+            batch_signature(inputs.batch, inputs.sigma, inputs.noise, exact=True),
+        )  # then the device-length backends' shape keys are timed in this micro-step
+        window = self.tuning() if self.tuning is not None and (first or switched) else nullcontext()
         compiles = counting_compiles() if first else nullcontext()
         self.started, began = True, time.perf_counter()
         sigma, noise, hooks = inputs.sigma, inputs.noise, self.hooks

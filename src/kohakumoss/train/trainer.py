@@ -67,6 +67,7 @@ from .data import (
 )
 from .ema import EMA
 from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
+from .lengths import LengthSwitch
 from .logbook import MetricsWriter, ProgressLines, loss_plot
 from .optim import (
     CombinedOptimizer,
@@ -254,8 +255,10 @@ class Trainer:
         self.tr.optimizer = rr.optimizer(self.tr.optimizer)  # a pipeline clips by every rank's grads
         self.runner = build_runner(cfg, comps, self.tr, step_loss, next_batch, scaler)
         pad = text_pad(comps.device, self.runner.graphs is not None, rr.pipeline or rr.threaded)
-        if pad and self.runner.graphs is None:  # eager: fixed shapes and no host reads of the lengths
-            comps.backbone.ops.set_lengths("device")
+        if (
+            pad and self.runner.graphs is None
+        ):  # eager over fixed shapes: lengths on the device once they vary
+            self.runner.lengths = LengthSwitch(comps.backbone.ops, "no kernel is rebuilt per caption length")
         self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first, pad_to=pad)
 
     def begin(self) -> None:
