@@ -8,8 +8,16 @@ from collections.abc import Callable
 import torch
 
 
+class CompileFailed(RuntimeError):
+    """torch.compile's code for an op raised: the registry tries the next backend (the reference last)."""
+
+
 def compiled(fn: Callable) -> Callable:
-    """fn under torch.compile (dynamic shapes after the first recompile), compiled on first call."""
+    """fn under torch.compile (dynamic shapes after the first recompile), compiled on first call.
+
+    Any error raised there becomes CompileFailed: Inductor's generated code fails with whatever Python
+    raises (torch 2.11 at the attention's dynamic shapes: a NameError on an undefined size symbol), and
+    the reference, tried after it, still raises the caller's own errors as they are."""
     holder: dict[str, Callable] = {}
 
     @functools.wraps(fn)
@@ -17,7 +25,12 @@ def compiled(fn: Callable) -> Callable:
         if "fn" not in holder:
             _allow_recompiles(64)
             holder["fn"] = torch.compile(fn, dynamic=None)
-        return holder["fn"](*args, **kwargs)
+        try:
+            return holder["fn"](*args, **kwargs)
+        except (RuntimeError, torch.OutOfMemoryError):
+            raise
+        except Exception as e:
+            raise CompileFailed(f"torch.compile of {fn.__name__}: {type(e).__name__}: {e}") from e
 
     return call
 

@@ -358,6 +358,25 @@ def test_timing_failure_excludes_candidate(cache, lines):
     assert any("failed while timing" in m for m in lines)
 
 
+def test_a_compiled_op_raising_any_error_is_skipped_while_timing(cache, lines, monkeypatch):
+    """Inductor's generated code can fail with a NameError (torch 2.11, the joint attention at dynamic
+    shapes); as the compile backend it is skipped and the run goes on with the next candidate."""
+    import kohakumoss_kernels.compile_utils as compile_utils
+
+    def broken(x):
+        raise NameError("name 's29' is not defined")
+
+    monkeypatch.setattr(compile_utils.torch, "compile", lambda fn, dynamic=None: broken)
+    op = fake_op(compile=compile_utils.compiled(slow_eager))
+    with tuning.tuning_window():
+        out = getattr(OpSet(backend="compile", tune="table"), op)(torch.ones(4))
+    assert torch.equal(out, torch.full((4,), 2.0))
+    assert tuning.table_for("cpu").get(shape_key(op, torch.ones(4))) == "eager"
+    assert any("failed while timing" in m and "NameError" in m for m in lines)
+    with pytest.raises(compile_utils.CompileFailed, match="NameError"):
+        compile_utils.compiled(slow_eager)(torch.ones(2))
+
+
 def test_timing_runs_backward_when_inputs_need_grad():
     seen = []
 
