@@ -44,6 +44,9 @@ class OpSpec:
         None  # position of the frozen weight (or the group's weights) whose kind dispatches
     )
     compile: bool = True  # whether the registry offers the reference under torch.compile
+    # bumped when a backend changed enough that the choices stored for this op are stale: its shape keys
+    # then end in `|r<revision>`, so every table (the user's, the shipped one) times them again
+    revision: int = 1
 
     @property
     def reference(self) -> str:
@@ -119,6 +122,7 @@ OPS: tuple[OpSpec, ...] = (
         "varlen_attention",
         "q, k, v [T, H, D], cu_seqlens [B+1] int32, max_seqlen, scale=None -> [T, H, D]",
         "softmax attention within each packed sample",
+        revision=2,  # Triton's launch configs picked per sample-length bucket (were autotuned per head_dim)
     ),
     OpSpec(
         "lora_linear",

@@ -4,7 +4,8 @@ A key is `op|dtype|dim=value|...`. Model widths (d, heads, head_dim) are kept ex
 count T and max_seqlen are rounded up to a power of two (at least 64) so that every packed batch
 of a similar size shares a row. The ops over a stored (fp8 / int8 / MXFP8) weight add its kind first
 (`lora_linear|bf16|W=fp8|T=...`, `stored_linear|bf16|W=int8|T=...`): other backends race there.
-No key needs a device-to-host copy.
+An op whose backends changed since its rows were stored ends its keys in `|r<revision>` (`OpSpec.revision`),
+so those rows are timed again. No key needs a device-to-host copy.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from .op_list import SPECS
 from .stored_weight import weight_kind
 
 _DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -81,4 +83,6 @@ def shape_key(op: str, *args, **kwargs) -> str:
     """The documented key of one call: op, dtype of the first tensor, then its bucketed dims."""
     x = args[0]
     dims = _DIMS.get(op, lambda x, *a, **k: _rows(x))(*args, **kwargs)
-    return "|".join([op, dtype_name(x.dtype), *(f"{k}={v}" for k, v in dims.items())])
+    spec = SPECS.get(op)
+    revision = [f"r{spec.revision}"] if spec is not None and spec.revision > 1 else []
+    return "|".join([op, dtype_name(x.dtype), *(f"{k}={v}" for k, v in dims.items()), *revision])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
@@ -397,8 +398,20 @@ def test_shape_keys_bucket_tokens_and_keep_widths():
     cu = torch.tensor([0, 4352, 8704], dtype=torch.int32)
     assert (
         shape_key("varlen_attention", q, q, q, cu, 4352)
-        == "varlen_attention|bf16|T=16384|H=24|D=128|L=8192|B=2"
+        == "varlen_attention|bf16|T=16384|H=24|D=128|L=8192|B=2|r2"  # OpSpec.revision 2: earlier rows stale
     )
+
+
+def test_a_revised_op_ignores_the_rows_stored_before_its_revision(cache, monkeypatch):
+    from kohakumoss_kernels import op_list, shape_keys
+
+    x = torch.zeros(100, 64)
+    before = shape_key("rms_norm", x, None, 1e-6)
+    tuning.table_for("cpu").put(before, "triton", {"triton": 0.1})
+    revised = dataclasses.replace(op_list.SPECS["rms_norm"], revision=2)
+    monkeypatch.setattr(shape_keys, "SPECS", {**op_list.SPECS, "rms_norm": revised})
+    after = shape_key("rms_norm", x, None, 1e-6)
+    assert after == before + "|r2" and tuning.table_for("cpu").get(after) is None
 
 
 def test_decided_order_is_cached_until_a_backend_fails():
