@@ -6,6 +6,12 @@ import functools
 from collections.abc import Callable
 
 import torch
+import torch.utils.checkpoint
+
+# exceptions torch raises through an op on purpose: activation checkpointing ends a recomputation with one
+_CONTROL_FLOW = tuple(
+    e for e in (getattr(torch.utils.checkpoint, "_StopRecomputationError", None),) if e is not None
+)
 
 
 class CompileFailed(RuntimeError):
@@ -27,7 +33,7 @@ def compiled(fn: Callable) -> Callable:
             holder["fn"] = torch.compile(fn, dynamic=None)
         try:
             return holder["fn"](*args, **kwargs)
-        except (RuntimeError, torch.OutOfMemoryError):
+        except (RuntimeError, *_CONTROL_FLOW):
             raise
         except Exception as e:
             raise CompileFailed(f"torch.compile of {fn.__name__}: {type(e).__name__}: {e}") from e

@@ -378,6 +378,23 @@ def test_a_compiled_op_raising_any_error_is_skipped_while_timing(cache, lines, m
         compile_utils.compiled(slow_eager)(torch.ones(2))
 
 
+def test_a_compiled_op_lets_a_checkpoints_early_stop_through(monkeypatch):
+    """Non-reentrant checkpointing ends its recomputation by raising through whatever op saved the last
+    tensor; turned into CompileFailed, the registry fell back and torch failed with 'target_frame.early_stop
+    is set' (a `low_vram` run on the H200)."""
+    import torch.utils.checkpoint as checkpoint
+
+    import kohakumoss_kernels.compile_utils as compile_utils
+
+    monkeypatch.setattr(compile_utils.torch, "compile", lambda fn, dynamic=None: fn)
+    op = compile_utils.compiled(lambda t: t.sin() * 2)
+    x = torch.randn(8, requires_grad=True)
+    checkpoint.checkpoint(lambda t: op(op(t)), x, use_reentrant=False).sum().backward()
+    ref = x.detach().requires_grad_(True)
+    (2 * (2 * ref.sin()).sin()).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad)
+
+
 def test_timing_runs_backward_when_inputs_need_grad():
     seen = []
 
