@@ -20,6 +20,9 @@ Every constant is in `calibration.py`, tagged measured, derived or placeholder. 
   of blocks;
 - outside the blocks: FIXED_PER_TOKEN_DIM per token and dim (embedders, head, loss, rotary tables), and
   what the text refiner keeps over the text tokens when it runs a backward (REFINER_SAVED);
+- adapters run by lycoris's modules (LoKr, LoHa, ...: not LoRA / LoCon) keep their linears' inputs for
+  their own backward, LYCORIS_SAVED_PER_FAN_IN x sum(fan_in) per token and block, in the blocks that keep
+  activations (and once more in the block being recomputed);
 - the backward working set: the extra peak of one block's backward (a checkpointed block re-creates
   what it did not keep), ACTIVATIONS[...]['working'], counted once;
 - the text encoder and the VAE when they run in the step (TEXT_ENCODE / VAE_ENCODE not 'cache') and
@@ -45,7 +48,13 @@ ALLOCATOR_SLACK = cal.ALLOCATOR_SLACK
 
 
 # What exists only while the step runs forward and backward: freed before the optimizer step.
-BACKWARD_ONLY = ("grad staging ring", "saved activations", "outside the blocks", "backward working set")
+BACKWARD_ONLY = (
+    "grad staging ring",
+    "saved activations",
+    "outside the blocks",
+    "adapter activations",
+    "backward working set",
+)
 
 
 @dataclass
@@ -229,6 +238,24 @@ def kept_per_dim(mode: str, precision: str, offload: bool = False) -> float:
     return kept + extra
 
 
+def lycoris_saved(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
+    """What an adapter run by lycoris's modules keeps for its own backward over the blocks' linears:
+    every block that keeps activations on the card, plus one being recomputed or in its backward."""
+    algo = knobs.get("ALGO", "lora")
+    if algo in ("lora", "locon", "full"):
+        return 0.0
+    fan_in = sum(i for i, _ in block_linears(config, knobs.get("TARGET_PRESET", "attn-mlp")))
+    per_block = (
+        int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
+        * fan_in
+        * cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
+        * cal.LYCORIS_SAVED_PER_FAN_IN.get(algo, cal.LYCORIS_SAVED_DEFAULT)
+    )
+    c = checkpointed_blocks(plan, config.depth)
+    kept = 0 if plan.activation_offload == "on" else config.depth - c  # offloaded: they leave the card
+    return per_block * (kept + 1)
+
+
 def working_set(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
     """The largest extra peak of one block's backward (one block is in its backward at a time)."""
     precision = knobs.get("PRECISION", "bf16")
@@ -347,6 +374,7 @@ def estimate_plan(
     tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     fixed = tokens * config.dim * cal.FIXED_PER_TOKEN_DIM * (wb / 2)
     est.parts["outside the blocks"] = fixed + refiner_saved(knobs, config)
+    est.parts["adapter activations"] = lycoris_saved(plan, knobs, config)
     est.parts["backward working set"] = working_set(plan, knobs, config)
 
     # encoders
