@@ -262,3 +262,26 @@ def test_the_first_step_reports_its_triton_compiles(train_world, monkeypatch):
     run = train(tiny_knobs(train_world, "compiles", STEPS=2))
     log = (run / "log.txt").read_text()
     assert len(entered) == 1 and log.count("first micro-step: Triton compiled 37 kernels in 41 s") == 1
+
+
+def test_a_padded_eager_run_trains_the_unpadded_runs_losses(train_world, monkeypatch):
+    """CUDA eager runs pad each batch's text (`trainer.text_pad`) and keep host-length attention until the
+    lengths vary (`train/lengths.py`; the switch itself: test_graphs.py). Forced here on the CPU: the
+    run gets a length switch, its batches (this world's captions repeat their lengths) never flip it, and
+    it trains the unpadded run's losses (pad tokens attend only among themselves)."""
+    import kohakumoss.train.trainer as trainer_module
+    from kohakumoss.train.lengths import LengthSwitch
+
+    plain = losses(train(tiny_knobs(train_world, "unpadded", STEPS=6)))
+    switches = []
+
+    class Recorded(LengthSwitch):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            switches.append(self)
+
+    monkeypatch.setattr(trainer_module, "text_pad", lambda device, graphed, pipeline: 16)
+    monkeypatch.setattr(trainer_module, "LengthSwitch", Recorded)
+    run = train(tiny_knobs(train_world, "padded", STEPS=6))
+    assert len(switches) == 1 and switches[0].shapes and not switches[0].switched
+    torch.testing.assert_close(torch.tensor(losses(run)), torch.tensor(plain), rtol=1e-4, atol=1e-5)
