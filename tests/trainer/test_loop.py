@@ -93,6 +93,33 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(train_world, monkeypatch):
     ]
 
 
+def test_ctrl_c_inside_a_destructor_still_stops_the_run(train_world, monkeypatch):
+    """SIGINT landing in a destructor the garbage collector runs used to be printed and dropped (the run
+    trained on); now it stops the run after the step in flight, with a checkpoint."""
+    import signal
+
+    from kohakumoss.train import trainer
+
+    real, calls = trainer.flow_loss, []
+
+    class PressesCtrlC:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+
+    def press_during_third(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            PressesCtrlC()  # dropped at once: the signal arrives inside __del__
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "flow_loss", press_during_third)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_knobs(train_world, "ctrlc-del"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the loop's handler is gone
+    run = Path(tiny_knobs(train_world, "ctrlc-del")["RUNS_DIR"]) / "ctrlc-del"
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000003"]
+
+
 def test_resume_from_a_missing_path_is_named(train_world, tmp_path):
     with pytest.raises(ConfigError, match="RESUME"):
         train(tiny_knobs(train_world, "nothing", RESUME=str(tmp_path / "nope")))

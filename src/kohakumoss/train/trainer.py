@@ -67,6 +67,7 @@ from .data import (
 )
 from .ema import EMA
 from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
+from .interrupt import StepInterrupt
 from .lengths import LengthSwitch
 from .logbook import MetricsWriter, ProgressLines, loss_plot
 from .optim import (
@@ -290,8 +291,10 @@ class Trainer:
         self.begin()
         try:
             self.collector.start()
-            while self.step < self.stop_at:
-                self.train_step()
+            with StepInterrupt() as interrupt:  # Ctrl-C: after the step in flight
+                while self.step < self.stop_at:
+                    self.train_step()
+                    interrupt.check()
         except KeyboardInterrupt:
             self.bar.close()
             if self.rr.collective_saves:  # the ranks stop at different points: no collective save
