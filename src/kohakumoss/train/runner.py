@@ -124,7 +124,8 @@ class StepRunner:
         # the run's first micro-step is the kernel registry's prewarm: every op's missing shape keys
         # are timed once and the winners kept in the card's tuning table
         first = not self.started
-        switched = self.lengths is not None and self.lengths.observe(
+        watch = self.lengths is not None and not self.lengths.switched
+        switched = watch and self.lengths.observe(
             batch_signature(inputs.batch, inputs.sigma, inputs.noise),
             batch_signature(inputs.batch, inputs.sigma, inputs.noise, exact=True),
         )  # then the device-length backends' shape keys are timed in this micro-step
