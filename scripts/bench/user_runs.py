@@ -20,8 +20,9 @@ the preset, TEXT_ENCODER / VAE 'synthetic' (cheap stand-ins: those rows encode b
 'random' in the /online rows, a kohya folder of synthetic images. Per row: completed, steps, median
 tokens/s of the steps after the warm-up (the trainer's own metrics.jsonl), the step peak (its peak_mem_gib) and
 the allocator's reserved peak (peak_reserved_gib) against the cap, the
-plan's predicted peak (log.txt), the first step's cost, and the ratio to the train_step.py row of the
-same plan when --bench gives that benchmark's JSON (run in the same device call).
+plan's predicted peak (log.txt), the first step's cost, and the ratios to the train_step.py row of the
+same plan when --bench gives that benchmark's JSON (run in the same device call): tokens/s, and s/step
+(the benchmark's over the trainer's), which tells a slower step from one holding fewer tokens.
 """
 
 from __future__ import annotations
@@ -142,6 +143,8 @@ def read_run(run: Path, warmup: int) -> dict:
     if late:
         out["tokens_per_s"] = statistics.median(m["tokens_per_s"] for m in late)
         out["step_s"] = statistics.median(m["step_s"] for m in late)
+        tokens = [m["tokens"] for m in late if "tokens" in m]  # real tokens: captions shorter than the budget
+        out["tokens_per_step"] = statistics.median(tokens) if tokens else None
     if metrics:
         out["peak_gib"] = max(m["peak_mem_gib"] for m in metrics)
         reserved = [m["peak_reserved_gib"] for m in metrics if "peak_reserved_gib" in m]
@@ -220,16 +223,27 @@ def bench_row(row: Row, plan: str | None) -> str | None:
     return f"{row.adapter}/{profile}/latent_text"
 
 
-def bench_ratio(result: dict, bench: dict | None) -> float | None:
-    """The trainer's tokens/s over the benchmark row of the same plan (`bench_row`)."""
-    if not bench or not result.get("tokens_per_s"):
+def bench_match(result: dict, bench: dict | None) -> dict | None:
+    """The benchmark row of the same plan (`bench_row`) in train_step.py's JSON, if it ran."""
+    if not bench:
         return None
     want = bench_row(parse_row(result["row"]), result.get("plan"))
-    for r in bench.get("rows", []):
-        if r.get("row") == want:
-            other = (r.get("trainer") or {}).get("tokens_per_s") or r.get("tokens_per_s")
-            return result["tokens_per_s"] / other if other else None
-    return None
+    return next((r for r in bench.get("rows", []) if r.get("row") == want), None)
+
+
+def bench_ratio(result: dict, bench: dict | None) -> float | None:
+    """The trainer's tokens/s over the benchmark row of the same plan."""
+    match = bench_match(result, bench)
+    other = match and ((match.get("trainer") or {}).get("tokens_per_s") or match.get("tokens_per_s"))
+    return result["tokens_per_s"] / other if other and result.get("tokens_per_s") else None
+
+
+def bench_step_ratio(result: dict, bench: dict | None) -> float | None:
+    """The benchmark row's s/step over the trainer's: tells a slower step from a step holding fewer tokens
+    (captions shorter than the benchmark's 256 tokens per image)."""
+    match = bench_match(result, bench)
+    other = match and ((match.get("trainer") or {}).get("step_s") or match.get("step_s"))
+    return other / result["step_s"] if other and result.get("step_s") else None
 
 
 def fmt(v, spec: str) -> str:
@@ -237,15 +251,18 @@ def fmt(v, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = [f"{'row':<24} {'done':>4} {'steps':>5} {'tokens/s':>9} {'s/step':>6} {'peak GiB':>8} {'reserved':>8} "
-             f"{'cap':>4} {'pred GiB':>8} {'vs bench':>8} {'step 1 s':>8}  plan / why stopped"]  # fmt: skip
+    lines = [f"{'row':<24} {'done':>4} {'steps':>5} {'tokens/s':>9} {'tok/step':>8} {'s/step':>6} {'peak GiB':>8} "
+             f"{'reserved':>8} {'cap':>4} {'pred GiB':>8} {'vs bench':>8} {'step vs':>7} {'step 1 s':>8}  "
+             "plan / why stopped"]  # fmt: skip
     for r in rows:
         lines.append(
             f"{r['row']:<24} {'yes' if r['completed'] else 'NO':>4} {r['steps']:>5} "
-            f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('step_s'), '.3f'):>6} "
+            f"{fmt(r.get('tokens_per_s'), ',.0f'):>9} {fmt(r.get('tokens_per_step'), ',.0f'):>8} "
+            f"{fmt(r.get('step_s'), '.3f'):>6} "
             f"{fmt(r.get('peak_gib'), '.1f'):>8} {fmt(r.get('reserved_gib'), '.1f'):>8} "
             f"{fmt(r.get('cap_gib'), 'g'):>4} {fmt(r.get('predicted_gib'), '.1f'):>8} "
-            f"{fmt(r.get('bench_ratio'), '.2f'):>8} {fmt(r.get('first_step_s'), '.0f'):>8}  "
+            f"{fmt(r.get('bench_ratio'), '.2f'):>8} {fmt(r.get('bench_step_ratio'), '.2f'):>7} "
+            f"{fmt(r.get('first_step_s'), '.0f'):>8}  "
             f"{r.get('stopped') or r.get('plan') or ''}"
         )
     return lines
@@ -301,6 +318,7 @@ def main(argv=None) -> None:
         print(f"=== {row.name}", flush=True)
         result = run_row(a, row, work)
         result["bench_ratio"] = bench_ratio(result, bench)
+        result["bench_step_ratio"] = bench_step_ratio(result, bench)
         results.append(result)
         print("\n".join(table([result])[1:]), flush=True)
     print(f"\n{a.preset} random weights, synthetic encoders (/online rows: random-weight Qwen3.5 and FLUX.2 VAE), "

@@ -50,6 +50,7 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
             step=s,
             tokens_per_s=1000.0 + s,
             step_s=0.5,
+            tokens=8200 + s,
             peak_mem_gib=10.0 + s / 10,
             peak_reserved_gib=11.0 + s,
         )
@@ -63,6 +64,7 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
     )
     got = ur.read_run(run, warmup=4)
     assert got["steps"] == 8 and got["tokens_per_s"] == 1006.5  # median of steps 5..8
+    assert got["tokens_per_step"] == 8206.5
     assert (
         got["peak_gib"] == pytest.approx(10.8) and got["reserved_gib"] == 19.0 and got["first_step_s"] == 42.0
     )
@@ -71,8 +73,13 @@ def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
         and got["prewarm"] == "48 keys, 12 launch configs, 61 s"
         and got["stopped"] is None
     )
-    bench = {"rows": [{"row": "lora/speed/latent_text", "tokens_per_s": 2000.0}]}
+    bench = {"rows": [{"row": "lora/speed/latent_text", "tokens_per_s": 2000.0, "step_s": 0.48}]}
     assert ur.bench_ratio({"row": "whole/lora/2", "tokens_per_s": 1940.0}, bench) == pytest.approx(0.97)
+    # fewer tokens per step, the same step time: 0.95 in tokens/s, 1.00 in s/step
+    same_step = {"row": "whole/lora/2", "tokens_per_s": 1900.0, "step_s": 0.48}
+    assert ur.bench_step_ratio(same_step, bench) == pytest.approx(1.0)
+    assert ur.bench_step_ratio({"row": "card24/lora/2", "step_s": 0.4}, bench) is None
+    assert "1.00" in ur.table([{**same_step, "completed": True, "steps": 8, "bench_step_ratio": 1.0}])[1]
     assert ur.bench_ratio({"row": "card24/lora/2", "tokens_per_s": 1940.0}, bench) is None
 
 
