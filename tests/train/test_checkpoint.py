@@ -241,3 +241,19 @@ def test_checkpoints_past_the_resumed_step_are_set_aside(tmp_path):
         "step_00000002.superseded",
         "step_00000003.broken",
     ]
+
+
+def test_a_large_save_is_announced_before_it_writes(tmp_path, caplog, monkeypatch):
+    from kohakumoss.train import checkpoint
+
+    monkeypatch.setattr(checkpoint, "ANNOUNCE_BYTES", 1)  # every save counts as large here
+    with caplog.at_level("INFO", logger="kohakumoss"):
+        path = _save(tmp_path, 3)
+    lines = [r.getMessage() for r in caplog.records]
+    first = next(i for i, m in enumerate(lines) if m.startswith(f"writing {path} (up to "))
+    assert lines[first + 1 :] and lines[first + 1].startswith("step_00000003 written in ")
+    caplog.clear()
+    monkeypatch.setattr(checkpoint, "ANNOUNCE_BYTES", 1 << 30)  # a small save: no lines
+    with caplog.at_level("INFO", logger="kohakumoss"):
+        _save(tmp_path, 4)
+    assert not [r for r in caplog.records if "written in" in r.getMessage()]

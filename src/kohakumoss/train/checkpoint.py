@@ -55,6 +55,8 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 # what a crash during a save (atomic_dir's temporary or replaced folder) or a prune leaves behind
 _STALE = re.compile(r"^\.step_\d+\.(.+\.tmp|deleting|old)$")
 _SLACK = 1 << 20  # json files, headers and file-system overhead beside the tensors' bytes
+# a save this large takes seconds to minutes (a full fine-tune's weights and optimizer states): say so first
+ANNOUNCE_BYTES = 1 << 30
 
 
 def step_dirname(step: int) -> str:
@@ -108,6 +110,9 @@ def save_checkpoint(
     path = root / step_dirname(step)
     needed = tensor_bytes([trainable, optimizer_state, ema_state]) + extra_bytes + _SLACK
     ensure_free_space(path, needed)
+    announce, t0 = needed >= ANNOUNCE_BYTES, time.perf_counter()
+    if announce:
+        log.info(f"writing {path} (up to {needed / 2**30:.1f} GiB: weights, optimizer states, exports)")
     with disk_full_as_error(path, needed), atomic_dir(path) as tmp:
         _write_parts(
             tmp,
@@ -122,6 +127,8 @@ def save_checkpoint(
             write_extra,
             write_sharded,
         )
+    if announce:
+        log.info(f"{path.name} written in {time.perf_counter() - t0:.0f} s")
     if keep_last is not None:
         prune_checkpoints(root, keep_last)
     return path
