@@ -206,6 +206,8 @@ def run_row(a, row: Row, work: Path) -> dict:
                 shutil.copy(src, keep / src.name)
         if (cache / "tuning").is_dir():  # the row's tuning table: merge it into a later --seed-cache
             shutil.copytree(cache / "tuning", keep / "tuning", dirs_exist_ok=True)
+    for heavy in ("checkpoints", "export"):  # a full fine-tune's are tens of GiB: the next row needs the disk
+        shutil.rmtree(run / heavy, ignore_errors=True)
     result["completed"] = rc == 0 and result["steps"] == a.steps
     if not result["completed"] and not result.get("stopped"):
         tail = log_path.read_text().strip().splitlines()[-1:] if log_path.exists() else []

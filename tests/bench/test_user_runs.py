@@ -122,6 +122,8 @@ def test_a_row_runs_the_trainer_again_over_the_same_work_folder(ur, tmp_path):
         ur.main(argv)
         (row,) = json.loads(out.read_text())["rows"]
         assert row["completed"] and row["steps"] == 2, row
-    assert (tmp_path / "work" / "runs" / "whole-lora-1" / "profile" / "kernels.txt").exists()
+    run = tmp_path / "work" / "runs" / "whole-lora-1"
+    assert (run / "profile" / "kernels.txt").exists() and (run / "metrics.jsonl").exists()
+    assert not (run / "checkpoints").exists() and not (run / "export").exists()  # the next row's disk
     captions = sorted((tmp_path / "work" / "data-2x128-5" / "1_smoke").glob("*.txt"))
     assert len(captions) == 2 and all(len(c.read_text().split()) == 5 for c in captions)  # one length
