@@ -10,9 +10,9 @@ from kohakumoss.distributed.trainer import on_devices
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 
-from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
+from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 train_on_devices = on_devices(train)
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")

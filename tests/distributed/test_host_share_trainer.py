@@ -9,8 +9,8 @@ import pytest
 from kohakumoss.distributed.trainer import on_devices
 from kohakumoss.train.loop import train
 
-from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from .test_trainer import records
+from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 train_on_devices = on_devices(train)
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf", OPTIMIZER_PLACEMENT="host")

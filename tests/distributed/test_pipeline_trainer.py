@@ -14,9 +14,9 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 
-from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from .test_fsdp_trainer import same_files, same_losses
 from .test_trainer import records
+from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_EVERY=2, SAVE_FORMAT="both")

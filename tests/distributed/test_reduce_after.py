@@ -20,9 +20,9 @@ from kohakumoss.distributed.trainer import RankRun, on_devices
 from kohakumoss.distributed.wrap import average_grads, broadcast_params
 from kohakumoss.train.loop import train
 
-from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
+from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 train_on_devices = on_devices(train)
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")

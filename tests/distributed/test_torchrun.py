@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
+from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 JOB = Path(__file__).with_name("torchrun_job.py")
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train" / "moss.py"

@@ -18,7 +18,7 @@ from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 
-from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
+from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train" / "moss.py"
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")
