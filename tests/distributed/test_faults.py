@@ -54,3 +54,27 @@ def _fine(k: dict) -> int:
         dist.all_reduce(torch.ones(1))
         beat(world, step)
     return step
+
+
+def test_a_rank_that_never_joins_is_named_and_says_where_it_hangs(monkeypatch, capfd):
+    """Rank 1 hangs before joining the group (the workers are forked: the patch reaches them): rank 0's
+    rendezvous times out naming it, and rank 1 prints its stack when the launcher stops it."""
+    from kohakumoss.distributed import world as world_module
+
+    join = world_module.join_group
+
+    def stuck_before_joining(backend, rank, *args):
+        if rank == 1:
+            time.sleep(120)
+        return join(backend, rank, *args)
+
+    monkeypatch.setattr(world_module, "join_group", stuck_before_joining)
+    k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": TIMEOUT_S, "FAULT": "none"}
+    t0 = time.monotonic()
+    with pytest.raises(
+        DistributedError,
+        match=r"rank 0 failed first \(DistributedError: rank 1 never joined the process group",
+    ):
+        run(k, _fine)
+    assert time.monotonic() - t0 < 60
+    assert "in stuck_before_joining" in capfd.readouterr().err  # rank 1's stack, dumped on SIGTERM

@@ -5,14 +5,19 @@
 
 Each worker joins the process group (world.py), finds its World with `current()`, and runs `fn(k)` with
 DEVICE set to its own device. A worker whose collective fails raises a DistributedError naming the
-rank(s) that stopped answering; the launcher stops the others and re-raises the first failure.
+rank(s) that stopped answering; the launcher stops the others (SIGTERM, then SIGKILL) and re-raises the
+first failure. A rank prints every thread's Python stack when stopped, so one that hung says where.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import gc
 import logging
 import os
+import signal
+import sys
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -63,10 +68,19 @@ def is_collective_failure(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(w in text for w in words)
 
 
+def stacks_on_stop() -> None:
+    """On SIGTERM (the launcher stopping this rank) print every thread's stack to stderr, then run the
+    handler there was: a rank stuck in C never reaches a Python handler, and its stack is the diagnosis."""
+    if sys.__stderr__ is not None:  # no signals here (Windows, not the main thread): nothing to register
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            faulthandler.register(signal.SIGTERM, file=sys.__stderr__, all_threads=True, chain=True)
+
+
 @record  # the launcher reads a failed worker's error from the file this writes
 def worker(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any], devices: list[str], timeout_s: float):
     """One rank: join the group, run fn(k) on this rank's device, leave the group."""
     global _CURRENT
+    stacks_on_stop()
     world = setup(devices, timeout_s)
     if world.device.type == "cpu":  # CPU workers share the node's cores instead of each taking all
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world.local_size))
@@ -86,6 +100,8 @@ def worker(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any], devices: list
     finally:
         _CURRENT = SINGLE
         teardown()
+        if hasattr(faulthandler, "unregister"):
+            faulthandler.unregister(signal.SIGTERM)
 
 
 def launch(

@@ -84,14 +84,39 @@ def setup(local_devices: list[str], timeout_s: float = DEFAULT_TIMEOUT_S) -> Wor
         torch.cuda.set_device(device)  # before any CUDA work: NCCL and the caching allocator bind to it
     backend = backend_for(device)
     if not dist.is_initialized():
-        dist.init_process_group(
-            backend,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=device if device.type == "cuda" else None,
-        )
+        join_group(backend, rank, size, device, timeout_s)
     world = World(rank, size, local_rank, local_size, device, backend)
     beat(world, -1)
     return world
+
+
+def join_group(backend: str, rank: int, size: int, device: torch.device, timeout_s: float) -> None:
+    """init_process_group as env:// does it, with each rank marked in the store first: when the group's
+    rendezvous times out, the error names the ranks that never came (hung or died while starting)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, size = next(dist.rendezvous("env://", rank, size, timeout=timeout))
+    store.set_timeout(timeout)
+    mark = f"kohakumoss/joined/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    store.set(f"{mark}/{rank}", "1")
+    try:
+        dist.init_process_group(
+            backend,
+            store=dist.PrefixStore("default_pg", store),  # env://'s prefix: the same keys as without us
+            rank=rank,
+            world_size=size,
+            timeout=timeout,
+            device_id=device if device.type == "cuda" else None,
+        )
+    except dist.DistError as e:
+        missing = [r for r in range(size) if not store.check([f"{mark}/{r}"])]
+        if not missing:
+            raise
+        names = ", ".join(f"rank {r}" for r in missing)
+        raise DistributedError(
+            f"{names} never joined the process group within DIST_TIMEOUT={timeout_s:g} s (hung or died "
+            f"while starting; the launcher prints a hung rank's stack when it stops it); rank {rank} saw: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from e
 
 
 def teardown() -> None:
