@@ -4,6 +4,8 @@ transformer), and its ComfyUI file checked against a float64 merge onto the dequ
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -15,7 +17,8 @@ from kohakumoss.export.comfy_apply import apply_comfy_adapter
 from kohakumoss.precision import quantize_frozen_linears
 from kohakumoss.train import build_adamw
 
-from ..adapters.helpers import flow_batch, flow_loss, tiny_model
+from ..adapters.helpers import CFG, flow_batch, flow_loss, tiny_model
+from ..model.helpers import random_model
 
 pytestmark = pytest.mark.gpu
 ALGOS = [
@@ -77,3 +80,27 @@ def test_trained_step_exports_verify_on_cuda(tmp_path, algo, args, base):
         change = (want[key] - fused_base[key]).norm()
         if change > 0:
             assert float((got[key].double() - want[key]).norm() / change) < 1e-4, key
+
+
+@pytest.mark.parametrize("algo", ["full", "lora", "lokr"])
+def test_exports_add_no_copy_of_the_model_on_the_card(tmp_path, algo):
+    """The merged transformer (and LoKr's ComfyUI file of full differences) is made a linear at a time and
+    cast on the host: during the export the card holds a few layers' transients beyond the training
+    state, not a copy of the model (one ran a full fine-tune out of a 80 GiB cap at its final save)."""
+    device = torch.device("cuda")
+    model = random_model(dataclasses.replace(CFG, depth=24)).to(device)  # float32: a full fine-tune's
+    net = None
+    if algo != "full":  # an adapter run: a bf16 base
+        model.to(torch.bfloat16).requires_grad_(False)
+        args = {"factor": 4} if algo == "lokr" else {}
+        net = build_adapter(model, algo, rank=8, alpha=4, preset="attn-mlp", **args).to(torch.float32)
+    largest = max(p.numel() for p in model.parameters()) * 4  # one linear in float32
+    copy = sum(p.numel() * 2 for p in model.parameters())  # the model in bf16, what the export writes
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    written = export_all(model, net, tmp_path, "run", save_merged_model=True)
+    torch.cuda.synchronize()
+    growth = torch.cuda.max_memory_allocated() - before
+    assert "merged" in written
+    assert growth < 8 * largest < copy / 2, (growth, largest, copy)

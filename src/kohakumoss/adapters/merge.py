@@ -43,13 +43,14 @@ def dense_weight(module: nn.Module) -> torch.Tensor:
     return module.weight.detach().float()
 
 
-def dense_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with every quantized linear's weight dense (in the dtype it computes in)
-    and its `weight_scale` dropped: what a merged export writes."""
+def dense_state_dict(model: nn.Module, device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """The model's state dict with every quantized linear's weight dense (in the dtype it computes in,
+    on `device`; None: the linear's own) and its `weight_scale` dropped: what a merged export writes."""
     state = {k: v.detach() for k, v in model.state_dict().items()}
     for name, module in model.named_modules():
         if isinstance(module, QUANTIZED):
-            state[f"{name}.weight"] = dense_weight(module).to(base_dtype(module))
+            weight = dense_weight(module)
+            state[f"{name}.weight"] = weight.to(device or weight.device, base_dtype(module))
             state.pop(f"{name}.weight_scale", None)
     return state
 
@@ -83,20 +84,10 @@ def _merged(lora: LycorisBaseModule, multiplier: float) -> tuple[torch.Tensor, t
     return lora.get_merged_weight(multiplier, weight.shape, weight.device)
 
 
-@torch.no_grad()
-def merged_weights(
-    model: nn.Module,
-    source: AdapterSource,
-    multiplier: float = 1.0,
-    only: set[str] | None = None,
-    dtype: torch.dtype | None = None,
-) -> dict[str, torch.Tensor]:
-    """{native key: merged tensor} for every weight (and bias) the adapter changes (`only`: of these
-    native module names), merged in float32 and returned in `dtype` (None: the dtype each linear
-    computes in)."""
+def _each_merged(model: nn.Module, source: AdapterSource, multiplier: float, only: set[str] | None):
+    """(module name, module, merged weight, merged bias or None) per adapted linear, one at a time."""
     network = load_adapter(model, source, multiplier=1.0, apply=False)
     names = {id(m): n for n, m in model.named_modules()}
-    out: dict[str, torch.Tensor] = {}
     for lora in network.loras:
         module = lora.org_module[0]
         if only is not None and names[id(module)] not in only:
@@ -104,10 +95,28 @@ def merged_weights(
         lora.to(module.weight.device)
         lora.eval()
         w, b = _merged(lora, multiplier)
-        key, to = names[id(module)], dtype or base_dtype(module)
-        out[f"{key}.weight"] = w.detach().to(to)
+        yield names[id(module)], module, w.detach(), None if b is None else b.detach()
+
+
+@torch.no_grad()
+def merged_weights(
+    model: nn.Module,
+    source: AdapterSource,
+    multiplier: float = 1.0,
+    only: set[str] | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> dict[str, torch.Tensor]:
+    """{native key: merged tensor} for every weight (and bias) the adapter changes (`only`: of these
+    native module names), merged in float32 and returned in `dtype` (None: the dtype each linear
+    computes in) on `device` (None: the linear's own; exports pass the host, since a whole model's
+    merge does not fit on the card beside the training state)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, module, w, b in _each_merged(model, source, multiplier, only):
+        to = dtype or base_dtype(module)
+        out[f"{key}.weight"] = w.to(device or w.device, to)
         if b is not None:
-            out[f"{key}.bias"] = b.detach().to(to)
+            out[f"{key}.bias"] = b.to(device or b.device, to)
     return out
 
 
@@ -121,20 +130,27 @@ def dense_tensor(model: nn.Module, key: str) -> torch.Tensor:
 
 
 @torch.no_grad()
-def weight_diffs(model: nn.Module, source: AdapterSource, multiplier: float = 1.0) -> dict[str, torch.Tensor]:
-    """{native key: merged - base} in float32, for exports that carry a full weight difference (the
-    base of an fp8 linear dequantized, so the difference is the adapter's alone)."""
-    merged = merged_weights(model, source, multiplier, dtype=torch.float32)  # no rounding of W in the diff
-    return {k: v - dense_tensor(model, k) for k, v in merged.items()}
+def weight_diffs(
+    model: nn.Module, source: AdapterSource, multiplier: float = 1.0, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """{native key: merged - base} in float32 on `device` (each moved there as it is made), for exports
+    that carry a full weight difference (the base of an fp8 linear dequantized, so the difference is the
+    adapter's alone; W is not rounded before the subtraction)."""
+    out: dict[str, torch.Tensor] = {}
+    for key, module, w, b in _each_merged(model, source, multiplier, None):
+        out[f"{key}.weight"] = (w.float() - dense_weight(module)).to(device)
+        if b is not None:
+            out[f"{key}.bias"] = (b.float() - module.bias.detach().float()).to(device)
+    return out
 
 
 def merged_state_dict(
-    model: nn.Module, source: AdapterSource, multiplier: float = 1.0
+    model: nn.Module, source: AdapterSource, multiplier: float = 1.0, device: torch.device | str | None = None
 ) -> dict[str, torch.Tensor]:
     """The model's full state dict with the adapter merged (unchanged tensors are shared, not copied; fp8
-    linears dense, `dense_state_dict`)."""
-    state = dense_state_dict(model)
-    state.update(merged_weights(model, source, multiplier))
+    linears dense, `dense_state_dict`); the merged tensors on `device` (see merged_weights)."""
+    state = dense_state_dict(model, device)
+    state.update(merged_weights(model, source, multiplier, device=device))
     return state
 
 

@@ -50,6 +50,6 @@ def save_merged(
     """Write the merged backbone (or the model as is when `source` is None, e.g. a full fine-tune)."""
     if source is None:
         state = {k: v.detach() for k, v in model.state_dict().items()}
-    else:
-        state = merged_state_dict(model, source, multiplier)
+    else:  # merged on the host, a linear at a time: a whole model's copy would not fit on the card
+        state = merged_state_dict(model, source, multiplier, device="cpu")
     return save_state(state, model.config, directory, layout, dtype)

@@ -391,8 +391,12 @@ def save_backbone(
     if layout not in LAYOUTS:
         raise CheckpointError(target, f"unknown layout '{layout}'; known: {sorted(LAYOUTS)}")
     lay = LAYOUTS[layout]
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    # to the host a tensor at a time, cast there: a whole model's copy on the card would not fit beside
+    # the training state (the write needs every tensor on the host anyway)
+    state = {
+        k: v.to("cpu", dtype if dtype is not None and v.is_floating_point() else v.dtype)
+        for k, v in state.items()
+    }
     key_prefix = lay.save_prefix if key_prefix is None else key_prefix
     out = {key_prefix + k: v for k, v in lay.from_native(state).items()}
     metadata = {CONFIG_METADATA_KEY: config.to_json(), LAYOUT_METADATA_KEY: lay.name, "format": "pt"}
