@@ -82,25 +82,31 @@ def test_trained_step_exports_verify_on_cuda(tmp_path, algo, args, base):
             assert float((got[key].double() - want[key]).norm() / change) < 1e-4, key
 
 
-@pytest.mark.parametrize("algo", ["full", "lora", "lokr"])
-def test_exports_add_no_copy_of_the_model_on_the_card(tmp_path, algo):
-    """The merged transformer (and LoKr's ComfyUI file of full differences) is made a linear at a time and
-    cast on the host: during the export the card holds a few layers' transients beyond the training
-    state, not a copy of the model (one ran a full fine-tune out of a 80 GiB cap at its final save)."""
+def _export_growth(directory, algo: str, depth: int) -> tuple[int, int]:
+    """(the card's growth during export_all, the model's bf16 bytes) for a fresh model of `depth` blocks:
+    float32 for a full fine-tune, a bf16 base under an adapter otherwise."""
     device = torch.device("cuda")
-    model = random_model(dataclasses.replace(CFG, depth=24)).to(device)  # float32: a full fine-tune's
+    model = random_model(dataclasses.replace(CFG, depth=depth)).to(device)
     net = None
-    if algo != "full":  # an adapter run: a bf16 base
+    if algo != "full":
         model.to(torch.bfloat16).requires_grad_(False)
         args = {"factor": 4} if algo == "lokr" else {}
         net = build_adapter(model, algo, rank=8, alpha=4, preset="attn-mlp", **args).to(torch.float32)
-    largest = max(p.numel() for p in model.parameters()) * 4  # one linear in float32
-    copy = sum(p.numel() * 2 for p in model.parameters())  # the model in bf16, what the export writes
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
-    written = export_all(model, net, tmp_path, "run", save_merged_model=True)
+    assert "merged" in export_all(model, net, directory, "run", save_merged_model=True)
     torch.cuda.synchronize()
-    growth = torch.cuda.max_memory_allocated() - before
-    assert "merged" in written
-    assert growth < 8 * largest < copy / 2, (growth, largest, copy)
+    return torch.cuda.max_memory_allocated() - before, sum(p.numel() * 2 for p in model.parameters())
+
+
+@pytest.mark.parametrize("algo", ["full", "lora", "lokr"])
+def test_exports_add_no_copy_of_the_model_on_the_card(tmp_path, algo):
+    """The merged transformer (and LoKr's ComfyUI file of full differences) is made a linear at a time and
+    cast on the host, so what an export adds on the card does not grow with the model: a copy there ran a
+    full fine-tune out of its 80 GiB cap at the final save. Two depths, after a warm-up export that takes
+    the one-time costs (kernel autotuning's scratch buffers, library workspaces)."""
+    _export_growth(tmp_path / "warm", algo, 4)
+    small, small_copy = _export_growth(tmp_path / "small", algo, 12)
+    big, big_copy = _export_growth(tmp_path / "big", algo, 36)
+    assert big - small < (big_copy - small_copy) / 4, (small, big, small_copy, big_copy)
