@@ -16,7 +16,12 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 # a trainer-like parent: a Loader with two workers, one batch taken, then held open
 PARENT = """
-import json, os, sys, time
+import faulthandler, json, os, signal, sys, time
+# a terminal's foreground job has Python's Ctrl-C handler; started from a background job (`pytest &` in a
+# script) SIGINT comes ignored and Python installs none: the parent would never stop (a CI run timed out so)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung parent's stacks, on the test's request
 from kohakumoss_data import Loader, LoaderKnobs, PlanKnobs, ScanKnobs, build_plan, make_source, scan
 from kohakumoss.config.knobs import Knob, Schema, run_checked
 
@@ -51,14 +56,22 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def start_parent(kohya_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen, list[int]]:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", PARENT, str(kohya_dir), str(tmp_path / "catalogs")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own process group, as a terminal's foreground job
-    )
+def start_parent(
+    kohya_dir: Path, tmp_path: Path, sigint_ignored: bool = False
+) -> tuple[subprocess.Popen, list[int]]:
+    """`sigint_ignored`: start it with SIGINT ignored, as every process of a script's background job is."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if sigint_ignored else None
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PARENT, str(kohya_dir), str(tmp_path / "catalogs")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,  # its own process group, as a terminal's foreground job
+        )
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     line = proc.stdout.readline()
     if not line:
         proc.kill()
@@ -66,6 +79,27 @@ def start_parent(kohya_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen, lis
     workers = json.loads(line)
     assert len(workers) >= 2 and all(alive(p) for p in workers)
     return proc, workers
+
+
+def proc_state(pid: int) -> str:
+    """A process's run state, kernel wait and signal masks (pending, blocked, ignored, caught)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        wchan = Path(f"/proc/{pid}/wchan").read_text()
+    except OSError as e:
+        return f"{pid}: {e}"
+    keep = ("State", "SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt")
+    return f"{pid}: wchan={wchan} " + " ".join(" ".join(ln.split()) for ln in status if ln.startswith(keep))
+
+
+def hang_report(proc: subprocess.Popen, workers: list[int]) -> str:
+    """What a parent that never stopped was doing: its and its workers' states, every thread's stack."""
+    states = [f"parent {proc_state(proc.pid)}"] + [f"worker {proc_state(pid)}" for pid in workers]
+    os.kill(proc.pid, signal.SIGUSR1)  # faulthandler (PARENT) writes every thread's stack to stderr
+    time.sleep(1.0)
+    proc.kill()
+    _, err = proc.communicate(timeout=10)
+    return "\n".join(states) + "\n--- parent's stderr ---\n" + err
 
 
 def wait_gone(pids: list[int], seconds: float = 15.0) -> list[int]:
@@ -87,11 +121,20 @@ def test_kill_9_of_the_parent_leaves_no_worker_alive(kohya_dir, tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_ctrl_c_to_the_process_group_prints_one_line_and_no_worker_traceback(kohya_dir, tmp_path):
-    proc, workers = start_parent(kohya_dir, tmp_path)
+@pytest.mark.parametrize("sigint_ignored", [False, True], ids=["launched-plain", "launched-ignoring-sigint"])
+def test_ctrl_c_to_the_process_group_prints_one_line_and_no_worker_traceback(
+    kohya_dir, tmp_path, sigint_ignored
+):
+    proc, workers = start_parent(kohya_dir, tmp_path, sigint_ignored)
     try:
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal does: parent and workers all get it
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            err = None
+        if err is None:  # failed outside the except: the report, not communicate()'s traceback
+            report = hang_report(proc, workers)
+            pytest.fail(f"the parent did not stop within 30 s of Ctrl-C (mask bit 0x2: SIGINT):\n{report}")
         assert proc.returncode == 130
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
         assert err.strip().splitlines()[-1] == "interrupted"  # earlier lines: the scan's log
