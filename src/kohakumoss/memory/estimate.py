@@ -25,6 +25,10 @@ Every constant is in `calibration.py`, tagged measured, derived or placeholder. 
   activations (and once more in the block being recomputed);
 - the backward working set: the extra peak of one block's backward (a checkpointed block re-creates
   what it did not keep), ACTIVATIONS[...]['working'], counted once;
+- a full fine-tune's fp32 weights on the card under bf16 / fp16 autocast: autocast caches the cast of
+  each weight (a trained leaf) until the forward ends, a PRECISION copy of the model alive with every
+  saved activation at the forward's end (the third phase beside the backward and the optimizer step:
+  the peak of the H200's full fine-tune rows, the first step whose forward finds grads and states there);
 - the text encoder and the VAE when they run in the step (TEXT_ENCODE / VAE_ENCODE not 'cache') and
   are resident (streamed: a fraction; off: nothing), from their files' sizes;
 - x ALLOCATOR_SLACK for fragmentation.
@@ -61,27 +65,44 @@ BACKWARD_ONLY = (
 class MemoryEstimate:
     parts: dict[str, float] = field(default_factory=dict)  # name -> bytes, alive during the backward
     step_parts: dict[str, float] = field(default_factory=dict)  # alive only in the optimizer step
+    forward_parts: dict[str, float] = field(default_factory=dict)  # alive until the forward ends
 
     @property
     def backward_peak(self) -> float:
         return sum(self.parts.values())
 
     @property
+    def forward_peak(self) -> float:
+        """At the forward's end: the saved activations are all there, the backward's working set not yet."""
+        if not self.forward_parts:
+            return 0.0
+        kept = sum(b for name, b in self.parts.items() if name != "backward working set")
+        return kept + sum(self.forward_parts.values())
+
+    @property
     def optimizer_peak(self) -> float:
         kept = sum(b for name, b in self.parts.items() if name not in BACKWARD_ONLY)
         return kept + sum(self.step_parts.values())
 
+    def phases(self) -> dict[str, float]:
+        return {
+            "forward": self.forward_peak,
+            "backward": self.backward_peak,
+            "optimizer step": self.optimizer_peak,
+        }
+
     @property
     def total(self) -> float:
-        """The larger of the two phases' sums, with the allocator's slack."""
-        return max(self.backward_peak, self.optimizer_peak) * ALLOCATOR_SLACK
+        """The largest phase's sum, with the allocator's slack."""
+        return max(self.phases().values()) * ALLOCATOR_SLACK
 
     def lines(self) -> list[str]:
         rows = [f"  {name:<24} {b / GIB:7.2f} GiB" for name, b in self.parts.items() if b]
+        rows += [f"  {name + ' (fwd)':<24} {b / GIB:7.2f} GiB" for name, b in self.forward_parts.items() if b]
         rows += [f"  {name + ' (step)':<24} {b / GIB:7.2f} GiB" for name, b in self.step_parts.items() if b]
-        if self.step_parts:
-            phase = "backward" if self.backward_peak >= self.optimizer_peak else "optimizer step"
-            rows.append(f"  {'peak phase':<24} {phase}")
+        if self.step_parts or self.forward_parts:
+            phases = self.phases()
+            rows.append(f"  {'peak phase':<24} {max(phases, key=phases.get)}")
         slack = f"total (+{round((ALLOCATOR_SLACK - 1) * 100)}%)"
         return [*rows, f"  {slack:<24} {self.total / GIB:7.2f} GiB"]
 
@@ -342,6 +363,8 @@ def estimate_plan(
     # weights
     if full and gpu_opt:  # the trained fp32 weights compute on the card: nothing to stream
         est.parts["DiT weights (fp32)"] = (depth * bp + nb) * cal.MASTER_BYTES
+        if precision in ("bf16", "fp16"):  # autocast caches each trained weight's cast until the forward ends
+            est.forward_parts["autocast weight copies"] = (depth * bp + nb) * wb
     else:
         block = block_weight_bytes(knobs, config)
         est.parts["DiT weights"] = (depth - streamed) * block + nb * wb
