@@ -137,10 +137,10 @@ def weight_diffs(
     that carry a full weight difference (the base of an fp8 linear dequantized, so the difference is the
     adapter's alone; W is not rounded before the subtraction)."""
     out: dict[str, torch.Tensor] = {}
-    for key, module, w, b in _each_merged(model, source, multiplier, None):
-        out[f"{key}.weight"] = (w.float() - dense_weight(module)).to(device)
-        if b is not None:
-            out[f"{key}.bias"] = (b.float() - module.bias.detach().float()).to(device)
+    for key, _, w, b in _each_merged(model, source, multiplier, None):
+        for leaf, merged in (("weight", w), ("bias", b)):
+            if merged is not None:
+                out[f"{key}.{leaf}"] = (merged.float() - dense_tensor(model, f"{key}.{leaf}")).to(device)
     return out
 
 
