@@ -12,6 +12,7 @@ import torch
 
 from kohakumoss.adapters import (
     adapter_param_groups,
+    adapter_state_dict,
     build_adapter,
     load_adapter,
     merge_into,
@@ -91,3 +92,16 @@ def test_algorithm_trains_roundtrips_and_merges(tmp_path, monkeypatch, algo, arg
     with torch.no_grad():
         torch.testing.assert_close(forward(merged, batch), trained, rtol=1e-5, atol=2e-5)
         torch.testing.assert_close(forward(in_place, batch), trained, rtol=1e-5, atol=2e-5)
+
+
+def test_a_loaded_network_goes_where_it_is_asked():
+    """The model's device by default; an export's checks ask for the host, so a network they rebuild from
+    the file does not sit on the card beside the trained one (merged one module at a time instead)."""
+    model = tiny_model()
+    net = build_adapter(model, "lora", rank=4, alpha=2, preset="attn-mlp")
+    state = adapter_state_dict(net)
+    fresh = tiny_model()
+    default = load_adapter(fresh, state, apply=False)
+    assert {p.device.type for m in default.loras for p in m.parameters()} == {"cpu"}
+    meta = load_adapter(fresh, state, apply=False, device="meta")
+    assert {p.device.type for m in meta.loras for p in m.parameters()} == {"meta"}

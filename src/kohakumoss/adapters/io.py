@@ -137,10 +137,12 @@ def load_adapter(
     multiplier: float = 1.0,
     apply: bool = True,
     strict: bool = True,
+    device: torch.device | str | None = None,
 ) -> LycorisNetwork:
     """Rebuild a network from a LyCORIS file (or state dict, or a live network's state) onto `model`;
     a kohya / PEFT / ComfyUI-fused LoRA file becomes LoCon modules (`strict`: its unusable keys are an
-    error, else a warning)."""
+    error, else a warning). The modules go to `device` (None: the model's; exports that only read the
+    network keep it on the host beside the trained one on the card)."""
     if isinstance(source, LycorisNetwork):
         source = adapter_state_dict(source)
     sd, _ = read_adapter(source)
@@ -163,7 +165,7 @@ def load_adapter(
         raise CheckpointError(
             where, f"lycoris could not rebuild {sorted(prefixes - loaded)[:5]} (unknown algorithm?)"
         )
-    device = next(model.parameters()).device
+    device = device or next(model.parameters()).device
     for module in network.loras:  # not yet registered on the network: move each one
         module.to(device)
     if apply:

@@ -85,8 +85,9 @@ def _merged(lora: LycorisBaseModule, multiplier: float) -> tuple[torch.Tensor, t
 
 
 def _each_merged(model: nn.Module, source: AdapterSource, multiplier: float, only: set[str] | None):
-    """(module name, module, merged weight, merged bias or None) per adapted linear, one at a time."""
-    network = load_adapter(model, source, multiplier=1.0, apply=False)
+    """(module name, module, merged weight, merged bias or None) per adapted linear, one at a time; the
+    network waits on the host and each module visits its linear's device for its merge alone."""
+    network = load_adapter(model, source, multiplier=1.0, apply=False, device="cpu")
     names = {id(m): n for n, m in model.named_modules()}
     for lora in network.loras:
         module = lora.org_module[0]
@@ -95,6 +96,7 @@ def _each_merged(model: nn.Module, source: AdapterSource, multiplier: float, onl
         lora.to(module.weight.device)
         lora.eval()
         w, b = _merged(lora, multiplier)
+        lora.to("cpu")
         yield names[id(module)], module, w.detach(), None if b is None else b.detach()
 
 

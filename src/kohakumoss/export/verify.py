@@ -293,7 +293,7 @@ def verify_lycoris(model: MossBackbone, source: AdapterSource, path: str | Path)
     tensors = load_file(str(path))
     result = Verified(path, "LyCORIS", 0, len(tensors), tolerance=_tolerance(tensors.values()))
     try:
-        network = load_adapter(model, path, apply=False)
+        network = load_adapter(model, path, apply=False, device="cpu")  # read for its keys only
     except Exception as e:  # lycoris's loader fails on the file: a mismatch like any other
         result.problems.append(f"lycoris's loader fails on it: {type(e).__name__}: {e}")
         return result
