@@ -54,3 +54,30 @@ def test_path_kind_checked(tmp_path):
 
 def test_script_knobs_only_upper_case():
     assert script_knobs({"LR": 1, "_X": 2, "lower": 3, "__name__": "m"}) == {"LR": 1}
+
+
+def test_command_line_text_reads_as_the_literal_the_knob_takes():
+    """`kogine run ... --set K=V` hands text wherever the script's default hides the type (None, a count
+    that may be a list): the schema reads it; a choice spelled 'none' stays that choice."""
+    from kohakumoss.config.train import TRAIN_SCHEMA
+
+    got = TRAIN_SCHEMA.validate(
+        {
+            "STREAM_BLOCKS": "3",
+            "GRAD_OFFLOAD": "true",
+            "CHECKPOINTING": "none",
+            "OPTIMIZER_PLACEMENT": "None",
+            "DEVICES": "['cpu', 'cpu']",
+            "DISTRIBUTED": "ddp",
+            "BUCKETS": "[[512, 512]]",
+            "LR": "1e-4",
+        }  # fmt: skip
+    )
+    assert (got["STREAM_BLOCKS"], got["GRAD_OFFLOAD"], got["CHECKPOINTING"]) == (3, True, "none")
+    assert got["OPTIMIZER_PLACEMENT"] is None and got["DEVICES"] == ["cpu", "cpu"]
+    assert got["BUCKETS"] == [[512, 512]] and got["LR"] == 1e-4
+    assert TRAIN_SCHEMA.validate({"BUCKETS": "kohya"})["BUCKETS"] == "kohya"
+    with pytest.raises(ConfigError, match=r"STREAM_BLOCKS: expected int/NoneType, got str '3x'"):
+        TRAIN_SCHEMA.validate({"STREAM_BLOCKS": "3x"})
+    with pytest.raises(ConfigError, match="STEPS: expected int, got str 'true'"):
+        SCHEMA.validate({"STEPS": "true"})  # a word for a bool is not a count

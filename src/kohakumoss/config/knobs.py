@@ -3,11 +3,14 @@
 A kogine script's settings are module-level UPPER_CASE globals. `Knob` describes one; `validate`
 checks a globals dict against a schema before any work starts: unknown knobs (with a did-you-mean),
 wrong types, values out of range or not among the choices, paths that do not exist. Every problem is
-reported by name, all at once.
+reported by name, all at once. A value typed on the command line (`kogine run ... --set STREAM_BLOCKS=3`)
+arrives as text wherever the script's default does not tell kogine the type (None, or a count that may
+also be a list); `Knob.from_text` reads it as the Python literal the knob takes.
 """
 
 from __future__ import annotations
 
+import ast
 import difflib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -47,6 +50,24 @@ class Knob:
         if isinstance(self.default, int):
             return (int,)
         return (type(self.default),)
+
+    def from_text(self, value: Any) -> Any:
+        """`value` as the literal it spells when it is text the knob does not take as it is
+        ('3', 'true', 'None', '[0, 1]'); anything else unchanged (its type check then names it)."""
+        if not isinstance(value, str):
+            return value
+        takes_text = str in self.types and not value.lstrip().startswith(("[", "{"))
+        if takes_text and (self.choices is None or value in self.choices):
+            return value  # 'none' stays the choice 'none'; a path stays a path
+        words = {"true": True, "false": False, "none": None, "null": None}
+        try:
+            parsed = (
+                words[value.strip().lower()] if value.strip().lower() in words else ast.literal_eval(value)
+            )
+        except (ValueError, SyntaxError):
+            return value
+        ok = isinstance(parsed, self.types) and (bool in self.types or not isinstance(parsed, bool))
+        return parsed if ok or (parsed is None and type(None) in self.types) else value
 
     def problems(self, value: Any) -> list[str]:
         types = self.types
@@ -93,8 +114,13 @@ class Schema:
         close = difflib.get_close_matches(name, list(self.knobs), n=1, cutoff=0.6)
         return f" (did you mean {close[0]}?)" if close else ""
 
+    def from_text(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """`values` with command-line text read as each knob's literal (`Knob.from_text`)."""
+        return {k: self.knobs[k].from_text(v) if k in self.knobs else v for k, v in values.items()}
+
     def problems(self, values: Mapping[str, Any]) -> list[tuple[str, str]]:
         """(knob, problem) pairs for every unknown knob and every bad value."""
+        values = self.from_text(values)
         out = []
         for name in values:
             if name.isupper() and not name.startswith("_") and name not in self.knobs:
@@ -108,6 +134,7 @@ class Schema:
 
     def validate(self, values: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
         """Defaults overlaid with `values`; raises ConfigError naming every bad knob."""
+        values = self.from_text(values)
         problems = self.problems(values)
         if problems:
             lines = "\n".join(f"  {k}: {p}" for k, p in problems)
