@@ -4,7 +4,7 @@
     python scripts/bench/user_runs.py --rows default --out $OUT/user_runs.json
     python scripts/bench/user_runs.py --preset tiny --device cpu --rows cpu      # CPU smoke (CI)
 
-A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE]:
+A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE]:
 - CARD `whole` (the GPU as it is) or `cardN` (CARD_GB=N: MEMORY_PROFILE 'auto' plans for an N GiB card and
   the process is capped to N GiB, so a smaller card is emulated honestly);
 - ADAPTER `lora` (r32, every DiT linear, bypass: the benchmark's row), `lokr` or `full`;
@@ -13,7 +13,9 @@ A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE]:
   trainer fills before its first step (VAE_ENCODE 'auto'), with TEXT_ENCODER / VAE 'random': the real
   Qwen3.5 and FLUX.2 VAE architectures with random weights, sized by the preset, so encoding costs what it
   costs; `fp8`: BASE_PRECISION=fp8; PROFILE (speed, balanced, low_vram, minimal): MEMORY_PROFILE set by
-  name instead of 'auto'.
+  name instead of 'auto'; ENGINE (ddpN, fsdpN, pipelineN, threadedN): DISTRIBUTED over N GPUs (DEVICES=N),
+  IMAGES per GPU, so the step holds N times the tokens; the table then gives the scaling against the same
+  row on one GPU when both ran (tokens/s over N x the one-GPU row's).
 Each row runs in its own process from an empty kernel tuning cache (a fresh machine: seeded from the table
 shipped for the card, if any; --empty-table: none, as on a card this project never timed), random weights of
 the preset, TEXT_ENCODER / VAE 'synthetic' (cheap stand-ins: those rows encode before the first step) or
@@ -49,7 +51,11 @@ GROUPS = {
     # the trainer against train_step.py's rows of the same plan (run both in one device call)
     "profiles": "whole/lora/2/speed,whole/lora/2/balanced,whole/lora/2/low_vram,whole/lora/2/minimal,"
     "whole/full/2/speed",
+    # several GPUs against one, the trainer's own tokens/s (a machine with 2 GPUs)
+    "scaling": "whole/lora/2/speed,whole/lora/2/speed/ddp2,whole/lora/2/low_vram,whole/lora/2/low_vram/ddp2,"
+    "whole/full/2,whole/full/2/fsdp2,whole/lora/2/speed/pipeline2",
 }
+ENGINES = ("ddp", "fsdp", "pipeline", "threaded")
 PROFILES = ("speed", "balanced", "low_vram", "minimal")
 BENCH_SAMPLES = 2  # train_step.py's images per step
 TEXT_TOKENS = 256  # MAX_TEXT_TOKENS budgeted per image
@@ -64,6 +70,8 @@ class Row:
     online: bool
     fp8: bool
     profile: str = ""  # '': MEMORY_PROFILE 'auto'
+    engine: str = ""  # '': one GPU; else DISTRIBUTED
+    gpus: int = 1
 
 
 def parse_row(name: str) -> Row:
@@ -74,13 +82,25 @@ def parse_row(name: str) -> Row:
     if card != "whole" and not re.fullmatch(r"card\d+(\.\d+)?", card):
         raise SystemExit(f"row '{name}': the card is 'whole' or cardN (GiB)")
     extra = set(parts[3:])
+    engines = [
+        (m.group(1), int(m.group(2))) for e in extra if (m := re.fullmatch(rf"({'|'.join(ENGINES)})(\d+)", e))
+    ]
+    extra -= {f"{e}{n}" for e, n in engines}
     if extra - {"online", "fp8", *PROFILES}:
         raise SystemExit(f"row '{name}': unknown parts {sorted(extra - {'online', 'fp8', *PROFILES})}")
     profiles = sorted(extra & set(PROFILES))
     if len(profiles) > 1:
         raise SystemExit(f"row '{name}': one memory profile, not {profiles}")
+    if len(engines) > 1 or any(n < 2 for _, n in engines):
+        raise SystemExit(f"row '{name}': one engine over 2 or more GPUs (e.g. ddp2), not {sorted(engines)}")
+    engine, gpus = engines[0] if engines else ("", 1)
     return Row(name, 0.0 if card == "whole" else float(card[4:]), parts[1], int(parts[2]),
-               "online" in extra, "fp8" in extra, profiles[0] if profiles else "")  # fmt: skip
+               "online" in extra, "fp8" in extra, profiles[0] if profiles else "", engine, gpus)  # fmt: skip
+
+
+def single_gpu_row(name: str) -> str:
+    """The row's name without its engine part: the same run on one GPU."""
+    return "/".join(p for p in name.split("/") if not re.fullmatch(rf"({'|'.join(ENGINES)})\d+", p))
 
 
 def knobs(a, row: Row, work: Path) -> dict:
@@ -93,7 +113,7 @@ def knobs(a, row: Row, work: Path) -> dict:
         "DATASET": {"kind": "kohya", "path": str(data_dir(a, work))},
         "AREA": a.size * a.size,
         "MAX_TEXT_TOKENS": a.text_tokens,
-        "TOKENS_PER_STEP": row.images * (side * side + a.text_tokens),
+        "TOKENS_PER_STEP": row.gpus * row.images * (side * side + a.text_tokens),  # the whole step, all ranks
         "STEPS": a.steps,
         "RUNS_DIR": str(work / "runs"),
         "RUN_NAME": row.name.replace("/", "-"),
@@ -115,6 +135,8 @@ def knobs(a, row: Row, work: Path) -> dict:
         k["BASE_PRECISION"] = "fp8"
     if row.profile:
         k["MEMORY_PROFILE"] = row.profile
+    if row.engine:
+        k.update(DISTRIBUTED=row.engine, DEVICES=["cpu"] * row.gpus if a.device == "cpu" else row.gpus)
     if a.device == "cpu":
         k.update(PRECISION="fp32", MIN_SIDE=32)
     for item in a.set:  # every row's extra knobs, as kogine reads them (`--set GC_EVERY=1`)
@@ -218,7 +240,14 @@ def run_row(a, row: Row, work: Path) -> dict:
 def bench_row(row: Row, plan: str | None) -> str | None:
     """train_step.py's row of the same plan: a whole-card LoRA r32 or full fine-tune at the benchmark's
     images per step, caches hit, under the profile the run used (named, or the one 'auto' picked)."""
-    if row.card_gb or row.adapter == "lokr" or row.images != BENCH_SAMPLES or row.online or row.fp8:
+    if (
+        row.card_gb
+        or row.adapter == "lokr"
+        or row.images != BENCH_SAMPLES
+        or row.online
+        or row.fp8
+        or row.engine
+    ):
         return None
     picked = re.search(r"profile '(\w+)'", plan or "")
     profile = row.profile or (picked.group(1) if picked else "speed")
@@ -248,13 +277,22 @@ def bench_step_ratio(result: dict, bench: dict | None) -> float | None:
     return other / result["step_s"] if other and result.get("step_s") else None
 
 
+def scaling(result: dict, results: list[dict]) -> float | None:
+    """A several-GPU row's tokens/s over N x its one-GPU row's (1.0: linear), when both ran."""
+    row = parse_row(result["row"])
+    one = next((r for r in results if r["row"] == single_gpu_row(row.name)), None)
+    if not row.engine or not one or not one.get("tokens_per_s") or not result.get("tokens_per_s"):
+        return None
+    return result["tokens_per_s"] / (row.gpus * one["tokens_per_s"])
+
+
 def fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
 def table(rows: list[dict]) -> list[str]:
     lines = [f"{'row':<24} {'done':>4} {'steps':>5} {'tokens/s':>9} {'tok/step':>8} {'s/step':>6} {'peak GiB':>8} "
-             f"{'reserved':>8} {'cap':>4} {'pred GiB':>8} {'vs bench':>8} {'step vs':>7} {'step 1 s':>8}  "
+             f"{'reserved':>8} {'cap':>4} {'pred GiB':>8} {'vs bench':>8} {'step vs':>7} {'scaling':>7} {'step 1 s':>8}  "
              "plan / why stopped"]  # fmt: skip
     for r in rows:
         lines.append(
@@ -264,6 +302,7 @@ def table(rows: list[dict]) -> list[str]:
             f"{fmt(r.get('peak_gib'), '.1f'):>8} {fmt(r.get('reserved_gib'), '.1f'):>8} "
             f"{fmt(r.get('cap_gib'), 'g'):>4} {fmt(r.get('predicted_gib'), '.1f'):>8} "
             f"{fmt(r.get('bench_ratio'), '.2f'):>8} {fmt(r.get('bench_step_ratio'), '.2f'):>7} "
+            f"{fmt(r.get('scaling'), '.2f'):>7} "
             f"{fmt(r.get('first_step_s'), '.0f'):>8}  "
             f"{r.get('stopped') or r.get('plan') or ''}"
         )
@@ -322,7 +361,10 @@ def main(argv=None) -> None:
         result["bench_ratio"] = bench_ratio(result, bench)
         result["bench_step_ratio"] = bench_step_ratio(result, bench)
         results.append(result)
+        result["scaling"] = scaling(result, results)
         print("\n".join(table([result])[1:]), flush=True)
+    for result in results:  # a one-GPU row listed after its several-GPU row
+        result["scaling"] = scaling(result, results)
     print(f"\n{a.preset} random weights, synthetic encoders (/online rows: random-weight Qwen3.5 and FLUX.2 VAE), "
           f"{a.size}x{a.size} images, {a.steps} steps per row "
           f"(medians after {a.warmup}), each row from "

@@ -70,3 +70,14 @@ def same_device(a: torch.device | str, b: torch.device | str) -> bool:
     (plain `!=` says they differ)."""
     a, b = torch.device(a), torch.device(b)
     return a.type == b.type and device_index(a) == device_index(b)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """The allocator's peak on a CUDA device (GiB), else the process's peak resident memory."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    try:
+        import resource  # Unix only
+    except ImportError:
+        return 0.0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

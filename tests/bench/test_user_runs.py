@@ -127,3 +127,44 @@ def test_a_row_runs_the_trainer_again_over_the_same_work_folder(ur, tmp_path):
     assert not (run / "checkpoints").exists() and not (run / "export").exists()  # the next row's disk
     captions = sorted((tmp_path / "work" / "data-2x128-5" / "1_smoke").glob("*.txt"))
     assert len(captions) == 2 and all(len(c.read_text().split()) == 5 for c in captions)  # one length
+
+
+def test_an_engine_row_runs_on_several_gpus_and_scales_against_its_one_gpu_row(ur, tmp_path):
+    row = ur.parse_row("whole/lora/2/speed/ddp2")
+    assert (row.engine, row.gpus, row.profile) == ("ddp", 2, "speed")
+    k = ur.knobs(args(ur), row, tmp_path)
+    # images per GPU: the whole step holds both ranks' tokens
+    assert k["DISTRIBUTED"] == "ddp" and k["DEVICES"] == 2 and k["TOKENS_PER_STEP"] == 2 * 2 * (4096 + 256)
+    assert ur.knobs(args(ur, device="cpu"), row, tmp_path)["DEVICES"] == ["cpu", "cpu"]
+    assert "DISTRIBUTED" not in ur.knobs(args(ur), ur.parse_row("whole/lora/2/speed"), tmp_path)
+    assert ur.single_gpu_row("whole/full/2/fsdp2") == "whole/full/2"
+    for bad in ("whole/lora/2/ddp1", "whole/lora/2/ddp2/fsdp2", "whole/lora/2/zero2"):
+        with pytest.raises(SystemExit):
+            ur.parse_row(bad)
+    results = [
+        {"row": "whole/lora/2/speed/ddp2", "tokens_per_s": 1900.0},
+        {"row": "whole/lora/2/speed", "tokens_per_s": 1000.0},
+        {"row": "whole/full/2/fsdp2", "tokens_per_s": 900.0},  # its one-GPU row did not run
+    ]
+    assert ur.scaling(results[0], results) == pytest.approx(0.95)
+    assert ur.scaling(results[1], results) is None and ur.scaling(results[2], results) is None
+    assert (
+        ur.bench_ratio(results[0], {"rows": [{"row": "lora/speed/latent_text", "tokens_per_s": 1.0}]}) is None
+    )
+    assert [ur.parse_row(n).gpus for n in ur.GROUPS["scaling"].split(",")].count(2) >= 4
+
+
+def test_a_ddp_row_runs_the_trainer_on_two_cpu_ranks(ur, tmp_path):
+    """The row's DISTRIBUTED and DEVICES reach the trainer: two CPU ranks (gloo) train the tiny preset,
+    each rank's peak in the run's metrics, and the scaling column against the one-process row."""
+    out = tmp_path / "rows.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--rows", "whole/lora/1,whole/lora/1/ddp2", "--steps", "2",
+            "--warmup", "0", "--images", "2", "--work", str(tmp_path / "work"), "--out", str(out),
+            "--row-timeout", "300", "--caption-words", "5", "--set", "DIST_TIMEOUT=120"]  # fmt: skip
+    ur.main(argv)
+    one, two = json.loads(out.read_text())["rows"]
+    assert one["completed"] and two["completed"], (one, two)
+    assert two["scaling"] is not None and one["scaling"] is None
+    assert two["tokens_per_step"] == 2 * one["tokens_per_step"]
+    metrics = (tmp_path / "work" / "runs" / "whole-lora-1-ddp2" / "metrics.jsonl").read_text().splitlines()
+    assert len(json.loads(metrics[-1])["peak_mem_gib_ranks"]) == 2

@@ -40,6 +40,7 @@ def test_pipeline_lora_trains_what_one_process_does(train_world, lora_one, sched
     a, b = records(lora_one), records(two)
     same_losses(a, b)
     assert len({r["loss"] for r in b}) == 3  # the adapter moved
+    assert all(len(r["peak_mem_gib_ranks"]) == 2 for r in b)  # each stage's rank
     same_files(lora_one / "export", two / "export", "pp-lora-one", f"pp-lora-{schedule}")
     ckpt = two / "checkpoints" / "step_00000002"
     again = train_on_devices(tiny_knobs(train_world, f"pp-again-{schedule}", RESUME=str(ckpt), **extra))
@@ -54,6 +55,7 @@ def test_threaded_trains_what_one_process_does(train_world, lora_one):  # noqa: 
     two = train_on_devices(tiny_knobs(train_world, "th-lora", **extra))
     assert "pipeline: 2 stages (blocks 0-1, 2-3) on cpu, cpu" in (two / "log.txt").read_text()
     same_losses(records(lora_one), records(two))
+    assert all(len(r["peak_mem_gib_ranks"]) == 2 for r in records(two))  # each stage's device
     same_files(lora_one / "export", two / "export", "pp-lora-one", "th-lora")
 
 

@@ -59,6 +59,9 @@ def test_ddp_on_two_cpu_ranks_trains_what_one_process_does(train_world):  # noqa
         assert rb["grad_norm"] == pytest.approx(ra["grad_norm"], rel=1e-3)
         assert (rb["samples"], rb["tokens"]) == (ra["samples"], ra["tokens"])  # summed over the ranks
     assert len({r["loss"] for r in b}) == 3  # the weights moved: the same loss three times would hide it
+    for r in b:  # each rank's peak (here its process's RSS), the record's the largest of them
+        assert len(r["peak_mem_gib_ranks"]) == 2 and r["peak_mem_gib"] == max(r["peak_mem_gib_ranks"]) > 0
+    assert "peak_mem_gib_ranks" not in a[0]
     exports = sorted(p.name.replace("ddp-two", "") for p in (two / "export").iterdir())
     assert exports == sorted(p.name.replace("ddp-one", "") for p in (one / "export").iterdir()) and exports
     for name in exports:

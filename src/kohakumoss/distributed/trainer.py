@@ -9,6 +9,7 @@ step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)   # the share's loss, n
 StepRunner(..., step_loss, graphs=...)               # step_loss.hooks: graphed, before/after_micro, after_backward
 next_batch = rr.next_batch(prefetch.next_batch, start_micro_step)
 loss, samples, tokens = rr.step_totals(step, loss, samples, tokens)   # every rank's, summed
+rr.peaks_gib(device)                                 # on a logged step: each rank's (threaded: device's) peak
 rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank's log goes
 with rr.full_weights(model): ...                     # fsdp: rank 0 sees the whole weights (exports)
 rr.write_shards(tmp, state)                          # fsdp: every rank's shards into a checkpoint
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kohakumoss_common.device import peak_memory_gib
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 
@@ -743,6 +745,20 @@ class RankRun:
         dist.all_reduce(t)
         loss_sum, samples_sum, tokens_sum = (float(v) for v in t.cpu())
         return loss_sum / self.world.size, int(samples_sum), int(tokens_sum)
+
+    def peaks_gib(self, device: torch.device) -> list[float]:
+        """The allocator's peak (GiB) of every rank in rank order, or of every stage's device under
+        'threaded'; every rank calls it at the same steps (one small all-gather: logged steps only)."""
+        if self.mode == "threaded" and self.engine is not None:
+            return [peak_memory_gib(torch.device(d)) for d in self.engine.devices]
+        mine = peak_memory_gib(device)
+        if not self.active:
+            return [mine]
+        t = torch.tensor([mine], dtype=torch.float64)
+        t = t.to(self.world.device) if self.world.backend == "nccl" else t
+        every = [torch.zeros_like(t) for _ in range(self.world.size)]
+        dist.all_gather(every, t)
+        return [float(v) for v in torch.cat(every).cpu()]
 
     def barrier(self) -> None:
         barrier(self.world)

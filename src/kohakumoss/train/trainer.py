@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import random
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -366,6 +365,7 @@ class Trainer:
             self.progress.update(step, loss, tokens / dt)
         if not (self.every(self.cfg.run.log_every) or step == self.steps):
             return
+        peaks = self.rr.peaks_gib(self.comps.device)  # every rank's (or threaded stage's)
         record = dict(
             step=step,
             loss=loss,
@@ -376,10 +376,12 @@ class Trainer:
             samples_per_s=samples / dt,
             tokens_per_s=tokens / dt,
             step_s=dt,
-            peak_mem_gib=peak_memory_gib(self.comps.device),
+            peak_mem_gib=max(peaks),
             skipped=self.skipped,
             gc_ms=self.collector.take_paused_ms(),
         )
+        if len(peaks) > 1:
+            record["peak_mem_gib_ranks"] = peaks
         if self.comps.device.type == "cuda":  # the allocator's cache on top: what the card must hold
             record["peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.comps.device) / 2**30
         if self.profiler.active(step):
@@ -709,12 +711,6 @@ def resume_point(resume: str, ckpt_root: Path) -> Path | None:
             return None
         raise ConfigError("RESUME", f"no checkpoint at '{resume}'")
     return path
-
-
-def peak_memory_gib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux: process peak RSS
 
 
 def _checked(failed: list, fn, *args) -> None:
