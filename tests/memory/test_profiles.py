@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from kohakumoss.memory import PROFILES, MemoryPlan, catalog, estimate_plan, fastest_fit, resolve_plan
 from kohakumoss.memory.calibration import GIB
@@ -147,3 +148,30 @@ def test_an_explicit_profile_above_the_card_runs_with_a_warning():
     assert "WARNING" not in why
     _, why = resolve_plan({**KNOBS, "MEMORY_PROFILE": "c0000"}, MOSS, None, False)
     assert "WARNING" not in why  # no card known: nothing to compare with
+
+
+def test_a_data_parallel_rank_plans_for_its_share_of_the_step():
+    """DDP / FSDP split the step's images over the ranks: each plans for at most the mean plus
+    (1 - 1/world) of one sample (list scheduling's bound on `distributed.shard.assign`), never more than
+    the step; a pipeline and one rank plan for the whole step."""
+    from kohakumoss.distributed.shard import assign
+    from kohakumoss.memory.profiles import rank_share_knobs
+
+    sample = 4096 + 256  # 1 MP and the caption budget
+    knobs = {"DISTRIBUTED": "ddp", "TOKENS_PER_STEP": 4 * sample, "AREA": 1024 * 1024, "MAX_TEXT_TOKENS": 256}
+    assert rank_share_knobs(knobs, 2)["TOKENS_PER_STEP"] == 2 * sample + sample // 2
+    assert (
+        rank_share_knobs(knobs, 1) is knobs
+        and rank_share_knobs({**knobs, "DISTRIBUTED": "pipeline"}, 2)["TOKENS_PER_STEP"] == 4 * sample
+    )
+    assert rank_share_knobs({**knobs, "TOKENS_PER_STEP": sample}, 8)["TOKENS_PER_STEP"] == sample  # capped
+    # the bound holds for what assign gives: mixed sizes up to one sample each, over 2..4 ranks
+    g = torch.Generator().manual_seed(0)
+    for world in (2, 3, 4):
+        for _ in range(50):
+            items = torch.randint(
+                sample // 8, sample + 1, (int(torch.randint(world, 12, (1,), generator=g)),), generator=g
+            ).tolist()
+            step = {**knobs, "TOKENS_PER_STEP": sum(items), "DISTRIBUTED": "fsdp"}
+            worst = max(sum(items[i] for i in share) for share in assign(items, world))
+            assert worst <= rank_share_knobs(step, world)["TOKENS_PER_STEP"]

@@ -13,6 +13,7 @@ with a warning when its predicted peak is above the card.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -65,6 +66,22 @@ def card_memory_gb(knobs: dict[str, Any], device: Any = None) -> float | None:
     if info.kind == "cpu" or not info.total_memory:
         return None
     return info.total_memory / cal.GIB
+
+
+def rank_share_knobs(knobs: dict[str, Any], world: int) -> dict[str, Any]:
+    """The knobs as one rank of a data-parallel run (DISTRIBUTED 'ddp' or 'fsdp') sees its step: a share of
+    TOKENS_PER_STEP (the whole step's budget). The share bounds what `distributed.shard.assign` gives any
+    rank: list scheduling keeps each rank within the mean plus (1 - 1/world) of the largest sample (AREA's
+    image tokens and MAX_TEXT_TOKENS). Weights, grads and optimizer states are counted whole (FSDP's shards
+    are smaller: an upper bound there). Other engines and one rank: the knobs unchanged."""
+    if world <= 1 or knobs.get("DISTRIBUTED") not in ("ddp", "fsdp"):
+        return knobs
+    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
+    sample = int(knobs.get("AREA", PlanKnobs.area)) // 256 + int(
+        knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens)
+    )
+    share = math.ceil(tokens / world + sample * (1 - 1 / world))
+    return {**knobs, "TOKENS_PER_STEP": min(tokens, share)}
 
 
 def _algo_knobs(knobs: dict[str, Any], full_ft: bool) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.adapters.dropouts import dropout_check
 from kohakumoss.config.sample import SampleModelConfig
 from kohakumoss.config.train import EncoderConfig, ModelConfig, TrainConfig
+from kohakumoss.distributed.launch import current
 from kohakumoss.distributed.materialize import only_on, sharded_backbone, staged_backbone
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.random_weights import (
@@ -30,7 +31,7 @@ from kohakumoss.memory.engines.encoders import place_encoder
 from kohakumoss.memory.estimate import estimate_peak, file_bytes
 from kohakumoss.memory.install import MemoryEngines, install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.memory.profiles import card_memory_gb, resolve_plan
+from kohakumoss.memory.profiles import card_memory_gb, rank_share_knobs, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
 from kohakumoss.model.rope import rope_bands
@@ -82,7 +83,9 @@ def model_config(model: ModelConfig | SampleModelConfig) -> MossConfig:
 
 def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]:
     """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
-    knobs = cfg.knobs()  # the memory package's profiles and estimate read the flat knobs
+    world = current().size
+    # the memory package's profiles and estimate read the flat knobs, as one rank holds its step
+    knobs = rank_share_knobs(cfg.knobs(), world)
     card = card_memory_gb(knobs, device) if device.type != "cpu" else None
     encoders = cfg.encoders
     dtype = encoder_dtype(encoders, cfg.device.precision, device)
@@ -91,8 +94,10 @@ def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]
         knobs, model_config(cfg.model), card, cfg.adapter.algo == "full", text_encoder_bytes=te, vae_bytes=vae
     )
     # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
-    if (peak := predicted_peak_gib(cfg, plan, te, vae)) is not None:
+    if (peak := predicted_peak_gib(cfg, plan, te, vae, world)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
+    if knobs["TOKENS_PER_STEP"] != cfg.knobs()["TOKENS_PER_STEP"]:
+        why += f" per rank (planned for up to {knobs['TOKENS_PER_STEP']} of the step's tokens on each of {world} ranks)"
     return plan, why
 
 
@@ -133,12 +138,14 @@ def check_random_text(encoders: EncoderConfig, preset: str, text_dim: int) -> No
 
 
 def predicted_peak_gib(
-    cfg: TrainConfig, plan: MemoryPlan, text_encoder_bytes: int = 0, vae_bytes: int = 0
+    cfg: TrainConfig, plan: MemoryPlan, text_encoder_bytes: int = 0, vae_bytes: int = 0, world: int = 1
 ) -> float | None:
-    """The memory estimate's peak of this plan in GiB, or None where the estimate cannot price it."""
+    """The memory estimate's peak of this plan in GiB (one rank's of `world`), or None where the estimate
+    cannot price it."""
     try:
         model = model_config(cfg.model)
-        peak = estimate_peak(cfg.knobs(), model, None, text_encoder_bytes, vae_bytes, plan=plan)
+        knobs = rank_share_knobs(cfg.knobs(), world)
+        peak = estimate_peak(knobs, model, None, text_encoder_bytes, vae_bytes, plan=plan)
         return peak.total / 2**30
     except Exception as e:  # a plan stands without its estimate
         log.debug(f"no memory estimate for this plan ({type(e).__name__}: {e})")
