@@ -7,6 +7,7 @@ for the text encoder and VAE (check reads headers only); the dataset is two smal
 from __future__ import annotations
 
 import io
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -586,3 +587,21 @@ def test_no_check_never_drops_the_weights_given(world, tmp_path, weights, capsys
     assert main(["new", "--from", "lora_8g", str(target), "--weights", path, "--no-check"]) == 0
     assert _knobs(target)["WEIGHTS"].startswith(path)
     assert main(["new", "--from", "lora_8g", str(tmp_path / "r2.py"), "--weights", path]) == 1
+
+
+def test_check_prices_a_data_parallel_rank_for_its_share_of_the_step(good, capsys):
+    """Under DDP on 4 GPUs a rank holds about a quarter of the step's tokens: its saved activations are
+    priced for that share, as the trainer plans them (memory.profiles.rank_share_knobs)."""
+    body = (
+        "WEIGHTS = ''\nMODEL_PRESET = 'moss-image-5b'\nTEXT_ENCODE = 'cache'\nVAE_ENCODE = 'cache'\n"
+        "TOKENS_PER_STEP = 8 * (4096 + 256)\nAREA = 1024 * 1024\nMAX_TEXT_TOKENS = 256\n"
+    )
+
+    def saved(out: str) -> float:
+        line = next(x for x in out.splitlines() if "saved activations" in x)
+        return float(re.search(r"([\d.]+) GiB", line).group(1))
+
+    _, one = _check(good, body, capsys, "--gpu", "h200")
+    _, four = _check(good, body + "DISTRIBUTED = 'ddp'\nDEVICES = 4\n", capsys, "--gpu", "h200")
+    # 2 samples' tokens plus 3/4 of one, of the step's 8
+    assert saved(four) == pytest.approx(saved(one) * 2.75 / 8, rel=0.02), (one, four)

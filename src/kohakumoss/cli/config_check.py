@@ -173,8 +173,13 @@ def encoder_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
 
 def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
     """Resolve the memory plan as the trainer will, estimate its peak, and compare it with the card."""
+    from kohakumoss.distributed.trainer import device_count
     from kohakumoss.memory import catalog, estimate_plan, fastest_fit, resolve_plan
+    from kohakumoss.memory.profiles import rank_share_knobs
 
+    # a DDP / FSDP rank's share of the step, as the trainer plans it (DEVICES=0, every GPU: one rank's
+    # whole step, an upper bound)
+    knobs = rank_share_knobs(knobs, device_count(knobs.get("DEVICES", 1)) or 1)
     te, vae = encoder_bytes(knobs)
     full = knobs.get("ALGO") == "full"
     try:
