@@ -175,3 +175,36 @@ def test_a_data_parallel_rank_plans_for_its_share_of_the_step():
             step = {**knobs, "TOKENS_PER_STEP": sum(items), "DISTRIBUTED": "fsdp"}
             worst = max(sum(items[i] for i in share) for share in assign(items, world))
             assert worst <= rank_share_knobs(step, world)["TOKENS_PER_STEP"]
+
+
+def test_an_fsdp_rank_prices_its_shards_and_auto_picks_a_plan_fsdp_runs():
+    """FSDP2 over 4 ranks: a full fine-tune's fp32 weights, grads and states are a quarter on each rank,
+    with a couple of blocks and the root gathered in bf16; 'auto' offers only the plans FSDP2 runs (no
+    streaming, no offload, whole-block checkpointing), so a 24 GiB card gets one instead of a refusal
+    in the worker."""
+    from kohakumoss.memory.plan import FSDP_SHARDS
+    from kohakumoss.memory.profiles import rank_share_knobs
+
+    knobs = {**KNOBS, "ALGO": "full", "DISTRIBUTED": "fsdp", "TOKENS_PER_STEP": 4 * 4352, "AREA": 1024 * 1024}
+    one = estimate_plan(MemoryPlan(), {**knobs, "DISTRIBUTED": "none"}, MOSS)
+    four = rank_share_knobs(knobs, 4)
+    assert four[FSDP_SHARDS] == 4 and FSDP_SHARDS not in rank_share_knobs({**knobs, "DISTRIBUTED": "ddp"}, 4)
+    sharded = estimate_plan(MemoryPlan(), four, MOSS)
+    for part in ("grads", "optimizer states"):
+        assert sharded.parts[part] == pytest.approx(one.parts[part] / 4)
+    assert sharded.parts["DiT weights (FSDP shards)"] == pytest.approx(one.parts["DiT weights (fp32)"] / 4)
+    assert (
+        sharded.parts["FSDP gathered blocks"] > 0 and not sharded.forward_parts
+    )  # bf16 gathered: no autocast copies
+    assert sharded.total < one.total / 2
+    plan, why = resolve_plan(four, MOSS, 24.0, True)
+    assert plan.fsdp_refusal() is None and "auto: catalog entry" in why, why
+    with pytest.raises(ConfigError, match="STREAM_BLOCKS: 32 with DISTRIBUTED='fsdp'"):
+        resolve_plan({**four, "MEMORY_PROFILE": "low_vram"}, MOSS, 24.0, True)
+    # a LoRA over a sharded base: the base is sharded, the adapter whole on every rank
+    lora = rank_share_knobs({**knobs, "ALGO": "lora"}, 4)
+    base = estimate_plan(MemoryPlan(), {**lora, FSDP_SHARDS: 1}, MOSS)
+    shard = estimate_plan(MemoryPlan(), lora, MOSS)
+    assert shard.parts["trainable weights"] == base.parts["trainable weights"]
+    assert shard.parts["grads"] == base.parts["grads"]
+    assert shard.parts["DiT weights (FSDP shards)"] == pytest.approx(base.parts["DiT weights"] / 4)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kohakumoss.memory.plan import FSDP_CHECKPOINTING
 from kohakumoss_common.device import peak_memory_gib
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
@@ -70,10 +71,6 @@ PIPELINES = ("pipeline", "threaded")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # the pipeline knobs and their defaults (off the pipelines, another value would do nothing: refused)
 PIPELINE_DEFAULTS = {"PIPELINE_SPLIT": [], "PIPELINE_SCHEDULE": "gpipe", "PIPELINE_CHUNKS": 0}
-# the memory plan's engines that run under FSDP2: the block runner calls each block whole (its FSDP
-# hooks all-gather it), so only no checkpointing or whole-block checkpointing; streaming, offloads and
-# host optimizer states move the parameters or their grads where FSDP2 does not look
-FSDP_CHECKPOINTING = ("none", "full")
 # optimizers tested on sharded parameters (Muon through USE_MUON)
 FSDP_OPTIMIZERS = ("adamw",)
 # why the step graphs stay off under an engine (DDP graphs: its gradients are averaged after the backward)
@@ -121,20 +118,7 @@ def fsdp_problem(k: dict[str, Any]) -> tuple[str, str] | None:
 
 def fsdp_plan_problem(plan) -> tuple[str, str] | None:
     """(knob, why) when the resolved memory plan (from MEMORY_PROFILE too) cannot run under FSDP2."""
-    from kohakumoss.memory.plan import FIELD_KNOBS
-
-    why = "with DISTRIBUTED='fsdp' (from the memory plan: set it, or another MEMORY_PROFILE)"
-    if plan.checkpointing not in FSDP_CHECKPOINTING:
-        return FIELD_KNOBS["checkpointing"], f"'{plan.checkpointing}' {why}; use 'full' or 'none'"
-    for field, off in (
-        ("stream_blocks", 0),
-        ("activation_offload", "none"),
-        ("grad_offload", False),
-        ("optimizer", "gpu"),
-    ):
-        if getattr(plan, field) != off:
-            return FIELD_KNOBS[field], f"{getattr(plan, field)!r} {why}; FSDP2 needs {off!r}"
-    return None
+    return plan.fsdp_refusal()
 
 
 def trainable_params(model: torch.nn.Module, network: torch.nn.Module | None) -> list[torch.nn.Parameter]:

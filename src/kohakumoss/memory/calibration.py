@@ -93,6 +93,9 @@ FP16_RESIDUAL_EXTRA = {"none": 4.0, "attn": 4.0, "mlp": 4.0, "full": 2.0}
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MASTER_BYTES = 4  # DERIVED: fp32 master weight per trained parameter (and EMA's copy of it)
 GRAD_BYTES_FP32 = 4  # DERIVED: fp32 gradient (trained fp32 weights: adapters, full FT with GPU masters)
+# PLACEHOLDER (not measured: no machine with several GPUs yet): blocks FSDP2 holds gathered at once, the
+# one running and the one its forward / backward prefetches (distributed/wrap.py: reshard after forward)
+FSDP_GATHERED_BLOCKS = 2
 ADAMW_STATE_BYTES = 8  # DERIVED: exp_avg + exp_avg_sq in fp32
 MUON_STATE_BYTES = 4  # DERIVED: one fp32 momentum buffer
 # BASE_PRECISION's 8-bit linears (fp8, fp8_weight, int8, int8_weight): one byte per weight plus this

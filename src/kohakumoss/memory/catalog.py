@@ -53,7 +53,7 @@ from .estimate import (
     trainable_params,
 )
 from .named import profile_of
-from .plan import PLAN_KNOBS, MemoryPlan, plan_with_overrides
+from .plan import FSDP_SHARDS, PLAN_KNOBS, MemoryPlan, plan_with_overrides
 
 CHECKPOINT_VARIANTS = (("none", 1), ("mlp", 1), ("attn", 1), ("full", 3), ("full", 2), ("full", 1))
 STREAM_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -204,7 +204,10 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
 
 
 def plan_refusal(plan: MemoryPlan, knobs: dict[str, Any], depth: int) -> tuple[str, str] | None:
-    """(knob, why) when the engines refuse `plan` for this run (MemoryPlan.refusal), else None."""
+    """(knob, why) when the engines refuse `plan` for this run (MemoryPlan.refusal; with the blocks
+    sharded over FSDP2 ranks, MemoryPlan.fsdp_refusal too), else None."""
+    if int(knobs.get(FSDP_SHARDS, 1)) > 1 and (problem := plan.fsdp_refusal()):
+        return problem
     return plan.refusal(knobs.get("ALGO") == "full", depth)
 
 

@@ -44,7 +44,7 @@ from typing import Any
 from kohakumoss_data import PlanKnobs
 
 from . import calibration as cal
-from .plan import MemoryPlan, plan_with_overrides
+from .plan import FSDP_SHARDS, MemoryPlan, plan_with_overrides
 
 GIB = cal.GIB
 ACTIVATIONS = cal.ACTIVATIONS
@@ -58,6 +58,7 @@ BACKWARD_ONLY = (
     "outside the blocks",
     "adapter activations",
     "backward working set",
+    "FSDP gathered blocks",
 )
 
 
@@ -361,7 +362,19 @@ def estimate_plan(
     est = MemoryEstimate()
 
     # weights
-    if full and gpu_opt:  # the trained fp32 weights compute on the card: nothing to stream
+    shards = int(knobs.get(FSDP_SHARDS, 1))
+    if shards > 1:  # FSDP2: this rank's shards, and the blocks (and root) gathered in the compute dtype
+        stored = (
+            (depth * bp + nb) * cal.MASTER_BYTES
+            if full
+            else depth * block_weight_bytes(knobs, config) + nb * wb
+        )
+        est.parts["DiT weights (FSDP shards)"] = stored / shards
+        # the running block and the one prefetched, the root, and a block's grads reduced in fp32
+        est.parts["FSDP gathered blocks"] = (cal.FSDP_GATHERED_BLOCKS * bp + nb) * wb + (
+            bp * (wb + cal.GRAD_BYTES_FP32) if full else 0
+        )
+    elif full and gpu_opt:  # the trained fp32 weights compute on the card: nothing to stream
         est.parts["DiT weights (fp32)"] = (depth * bp + nb) * cal.MASTER_BYTES
         if precision in ("bf16", "fp16"):  # autocast caches each trained weight's cast until the forward ends
             est.forward_parts["autocast weight copies"] = (depth * bp + nb) * wb
@@ -373,16 +386,17 @@ def estimate_plan(
     # trainable state
     n = trainable_params(knobs, config, params)
     per_block = n / depth
+    sharded = shards if full else 1  # adapters stay whole on every rank, their grads all-reduced
     if not full:  # adapter weights train in fp32 on the card whatever the optimizer placement
         est.parts["trainable weights"] = n * cal.MASTER_BYTES
     grad_bytes = cal.GRAD_BYTES_FP32 if (gpu_opt or not full) else wb
     if plan.grad_offload:
         est.parts["grad staging ring"] = min(cal.GRAD_STAGING_BLOCKS, depth) * per_block * grad_bytes
     else:
-        est.parts["grads"] = n * grad_bytes
+        est.parts["grads"] = n * grad_bytes / sharded
     state = cal.MUON_STATE_BYTES if (full and knobs.get("USE_MUON", True)) else cal.ADAMW_STATE_BYTES
     if plan.optimizer == "gpu":
-        est.parts["optimizer states"] = n * state
+        est.parts["optimizer states"] = n * state / sharded
     elif plan.optimizer == "stream":
         est.step_parts["optimizer stream chunks"] = (  # after the backward has freed its activations
             min(cal.OPT_STREAM_CHUNKS, depth) * per_block * (state + cal.MASTER_BYTES)

@@ -40,6 +40,10 @@ PLAN_KNOBS = {
     "VAE_PLACEMENT": "vae",
 }
 FIELD_KNOBS = {v: k for k, v in PLAN_KNOBS.items()}
+# not a knob: what profiles.rank_share_knobs adds to the knobs an FSDP2 rank plans with (its rank count)
+FSDP_SHARDS = "_FSDP_SHARDS"
+# the block runner calls each block whole (its FSDP2 hooks gather it): half-block checkpointing would not
+FSDP_CHECKPOINTING = ("none", "full")
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,28 @@ class MemoryPlan:
                 "OPTIMIZER_PLACEMENT",
                 "a full fine-tune with streamed blocks keeps its fp32 masters on the host: use 'stream' or 'host'",
             )
+        return None
+
+    def fsdp_refusal(self) -> tuple[str, str] | None:
+        """(knob, why) when this plan's engines cannot run with its blocks sharded: FSDP2 gathers whole
+        blocks from sharded weights, grads and states on the card, so nothing streams or offloads and a
+        checkpoint holds a whole block."""
+        fix = "(from the memory plan: set it, or another MEMORY_PROFILE)"
+        if self.checkpointing not in FSDP_CHECKPOINTING:
+            need = f"one of {list(FSDP_CHECKPOINTING)}"
+            return FIELD_KNOBS[
+                "checkpointing"
+            ], f"'{self.checkpointing}' with DISTRIBUTED='fsdp' {fix}: FSDP2 needs {need}"
+        for field, off in (
+            ("stream_blocks", 0),
+            ("activation_offload", "none"),
+            ("grad_offload", False),
+            ("optimizer", "gpu"),
+        ):
+            if getattr(self, field) != off:
+                return FIELD_KNOBS[
+                    field
+                ], f"{getattr(self, field)!r} with DISTRIBUTED='fsdp' {fix}: FSDP2 needs {off!r}"
         return None
 
     def masters_on_host(self) -> bool:

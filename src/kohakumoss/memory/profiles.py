@@ -35,7 +35,7 @@ from .catalog import (
 )
 from .estimate import estimate_plan
 from .named import PROFILES
-from .plan import PLAN_KNOBS, MemoryPlan, plan_with_overrides
+from .plan import FSDP_SHARDS, PLAN_KNOBS, MemoryPlan, plan_with_overrides
 
 log = get_logger(__name__)
 
@@ -72,10 +72,13 @@ def rank_share_knobs(knobs: dict[str, Any], world: int) -> dict[str, Any]:
     """The knobs as one rank of a data-parallel run (DISTRIBUTED 'ddp' or 'fsdp') sees its step: a share of
     TOKENS_PER_STEP (the whole step's budget). The share bounds what `distributed.shard.assign` gives any
     rank: list scheduling keeps each rank within the mean plus (1 - 1/world) of the largest sample (AREA's
-    image tokens and MAX_TEXT_TOKENS). Weights, grads and optimizer states are counted whole (FSDP's shards
-    are smaller: an upper bound there). Other engines and one rank: the knobs unchanged."""
+    image tokens and MAX_TEXT_TOKENS). Under FSDP the knobs also carry the rank count (FSDP_SHARDS): the
+    estimate then prices the sharded weights, grads and states, and the catalog offers only the plans
+    FSDP2 runs (MemoryPlan.fsdp_refusal). Other engines and one rank: the knobs unchanged."""
     if world <= 1 or knobs.get("DISTRIBUTED") not in ("ddp", "fsdp"):
         return knobs
+    if knobs["DISTRIBUTED"] == "fsdp":
+        knobs = {**knobs, FSDP_SHARDS: world}
     tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     sample = int(knobs.get("AREA", PlanKnobs.area)) // 256 + int(
         knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens)
