@@ -249,17 +249,10 @@ def pipeline_plan_problem(plan, mode: str) -> tuple[str, str] | None:
     """(knob, why) when the resolved memory plan (from MEMORY_PROFILE too) cannot run under a pipeline:
     block checkpointing runs (the stages call the block runner), the engines that move weights, states
     or gradients do not."""
-    from kohakumoss.memory.plan import FIELD_KNOBS
-
-    why = f"with DISTRIBUTED='{mode}' (from the memory plan: set it, or another MEMORY_PROFILE)"
-    for name, off in (
-        ("stream_blocks", 0),
-        ("activation_offload", "none"),
-        ("grad_offload", False),
-        ("optimizer", "gpu"),
-    ):
-        if getattr(plan, name) != off:
-            return FIELD_KNOBS[name], f"{getattr(plan, name)!r} {why}; the pipeline needs {off!r}"
+    if moved := plan.off_card():
+        knob, value, on_card = moved
+        why = f"with DISTRIBUTED='{mode}' (from the memory plan: set it, or another MEMORY_PROFILE)"
+        return knob, f"{value!r} {why}; the pipeline needs {on_card!r}"
     return None
 
 

@@ -40,6 +40,13 @@ PLAN_KNOBS = {
     "VAE_PLACEMENT": "vae",
 }
 FIELD_KNOBS = {v: k for k, v in PLAN_KNOBS.items()}
+# each engine's field and the value that keeps what it moves on the card
+ON_CARD = (
+    ("stream_blocks", 0),
+    ("activation_offload", "none"),
+    ("grad_offload", False),
+    ("optimizer", "gpu"),
+)
 # not a knob: what profiles.rank_share_knobs adds to the knobs an FSDP2 rank plans with (its rank count)
 FSDP_SHARDS = "_FSDP_SHARDS"
 # the block runner calls each block whole (its FSDP2 hooks gather it): half-block checkpointing would not
@@ -104,26 +111,26 @@ class MemoryPlan:
             )
         return None
 
+    def off_card(self) -> tuple[str, Any, Any] | None:
+        """(knob, value, the value that keeps it on the card) of the first engine this plan sets to move
+        weights, activations, grads or optimizer states off the card, or None."""
+        for field, on_card in ON_CARD:
+            if getattr(self, field) != on_card:
+                return FIELD_KNOBS[field], getattr(self, field), on_card
+        return None
+
     def fsdp_refusal(self) -> tuple[str, str] | None:
         """(knob, why) when this plan's engines cannot run with its blocks sharded: FSDP2 gathers whole
         blocks from sharded weights, grads and states on the card, so nothing streams or offloads and a
         checkpoint holds a whole block."""
-        fix = "(from the memory plan: set it, or another MEMORY_PROFILE)"
+        why = "with DISTRIBUTED='fsdp' (from the memory plan: set it, or another MEMORY_PROFILE): FSDP2 needs"
         if self.checkpointing not in FSDP_CHECKPOINTING:
-            need = f"one of {list(FSDP_CHECKPOINTING)}"
             return FIELD_KNOBS[
                 "checkpointing"
-            ], f"'{self.checkpointing}' with DISTRIBUTED='fsdp' {fix}: FSDP2 needs {need}"
-        for field, off in (
-            ("stream_blocks", 0),
-            ("activation_offload", "none"),
-            ("grad_offload", False),
-            ("optimizer", "gpu"),
-        ):
-            if getattr(self, field) != off:
-                return FIELD_KNOBS[
-                    field
-                ], f"{getattr(self, field)!r} with DISTRIBUTED='fsdp' {fix}: FSDP2 needs {off!r}"
+            ], f"'{self.checkpointing}' {why} one of {list(FSDP_CHECKPOINTING)}"
+        if moved := self.off_card():
+            knob, value, on_card = moved
+            return knob, f"{value!r} {why} {on_card!r}"
         return None
 
     def masters_on_host(self) -> bool:
