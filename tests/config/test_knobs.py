@@ -70,14 +70,14 @@ def test_command_line_text_reads_as_the_literal_the_knob_takes():
             "DEVICES": "['cpu', 'cpu']",
             "DISTRIBUTED": "ddp",
             "BUCKETS": "[[512, 512]]",
-            "LR": "1e-4",
         }  # fmt: skip
     )
     assert (got["STREAM_BLOCKS"], got["GRAD_OFFLOAD"], got["CHECKPOINTING"]) == (3, True, "none")
     assert got["OPTIMIZER_PLACEMENT"] is None and got["DEVICES"] == ["cpu", "cpu"]
-    assert got["BUCKETS"] == [[512, 512]] and got["LR"] == 1e-4
+    assert got["BUCKETS"] == [[512, 512]]
     assert TRAIN_SCHEMA.validate({"BUCKETS": "kohya"})["BUCKETS"] == "kohya"
     with pytest.raises(ConfigError, match=r"STREAM_BLOCKS: expected int/NoneType, got str '3x'"):
         TRAIN_SCHEMA.validate({"STREAM_BLOCKS": "3x"})
-    with pytest.raises(ConfigError, match="STEPS: expected int, got str 'true'"):
-        SCHEMA.validate({"STEPS": "true"})  # a word for a bool is not a count
+    # a knob whose default gives kogine its type arrives typed: text there is a mistake, named
+    with pytest.raises(ConfigError, match="STEPS: expected int, got str '5'"):
+        SCHEMA.validate({"STEPS": "5"})

@@ -54,11 +54,11 @@ def test_a_list_default_is_a_fresh_copy_per_config_and_the_schema_keeps_its_own(
 
 def test_the_annotation_is_the_type_the_schema_checks():
     problems = dict(
-        TRAIN_SCHEMA.problems({"CHECKPOINT_EVERY": "2", "DEVICES": "0", "LR": 1, "GRAD_OFFLOAD": 1})
+        TRAIN_SCHEMA.problems({"CHECKPOINT_EVERY": "two", "DEVICES": "all", "LR": 1, "GRAD_OFFLOAD": 1})
     )
     assert problems == {
-        "CHECKPOINT_EVERY": "expected int/NoneType, got str '2'",
-        "DEVICES": "expected int/list, got str '0'",
+        "CHECKPOINT_EVERY": "expected int/NoneType, got str 'two'",
+        "DEVICES": "expected int/list, got str 'all'",
         "GRAD_OFFLOAD": "expected bool/NoneType, got int 1",
     }  # LR: float takes an int
     with pytest.raises(ConfigError, match="STEPS: 1 problem"):

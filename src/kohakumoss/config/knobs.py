@@ -5,7 +5,7 @@ checks a globals dict against a schema before any work starts: unknown knobs (wi
 wrong types, values out of range or not among the choices, paths that do not exist. Every problem is
 reported by name, all at once. A value typed on the command line (`kogine run ... --set STREAM_BLOCKS=3`)
 arrives as text wherever the script's default does not tell kogine the type (None, or a count that may
-also be a list); `Knob.from_text` reads it as the Python literal the knob takes.
+also be a list); `Knob.from_text` reads such a knob's text as the Python literal it takes.
 """
 
 from __future__ import annotations
@@ -51,10 +51,18 @@ class Knob:
             return (int,)
         return (type(self.default),)
 
+    @property
+    def typed_from_text(self) -> bool:
+        """Whether kogine hands `--set` text through untyped: the default is None, or it is one of several
+        types the knob takes (a count that may be a list). Other knobs arrive typed, or their text is a
+        mistake the type check names."""
+        kinds = set(self.types) - {type(None)}
+        return self.default is None or len(kinds - ({int} if float in kinds else set())) > 1
+
     def from_text(self, value: Any) -> Any:
         """`value` as the literal it spells when it is text the knob does not take as it is
         ('3', 'true', 'None', '[0, 1]'); anything else unchanged (its type check then names it)."""
-        if not isinstance(value, str):
+        if not isinstance(value, str) or not self.typed_from_text:
             return value
         takes_text = str in self.types and not value.lstrip().startswith(("[", "{"))
         if takes_text and (self.choices is None or value in self.choices):

@@ -79,12 +79,17 @@ def rank_share_knobs(knobs: dict[str, Any], world: int) -> dict[str, Any]:
         return knobs
     if knobs["DISTRIBUTED"] == "fsdp":
         knobs = {**knobs, FSDP_SHARDS: world}
+    return {**knobs, "TOKENS_PER_STEP": rank_tokens(knobs, world)}
+
+
+def rank_tokens(knobs: dict[str, Any], world: int) -> int:
+    """The most tokens of a step one of `world` data-parallel ranks holds (see rank_share_knobs); the
+    whole TOKENS_PER_STEP on one rank."""
     tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
     sample = int(knobs.get("AREA", PlanKnobs.area)) // 256 + int(
         knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens)
     )
-    share = math.ceil(tokens / world + sample * (1 - 1 / world))
-    return {**knobs, "TOKENS_PER_STEP": min(tokens, share)}
+    return min(tokens, math.ceil(tokens / world + sample * (1 - 1 / world)))
 
 
 def _algo_knobs(knobs: dict[str, Any], full_ft: bool) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from kohakumoss.memory.engines.encoders import place_encoder
 from kohakumoss.memory.estimate import estimate_peak, file_bytes
 from kohakumoss.memory.install import MemoryEngines, install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.memory.profiles import card_memory_gb, rank_share_knobs, resolve_plan
+from kohakumoss.memory.profiles import card_memory_gb, rank_share_knobs, rank_tokens, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
 from kohakumoss.model.rope import rope_bands
@@ -96,8 +96,8 @@ def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]
     # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
     if (peak := predicted_peak_gib(cfg, plan, te, vae, world)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
-    if knobs["TOKENS_PER_STEP"] != cfg.knobs()["TOKENS_PER_STEP"]:
-        why += f" per rank (planned for up to {knobs['TOKENS_PER_STEP']} of the step's tokens on each of {world} ranks)"
+    if (share := rank_tokens(knobs, world)) < cfg.data.tokens_per_step:
+        why += f" per rank (planned for up to {share} of the step's {cfg.data.tokens_per_step} tokens on each of {world} ranks)"
     return plan, why
 
 
