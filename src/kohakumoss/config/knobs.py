@@ -142,7 +142,7 @@ class Schema:
 
     def validate(self, values: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
         """Defaults overlaid with `values`; raises ConfigError naming every bad knob."""
-        values = self.from_text(values)
+        values = self.from_text(values)  # `problems` reads the same text again: the values merged are typed
         problems = self.problems(values)
         if problems:
             lines = "\n".join(f"  {k}: {p}" for k, p in problems)

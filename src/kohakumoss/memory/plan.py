@@ -125,9 +125,8 @@ class MemoryPlan:
         checkpoint holds a whole block."""
         why = "with DISTRIBUTED='fsdp' (from the memory plan: set it, or another MEMORY_PROFILE): FSDP2 needs"
         if self.checkpointing not in FSDP_CHECKPOINTING:
-            return FIELD_KNOBS[
-                "checkpointing"
-            ], f"'{self.checkpointing}' {why} one of {list(FSDP_CHECKPOINTING)}"
+            need = f"one of {list(FSDP_CHECKPOINTING)}"
+            return FIELD_KNOBS["checkpointing"], f"'{self.checkpointing}' {why} {need}"
         if moved := self.off_card():
             knob, value, on_card = moved
             return knob, f"{value!r} {why} {on_card!r}"
