@@ -85,7 +85,8 @@ def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]
     """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
     world = current().size
     # the memory package's profiles and estimate read the flat knobs, as one rank holds its step
-    knobs = rank_share_knobs(cfg.knobs(), world)
+    whole = cfg.knobs()
+    knobs = rank_share_knobs(whole, world)
     card = card_memory_gb(knobs, device) if device.type != "cpu" else None
     encoders = cfg.encoders
     dtype = encoder_dtype(encoders, cfg.device.precision, device)
@@ -96,8 +97,9 @@ def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]
     # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
     if (peak := predicted_peak_gib(cfg, plan, te, vae, world)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
-    if (share := rank_tokens(knobs, world)) < cfg.data.tokens_per_step:
-        why += f" per rank (planned for up to {share} of the step's {cfg.data.tokens_per_step} tokens on each of {world} ranks)"
+    if knobs is not whole:  # a data-parallel rank's share (a pipeline's ranks plan the whole step)
+        share, tokens = rank_tokens(whole, world), cfg.data.tokens_per_step
+        why += f" per rank (planned for up to {share} of the step's {tokens} tokens on each of {world} ranks)"
     return plan, why
 
 
