@@ -36,6 +36,13 @@ ENCODE_PLACEMENTS = (
     "online",
 )  # auto: the plan's misses encoded before the first step and cached
 SAVE_FORMATS = ("comfy", "hf", "both")
+
+
+def save_format_knob(default: str) -> str:
+    """The SAVE_FORMAT field of the trainer's and the export script's configs (one help, one set of choices)."""
+    return knob(default, "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS)
+
+
 PRECISIONS = ("bf16", "fp16", "fp32")
 ALGO_CHOICES = (*sorted(ALGOS), "full")
 
@@ -523,9 +530,7 @@ class SampleConfig:
 class ExportConfig:
     """The files a checkpoint and the finished run write."""
 
-    save_format: str = knob(
-        "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS
-    )
+    save_format: str = save_format_knob("comfy")
     comfy_diffs: str = knob(
         "end",
         "ComfyUI files made of full weight differences (DoRA, BOFT, IA3, T-LoRA): end (the final export "
