@@ -58,6 +58,7 @@ DROPPED_KEYS = {"scaled_fp8"}
 KNOWN_FORMATS = {"int8_tensorwise", "float8_e4m3fn", "float8_e5m2"}
 W4A8_FORMAT = "asym_w4a8_int8"
 W4A8_SIDE = (".weight_s_rel", ".weight_s_channel", ".weight_codebook", ".weight_correction")
+QUANT_METADATA_KEY = "_quantization_metadata"  # header form of the per-layer markers
 GPTQ_SUFFIXES = (".qweight", ".qzeros", ".g_idx")  # AutoGPTQ / GPTQModel / AWQ packing
 # the published regular H4 (no all-ones column); ConvRot's Hadamards are its Kronecker powers
 REGULAR_H4 = ((1, 1, 1, -1), (1, 1, -1, 1), (1, -1, 1, 1), (-1, 1, 1, 1))
@@ -153,17 +154,26 @@ def unrotate(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     return (weight.float().reshape(out_f, in_f // group_size, group_size) @ h.T).reshape(out_f, in_f)
 
 
-def _read_markers(path: Path, header: Header) -> dict[str, object]:
+def _read_markers(path: Path, header: Header, metadata: dict[str, str] | None = None) -> dict[str, object]:
+    """`<layer>.comfy_quant` -> its parsed marker: the marker tensors, then the header's
+    `_quantization_metadata` layers (ComfyUI's `comfy/utils.py` `convert_old_quants` turns those into
+    marker tensors, over any of the same name: Comfy-Org/ComfyUI 09708eae)."""
     keys = {k for k in header if k.endswith(".comfy_quant")}
-    if not keys:
-        return {}
     markers = {}
-    for key, tensor in iter_tensors(path, keys=keys):
+    for key, tensor in iter_tensors(path, keys=keys) if keys else ():
         raw = bytes(tensor.to(torch.uint8).flatten().tolist()).rstrip(b"\x00")
         try:
             markers[key] = json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CheckpointError(path, f"{key}: unreadable quantization marker ({e})") from e
+    if metadata and QUANT_METADATA_KEY in metadata:
+        try:
+            layers = json.loads(metadata[QUANT_METADATA_KEY])["layers"]
+            markers.update({f"{layer}.comfy_quant": conf for layer, conf in layers.items()})
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(
+                path, f"metadata '{QUANT_METADATA_KEY}' has no readable 'layers' ({e!r})"
+            ) from e
     return markers
 
 
@@ -267,7 +277,11 @@ def _scale_ok(weight_shape: list[int], scale_shape: list[int]) -> bool:
 
 
 def plan_quantization(
-    path: str | Path, header: Header, rotations: bool = False, packed: bool = False
+    path: str | Path,
+    header: Header,
+    rotations: bool = False,
+    packed: bool = False,
+    metadata: dict[str, str] | None = None,
 ) -> QuantPlan:
     """Check every quantized tensor in `header`; raise a `CheckpointError` naming any unsupported scheme.
 
@@ -276,6 +290,7 @@ def plan_quantization(
     packed: the caller also takes weight shapes through `QuantPlan.shape` and stored weights through
     `QuantPlan.stored` / `dequantize`, so ComfyUI W4A8 (4-bit codes, ConvRot) can be read; without it
     (or without `rotations`) a W4A8 marker is refused by name.
+    metadata: the file's header metadata, whose `_quantization_metadata` may hold the markers instead.
     """
     path = Path(path)
     plan = QuantPlan(path=path)
@@ -286,7 +301,7 @@ def plan_quantization(
             f"{gptq[0]}: GPTQ / AWQ packed weights (qweight, qzeros, scales, g_idx) are not supported; ComfyUI's "
             f"4-bit text encoders use '{W4A8_FORMAT}' (`comfy_quant` markers, `weight_s_rel`), which is read",
         )
-    for key, marker in _read_markers(path, header).items():
+    for key, marker in _read_markers(path, header, metadata).items():
         weight = key.removesuffix(".comfy_quant") + ".weight"
         if isinstance(marker, dict) and marker.get("format") == W4A8_FORMAT:
             allowed = packed and rotations

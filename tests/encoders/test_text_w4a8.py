@@ -167,6 +167,27 @@ def test_hidden_states_equal_the_dequantized_model(tmp_path, text_model):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_markers_in_the_header_metadata(tmp_path, text_model):
+    """The same file with its markers in the header's `_quantization_metadata` (which ComfyUI's
+    `convert_old_quants` turns into marker tensors) instead of `.comfy_quant` tensors."""
+    tensors, stored = w4a8_tensors(text_model)
+    layers = {
+        k.removesuffix(".comfy_quant"): json.loads(bytes(v.tolist()))
+        for k, v in tensors.items()
+        if k.endswith(".comfy_quant")
+    }
+    tensors = {k: v for k, v in tensors.items() if not k.endswith(".comfy_quant")}
+    path = tmp_path / NAME
+    save_safetensors(
+        tensors,
+        path,
+        metadata={"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})},
+    )
+    state = conftest.load_text_encoder(path, model_overrides=_rope(text_model)).model.state_dict()
+    for key, t in stored.items():
+        torch.testing.assert_close(state[key].double(), reference_weight(t), rtol=1e-6, atol=1e-7)
+
+
 def test_int8_mode_keeps_the_int8_grid(tmp_path, text_model):
     """TEXT_ENCODER_QUANT=int8_weight runs the W4A8 file as ComfyUI does: its int8 grid, row scales and
     ConvRot group in Int8Linear (no second rounding), equal to the dequantized load."""
@@ -187,6 +208,16 @@ def test_weights_finder_recognises_the_template_file(tmp_path, text_model):
     found = find_weights(tmp_path / "models")
     assert found.text_encoder == str(path)
     assert not [p for p in found.problems if p[0] == "TEXT_ENCODER"]
+
+
+def test_weights_finder_names_a_gptq_packed_text_encoder(tmp_path, text_model):
+    tensors = {model_to_comfy(k): v for k, v in text_model.state_dict().items()}
+    tensors["model.layers.0.mlp.up_proj.qweight"] = torch.zeros(4, 64, dtype=torch.int32)
+    (tmp_path / "models" / "text_encoders").mkdir(parents=True)
+    (tmp_path / "models" / "diffusion_models").mkdir()
+    save_safetensors(tensors, tmp_path / "models" / "text_encoders" / NAME)
+    problems = [m for knob, m in find_weights(tmp_path / "models").problems if knob == "TEXT_ENCODER"]
+    assert len(problems) == 1 and "model.layers.0.mlp.up_proj.qweight: GPTQ / AWQ packed" in problems[0]
 
 
 def _malformed(tmp_path, text_model, change) -> str:

@@ -238,9 +238,9 @@ def _model_config(path: Path, config: TextEncoderConfig, shapes: dict) -> Qwen3_
 
 def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel, Qwen3_5TextConfig]:
     text_quant.check_device(config.quant, config.device)  # before any weight is read
-    header, _ = read_header(path)
+    header, metadata = read_header(path)
     # ConvRot files are un-rotated as they stream; ComfyUI W4A8 codes are decoded (`QuantPlan.stored`)
-    quant = plan_quantization(path, header, rotations=True, packed=True)
+    quant = plan_quantization(path, header, rotations=True, packed=True, metadata=metadata)
     keys = [k for k in header if k not in quant.dropped]
     layout = text_layouts.detect_layout(list(header)) if config.layout == "auto" else config.layout
     names = {k: n for k in keys if (n := text_layouts.text_key(layout, k)) is not None}
