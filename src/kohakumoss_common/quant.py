@@ -14,7 +14,6 @@ Dequantized at load (weight-only, precisely defined):
   Comfy-Org/comfy-quants 55f0a26 `docs/formats/int8_w8a8.md`, `formats/convrot.py`). Only loaders that
   un-rotate ask for it (`plan_quantization(..., rotations=True)`, then `QuantPlan.dequantize`);
   elsewhere a ConvRot file is refused by name, never dequantized without its rotation.
-
 - ComfyUI W4A8 (`comfy_quant` `{"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}`,
   the only 4-bit-weight / 8-bit-activation format ComfyUI's loader reads, so the one a ComfyUI template's
   `*_w4a8*.safetensors` file is in; "gptq" in such a name is how the codes were chosen, which does not
@@ -33,6 +32,7 @@ Dequantized at load (weight-only, precisely defined):
   `_s_channel` / `_codebook` suffixes). Only loaders that read logical shapes through
   `QuantPlan.shape` ask for it (`plan_quantization(..., packed=True)`); elsewhere it is refused by name.
 
+Markers are `<layer>.comfy_quant` tensors or the header's `_quantization_metadata` layers.
 Refused with a `CheckpointError` that names the scheme: GPTQ / AWQ packing (`.qweight`, `.qzeros`,
 `.g_idx`: a layout ComfyUI does not read either), asymmetric W4A8 (`weight_correction`, which ComfyUI
 drops), block-wise scales, and any other format or dtype without a scale.
@@ -68,7 +68,7 @@ Header = dict[str, tuple[str, list[int]]]
 
 @dataclass(frozen=True)
 class PackedW4A8:
-    """One ComfyUI `asym_w4a8_int8` weight: its side tensors' keys and group sizes."""
+    """One ComfyUI `asym_w4a8_int8` weight: its group scales' and codebook's keys, its group size."""
 
     s_rel: str
     codebook: str | None
