@@ -12,6 +12,7 @@ import torch
 from kohakumoss.cli.config_weights import find_weights
 from kohakumoss.encoders import TextEncoder, TextEncoderConfig
 from kohakumoss.encoders.text_layouts import model_to_comfy
+from kohakumoss.model.io import read_checkpoint
 from kohakumoss.precision.int8_base import Int8Linear
 from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.io import iter_tensors, read_header, save_safetensors
@@ -288,11 +289,13 @@ def test_gptq_packing_refused_by_name(tmp_path, text_model):
 
 
 def test_loaders_that_do_not_decode_refuse_w4a8_by_name(tmp_path, text_model):
-    """The DiT and VAE loaders do not read packed shapes: a W4A8 marker is refused, never misread."""
+    """The DiT loader (and `kohakumoss.model.info`) does not read packed shapes: a W4A8 marker is
+    refused by name before anything else, never misread."""
     path, _ = write_w4a8(tmp_path, text_model)
-    header = read_header(path)[0]
     with pytest.raises(CheckpointError, match="'asym_w4a8_int8' .* is not supported by this loader"):
-        plan_quantization(path, header, rotations=True)
+        read_checkpoint(path)
+    with pytest.raises(CheckpointError, match="'asym_w4a8_int8' .* is not supported by this loader"):
+        plan_quantization(path, read_header(path)[0], rotations=True)  # as the VAE loader calls it
 
 
 def test_plain_config_is_unchanged(tmp_path, text_model):
