@@ -118,17 +118,19 @@ def single_gpu_row(name: str) -> str:
 
 
 def card_gb(device: str) -> float:
-    """The memory of the card present (nvidia-smi: no CUDA context in this process, which the rows share
-    the card with); 0 without one."""
+    """The memory of the card present in GiB (nvidia-smi: no CUDA context in this process, which the rows
+    share the card with); 0 on the CPU."""
     if not device.startswith("cuda"):
         return 0.0
     index = device.partition(":")[2] or "0"
+    query = ["nvidia-smi", "-i", index, "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
     try:
-        out = subprocess.run(["nvidia-smi", "-i", index, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=30, check=True).stdout  # fmt: skip
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
         return float(out.split()[0]) / 1024
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return 0.0
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        raise SystemExit(
+            f"a 'whole' row takes the GPU layer of the card present: {' '.join(query)}: {e}"
+        ) from e
 
 
 def layer_knobs(a, row: Row) -> dict:
