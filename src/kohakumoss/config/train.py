@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kohakumoss.adapters.algos import ALGOS
+from kohakumoss.adapters.algos import ALGOS, BYPASS_CHOICES
 from kohakumoss.adapters.spec import AdapterSpec
 from kohakumoss.adapters.targets import TARGET_PRESETS
 from kohakumoss.diffusion.objective import LOSS_TYPES, REDUCTIONS, WEIGHTINGS
@@ -382,7 +382,11 @@ class AdapterConfig:
     rank_dropout: float = knob(0.0, "adapter rank dropout", min=0.0, max=1.0)
     module_dropout: float = knob(0.0, "adapter module dropout", min=0.0, max=1.0)
     lora_plus_ratio: float = knob(0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0)
-    bypass: bool = knob(False, "bypass forward (base output + adapter output) instead of merged weights")
+    bypass: bool | str = knob(
+        "auto",
+        "True: lycoris's bypass forward (base output + adapter output; LoRA / LoCon run the fused kernels), False: the merged-weight forward; auto: bypass where both compute one function (every algorithm but OFT, BOFT, IA3, DyLoRA and DoRA)",
+        choices=BYPASS_CHOICES,
+    )
 
     def spec(self, multiplier: float = 1.0, dropouts: bool = True) -> AdapterSpec:
         """The adapter these knobs build: what the trainer attaches and what a re-export rebuilds from a
@@ -397,7 +401,7 @@ class AdapterConfig:
             dropout=drop[0],
             rank_dropout=drop[1],
             module_dropout=drop[2],
-            bypass=bool(self.bypass),
+            bypass=self.bypass,
             multiplier=multiplier,
             algo_args=dict(self.algo_args),
         )
