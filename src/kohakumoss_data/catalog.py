@@ -25,9 +25,9 @@ from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
 
-from .captions import apply_missing_policy, check_policy, decode_captions
+from .captions import MAX_CAPTION_BYTES, TOO_LARGE, apply_missing_policy, check_policy, decode_captions
 from .ordered_map import bounded_map
-from .probe import CAPTION_NOT_UTF8, MISSING_CAPTION, TOO_SMALL, Probe, probe_bytes
+from .probe import CAPTION_NOT_UTF8, CAPTION_TOO_LARGE, MISSING_CAPTION, TOO_SMALL, Probe, probe_bytes
 from .records import OK, CatalogItem, RawItem
 from .sources.base import Source
 
@@ -126,12 +126,26 @@ def probe_raw(raw: RawItem, unit: str, max_pixels: int) -> CatalogItem:
     )
 
 
+def too_large(caption: str) -> bool:
+    """A caption over MAX_CAPTION_BYTES in UTF-8 (one a catalog cached before the bound existed)."""
+    return (
+        4 * len(caption) > MAX_CAPTION_BYTES and len(caption.encode("utf-8", "replace")) > MAX_CAPTION_BYTES
+    )
+
+
 def finalize(item: CatalogItem, knobs: ScanKnobs) -> CatalogItem:
     """Apply min size and caption knobs to a probed item (pure)."""
     if item.status != OK:
         return item
     if item.caption_status == "not_utf8":
         return replace(item, status=CAPTION_NOT_UTF8, reason="caption is not valid UTF-8")
+    if item.caption_status == TOO_LARGE or any(too_large(c) for c in item.captions):
+        return replace(
+            item,
+            status=CAPTION_TOO_LARGE,
+            captions=[],
+            reason=f"caption over {MAX_CAPTION_BYTES // 1024} KiB (captions.MAX_CAPTION_BYTES): not a caption",
+        )
     if min(item.width, item.height) < knobs.min_side:
         return replace(
             item, status=TOO_SMALL, reason=f"{item.width}x{item.height} under min_side {knobs.min_side}"

@@ -13,12 +13,14 @@ from .base import Source
 from .files import (
     DEFAULT_CAPTION_EXTENSIONS,
     DEFAULT_EXTENSIONS,
-    DIR_SEEN,
     UNREADABLE,
-    entry_fault,
     fault_reason,
     find_sidecar,
     normalize_extensions,
+    path_fault,
+    read_caption_file,
+    readable_name,
+    sorted_entries,
     stat_signature,
     walk_images,
 )
@@ -38,6 +40,10 @@ class FolderSource(Source):
         super().__init__(path)
         if not self.path.is_dir():
             raise DataError(f"{self.path}: dataset folder does not exist")
+        try:
+            sorted_entries(self.path)
+        except OSError as e:
+            raise DataError(f"{self.path}: dataset folder cannot be listed ({type(e).__name__}: {e})") from e
         self.caption_extensions = normalize_extensions(caption_extension)
         self.extensions = normalize_extensions(extensions)
         self.recursive = recursive
@@ -61,14 +67,17 @@ class FolderSource(Source):
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         image = self.path / unit_id
-        fault = DIR_SEEN if image.is_dir() else entry_fault(image)
-        item = RawItem(key=unit_id, unit=unit_id, locator=unit_id, data=None, captions=None, name=image.stem)
+        fault = path_fault(image)
+        key = readable_name(unit_id)  # a name that is not UTF-8 is a drop, named readably in the report
+        item = RawItem(
+            key=key, unit=unit_id, locator=key, data=None, captions=None, name=readable_name(image.stem)
+        )
         if fault:
             yield replace(item, fault=(fault, fault_reason(image, fault)))
             return
         try:
             sidecar = find_sidecar(image, self.caption_extensions)
-            captions = [sidecar.read_bytes()] if sidecar is not None else None
+            captions = [read_caption_file(sidecar)] if sidecar is not None else None
             data = image.read_bytes()
         except OSError as e:  # vanished or unreadable since listing
             yield replace(item, fault=(UNREADABLE, f"{type(e).__name__}: {e}"))

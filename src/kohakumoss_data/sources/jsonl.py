@@ -60,10 +60,20 @@ class JsonlSource(Source):
         return self.image_root / rel
 
     def units(self) -> Iterator[Unit]:
+        """One unit per line; a manifest in which no line has the caption key is refused once listed."""
+        keys: set[str] = set()
+        captioned = False
         for lineno, line, record in self._records():
+            keys.update(record)
+            captioned = captioned or self.caption_key in record
             image = self._image_path(record)
             sig = stat_signature(image) if image.is_file() else "missing"
             yield Unit(f"{lineno}:{record[self.image_key]}", f"{sha256_bytes(line)}|{sig}")
+        if keys and self.caption_key and not captioned:
+            raise DataError(
+                f"{self.path}: no line has the caption key '{self.caption_key}' (setting caption_key); the keys "
+                f"found are {sorted(keys)}: set caption_key to the captions' key, or '' to train without captions"
+            )
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         yield from self.expand_units([unit_id])
@@ -86,7 +96,7 @@ class JsonlSource(Source):
                 unit=wanted[lineno],
                 locator=rel,
                 data=data,
-                captions=caption_blobs(record.get(self.caption_key)),
+                captions=caption_blobs(record.get(self.caption_key) if self.caption_key else None),
                 name=Path(rel).stem,
                 extra=extra,
                 fault=fault,
