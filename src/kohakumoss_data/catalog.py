@@ -182,8 +182,13 @@ def _probe_units(source: Source, unit_ids: list[str], knobs: ScanKnobs) -> Itera
         return probe_raw(raw, raw.unit, knobs.max_pixels)
 
     wanted = set(unit_ids)
-    with ThreadPoolExecutor(max(1, knobs.workers)) as pool:
+    pool = ThreadPoolExecutor(max(1, knobs.workers), thread_name_prefix="kohakumoss-scan")
+    try:
         yield from bounded_map(pool, work, source.expand_units(unit_ids), 4 * max(1, knobs.workers))
+    finally:
+        # an error, Ctrl-C or an abandoned scan: the queued probes are cancelled, not run first (as the
+        # pool's `with` did); a running one ends by itself (entries are regular files, reads are bounded)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _write_cache(path: Path, spec: dict[str, Any], max_pixels: int, table: dict[str, Any]) -> None:

@@ -278,3 +278,46 @@ def test_a_caption_key_no_record_has_is_refused_for_every_kind(tmp_path):
         scan_bounded({"kind": "webdataset", "path": str(w)}, tmp_path)
     ok = scan_bounded({"kind": "webdataset", "path": str(w), "caption_ext": "caption"}, tmp_path)
     assert [it.captions for it in ok.usable] == [["hi"]]
+
+
+def test_a_scan_that_fails_midway_cancels_its_queued_probes(tmp_path, monkeypatch):
+    """An error (or Ctrl-C) in the scan returns at once: queued probes are cancelled, not waited for
+    (the pool's `with` ran every queued decode first, and one that blocked held the error forever)."""
+    import kohakumoss_data.catalog as catalog_module
+
+    root = tmp_path / "ds"
+    root.mkdir()
+    for i in range(6):
+        (root / f"{i}.png").write_bytes(png(i))
+    source = make_source({"kind": "folder", "path": str(root)})
+    release, probed = threading.Event(), []
+    real_probe = catalog_module.probe_raw
+
+    def held_probe(raw, unit, max_pixels):
+        probed.append(raw.key)
+        release.wait(60)  # a decode that does not return (a read on a hung mount)
+        return real_probe(raw, unit, max_pixels)
+
+    def failing_expand(unit_ids):
+        for unit_id in unit_ids[:5]:
+            yield from source.expand(unit_id)
+        raise DataError("the source failed midway")
+
+    monkeypatch.setattr(catalog_module, "probe_raw", held_probe)
+    monkeypatch.setattr(source, "expand_units", failing_expand)
+    out: dict = {}
+
+    def run() -> None:
+        try:
+            scan(source, ScanKnobs(workers=2), cache_dir=tmp_path / "c")
+        except DataError as e:
+            out["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    returned = not thread.is_alive()
+    release.set()
+    assert returned, "the failed scan waited on its queued probes"
+    assert "failed midway" in str(out["error"])
+    assert len(probed) <= 2  # the two running probes; the three queued were cancelled
