@@ -321,3 +321,22 @@ def test_a_scan_that_fails_midway_cancels_its_queued_probes(tmp_path, monkeypatc
     assert returned, "the failed scan waited on its queued probes"
     assert "failed midway" in str(out["error"])
     assert len(probed) <= 2  # the two running probes; the three queued were cancelled
+
+
+def test_a_caption_extension_no_image_has_is_refused_when_captions_sit_under_another(tmp_path):
+    root = tmp_path / "ds"
+    root.mkdir()
+    for i in range(2):
+        (root / f"{i}.png").write_bytes(png(i))
+        (root / f"{i}.tags").write_text("tag, other tag")
+    with pytest.raises(DataError, match=r"caption files beside them end in \['.tags'\]"):
+        scan_bounded({"kind": "folder", "path": str(root)}, tmp_path)
+    ok = scan_bounded({"kind": "folder", "path": str(root), "caption_extension": ".tags"}, tmp_path)
+    assert [it.captions for it in ok.usable] == [["tag, other tag"]] * 2
+    bare = tmp_path / "bare"  # images with no caption file at all: an uncaptioned dataset, not refused
+    bare.mkdir()
+    (bare / "a.png").write_bytes(png())
+    (bare / "a.npz").write_bytes(b"kohya's cached latents")
+    assert [it.captions for it in scan_bounded({"kind": "folder", "path": str(bare)}, tmp_path).usable] == [
+        [""]
+    ]

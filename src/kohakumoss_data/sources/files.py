@@ -12,6 +12,9 @@ from ..captions import MAX_CAPTION_BYTES
 
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".jxl", ".avif")
 DEFAULT_CAPTION_EXTENSIONS = (".txt", ".caption")
+# sidecar extensions that hold captions in the tools people train with: one beside every image while
+# caption_extension names another is a setting gone wrong, not an uncaptioned dataset
+CAPTION_LIKE = (".txt", ".caption", ".tags", ".text", ".cap")
 
 
 def normalize_extensions(exts: str | Iterable[str]) -> tuple[str, ...]:

@@ -11,6 +11,7 @@ from kohakumoss_common.errors import DataError
 from ..records import RawItem, Unit
 from .base import Source
 from .files import (
+    CAPTION_LIKE,
     DEFAULT_CAPTION_EXTENSIONS,
     DEFAULT_EXTENSIONS,
     UNREADABLE,
@@ -54,13 +55,36 @@ class FolderSource(Source):
         yield from walk_images(self.path, self.extensions, self.recursive)
 
     def units(self) -> Iterator[Unit]:
+        """One unit per image; a tree in which no image has a sidecar of `caption_extension` but captions
+        sit beside them under another extension is refused once listed (as a jsonl's missing caption key)."""
+        captioned, stems = False, set()
         for image, fault in self._images():
             rel = image.relative_to(self.path).as_posix()
             if fault:
                 yield Unit(rel, f"fault:{fault}")
                 continue
             sidecar = find_sidecar(image, self.caption_extensions)
+            captioned = captioned or sidecar is not None
+            stems.add((image.parent, image.stem))
             yield Unit(rel, f"{stat_signature(image, sidecar)}|{sidecar.suffix if sidecar else ''}")
+        if stems and not captioned:
+            self._check_caption_extension(stems)
+
+    def _check_caption_extension(self, stems: set[tuple[Path, str]]) -> None:
+        others = set(CAPTION_LIKE) - set(self.caption_extensions)
+        found = sorted(
+            {
+                entry.suffix.lower()
+                for folder in {parent for parent, _ in stems}
+                for entry in sorted_entries(folder)
+                if entry.suffix.lower() in others and (folder, entry.stem) in stems
+            }
+        )
+        if found:
+            raise DataError(
+                f"{self.path}: no image has a caption file ending in {list(self.caption_extensions)} (setting "
+                f"caption_extension), but caption files beside them end in {found}: set caption_extension to it"
+            )
 
     def repeats_for(self, rel: str) -> int:
         return self.repeats
