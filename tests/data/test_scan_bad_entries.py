@@ -340,3 +340,21 @@ def test_a_caption_extension_no_image_has_is_refused_when_captions_sit_under_ano
     assert [it.captions for it in scan_bounded({"kind": "folder", "path": str(bare)}, tmp_path).usable] == [
         [""]
     ]
+
+
+def test_a_huge_caption_in_a_catalog_cached_before_the_bound_is_dropped_too(tmp_path, monkeypatch):
+    import kohakumoss_data.captions as captions_module
+    import kohakumoss_data.catalog as catalog_module
+    import kohakumoss_data.sources.files as files_module
+
+    root = good_folder(tmp_path / "ds")
+    (root / "big.png").write_bytes(png(1))
+    (root / "big.txt").write_text("word " * (MAX_CAPTION_BYTES // 4))  # 1.25x the bound
+    unbounded = 1 << 30
+    for module in (captions_module, catalog_module, files_module):  # a scan from before the bound
+        monkeypatch.setattr(module, "MAX_CAPTION_BYTES", unbounded)
+    assert len(scan_bounded({"kind": "folder", "path": str(root)}, tmp_path).usable) == 2
+    monkeypatch.undo()
+    catalog = scan_bounded({"kind": "folder", "path": str(root)}, tmp_path)
+    assert catalog.report.units_read == 0  # every unit reused from the cache, and still bounded
+    assert {k: s for k, (s, _) in drops(catalog).items()} == {"big.png": "caption_too_large"}
