@@ -280,6 +280,25 @@ def test_a_caption_key_no_record_has_is_refused_for_every_kind(tmp_path):
     assert [it.captions for it in ok.usable] == [["hi"]]
 
 
+def test_an_image_key_no_record_has_is_refused_listing_the_keys_found(tmp_path):
+    w = tmp_path / "w"
+    w.mkdir()
+    (w / "a.tar").write_bytes(tar_bytes([("s1.image", png()), ("s1.txt", b"hi")]))
+    with pytest.raises(DataError, match=r"a.tar: no sample has an image ending in .*\['image', 'txt'\]"):
+        scan_bounded({"kind": "webdataset", "path": str(w)}, tmp_path)
+    ok = scan_bounded({"kind": "webdataset", "path": str(w), "image_exts": ["image"]}, tmp_path)
+    assert [it.captions for it in ok.usable] == [["hi"]]
+
+    j = tmp_path / "j"
+    j.mkdir()
+    (j / "m.jsonl").write_text(json.dumps({"file": "a.png", "caption": "hi"}) + "\n")
+    with pytest.raises(
+        DataError,
+        match=r"m.jsonl:1: no 'image' field \(knob image_key\); the line's keys are \['caption', 'file'\]",
+    ):
+        scan_bounded({"kind": "jsonl", "path": str(j / "m.jsonl")}, tmp_path)
+
+
 def test_a_scan_that_fails_midway_cancels_its_queued_probes(tmp_path, monkeypatch):
     """An error (or Ctrl-C) in the scan returns at once: queued probes are cancelled, not waited for
     (the pool's `with` ran every queued decode first, and one that blocked held the error forever)."""

@@ -49,8 +49,13 @@ class JsonlSource(Source):
                     record = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     raise DataError(f"{self.path}:{lineno}: not a JSON object ({e})") from e
-                if not isinstance(record, dict) or self.image_key not in record:
-                    raise DataError(f"{self.path}:{lineno}: no '{self.image_key}' field (knob image_key)")
+                if not isinstance(record, dict):
+                    raise DataError(f"{self.path}:{lineno}: not a JSON object")
+                if self.image_key not in record:
+                    raise DataError(
+                        f"{self.path}:{lineno}: no '{self.image_key}' field (knob image_key); "
+                        f"the line's keys are {sorted(record)}"
+                    )
                 yield lineno, line, record
 
     def _image_path(self, record: dict[str, Any]) -> Path:

@@ -119,17 +119,23 @@ class WebDatasetSource(Source):
             return False  # end this tar; the samples read so far are kept
 
         samples = tariterators.tarfile_samples([{"url": str(tar)}], handler=stop, rename_files=note)
-        images, captions, found = 0, 0, set()
+        images, captions, matched, found = 0, 0, 0, set()
         try:
             for sample in samples:
+                found.update(k for k in sample if not k.startswith("__"))
                 item = self._item(unit_id, sample)
                 if item is not None and not (errors and self._cut_key(last) == sample["__key__"]):
+                    matched += 1
                     images += item.fault is None
                     captions += item.captions is not None
-                    found.update(k for k in sample if not k.startswith("__"))
                     yield item
         except Exception as e:  # a fault outside webdataset's handler
             errors.append(e)
+        if found and not matched and not errors:
+            raise DataError(
+                f"{tar}: no sample has an image ending in {list(self.image_exts)} (setting image_exts); the "
+                f"samples hold {sorted(found)}: add the images' extension to image_exts"
+            )
         if images and self.caption_ext and not captions:
             raise DataError(
                 f"{tar}: no sample has a '.{self.caption_ext}' caption (setting caption_ext); the samples hold "
