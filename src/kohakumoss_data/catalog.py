@@ -20,7 +20,7 @@ from typing import Any
 from tqdm import tqdm
 
 from kohakumoss_common.errors import DataError
-from kohakumoss_common.hashing import sha256_json
+from kohakumoss_common.hashing import sha256_bytes, sha256_json
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
@@ -95,7 +95,15 @@ def default_cache_path(source: Source, cache_dir: str | Path | None = None) -> P
             )
             return folder / name
         cache_dir = user_cache_dir() / "catalogs"
-    return Path(cache_dir) / f"catalog-{sha256_json(source.spec())[:16]}.json"
+    return Path(cache_dir) / f"catalog-{spec_digest(source.spec())[:16]}.json"
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """sha256 of a source's spec; a path in bytes that are not UTF-8 hashes by its escaped JSON."""
+    try:
+        return sha256_json(spec)
+    except UnicodeEncodeError:
+        return sha256_bytes(json.dumps(spec, sort_keys=True, default=str).encode("ascii"))
 
 
 def probe_raw(raw: RawItem, unit: str, max_pixels: int) -> CatalogItem:

@@ -377,3 +377,11 @@ def test_a_huge_caption_in_a_catalog_cached_before_the_bound_is_dropped_too(tmp_
     catalog = scan_bounded({"kind": "folder", "path": str(root)}, tmp_path)
     assert catalog.report.units_read == 0  # every unit reused from the cache, and still bounded
     assert {k: s for k, (s, _) in drops(catalog).items()} == {"big.png": "caption_too_large"}
+
+
+def test_a_dataset_folder_named_in_bytes_that_are_not_utf8_scans(tmp_path):
+    root = Path(os.fsdecode(os.fsencode(tmp_path) + b"/d\xe9s"))
+    good_folder(root)
+    catalog = scan_bounded({"kind": "folder", "path": str(root)}, tmp_path)  # its catalog under cache_dir
+    assert [it.key for it in catalog.usable] == ["good.png"]
+    assert catalog.fingerprint()
