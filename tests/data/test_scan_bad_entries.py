@@ -385,3 +385,32 @@ def test_a_dataset_folder_named_in_bytes_that_are_not_utf8_scans(tmp_path):
     catalog = scan_bounded({"kind": "folder", "path": str(root)}, tmp_path)  # its catalog under cache_dir
     assert [it.key for it in catalog.usable] == ["good.png"]
     assert catalog.fingerprint()
+
+
+def test_a_fifo_in_a_manifest_or_put_in_place_after_the_scan_is_never_opened(tmp_path):
+    root = tmp_path / "j"
+    root.mkdir()
+    (root / "a.png").write_bytes(png())
+    os.mkfifo(root / "b.png")
+    lines = [{"image": "a.png", "caption": "one"}, {"image": "b.png", "caption": "two"}]
+    (root / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    catalog = scan_bounded({"kind": "jsonl", "path": str(root / "m.jsonl")}, tmp_path)
+    assert {k: s for k, (s, _) in drops(catalog).items()} == {"2:b.png": "not_a_file"}
+
+    folder = good_folder(tmp_path / "ds")
+    source = make_source({"kind": "folder", "path": str(folder)})
+    (folder / "good.png").unlink()
+    os.mkfifo(folder / "good.png")  # the loader's read of a scanned image that is now a FIFO
+    out: dict = {}
+
+    def read() -> None:
+        try:
+            source.read("good.png")
+        except DataError as e:
+            out["error"] = str(e)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(HANG_S)
+    assert not thread.is_alive(), "the read opened the FIFO and blocked"
+    assert out["error"].endswith("good.png: not a regular file (a FIFO): skipped without opening it")

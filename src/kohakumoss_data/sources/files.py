@@ -8,6 +8,8 @@ import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from kohakumoss_common.errors import DataError
+
 from ..captions import MAX_CAPTION_BYTES
 
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff", ".jxl", ".avif")
@@ -172,6 +174,13 @@ def find_sidecar(image: Path, caption_extensions: tuple[str, ...]) -> Path | Non
         if candidate.is_file():
             return candidate
     return None
+
+
+def read_regular(path: Path) -> bytes:
+    """A file's bytes; a FIFO or device put where an image was scanned is named, never opened (it may block)."""
+    if entry_fault(path) == NOT_A_FILE:
+        raise DataError(f"{readable_name(path)}: {fault_reason(path, NOT_A_FILE)}")
+    return path.read_bytes()
 
 
 def read_caption_file(path: Path) -> bytes:

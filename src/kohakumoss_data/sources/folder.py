@@ -20,6 +20,7 @@ from .files import (
     normalize_extensions,
     path_fault,
     read_caption_file,
+    read_regular,
     readable_name,
     sorted_entries,
     stat_signature,
@@ -102,14 +103,14 @@ class FolderSource(Source):
         try:
             sidecar = find_sidecar(image, self.caption_extensions)
             captions = [read_caption_file(sidecar)] if sidecar is not None else None
-            data = image.read_bytes()
+            data = read_regular(image)
         except OSError as e:  # vanished or unreadable since listing
             yield replace(item, fault=(UNREADABLE, f"{type(e).__name__}: {e}"))
             return
         yield replace(item, data=data, captions=captions, repeats=self.repeats_for(unit_id))
 
     def read(self, locator: str) -> bytes:
-        return (self.path / locator).read_bytes()
+        return read_regular(self.path / locator)
 
     def spec(self) -> dict:
         return {

@@ -12,7 +12,7 @@ from kohakumoss_common.hashing import sha256_bytes
 
 from ..records import RawItem, Unit
 from .base import Source
-from .files import UNREADABLE, stat_signature
+from .files import NOT_A_FILE, UNREADABLE, entry_fault, fault_reason, read_regular, stat_signature
 
 
 def caption_blobs(value: Any) -> list[bytes] | None:
@@ -96,6 +96,8 @@ class JsonlSource(Source):
                 data = image.read_bytes() if image.is_file() else None
             except OSError as e:  # listed but unreadable (permissions, vanished)
                 data, fault = None, (UNREADABLE, f"{image}: {type(e).__name__}: {e}")
+            if data is None and fault is None and entry_fault(image) == NOT_A_FILE:  # a FIFO: never opened
+                fault = (NOT_A_FILE, f"{image}: {fault_reason(image, NOT_A_FILE)}")
             yield RawItem(
                 key=wanted[lineno],
                 unit=wanted[lineno],
@@ -108,7 +110,7 @@ class JsonlSource(Source):
             )
 
     def read(self, locator: str) -> bytes:
-        return (self.image_root / locator).read_bytes()
+        return read_regular(self.image_root / locator)
 
     def spec(self) -> dict:
         return {

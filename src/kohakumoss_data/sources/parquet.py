@@ -14,7 +14,7 @@ from kohakumoss_common.errors import DataError
 
 from ..records import RawItem, Unit
 from .base import Source
-from .files import stat_signature
+from .files import read_regular, stat_signature
 from .jsonl import caption_blobs
 
 
@@ -90,7 +90,7 @@ class ParquetSource(Source):
             value = value.get("path")
         if isinstance(value, str):
             file = self.image_root / value
-            return file.read_bytes() if file.is_file() else None
+            return read_regular(file) if file.is_file() else None
         return value
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
