@@ -7,6 +7,10 @@ from kohakumoss_common.errors import ConfigError
 from .records import OK
 
 MISSING_POLICIES = ("error", "empty", "filename")
+# A caption longer than this is not a caption (a log or a dump named .txt): it is dropped before it is
+# decoded or tokenised, which for a 50 MB file took over 4 GiB. Far above any real caption's few KiB.
+MAX_CAPTION_BYTES = 64 * 1024
+TOO_LARGE = "too_large"
 
 
 def check_policy(policy: str) -> str:
@@ -16,9 +20,12 @@ def check_policy(policy: str) -> str:
 
 
 def decode_captions(raw: list[bytes] | None) -> tuple[list[str], str]:
-    """(captions, status): status is ok, missing or not_utf8; blank lines are dropped."""
+    """(captions, status): status is ok, missing, not_utf8 or too_large (a caption over MAX_CAPTION_BYTES,
+    never decoded); blank lines are dropped."""
     if raw is None:
         return [], "missing"
+    if any(len(blob) > MAX_CAPTION_BYTES for blob in raw):
+        return [], TOO_LARGE
     out = []
     for blob in raw:
         try:

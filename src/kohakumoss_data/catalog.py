@@ -20,14 +20,14 @@ from typing import Any
 from tqdm import tqdm
 
 from kohakumoss_common.errors import DataError
-from kohakumoss_common.hashing import sha256_json
+from kohakumoss_common.hashing import sha256_bytes, sha256_json
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
 
-from .captions import apply_missing_policy, check_policy, decode_captions
+from .captions import MAX_CAPTION_BYTES, TOO_LARGE, apply_missing_policy, check_policy, decode_captions
 from .ordered_map import bounded_map
-from .probe import CAPTION_NOT_UTF8, MISSING_CAPTION, TOO_SMALL, Probe, probe_bytes
+from .probe import CAPTION_NOT_UTF8, CAPTION_TOO_LARGE, MISSING_CAPTION, TOO_SMALL, Probe, probe_bytes
 from .records import OK, CatalogItem, RawItem
 from .sources.base import Source
 
@@ -95,7 +95,15 @@ def default_cache_path(source: Source, cache_dir: str | Path | None = None) -> P
             )
             return folder / name
         cache_dir = user_cache_dir() / "catalogs"
-    return Path(cache_dir) / f"catalog-{sha256_json(source.spec())[:16]}.json"
+    return Path(cache_dir) / f"catalog-{spec_digest(source.spec())[:16]}.json"
+
+
+def spec_digest(spec: dict[str, Any]) -> str:
+    """sha256 of a source's spec; a path in bytes that are not UTF-8 hashes by its escaped JSON."""
+    try:
+        return sha256_json(spec)
+    except UnicodeEncodeError:
+        return sha256_bytes(json.dumps(spec, sort_keys=True, default=str).encode("ascii"))
 
 
 def probe_raw(raw: RawItem, unit: str, max_pixels: int) -> CatalogItem:
@@ -126,12 +134,26 @@ def probe_raw(raw: RawItem, unit: str, max_pixels: int) -> CatalogItem:
     )
 
 
+def too_large(caption: str) -> bool:
+    """A caption over MAX_CAPTION_BYTES in UTF-8 (one a catalog cached before the bound existed)."""
+    return (
+        4 * len(caption) > MAX_CAPTION_BYTES and len(caption.encode("utf-8", "replace")) > MAX_CAPTION_BYTES
+    )
+
+
 def finalize(item: CatalogItem, knobs: ScanKnobs) -> CatalogItem:
     """Apply min size and caption knobs to a probed item (pure)."""
     if item.status != OK:
         return item
     if item.caption_status == "not_utf8":
         return replace(item, status=CAPTION_NOT_UTF8, reason="caption is not valid UTF-8")
+    if item.caption_status == TOO_LARGE or any(too_large(c) for c in item.captions):
+        return replace(
+            item,
+            status=CAPTION_TOO_LARGE,
+            captions=[],
+            reason=f"caption over {MAX_CAPTION_BYTES // 1024} KiB (captions.MAX_CAPTION_BYTES): not a caption",
+        )
     if min(item.width, item.height) < knobs.min_side:
         return replace(
             item, status=TOO_SMALL, reason=f"{item.width}x{item.height} under min_side {knobs.min_side}"
@@ -168,8 +190,13 @@ def _probe_units(source: Source, unit_ids: list[str], knobs: ScanKnobs) -> Itera
         return probe_raw(raw, raw.unit, knobs.max_pixels)
 
     wanted = set(unit_ids)
-    with ThreadPoolExecutor(max(1, knobs.workers)) as pool:
+    pool = ThreadPoolExecutor(max(1, knobs.workers), thread_name_prefix="kohakumoss-scan")
+    try:
         yield from bounded_map(pool, work, source.expand_units(unit_ids), 4 * max(1, knobs.workers))
+    finally:
+        # an error, Ctrl-C or an abandoned scan: the queued probes are cancelled, not run first (as the
+        # pool's `with` did); a running one ends by itself (entries are regular files, reads are bounded)
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _write_cache(path: Path, spec: dict[str, Any], max_pixels: int, table: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ UNSUPPORTED = "unsupported_format"
 BOMB = "decompression_bomb"
 TOO_SMALL = "too_small"
 CAPTION_NOT_UTF8 = "caption_not_utf8"
+CAPTION_TOO_LARGE = "caption_too_large"
 MISSING_CAPTION = "missing_caption"
 DROP_REASONS = (
     ZERO_BYTE,
@@ -27,6 +28,7 @@ DROP_REASONS = (
     BOMB,
     TOO_SMALL,
     CAPTION_NOT_UTF8,
+    CAPTION_TOO_LARGE,
     MISSING_CAPTION,
 )
 

@@ -115,16 +115,27 @@ def validation_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0
     return build_plan(catalog, cfg.run.seed, knobs)
 
 
-def open_run_data(cfg: TrainConfig, image_encoder, text_encoder) -> RunData:
+def scan_dataset(cfg: TrainConfig) -> tuple[Any, Catalog]:
+    """The dataset's source and catalog, before any model loads: a dataset with nothing usable (every file
+    a named drop: compressed shards, unreadable folders) is refused here, not after minutes of loading."""
     with knob_errors():  # the data package names its settings' fields: the user set knobs
-        return _open_run_data(cfg, image_encoder, text_encoder)
-
-
-def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder) -> RunData:
-    data, seed = cfg.data, cfg.run.seed
-    source = make_source(data.dataset)
-    catalog = scan(source, scan_knobs(cfg.knobs()), cache_dir=data.catalog_dir)
+        source = make_source(cfg.data.dataset)
+        catalog = scan(source, scan_knobs(cfg.knobs()), cache_dir=cfg.data.catalog_dir)
     log.info(catalog.report.summary())
+    if not catalog.usable:
+        raise DataError(f"{source.path}: no usable item in the dataset ({catalog.report.summary()})")
+    return source, catalog
+
+
+def open_run_data(cfg: TrainConfig, image_encoder, text_encoder, scanned: tuple | None = None) -> RunData:
+    """The run's data from `scanned` (`scan_dataset`'s source and catalog; scanned here when None)."""
+    source, catalog = scanned or scan_dataset(cfg)
+    with knob_errors():  # the data package names its settings' fields: the user set knobs
+        return _open_run_data(cfg, image_encoder, text_encoder, source, catalog)
+
+
+def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder, source: Any, catalog: Catalog) -> RunData:
+    data, seed = cfg.data, cfg.run.seed
     train_catalog, val_catalog = split_validation(catalog, int(data.val_items), seed)
     template = template_token_count(text_encoder)
     plan = plan_for_steps(train_catalog, cfg, int(cfg.optim.steps) * int(cfg.optim.grad_accum), template)

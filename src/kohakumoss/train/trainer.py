@@ -62,6 +62,7 @@ from .data import (
     make_loader,
     open_run_data,
     plan_prefix_sha256,
+    scan_dataset,
     validation_batches,
 )
 from .ema import EMA
@@ -133,6 +134,7 @@ class Trainer:
         resume_path = self.find_resume()
         seed_everything(int(cfg.run.seed))
         atomic_write_json(rr.own(run_dir) / "config.json", self.knobs)
+        self.scanned = scan_dataset(cfg)  # a dataset with nothing usable is refused before the models load
         self.comps = build_components(cfg)
         rr.check_plan(self.comps.plan)  # DISTRIBUTED='fsdp': engines FSDP2 cannot run, refused here
         log.info(f"device {self.comps.device}, precision {cfg.device.precision}, run folder {run_dir}")
@@ -174,7 +176,7 @@ class Trainer:
             if cfg.data.text_encode != "cache"
             else CacheOnly(comps.text_encoder, "TEXT_ENCODE", "scripts/data/cache_text.py")
         )
-        self.data = open_run_data(cfg, self.image_encoder, self.text_encoder)
+        self.data = open_run_data(cfg, self.image_encoder, self.text_encoder, self.scanned)
         if fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, self.rr.is_main):
             self.rr.barrier()  # rank 0 filled the caches; the others read them again
             fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, fill=False)

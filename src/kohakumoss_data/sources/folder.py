@@ -11,14 +11,18 @@ from kohakumoss_common.errors import DataError
 from ..records import RawItem, Unit
 from .base import Source
 from .files import (
+    CAPTION_LIKE,
     DEFAULT_CAPTION_EXTENSIONS,
     DEFAULT_EXTENSIONS,
-    DIR_SEEN,
     UNREADABLE,
-    entry_fault,
     fault_reason,
     find_sidecar,
     normalize_extensions,
+    path_fault,
+    read_caption_file,
+    read_regular,
+    readable_name,
+    sorted_entries,
     stat_signature,
     walk_images,
 )
@@ -38,6 +42,10 @@ class FolderSource(Source):
         super().__init__(path)
         if not self.path.is_dir():
             raise DataError(f"{self.path}: dataset folder does not exist")
+        try:
+            sorted_entries(self.path)
+        except OSError as e:
+            raise DataError(f"{self.path}: dataset folder cannot be listed ({type(e).__name__}: {e})") from e
         self.caption_extensions = normalize_extensions(caption_extension)
         self.extensions = normalize_extensions(extensions)
         self.recursive = recursive
@@ -48,35 +56,61 @@ class FolderSource(Source):
         yield from walk_images(self.path, self.extensions, self.recursive)
 
     def units(self) -> Iterator[Unit]:
+        """One unit per image; a tree in which no image has a sidecar of `caption_extension` but captions
+        sit beside them under another extension is refused once listed (as a jsonl's missing caption key)."""
+        captioned, stems = False, set()
         for image, fault in self._images():
             rel = image.relative_to(self.path).as_posix()
             if fault:
                 yield Unit(rel, f"fault:{fault}")
                 continue
             sidecar = find_sidecar(image, self.caption_extensions)
+            captioned = captioned or sidecar is not None
+            stems.add((image.parent, image.stem))
             yield Unit(rel, f"{stat_signature(image, sidecar)}|{sidecar.suffix if sidecar else ''}")
+        if stems and not captioned:
+            self._check_caption_extension(stems)
+
+    def _check_caption_extension(self, stems: set[tuple[Path, str]]) -> None:
+        others = set(CAPTION_LIKE) - set(self.caption_extensions)
+        found = sorted(
+            {
+                entry.suffix.lower()
+                for folder in {parent for parent, _ in stems}
+                for entry in sorted_entries(folder)
+                if entry.suffix.lower() in others and (folder, entry.stem) in stems
+            }
+        )
+        if found:
+            raise DataError(
+                f"{self.path}: no image has a caption file ending in {list(self.caption_extensions)} (setting "
+                f"caption_extension), but caption files beside them end in {found}: set caption_extension to it"
+            )
 
     def repeats_for(self, rel: str) -> int:
         return self.repeats
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         image = self.path / unit_id
-        fault = DIR_SEEN if image.is_dir() else entry_fault(image)
-        item = RawItem(key=unit_id, unit=unit_id, locator=unit_id, data=None, captions=None, name=image.stem)
+        fault = path_fault(image)
+        key = readable_name(unit_id)  # a name that is not UTF-8 is a drop, named readably in the report
+        item = RawItem(
+            key=key, unit=unit_id, locator=key, data=None, captions=None, name=readable_name(image.stem)
+        )
         if fault:
             yield replace(item, fault=(fault, fault_reason(image, fault)))
             return
         try:
             sidecar = find_sidecar(image, self.caption_extensions)
-            captions = [sidecar.read_bytes()] if sidecar is not None else None
-            data = image.read_bytes()
+            captions = [read_caption_file(sidecar)] if sidecar is not None else None
+            data = read_regular(image)
         except OSError as e:  # vanished or unreadable since listing
             yield replace(item, fault=(UNREADABLE, f"{type(e).__name__}: {e}"))
             return
         yield replace(item, data=data, captions=captions, repeats=self.repeats_for(unit_id))
 
     def read(self, locator: str) -> bytes:
-        return (self.path / locator).read_bytes()
+        return read_regular(self.path / locator)
 
     def spec(self) -> dict:
         return {

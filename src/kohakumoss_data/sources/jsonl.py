@@ -12,7 +12,7 @@ from kohakumoss_common.hashing import sha256_bytes
 
 from ..records import RawItem, Unit
 from .base import Source
-from .files import UNREADABLE, stat_signature
+from .files import NOT_A_FILE, UNREADABLE, entry_fault, fault_reason, read_regular, stat_signature
 
 
 def caption_blobs(value: Any) -> list[bytes] | None:
@@ -49,8 +49,13 @@ class JsonlSource(Source):
                     record = json.loads(line)
                 except (json.JSONDecodeError, UnicodeDecodeError) as e:
                     raise DataError(f"{self.path}:{lineno}: not a JSON object ({e})") from e
-                if not isinstance(record, dict) or self.image_key not in record:
-                    raise DataError(f"{self.path}:{lineno}: no '{self.image_key}' field (knob image_key)")
+                if not isinstance(record, dict):
+                    raise DataError(f"{self.path}:{lineno}: not a JSON object")
+                if self.image_key not in record:
+                    raise DataError(
+                        f"{self.path}:{lineno}: no '{self.image_key}' field (knob image_key); "
+                        f"the line's keys are {sorted(record)}"
+                    )
                 yield lineno, line, record
 
     def _image_path(self, record: dict[str, Any]) -> Path:
@@ -60,10 +65,20 @@ class JsonlSource(Source):
         return self.image_root / rel
 
     def units(self) -> Iterator[Unit]:
+        """One unit per line; a manifest in which no line has the caption key is refused once listed."""
+        keys: set[str] = set()
+        captioned = False
         for lineno, line, record in self._records():
+            keys.update(record)
+            captioned = captioned or self.caption_key in record
             image = self._image_path(record)
             sig = stat_signature(image) if image.is_file() else "missing"
             yield Unit(f"{lineno}:{record[self.image_key]}", f"{sha256_bytes(line)}|{sig}")
+        if keys and self.caption_key and not captioned:
+            raise DataError(
+                f"{self.path}: no line has the caption key '{self.caption_key}' (setting caption_key); the keys "
+                f"found are {sorted(keys)}: set caption_key to the captions' key, or '' to train without captions"
+            )
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         yield from self.expand_units([unit_id])
@@ -81,19 +96,21 @@ class JsonlSource(Source):
                 data = image.read_bytes() if image.is_file() else None
             except OSError as e:  # listed but unreadable (permissions, vanished)
                 data, fault = None, (UNREADABLE, f"{image}: {type(e).__name__}: {e}")
+            if data is None and fault is None and entry_fault(image) == NOT_A_FILE:  # a FIFO: never opened
+                fault = (NOT_A_FILE, f"{image}: {fault_reason(image, NOT_A_FILE)}")
             yield RawItem(
                 key=wanted[lineno],
                 unit=wanted[lineno],
                 locator=rel,
                 data=data,
-                captions=caption_blobs(record.get(self.caption_key)),
+                captions=caption_blobs(record.get(self.caption_key) if self.caption_key else None),
                 name=Path(rel).stem,
                 extra=extra,
                 fault=fault,
             )
 
     def read(self, locator: str) -> bytes:
-        return (self.image_root / locator).read_bytes()
+        return read_regular(self.image_root / locator)
 
     def spec(self) -> dict:
         return {

@@ -9,7 +9,7 @@ from pathlib import Path
 from kohakumoss_common.errors import DataError
 from kohakumoss_common.log import get_logger
 
-from .files import DEFAULT_CAPTION_EXTENSIONS, DEFAULT_EXTENSIONS, walk_images
+from .files import DEFAULT_CAPTION_EXTENSIONS, DEFAULT_EXTENSIONS, NAME_NOT_UTF8, name_is_utf8, walk_images
 from .folder import FolderSource
 
 _REPEATS_DIR = re.compile(r"^(\d+)_(.+)$")
@@ -50,6 +50,9 @@ class KohyaSource(FolderSource):
     def _images(self) -> Iterator[tuple[Path, str]]:
         seen: set[str] = set()
         for name in self._subdirs:
+            if not name_is_utf8(name):  # a drop like any other entry named in bytes that are not UTF-8
+                yield self.path / name, NAME_NOT_UTF8
+                continue
             yield from walk_images(self.path / name, self.extensions, self.recursive, seen)
 
     def repeats_for(self, rel: str) -> int:

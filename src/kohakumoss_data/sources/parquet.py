@@ -14,7 +14,7 @@ from kohakumoss_common.errors import DataError
 
 from ..records import RawItem, Unit
 from .base import Source
-from .files import stat_signature
+from .files import read_regular, stat_signature
 from .jsonl import caption_blobs
 
 
@@ -26,6 +26,10 @@ def parquet_files(path: Path) -> list[Path]:
         if files:
             return files
     raise DataError(f"{path}: no parquet file here")
+
+
+BROKEN_PARQUET = "broken_parquet"
+PARQUET_ERRORS = (pa.ArrowException, OSError)  # ArrowInvalid: not parquet, cut short, a bad page
 
 
 def check_columns(file: Path, schema: pa.Schema, columns: dict[str, str]) -> None:
@@ -53,7 +57,11 @@ class ParquetSource(Source):
         )
         self._files = parquet_files(self.path)
         for file in self._files:
-            check_columns(file, pq.read_schema(file), self._columns())
+            try:
+                schema = pq.read_schema(file)
+            except PARQUET_ERRORS:
+                continue  # a broken file is the scan's named drop (expand), not a refusal of the rest
+            check_columns(file, schema, self._columns())
         self._handle: dict[str, tuple[pq.ParquetFile, list[int]]] = {}
         self._group: tuple[str, int, pa.Table] | None = None
 
@@ -82,12 +90,20 @@ class ParquetSource(Source):
             value = value.get("path")
         if isinstance(value, str):
             file = self.image_root / value
-            return file.read_bytes() if file.is_file() else None
+            return read_regular(file) if file.is_file() else None
         return value
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         file = self._file(unit_id)
-        table = pq.read_table(file, columns=[c for c in self._columns().values() if c])
+        try:
+            check_columns(file, pq.read_schema(file), self._columns())
+            table = pq.read_table(file, columns=[c for c in self._columns().values() if c])
+        except PARQUET_ERRORS as e:
+            reason = f"parquet file cannot be read ({type(e).__name__}: {e})"
+            yield RawItem(
+                unit_id, unit_id, [unit_id, -1], None, None, name=file.stem, fault=(BROKEN_PARQUET, reason)
+            )
+            return
         images = table.column(self.image_column).to_pylist()
         captions = (
             table.column(self.caption_column).to_pylist() if self.caption_column else [None] * len(images)

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 from safetensors import safe_open
 
-from kohakumoss_common.errors import DataError
+from kohakumoss_common.errors import CheckpointError, DataError
 from kohakumoss_common.hashing import sha256_bytes
 from kohakumoss_common.io import read_header, save_safetensors
 
@@ -27,6 +27,7 @@ from .files import stat_signature
 
 FORMAT = "kohakumoss-shard-v1"
 ITEMS_KEY = "kohakumoss.items"
+BROKEN_SHARD = "broken_shard"
 
 
 def shard_name(index: int) -> str:
@@ -103,7 +104,15 @@ class ShardSource(Source):
             yield Unit(file.name, stat_signature(file))
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
-        for item in read_shard_items(self.path / unit_id):
+        try:
+            items = read_shard_items(self.path / unit_id)
+        except (CheckpointError, DataError, OSError, ValueError, KeyError) as e:  # cut, garbled, not a shard
+            reason = f"shard cannot be read ({type(e).__name__}: {e})"
+            yield RawItem(
+                unit_id, unit_id, [unit_id, ""], None, None, name=unit_id, fault=(BROKEN_SHARD, reason)
+            )
+            return
+        for item in items:
             yield RawItem(
                 key=f"{unit_id}:{item['key']}",
                 unit=unit_id,

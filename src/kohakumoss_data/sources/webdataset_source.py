@@ -14,20 +14,34 @@ from kohakumoss_common.errors import DataError
 
 from ..records import RawItem, Unit
 from .base import Source
-from .files import stat_signature
+from .files import NAME_NOT_UTF8, name_is_utf8, readable_name, stat_signature
 
 TRUNCATED_TAR = "truncated_tar"
+COMPRESSED_TAR = "compressed_tar"
 DEFAULT_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp", "jxl", "avif", "bmp", "tif", "tiff")
+# compressed shards: images are read by seeking to a member's offset, which only a plain tar has
+COMPRESSED_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"BZh", "bzip2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zstd"))
 
 
 def tar_files(path: Path) -> list[Path]:
+    """The shards: `path` itself, or every .tar under it (compressed ones too, which the scan names as drops)."""
     if path.is_file():
         return [path]
     if path.is_dir():
-        files = sorted(path.rglob("*.tar"))
+        files = sorted(
+            f for f in path.rglob("*") if f.name.endswith((".tar", *COMPRESSED_SUFFIXES)) and f.is_file()
+        )
         if files:
             return files
     raise DataError(f"{path}: no webdataset .tar shard here")
+
+
+def compression(tar: Path) -> str:
+    """ "" for a plain tar, else the compression its first bytes show (gzip, bzip2, xz, zstd)."""
+    with open(tar, "rb") as f:
+        head = f.read(6)
+    return next((name for magic, name in _MAGIC if head.startswith(magic)), "")
 
 
 def member_offsets(tar: Path) -> dict[str, tuple[int, int]]:
@@ -83,6 +97,16 @@ class WebDatasetSource(Source):
 
     def expand(self, unit_id: str) -> Iterator[RawItem]:
         tar = self._tar(unit_id)
+        packed = compression(tar)
+        if packed:
+            reason = f"{packed}-compressed tar: images are read by seeking, so shards must be plain .tar (decompress it)"
+            yield RawItem(
+                unit_id, unit_id, [unit_id, ""], None, None, name=tar.name, fault=(COMPRESSED_TAR, reason)
+            )
+            return
+        yield from self._samples(unit_id, tar)
+
+    def _samples(self, unit_id: str, tar: Path) -> Iterator[RawItem]:
         last: list[str] = []
         errors: list[Exception] = []
 
@@ -95,13 +119,28 @@ class WebDatasetSource(Source):
             return False  # end this tar; the samples read so far are kept
 
         samples = tariterators.tarfile_samples([{"url": str(tar)}], handler=stop, rename_files=note)
+        images, captions, matched, found = 0, 0, 0, set()
         try:
             for sample in samples:
+                found.update(k for k in sample if not k.startswith("__"))
                 item = self._item(unit_id, sample)
                 if item is not None and not (errors and self._cut_key(last) == sample["__key__"]):
+                    matched += 1
+                    images += item.fault is None
+                    captions += item.captions is not None
                     yield item
         except Exception as e:  # a fault outside webdataset's handler
             errors.append(e)
+        if found and not matched and not errors:
+            raise DataError(
+                f"{tar}: no sample has an image ending in {list(self.image_exts)} (setting image_exts); the "
+                f"samples hold {sorted(found)}: add the images' extension to image_exts"
+            )
+        if images and self.caption_ext and not captions:
+            raise DataError(
+                f"{tar}: no sample has a '.{self.caption_ext}' caption (setting caption_ext); the samples hold "
+                f"{sorted(found)}: set caption_ext to the captions' extension, or '' to train without captions"
+            )
         if errors:
             yield self._cut_item(unit_id, last, errors[0])
         elif not ends_cleanly(tar):  # tarfile reads a cut header as the end of the archive
@@ -114,7 +153,19 @@ class WebDatasetSource(Source):
         if ext is None:
             return None
         key = sample["__key__"]
-        caption = sample.get(self.caption_ext)
+        caption = sample.get(self.caption_ext) if self.caption_ext else None
+        if not name_is_utf8(key):
+            name = readable_name(key)
+            reason = f"member name '{name}' is not valid UTF-8: rename it to train it"
+            return RawItem(
+                f"{unit_id}:{name}",
+                unit_id,
+                [unit_id, ""],
+                None,
+                None,
+                name=name,
+                fault=(NAME_NOT_UTF8, reason),
+            )
         return RawItem(
             key=f"{unit_id}:{key}",
             unit=unit_id,
