@@ -197,6 +197,7 @@ def test_new_train_comfy_folder(world, tmp_path, capsys):
     assert valid["DATASET"] == {"kind": "kohya", "path": str(world["data"].resolve())}
     assert valid["ALGO"] == "lokr" and valid["RANK"] == 32 and valid["TOKENS_PER_STEP"] == 8704
     assert valid["RUN_NAME"] == "my-lora"
+    assert valid["SAMPLE_PROMPTS"] == ["a blue cat"]  # the dataset's captions (distinct): a first run samples
     d = DATA_SCHEMA.validate(_knobs(out / "my-lora_data.py"))
     for name in ("DATASET", "AREA", "TOKENS_PER_STEP", "SEED", "CACHE_DIR", "MAX_TEXT_TOKENS"):
         assert d[name] == valid[name], name  # the caches the data scripts fill are the ones training reads

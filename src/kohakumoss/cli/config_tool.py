@@ -85,7 +85,7 @@ def new_config(req: NewRequest) -> list[Path]:
     from kohakumoss.config.sample import SAMPLE_SCHEMA
     from kohakumoss.config.train import ALGO_CHOICES, TRAIN_SCHEMA
 
-    from .config_dataset import check_dataset, dataset_spec, guess_source
+    from .config_dataset import check_dataset, dataset_captions, dataset_spec, guess_source
     from .config_gpu import resolve_gpu
     from .config_layers import load_file
     from .config_weights import WeightsFound, find_weights
@@ -164,6 +164,11 @@ def new_config(req: NewRequest) -> list[Path]:
     layers = [gpu_file, layer_path("algo", req.algo), data_layer]
     knobs = {**given, "DATASET": spec, "CACHE_DIR": f"cache/{req.name}", "RUN_NAME": req.name}
     comments = {}
+    if prompts := dataset_captions(spec):  # so a first run draws a grid (base row above the run's)
+        knobs["SAMPLE_PROMPTS"] = prompts
+        comments["SAMPLE_PROMPTS"] = "the dataset's first captions: the sample grid's columns (samples/)"
+    else:
+        _say(req, "note: no caption found in the dataset: set SAMPLE_PROMPTS to get sample grids")
     if choice := _memory_profile(found, layers, knobs, gpu.card_gb):
         knobs["MEMORY_PROFILE"], comments["MEMORY_PROFILE"] = choice
         _say(req, f"memory profile: {choice[0]} ({choice[1]})")
