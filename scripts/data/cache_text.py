@@ -18,8 +18,7 @@ from typing import Any
 
 from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
-from kohakumoss_data.cache import TensorCache
-from kohakumoss_data.cache_keys import text_cache_identity
+from kohakumoss_data.loader import open_caches
 from kohakumoss_data.offline import fill_text_cache, planned_captions
 
 if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
@@ -71,8 +70,7 @@ def run(cfg: CacheTextConfig) -> None:
         encoder = call_factory(load_factory(ref, "TEXT_FACTORY"), cfg.text.text_kwargs, "TEXT_KWARGS")
     else:
         encoder = real_text_encoder(cfg.text.text_kwargs, cfg.plan.max_text_tokens)
-    identity = text_cache_identity(encoder.identity, encoder.template, encoder.layer_choice)
-    cache = TensorCache(cfg.cache.cache_dir, identity, cfg.cache.shard_items)
+    _, cache = open_caches(cfg.cache.cache_dir, None, encoder, cfg.cache.shard_items)  # as the trainer does
     report = fill_text_cache(planned_captions(plan), encoder, cache, cfg.cache.batch_size)
     print(report.summary("text"))
     print(f"cache {cache.dir}")
