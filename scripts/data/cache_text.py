@@ -45,6 +45,7 @@ SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
+MICRO_STEPS = 0  # the training run's STEPS x GRAD_ACCUM: at least the epochs they span (0: EPOCHS alone)
 CACHE_DIR = "cache"  # the training run's CACHE_DIR
 SHARD_ITEMS = 512
 BATCH_SIZE = 8

@@ -299,6 +299,11 @@ def test_check_refuses_a_data_config_whose_caches_training_would_not_read(world,
     data.write_text(text.replace("_own = {", "_own = {\n    'AREA': 512 * 512,"))
     assert main(["check", str(out / "c.py")]) == 1
     assert "AREA: the data config has 262144, the training config 1048576" in capsys.readouterr().out
+    # the trainer plans the epochs its STEPS x GRAD_ACCUM span: the caches must cover as many
+    assert DATA_SCHEMA.validate(_knobs(data))["MICRO_STEPS"] == 1000 * 4  # the vram_6g layer's GRAD_ACCUM
+    data.write_text(text.replace("_own = {", "_own = {\n    'MICRO_STEPS': 1,"))
+    assert main(["check", str(out / "c.py")]) == 1
+    assert "MICRO_STEPS: 1: the caches cover fewer than the run's 4000 micro-steps" in capsys.readouterr().out
     data.write_text(text)
     assert main(["check", str(out / "c.py")]) == 0
 

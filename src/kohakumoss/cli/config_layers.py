@@ -145,6 +145,7 @@ def data_config(sources: Iterable[str | Path], own: dict[str, Any]) -> Any:
     knobs = {**TRAIN_SCHEMA.defaults(), **compose(sources)}  # the training run's values, defaults included
     out = {k: knobs[k] for k in SHARED}
     cfg = TrainConfig.from_knobs(knobs)
+    out["MICRO_STEPS"] = int(cfg.optim.steps) * int(cfg.optim.grad_accum)  # the epochs the run plans
     if cfg.encoders.vae not in STAND_INS:
         out["VAE_KWARGS"] = {"path": cfg.encoders.vae, "device": str(resolve_device(cfg.device.device))}
     if (text := text_kwargs(cfg)) is not None:

@@ -104,11 +104,13 @@ def cache_settings(knobs: Mapping[str, Any], kind: str) -> dict[str, Any]:
     out["CACHE_DIR"] = _path(merged["CACHE_DIR"])
     if kind == "train":
         cfg = TrainConfig.from_knobs(merged)
+        out["MICRO_STEPS"] = int(cfg.optim.steps) * int(cfg.optim.grad_accum)
         settings = text_settings(cfg) if cfg.data.text_encode != "online" else None
         out["text"] = _text_identity(settings) if settings is not None else None
         vae = cfg.encoders.vae
         out["vae"] = _path(vae) if cfg.data.vae_encode != "online" and vae not in STAND_INS else None
         return out
+    out["MICRO_STEPS"] = merged["MICRO_STEPS"]
     custom_text = bool(merged["TEXT_FACTORY"])
     out["text"] = (
         "TEXT_FACTORY"  # a factory of the user's own: its encoder's settings cannot be read here
@@ -131,6 +133,10 @@ def cache_mismatches(train: Mapping[str, Any], data: Mapping[str, Any]) -> list[
         elif knob == "vae":
             if want is not None and have not in (want, "VAE_FACTORY"):
                 out.append(("VAE_KWARGS", f"path {have!r}, but training encodes with VAE {want!r}"))
+        elif knob == "MICRO_STEPS":
+            if have < want:  # more covers the run too: an epoch's entries do not depend on the count
+                why = f"{have}: the caches cover fewer than the run's {want} micro-steps (STEPS x GRAD_ACCUM)"
+                out.append((knob, why))
         elif have != want:
             out.append((knob, f"the data config has {have!r}, the training config {want!r}"))
     return out
