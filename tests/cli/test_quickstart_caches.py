@@ -35,8 +35,10 @@ CAPTIONS = ["a blue glass tile", "a golden square grid", "brown wood planks"]
 SHORT_RUN = {
     "AREA": 64 * 64,
     "MIN_SIDE": 32,
-    "STEPS": 2,  # with the layer's GRAD_ACCUM: two or more epochs of three images, each flipped anew
+    "STEPS": 2,  # two epochs of three images (one micro-step each), each flipped anew
+    "GRAD_ACCUM": 1,
     "FLIP_PROB": 0.5,
+    "PRECISION": "fp32",  # bf16 matmuls are slow on a CPU (the encoders run in fp32 here either way)
     "WORKERS": 0,
     "SAVE_EVERY": 0,
     "SAMPLE_PROMPTS": [],
