@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 from kohakumoss.encoders import TextEncoderConfig
 from kohakumoss_common.errors import ConfigError
@@ -45,10 +47,19 @@ def text_settings(cfg: TrainConfig) -> TextEncoderConfig | None:
     on the run's device, in its encoder dtype, cut at MAX_TEXT_TOKENS."""
     if cfg.encoders.text_encoder in STAND_INS:
         return None
-    device = resolve_device(cfg.device.device)
+    device = _compute_device(cfg.device.device)
     return text_encoder_config(
         cfg.encoders, device, device, cfg.device.precision, int(cfg.data.max_text_tokens)
     )
+
+
+def _compute_device(knob: str) -> torch.device:
+    """DEVICE as the trainer resolves it; a device this machine lacks is still read (`check` may run
+    elsewhere than the run): only its type enters the encoder's dtype."""
+    try:
+        return resolve_device(knob)
+    except ConfigError:
+        return torch.device(knob)
 
 
 def text_kwargs(cfg: TrainConfig) -> dict[str, Any] | None:
