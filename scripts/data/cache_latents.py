@@ -16,8 +16,7 @@ import typing
 
 from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
-from kohakumoss_data.cache import TensorCache
-from kohakumoss_data.cache_keys import latent_cache_identity
+from kohakumoss_data.loader import open_caches
 from kohakumoss_data.offline import fill_latent_cache
 
 if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
@@ -44,6 +43,7 @@ SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
+MICRO_STEPS = 0  # the training run's STEPS x GRAD_ACCUM: at least the epochs they span (0: EPOCHS alone)
 CACHE_DIR = "cache"  # the training run's CACHE_DIR
 SHARD_ITEMS = 512
 BATCH_SIZE = 8
@@ -57,7 +57,7 @@ def run(cfg: CacheLatentsConfig) -> None:
     source, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
     vae = call_factory(load_factory(cfg.vae.vae_factory, "VAE_FACTORY"), cfg.vae.vae_kwargs, "VAE_KWARGS")
-    cache = TensorCache(cfg.cache.cache_dir, latent_cache_identity(vae.identity), cfg.cache.shard_items)
+    cache, _ = open_caches(cfg.cache.cache_dir, vae, None, cfg.cache.shard_items)  # as the trainer does
     report = fill_latent_cache(plan, catalog, source, vae, cache, cfg.vae.workers, cfg.cache.batch_size)
     print(report.summary("latents"))
     print(f"cache {cache.dir}")

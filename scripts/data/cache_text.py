@@ -4,7 +4,9 @@
 
 Resumable and skips what exists. Keyed by (caption, template, encoder identity, layer choice), so a
 changed template or layer choice encodes again. TEXT_FACTORY ('module:callable') is called with
-TEXT_KWARGS; the default builds kohakumoss.encoders.TextEncoder from a TextEncoderConfig. The knobs
+TEXT_KWARGS; the default builds kohakumoss.encoders.TextEncoder from a TextEncoderConfig, cut at
+MAX_TEXT_TOKENS like the training run's (the data config `kohakumoss-config new train` writes hands it
+the training config's own encoder settings; `kohakumoss-config check` names any difference). The knobs
 are the fields of kohakumoss.config.data_scripts.CacheTextConfig (docs/guides/data-knobs.md).
 """
 
@@ -16,8 +18,7 @@ from typing import Any
 
 from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
-from kohakumoss_data.cache import TensorCache
-from kohakumoss_data.cache_keys import text_cache_identity
+from kohakumoss_data.loader import open_caches
 from kohakumoss_data.offline import fill_text_cache, planned_captions
 
 if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
@@ -44,6 +45,7 @@ SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
+MICRO_STEPS = 0  # the training run's STEPS x GRAD_ACCUM: at least the epochs they span (0: EPOCHS alone)
 CACHE_DIR = "cache"  # the training run's CACHE_DIR
 SHARD_ITEMS = 512
 BATCH_SIZE = 8
@@ -51,11 +53,13 @@ TEXT_FACTORY = ""  # '' : the real Qwen3.5 encoder below
 TEXT_KWARGS = {"path": "models/text_encoder", "device": "cuda"}
 
 
-def real_text_encoder(**kwargs: Any) -> Any:
-    """kohakumoss.encoders.TextEncoder from TextEncoderConfig fields (TEXT_KWARGS)."""
-    from kohakumoss.encoders import TextEncoder, TextEncoderConfig
+def real_text_encoder(kwargs: dict[str, Any], max_text_tokens: int) -> Any:
+    """kohakumoss.encoders.TextEncoder from TextEncoderConfig fields (TEXT_KWARGS), cut at MAX_TEXT_TOKENS
+    as the training run cuts it (train/cache_identity.py: the settings both sides build from)."""
+    from kohakumoss.encoders import TextEncoder
+    from kohakumoss.train.cache_identity import data_text_settings
 
-    return TextEncoder.load(call_factory(TextEncoderConfig, kwargs, "TEXT_KWARGS"))  # fields named
+    return TextEncoder.load(data_text_settings(kwargs, max_text_tokens))
 
 
 def run(cfg: CacheTextConfig) -> None:
@@ -63,10 +67,11 @@ def run(cfg: CacheTextConfig) -> None:
     _, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
     ref = cfg.text.text_factory
-    factory = load_factory(ref, "TEXT_FACTORY") if ref else real_text_encoder
-    encoder = call_factory(factory, cfg.text.text_kwargs, "TEXT_KWARGS")
-    identity = text_cache_identity(encoder.identity, encoder.template, encoder.layer_choice)
-    cache = TensorCache(cfg.cache.cache_dir, identity, cfg.cache.shard_items)
+    if ref:
+        encoder = call_factory(load_factory(ref, "TEXT_FACTORY"), cfg.text.text_kwargs, "TEXT_KWARGS")
+    else:
+        encoder = real_text_encoder(cfg.text.text_kwargs, cfg.plan.max_text_tokens)
+    _, cache = open_caches(cfg.cache.cache_dir, None, encoder, cfg.cache.shard_items)  # as the trainer does
     report = fill_text_cache(planned_captions(plan), encoder, cache, cfg.cache.batch_size)
     print(report.summary("text"))
     print(f"cache {cache.dir}")

@@ -47,6 +47,7 @@ SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
 EPOCHS = 1
+MICRO_STEPS = 0  # the training run's STEPS x GRAD_ACCUM: at least the epochs they span (0: EPOCHS alone)
 RUN_DIR = "runs/inspect"
 CONTACT_ITEMS = 12  # planned crops on the contact sheet
 

@@ -41,6 +41,7 @@ if ($SaveEvery -lt 0 -and $SampleEvery -ge 0) { $SaveEvery = $SampleEvery }
 Set-Location $Root
 $Base = "$ConfigDir/$Name.py"
 $RunConfig = "$ConfigDir/${Name}_run.py"
+$DataConfig = "$ConfigDir/${Name}_run_data.py"  # the data scripts' config, read from $RunConfig
 $ConfigTool = Find-ConfigTool
 
 # SAVE_FORMAT both: the ComfyUI file for ComfyUI, the LyCORIS file for LyCORIS-based tools (sample.ps1
@@ -62,6 +63,10 @@ if ($ConfigTool.Count -gt 0) {
     if ($Source) { $New += @('--source', $Source) }
     if ((Invoke-Step ($ConfigTool + $New)) -ne 0) { Die 'kohakumoss-config new train failed (its message is above)' }
     $rc = Invoke-Step ($WriteConfig + @('write', $RunConfig, '--base', $Base) + $Knobs)
+    if ($rc -ne 0) { Die "could not write $RunConfig" }
+    # the data config of the run's own config: -Set plan and encoder knobs reach the caches too
+    $NewData = @('new', 'data', '--train', $RunConfig, '--name', "${Name}_run", '--out-dir', $ConfigDir, '--force')
+    if ((Invoke-Step ($ConfigTool + $NewData)) -ne 0) { Die 'kohakumoss-config new data failed (its message is above)' }
 } else {
     if ($Algo) { $Knobs += @('--str', "ALGO=$Algo") }
     if ($Source) { $Knobs += @('--source', $Source) }
@@ -73,7 +78,7 @@ Test-Config $RunConfig 'train'
 if ($Cache) {
     if ($ConfigTool.Count -gt 0) {
         foreach ($s in @('cache_text', 'cache_latents')) {
-            if ((Invoke-Step ($Kogine + @('run', "scripts/data/$s.py", '--config', "$ConfigDir/${Name}_data.py"))) -ne 0) { Die "scripts/data/$s.py failed (its message is above)" }
+            if ((Invoke-Step ($Kogine + @('run', "scripts/data/$s.py", '--config', $DataConfig))) -ne 0) { Die "scripts/data/$s.py failed (its message is above)" }
         }
     } else {
         Say '-Cache needs the data config that kohakumoss-config writes; training encodes what is missing instead'
@@ -82,6 +87,6 @@ if ($Cache) {
 
 $Sets = @()
 if ($Resume) { $Sets += @('--set', 'RESUME=latest') }
-if ($ConfigTool.Count -gt 0) { Say "data config for inspect_data / cache_text / cache_latents: $ConfigDir/${Name}_data.py" }
+if ($ConfigTool.Count -gt 0) { Say "data config for inspect_data / cache_text / cache_latents: $DataConfig" }
 Say "training: runs/examples/train/$Name/ (log.txt, metrics.jsonl, samples/, checkpoints/, export/)"
 exit (Invoke-Step ($Kogine + @('run', 'scripts/train/moss.py', '--config', $RunConfig) + $Sets))

@@ -49,6 +49,7 @@ done
 cd "$ROOT"
 BASE="$CONFIG_DIR/$NAME.py"
 RUN_CONFIG="$CONFIG_DIR/${NAME}_run.py"
+DATA_CONFIG="$CONFIG_DIR/${NAME}_run_data.py"  # the data scripts' config, read from RUN_CONFIG
 find_config_tool
 
 # SAVE_FORMAT both: the ComfyUI file for ComfyUI, the LyCORIS file for LyCORIS-based tools (sample.sh
@@ -70,6 +71,9 @@ if [[ ${#CONFIG_TOOL[@]} -gt 0 ]]; then
   [[ -n "$SOURCE" ]] && NEW+=(--source "$SOURCE")
   run "${CONFIG_TOOL[@]}" "${NEW[@]}" || die "kohakumoss-config new train failed (its message is above)"
   run "${WRITE_CONFIG[@]}" write "$RUN_CONFIG" --base "$BASE" "${KNOBS[@]}"
+  # the data config of the run's own config: --set plan and encoder knobs reach the caches too
+  run "${CONFIG_TOOL[@]}" new data --train "$RUN_CONFIG" --name "${NAME}_run" --out-dir "$CONFIG_DIR" --force \
+    || die "kohakumoss-config new data failed (its message is above)"
 else
   [[ -n "$ALGO" ]] && KNOBS+=(--str "ALGO=$ALGO")
   [[ -n "$SOURCE" ]] && KNOBS+=(--source "$SOURCE")
@@ -80,7 +84,7 @@ check_config "$RUN_CONFIG" train
 if [[ $CACHE == 1 ]]; then
   if [[ ${#CONFIG_TOOL[@]} -gt 0 ]]; then
     for s in cache_text cache_latents; do
-      run "${KOGINE[@]}" run "scripts/data/$s.py" --config "$CONFIG_DIR/${NAME}_data.py" || die "scripts/data/$s.py failed (its message is above)"
+      run "${KOGINE[@]}" run "scripts/data/$s.py" --config "$DATA_CONFIG" || die "scripts/data/$s.py failed (its message is above)"
     done
   else
     say "--cache needs the data config that kohakumoss-config writes; training encodes what is missing instead"
@@ -89,6 +93,6 @@ fi
 
 RESUME_SET=()
 [[ $RESUME == 1 ]] && RESUME_SET=(--set RESUME=latest)
-[[ ${#CONFIG_TOOL[@]} -gt 0 ]] && say "data config for inspect_data / cache_text / cache_latents: $CONFIG_DIR/${NAME}_data.py"
+[[ ${#CONFIG_TOOL[@]} -gt 0 ]] && say "data config for inspect_data / cache_text / cache_latents: $DATA_CONFIG"
 say "training: runs/examples/train/$NAME/ (log.txt, metrics.jsonl, samples/, checkpoints/, export/)"
 run "${KOGINE[@]}" run scripts/train/moss.py --config "$RUN_CONFIG" ${RESUME_SET[@]+"${RESUME_SET[@]}"}

@@ -32,6 +32,19 @@ def pick_file(folder: Path, hints: tuple[str, ...]) -> Path | None:
     return files[0] if files else None
 
 
+def find_tokenizer(folder: Path) -> Path | None:
+    """A folder holding tokenizer.json or tokenizer_config.json up to 3 levels under `folder` (names with
+    'tokenizer' first, then the shallowest): kohakumoss-config's rule (cli/config_weights.find_tokenizer)."""
+    found = {
+        marker.parent
+        for level in (1, 2, 3)
+        for name in ("tokenizer.json", "tokenizer_config.json")
+        for marker in (folder.glob("/".join(["*"] * level) + "/" + name) if folder.is_dir() else ())
+    }
+    ranked = sorted(found, key=lambda p: ("tokenizer" not in p.name.lower(), len(p.parts), str(p)))
+    return ranked[0] if ranked else None
+
+
 def weights_knobs(root: Path) -> dict[str, str]:
     """WEIGHTS / TEXT_ENCODER / VAE (and TOKENIZER where one exists) from a ComfyUI or HF weights folder."""
     if (root / "diffusion_models").is_dir():  # ComfyUI/models
@@ -40,9 +53,7 @@ def weights_knobs(root: Path) -> dict[str, str]:
             "TEXT_ENCODER": pick_file(root / "text_encoders", ("qwen",)),
             "VAE": pick_file(root / "vae", ("flux2",)),
         }
-        tokenizer = next(
-            (p for p in sorted((root / "text_encoders").glob("*tokenizer*")) if p.is_dir()), None
-        )
+        tokenizer = find_tokenizer(root / "text_encoders")
         if tokenizer is not None:  # a single-file text encoder needs one, as kohakumoss-config looks for it
             found["TOKENIZER"] = tokenizer
     elif (root / "transformer").is_dir():  # an HF snapshot (OpenMOSS-Team/MOSS-Image-Base)

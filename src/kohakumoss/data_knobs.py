@@ -9,7 +9,9 @@ field's default (config/train.py reads them from there).
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
+import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -141,8 +143,15 @@ def open_dataset(knobs: Mapping[str, Any]) -> tuple[Source, Catalog]:
 
 
 def plan_dataset(knobs: Mapping[str, Any], catalog: Catalog) -> Plan:
-    """SEED and the plan knobs -> the plan; its sha256 is printed as `plan sha256 <hex>`."""
+    """SEED and the plan knobs -> the plan; its sha256 is printed as `plan sha256 <hex>`. With
+    MICRO_STEPS, at least the epochs a training run of that many micro-steps plans (counted without the
+    template's tokens, so never fewer: an epoch's items do not depend on how steps are packed)."""
     with knob_errors():
-        plan = build_plan(catalog, int(knobs["SEED"]), plan_knobs(knobs))
+        settings, seed = plan_knobs(knobs), int(knobs["SEED"])
+        if micro := int(knobs.get("MICRO_STEPS") or 0):  # the trainer's count (train/data.plan_for_steps)
+            per_epoch = len(build_plan(catalog, seed, dataclasses.replace(settings, epochs=1)).steps)
+            epochs = max(settings.epochs, math.ceil(micro / per_epoch) if per_epoch else 1)
+            settings = dataclasses.replace(settings, epochs=epochs)
+        plan = build_plan(catalog, seed, settings)
     print(f"plan sha256 {plan.sha256}")
     return plan

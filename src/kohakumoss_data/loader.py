@@ -57,16 +57,25 @@ class LoaderKnobs:
 
 
 def open_caches(
-    cache_dir: str | None, image_encoder: ImageEncoder | None, text_encoder: TextEncoder | None
+    cache_dir: str | None,
+    image_encoder: ImageEncoder | None,
+    text_encoder: TextEncoder | None,
+    shard_items: int = 512,
 ) -> tuple[TensorCache | None, TensorCache | None]:
-    """The latent and text caches under `cache_dir` for these encoders (None without a dir or encoder)."""
+    """The latent and text caches under `cache_dir` for these encoders (None without a dir or encoder):
+    the trainer and the data scripts (scripts/data/cache_*.py) open them here, so their identities agree."""
     if cache_dir is None:
         return None, None
-    latents = TensorCache(cache_dir, latent_cache_identity(image_encoder.identity)) if image_encoder else None
+    latents = (
+        TensorCache(cache_dir, latent_cache_identity(image_encoder.identity), shard_items)
+        if image_encoder
+        else None
+    )
     texts = (
         TensorCache(
             cache_dir,
             text_cache_identity(text_encoder.identity, text_encoder.template, text_encoder.layer_choice),
+            shard_items,
         )
         if text_encoder
         else None

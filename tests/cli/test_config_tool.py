@@ -58,6 +58,8 @@ def world(tmp_path_factory) -> dict[str, Path]:
     comfy = root / "ComfyUI" / "models"
     save_backbone(model, comfy / "diffusion_models", layout="comfy")
     _encoders(comfy / "text_encoders", comfy / "vae", "qwen_tiny.safetensors", "flux2-vae.safetensors")
+    (comfy / "text_encoders" / "qwen3.5_tokenizer").mkdir()
+    (comfy / "text_encoders" / "qwen3.5_tokenizer" / "tokenizer_config.json").write_text("{}")
     hf = root / "MOSS-Image-Base"
     save_backbone(model, hf / "transformer", layout="hf")
     _encoders(hf / "text_encoder", hf / "vae", "model.safetensors", "diffusion_pytorch_model.safetensors")
@@ -195,12 +197,16 @@ def test_new_train_comfy_folder(world, tmp_path, capsys):
     assert valid["DATASET"] == {"kind": "kohya", "path": str(world["data"].resolve())}
     assert valid["ALGO"] == "lokr" and valid["RANK"] == 32 and valid["TOKENS_PER_STEP"] == 8704
     assert valid["RUN_NAME"] == "my-lora"
+    assert valid["SAMPLE_PROMPTS"] == ["a blue cat"]  # the dataset's captions (distinct): a first run samples
     d = DATA_SCHEMA.validate(_knobs(out / "my-lora_data.py"))
     for name in ("DATASET", "AREA", "TOKENS_PER_STEP", "SEED", "CACHE_DIR", "MAX_TEXT_TOKENS"):
         assert d[name] == valid[name], name  # the caches the data scripts fill are the ones training reads
     assert d["VAE_KWARGS"]["path"] == valid["VAE"] and d["TEXT_KWARGS"]["path"] == valid["TEXT_ENCODER"]
     # the caching runs on this machine (no GPU here): its device and dtype, not a hard-coded cuda / bf16
     assert d["VAE_KWARGS"]["device"] == "cpu" and d["TEXT_KWARGS"]["dtype"] == "float32"
+    assert d["TEXT_KWARGS"]["max_length"] == valid["MAX_TEXT_TOKENS"]  # the trainer cuts captions there
+    assert d["TEXT_KWARGS"]["tokenizer_path"] == valid["TOKENIZER"]
+    assert valid["TOKENIZER"].endswith("text_encoders/qwen3.5_tokenizer")
     assert main(["check", str(out / "my-lora.py")]) == 0
     assert main(["check", str(out / "my-lora_data.py")]) == 0
     # a second run does not overwrite without --force
@@ -243,6 +249,81 @@ def test_new_refuses_unrecognised_weights_and_missing_data(world, tmp_path, caps
     assert main([*argv, "--out-dir", str(out)]) == 1
     err = capsys.readouterr().err
     assert "TEXT_ENCODER: no text encoder" in err and "VAE: no VAE" in err
+
+
+def test_new_train_finds_a_tokenizer_in_text_encoders_or_says_how_to_get_one(world, tmp_path, capsys):
+    """The Comfy-Org files hold no tokenizer: one anywhere under text_encoders/ is found without a knob;
+    with none, `new train` stops with the command that fetches the released one."""
+    models = tmp_path / "ComfyUI" / "models"
+    save_backbone(MossBackbone(get_preset("tiny")), models / "diffusion_models", layout="comfy")
+    _encoders(models / "text_encoders", models / "vae", "qwen.safetensors", "flux2-vae.safetensors")
+    argv = ["new", "train", "--weights", str(models), "--data", str(world["data"]), "--name", "t"]
+    argv += ["--out-dir", str(tmp_path / "user")]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    target = (models / "text_encoders" / "qwen3.5_tokenizer").resolve().as_posix()
+    command = f"hf download OpenMOSS-Team/MOSS-Image-Base --include 'tokenizer/*' --local-dir {target}"
+    assert "TOKENIZER: no tokenizer folder under" in err and command in err
+    assert not (tmp_path / "user").exists()
+    # where that command puts it: text_encoders/qwen3.5_tokenizer/tokenizer/ (hf keeps the repo's folder)
+    fetched = models / "text_encoders" / "qwen3.5_tokenizer" / "tokenizer"
+    fetched.mkdir(parents=True)
+    (fetched / "tokenizer.json").write_text("{}")
+    (models / "text_encoders" / "empty_tokenizer").mkdir()  # a folder named so, holding no tokenizer
+    assert main(argv) == 0
+    k = _knobs(tmp_path / "user" / "t.py")
+    assert Path(k["TOKENIZER"]) == fetched.resolve()
+
+
+def test_check_refuses_a_data_config_whose_caches_training_would_not_read(world, tmp_path, capsys):
+    out = tmp_path / "user"
+    argv = ["new", "train", "--weights", str(world["comfy"]), "--data", str(world["data"]), "--name", "c"]
+    assert main([*argv, "--out-dir", str(out)]) == 0
+    data = out / "c_data.py"
+    text, kwargs = data.read_text(), DATA_SCHEMA.validate(_knobs(data))["TEXT_KWARGS"]
+    # a hand edit of the data config, and the knob the issue found: the encoder's default 4096 tokens
+    data.write_text(text.replace("_own = {", "_own = {\n    'TEXT_KWARGS': {},"))
+    capsys.readouterr()
+    code, said = main(["check", str(data)]), capsys.readouterr().out
+    assert code == 1 and "  TEXT_KWARGS: needs 'path'" in said
+    no_cut = {k: v for k, v in kwargs.items() if k != "max_length"}
+    data.write_text(
+        text.replace("_own = {", f"_own = {{\n    'TEXT_KWARGS': {{**{no_cut!r}, 'max_length': 4096}},")
+    )
+    for checked in (data, out / "c.py"):
+        capsys.readouterr()
+        assert main(["check", str(checked)]) == 1
+        said = capsys.readouterr().out
+        assert "TEXT_KWARGS: max_length 4096, but training encodes with 256" in said, said
+        assert "would not read" in said
+    data.write_text(text.replace("_own = {", "_own = {\n    'AREA': 512 * 512,"))
+    assert main(["check", str(out / "c.py")]) == 1
+    assert "AREA: the data config has 262144, the training config 1048576" in capsys.readouterr().out
+    # the trainer plans the epochs its STEPS x GRAD_ACCUM span: the caches must cover as many
+    assert DATA_SCHEMA.validate(_knobs(data))["MICRO_STEPS"] == 1000 * 4  # the vram_6g layer's GRAD_ACCUM
+    data.write_text(text.replace("_own = {", "_own = {\n    'MICRO_STEPS': 1,"))
+    assert main(["check", str(out / "c.py")]) == 1
+    assert "MICRO_STEPS: 1: the caches cover fewer than the run's 4000 micro-steps" in capsys.readouterr().out
+    data.write_text(text)
+    assert main(["check", str(out / "c.py")]) == 0
+
+
+def test_new_data_for_a_training_config_follows_its_own_knobs(world, tmp_path, capsys):
+    """train.sh's run config (a base plus --set knobs): the data config read from it caches for its plan."""
+    out = tmp_path / "user"
+    argv = ["new", "train", "--weights", str(world["comfy"]), "--data", str(world["data"]), "--name", "b"]
+    assert main([*argv, "--out-dir", str(out)]) == 0
+    run = out / "b_run.py"
+    run.write_text(
+        'from kohakuengine import use_config\n\nuse_config("b.py")\n\n'
+        "_metadata = {'kind': 'train'}\nAREA = 512 * 512\nMAX_TEXT_TOKENS = 128\n"
+    )
+    assert main(["new", "data", "--train", str(run), "--name", "b_run", "--out-dir", str(out)]) == 0
+    d = DATA_SCHEMA.validate(_knobs(out / "b_run_data.py"))
+    assert d["AREA"] == 512 * 512 and d["TEXT_KWARGS"]["max_length"] == 128
+    assert main(["check", str(run)]) == 0
+    assert main(["new", "data", "--train", str(out / "b_data.py"), "--name", "z", "--out-dir", str(out)]) == 1
+    assert "not a training config" in capsys.readouterr().err
 
 
 def test_new_sample_and_data(world, tmp_path):

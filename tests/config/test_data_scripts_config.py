@@ -145,7 +145,7 @@ def test_cache_text_names_a_bad_text_kwargs_field_before_loading():
 
     ns = runpy.run_path(str(ROOT / "scripts" / "data" / "cache_text.py"), run_name="kohakumoss_test")
     with pytest.raises(ConfigError, match=r"^TEXT_KWARGS: .*'tokenizer'"):
-        ns["real_text_encoder"](path="models/none", tokenizer="t")
+        ns["real_text_encoder"]({"path": "models/none", "tokenizer": "t"}, 256)
 
 
 def test_kohakumoss_config_checks_a_data_config_by_the_data_schema(tmp_path):

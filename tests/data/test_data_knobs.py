@@ -83,6 +83,16 @@ def test_the_scripts_helpers_scan_and_plan(kohya_dir, tmp_path, capsys):
     plan = plan_dataset({**knobs, "AREA": 64 * 64, "TOKENS_PER_STEP": 300}, catalog)
     assert f"plan sha256 {plan.sha256}" in capsys.readouterr().out
     assert plan.seed == 3 and plan.knobs.tokens_per_step == 300 and plan.steps
+    # MICRO_STEPS: at least the epochs a run of that many micro-steps plans (the trainer's count)
+    per_epoch = len(plan.steps)
+    longer = plan_dataset(
+        {**knobs, "AREA": 64 * 64, "TOKENS_PER_STEP": 300, "MICRO_STEPS": 2 * per_epoch + 1}, catalog
+    )
+    assert longer.knobs.epochs == 3 and len(longer.steps) >= 2 * per_epoch + 1
+    kept = plan_dataset(
+        {**knobs, "AREA": 64 * 64, "TOKENS_PER_STEP": 300, "EPOCHS": 4, "MICRO_STEPS": 1}, catalog
+    )
+    assert kept.knobs.epochs == 4  # never fewer than EPOCHS
 
 
 def knob_mentions(path: Path, knobs: set[str]) -> list[str]:

@@ -49,14 +49,19 @@ def test_train_with_config_tool(weights, dataset, tmp_path):
         tool="kohakumoss-config",
     )
     assert r.returncode == 0, r.stderr
-    new, write, check, cache_text, cache_latents, train = commands(r.stdout)
+    new, write, new_data, check, cache_text, cache_latents, train = commands(r.stdout)
     for cmd, script in ((cache_text, "cache_text"), (cache_latents, "cache_latents")):
         assert cmd[-4:] == [
             "run",
             f"scripts/data/{script}.py",
             "--config",
-            "configs/user/examples/my_set_data.py",
+            "configs/user/examples/my_set_run_data.py",
         ]
+    # the data scripts read the run's own config (its --set knobs included), not the base's
+    assert new_data == [
+        *("kohakumoss-config", "new", "data", "--train", "configs/user/examples/my_set_run.py"),
+        *("--name", "my_set_run", "--out-dir", "configs/user/examples", "--force"),
+    ]
     assert new == [
         *("kohakumoss-config", "new", "train", "--weights", str(weights), "--data", str(dataset)),
         *("--name", "my_set", "--gpu", "auto", "--out-dir", "configs/user/examples", "--force"),
@@ -71,7 +76,7 @@ def test_train_with_config_tool(weights, dataset, tmp_path):
     assert knobs["--set"] == ["LR=2e-4"]  # into the config, so the check sees it
     assert check == ["kohakumoss-config", "check", "configs/user/examples/my_set_run.py", "--script", "train"]
     assert (
-        "data config for inspect_data / cache_text / cache_latents: configs/user/examples/my_set_data.py"
+        "data config for inspect_data / cache_text / cache_latents: configs/user/examples/my_set_run_data.py"
         in r.stdout
     )
     assert train[1:] == [
@@ -243,7 +248,7 @@ def test_a_failed_check_stops_unless_no_check(weights, dataset, tmp_path):
     r = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "pass --no-check to run anyway" in r.stderr
     calls = log.read_text().splitlines()
-    assert [c.split()[1] for c in calls] == ["new", WRITE, "check"]  # and no training run
+    assert [c.split()[1] for c in calls] == ["new", WRITE, "new", "check"]  # and no training run
     log.unlink()
     r = subprocess.run(
         [*args, "--no-check"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30

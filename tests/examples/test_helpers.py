@@ -48,7 +48,12 @@ def test_write_extends_a_base_and_keeps_odd_strings(tmp_path):
 
 def test_plain_config_from_a_comfy_folder(weights, dataset, tmp_path):
     (weights / "text_encoders" / "clip_l.safetensors").write_bytes(b"")  # not the one: no 'qwen'
-    (weights / "text_encoders" / "qwen3.5_tokenizer").mkdir()
+    # where the README's `hf download ... --local-dir text_encoders/qwen3.5_tokenizer` puts it; a folder
+    # named so that holds no tokenizer is passed over
+    fetched = weights / "text_encoders" / "qwen3.5_tokenizer" / "tokenizer"
+    fetched.mkdir(parents=True)
+    (fetched / "tokenizer_config.json").write_text("{}")
+    (weights / "text_encoders" / "a_tokenizer").mkdir()
     out = tmp_path / "plain.py"
     args = ["write", str(out), "--weights", str(weights), "--data", str(dataset)]
     write_config.main([*args, "--prompts-from", f"SAMPLE_PROMPTS={dataset}"])
@@ -56,7 +61,7 @@ def test_plain_config_from_a_comfy_folder(weights, dataset, tmp_path):
     assert got["WEIGHTS"] == str(weights / "diffusion_models" / "moss_image_base.safetensors")
     assert got["TEXT_ENCODER"] == str(weights / "text_encoders" / "qwen3.5_9b.safetensors")
     assert got["VAE"] == str(weights / "vae" / "flux2-vae_small.safetensors")
-    assert got["TOKENIZER"] == str(weights / "text_encoders" / "qwen3.5_tokenizer")
+    assert got["TOKENIZER"] == str(fetched)
     assert got["DATASET"] == {"kind": "kohya", "path": str(dataset)}
     assert got["SAMPLE_PROMPTS"] == ["a red lighthouse, watercolor", "a harbour at night, watercolor"]
 

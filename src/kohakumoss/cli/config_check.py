@@ -19,6 +19,7 @@ from kohakumoss.distributed.trainer import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
 
+from .config_cache_check import cache_pair_problems
 from .config_dataset import check_dataset
 from .config_gpu import resolve_gpu
 from .config_layers import load_file
@@ -159,6 +160,8 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
         res.problems.append(refusal)
     if kind in ("train", "data") and "DATASET" in knobs and (msg := check_dataset(knobs["DATASET"])):
         res.problems.append(("DATASET", msg))
+    if kind in ("train", "data"):
+        res.problems += cache_pair_problems(path, kind, knobs, metadata)
     if kind == "train" and not any(k in MEMORY_INPUTS for k, _ in res.problems):
         _memory(merged, config, params, _card_gb(gpu, metadata, res, merged), metadata, res)
     return res

@@ -55,3 +55,27 @@ def check_dataset(spec: Any) -> str | None:
     except (KohakuMossError, OSError, ValueError, TypeError) as e:
         return f"cannot open the dataset: {e}"
     return None
+
+
+def dataset_captions(spec: Any, n: int = 2, look_at: int = 200) -> list[str]:
+    """The first `n` distinct non-empty captions of the dataset (first line of each, in the source's
+    order, among its first `look_at` items): sample prompts in the style being trained. [] when none."""
+    from kohakumoss_data.sources import make_source
+
+    out: list[str] = []
+    try:
+        source = make_source(spec)
+        items = (item for unit in source.units() for item in source.expand(unit.id))
+        for item in itertools.islice(items, look_at):
+            raw = (item.captions or [b""])[0]
+            text = (
+                raw.decode("utf-8", errors="replace").strip() if isinstance(raw, bytes) else str(raw).strip()
+            )
+            line = text.splitlines()[0].strip() if text else ""
+            if line and line not in out:
+                out.append(line)
+            if len(out) == n:
+                break
+    except (KohakuMossError, OSError, ValueError, TypeError):
+        return out  # check_dataset names what is wrong with the dataset
+    return out

@@ -130,37 +130,26 @@ def use_line(layer: Path, config_dir: Path) -> str:
     return f'use_config("{Path(ref).as_posix()}")'
 
 
-def machine_device() -> tuple[str, str]:
-    """The device and encoder dtype of the machine the config is written on (the caching runs there)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return "cuda", "bfloat16"
-    if hasattr(torch, "xpu") and torch.xpu.is_available():
-        return "xpu", "bfloat16"
-    return "cpu", "float32"
-
-
 def data_config(sources: Iterable[str | Path], own: dict[str, Any]) -> Any:
     """The kogine Config of a data-scripts config: plan knobs from `sources` (a training config or
-    layers, composed in order), encoder arguments derived from their VAE / TEXT_ENCODER, then `own`."""
+    layers, composed in order), the encoders' arguments the training run builds its own with
+    (`train/cache_identity.py`: same text encoder settings, so the same cache keys), then `own`."""
     from kohakuengine import Config
 
     from kohakumoss.config.data_scripts import SHARED
-    from kohakumoss.config.train import TRAIN_SCHEMA
+    from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
+    from kohakumoss.train.cache_identity import STAND_INS, text_kwargs
+    from kohakumoss.train.components import resolve_device
 
+    sources = list(sources)
     knobs = {**TRAIN_SCHEMA.defaults(), **compose(sources)}  # the training run's values, defaults included
     out = {k: knobs[k] for k in SHARED}
-    device, dtype = machine_device()
-    if knobs.get("VAE"):
-        out["VAE_KWARGS"] = {"path": knobs["VAE"], "device": device}
-    if knobs.get("TEXT_ENCODER"):
-        text: dict[str, Any] = {"path": knobs["TEXT_ENCODER"], "device": device, "dtype": dtype}
-        text["layers"] = list(knobs.get("TEXT_LAYERS", [-1]))
-        if knobs.get("TOKENIZER"):
-            text["tokenizer_path"] = knobs["TOKENIZER"]
-        if knobs.get("TEXT_TEMPLATE"):
-            text["template"] = knobs["TEXT_TEMPLATE"]
+    cfg = TrainConfig.from_knobs(knobs)
+    out["MICRO_STEPS"] = int(cfg.optim.steps) * int(cfg.optim.grad_accum)  # the epochs the run plans
+    if cfg.encoders.vae not in STAND_INS:
+        out["VAE_KWARGS"] = {"path": cfg.encoders.vae, "device": str(resolve_device(cfg.device.device))}
+    if (text := text_kwargs(cfg)) is not None:
         out["TEXT_KWARGS"] = text
     out.update(own)
-    return Config(globals_dict=out, metadata={"kind": "data"})
+    metadata = {"kind": "data", "sources": [str(Path(s).resolve()) for s in sources]}
+    return Config(globals_dict=out, metadata=metadata)

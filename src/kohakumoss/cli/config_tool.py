@@ -3,6 +3,7 @@
     kohakumoss-config new train --weights ComfyUI/models --data path/to/dataset --name my-lora
     kohakumoss-config new sample --weights ComfyUI/models --adapter my-lora-comfy.safetensors --name my-sample
     kohakumoss-config new data --data path/to/dataset --name my-set
+    kohakumoss-config new data --train configs/user/my-lora.py --name my-lora   (its caches' data config)
     kohakumoss-config new --from lora_24g_bf16 configs/user/my_run.py
     kohakumoss-config wizard
     kohakumoss-config check configs/user/my-lora.py
@@ -40,6 +41,7 @@ class NewRequest:
     algo: str = "lora"
     gpu: str = "auto"
     adapter: str = ""
+    train_config: str = ""  # new data: the training config whose caches to fill (instead of data)
     out_dir: str = "configs/user"
     force: bool = False
     no_check: bool = False
@@ -83,7 +85,7 @@ def new_config(req: NewRequest) -> list[Path]:
     from kohakumoss.config.sample import SAMPLE_SCHEMA
     from kohakumoss.config.train import ALGO_CHOICES, TRAIN_SCHEMA
 
-    from .config_dataset import check_dataset, dataset_spec, guess_source
+    from .config_dataset import check_dataset, dataset_captions, dataset_spec, guess_source
     from .config_gpu import resolve_gpu
     from .config_layers import load_file
     from .config_weights import WeightsFound, find_weights
@@ -95,6 +97,8 @@ def new_config(req: NewRequest) -> list[Path]:
         raise Refused(f"--algo {req.algo!r} is not one of {list(ALGO_CHOICES)}")
     if req.what in ("train", "sample") and not req.weights:
         raise Refused("--weights DIR is needed (a ComfyUI models folder, an HF folder or a DiT checkpoint)")
+    if req.what == "data" and req.train_config:
+        return [_data_for_training(req)]
     if req.what in ("train", "data") and not req.data:
         raise Refused("--data DIR is needed (the dataset folder or file)")
     gpu = resolve_gpu(req.gpu)
@@ -160,6 +164,11 @@ def new_config(req: NewRequest) -> list[Path]:
     layers = [gpu_file, layer_path("algo", req.algo), data_layer]
     knobs = {**given, "DATASET": spec, "CACHE_DIR": f"cache/{req.name}", "RUN_NAME": req.name}
     comments = {}
+    if prompts := dataset_captions(spec):  # so a first run draws a grid (base row above the run's)
+        knobs["SAMPLE_PROMPTS"] = prompts
+        comments["SAMPLE_PROMPTS"] = "the dataset's first captions: the sample grid's columns (samples/)"
+    else:
+        _say(req, "note: no caption found in the dataset: set SAMPLE_PROMPTS to get sample grids")
     if choice := _memory_profile(found, layers, knobs, gpu.card_gb):
         knobs["MEMORY_PROFILE"], comments["MEMORY_PROFILE"] = choice
         _say(req, f"memory profile: {choice[0]} ({choice[1]})")
@@ -186,6 +195,29 @@ def new_config(req: NewRequest) -> list[Path]:
     written.append(data_path)
     _after_write(req, path)
     return written
+
+
+def _data_for_training(req: NewRequest) -> Path:
+    """`new data --train FILE`: a data config that reads every plan and encoder knob from FILE, so the
+    caches it fills are the ones that training config reads (whatever FILE's own knobs and layers set)."""
+    from kohakumoss.config.data_scripts import DATA_SCHEMA
+
+    from .config_layers import load_file
+    from .config_write import render_data
+
+    train = Path(req.train_config)
+    if not train.is_file():
+        raise Refused(f"--train {train}: no such file")
+    if load_file(train)[1].get("kind") != "train":
+        raise Refused(f"--train {train}: not a training config (its _metadata says no kind 'train')")
+    path = _target(req, "_data")
+    usage = [
+        f"kogine run scripts/data/{s}.py --config {path.as_posix()}"
+        for s in ("inspect_data", "cache_text", "cache_latents")
+    ]
+    own = {"RUN_DIR": f"runs/inspect/{req.name}"}
+    _write(path, render_data(path, f"{req.name}: data-scripts config", usage, [train], own, DATA_SCHEMA))
+    return path
 
 
 def given_knobs(found, weights: str) -> dict[str, str]:
@@ -426,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--algo", default="lora", help="adapter algorithm or full")
     n.add_argument("--gpu", default="auto", help="auto, a card name (rtx4090), vram_<N>g, or memory in GB")
     n.add_argument("--adapter", default="", help="sample: adapter file to load")
+    n.add_argument(
+        "--train", default="", help="data: the training config whose caches to fill (instead of --data)"
+    )
     n.add_argument("--out-dir", default="configs/user")
     n.add_argument("--force", action="store_true", help="overwrite existing files")
     n.add_argument(
@@ -496,6 +531,7 @@ def main(argv: list[str] | None = None) -> int:
             algo=args.algo,
             gpu=args.gpu,
             adapter=args.adapter,
+            train_config=args.train,
             out_dir=args.out_dir,
             force=args.force,
             no_check=args.no_check,

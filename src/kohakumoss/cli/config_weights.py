@@ -48,6 +48,38 @@ def inspect_dit(path: str | Path) -> tuple[str, Any, int]:
     return layout.name, config, sum(math.prod(shape) for _, shape in entries.values())
 
 
+TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json")
+TOKENIZER_REPO = "OpenMOSS-Team/MOSS-Image-Base"  # its tokenizer/ is Qwen3.5's; the Comfy-Org files hold none
+
+
+def find_tokenizer(folder: Path, depth: int = 3) -> Path | None:
+    """A tokenizer folder (one holding tokenizer.json or tokenizer_config.json) at most `depth` levels
+    under `folder`; names with 'tokenizer' first, then the shallowest, then by name."""
+    if not folder.is_dir():
+        return None
+    found = [
+        marker.parent
+        for level in range(1, depth + 1)
+        for name in TOKENIZER_MARKERS
+        for marker in folder.glob("/".join(["*"] * level) + "/" + name)
+    ]
+    found = sorted(set(found), key=lambda p: ("tokenizer" not in p.name.lower(), len(p.parts), str(p)))
+    return found[0] if found else None
+
+
+def tokenizer_command(text_encoders: Path) -> str:
+    """The command that puts the released tokenizer where `find_tokenizer` looks."""
+    target = (text_encoders / "qwen3.5_tokenizer").as_posix()
+    return f"hf download {TOKENIZER_REPO} --include 'tokenizer/*' --local-dir {target}"
+
+
+def no_tokenizer_message(text_encoders: Path) -> str:
+    return (
+        f"no tokenizer folder under '{text_encoders}' (the Comfy-Org text encoder file holds none); "
+        f"get Qwen3.5's: {tokenizer_command(text_encoders)}"
+    )
+
+
 def _safetensors(folder: Path, prefer: tuple[str, ...]) -> list[Path]:
     files = sorted(folder.glob("*.safetensors"))
     return sorted(files, key=lambda f: not any(w in f.name.lower() for w in prefer))
@@ -116,12 +148,10 @@ def find_weights(root: str | Path) -> WeightsFound:
         vae = _safetensors(root / "vae", ("flux2",)) if (root / "vae").is_dir() else []
         found.text_encoder = str(te[0]) if te else ""
         found.vae = str(vae[0]) if vae else ""
-        tok = next((p for p in (root / "text_encoders").glob("*tokenizer*") if p.is_dir()), None)
+        tok = find_tokenizer(root / "text_encoders")
         found.tokenizer = str(tok) if tok else ""
         if found.text_encoder and not found.tokenizer:
-            found.notes.append(
-                "a single-file text encoder needs a tokenizer folder: set TOKENIZER (e.g. the tokenizer/ of Qwen3.5)"
-            )
+            found.problems.append(("TOKENIZER", no_tokenizer_message(root / "text_encoders")))
     elif (root / "transformer").is_dir():
         found = WeightsFound("hf")
         _pick_dit(found, [root / "transformer"])

@@ -38,6 +38,12 @@ class DataPlanConfig(PlanConfig, SeedConfig):
     """The training run's plan (SEED and the plan knobs), and how many of its epochs to inspect or cache."""
 
     epochs: int = knob(PlanKnobs.epochs, "epochs of the plan to inspect or cache", min=1)
+    micro_steps: int = knob(
+        0,
+        "the training run's micro-steps (STEPS x GRAD_ACCUM): plan at least the epochs they span, as the "
+        "trainer does (0: EPOCHS alone)",
+        min=0,
+    )
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from kohakumoss_common.errors import ConfigError, DataError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_data import Catalog, Loader, Plan, build_plan, open_caches
+from kohakumoss_data.cache_keys import latent_key, text_key
 from kohakumoss_data.catalog import scan
 from kohakumoss_data.offline import fill_latent_cache, fill_text_cache, planned_captions
 from kohakumoss_data.sources import make_source
@@ -157,6 +158,8 @@ def fill_caches_first(data: RunData, cfg: TrainConfig, vae, text_encoder, fill: 
         (vae, data.latent_cache, cfg.data.vae_encode, "VAE_ENCODE"),
         (text_encoder, data.text_cache, cfg.data.text_encode, "TEXT_ENCODE"),
     ):
+        if encoder is not None and encode == "cache":
+            check_cached(data, encoder, cache, knob, int(cfg.optim.steps) * int(cfg.optim.grad_accum))
         if encoder is None or encode != "auto":
             continue  # 'online' encodes every step; 'cache' must hit as it is
         off = getattr(encoder, "placement", None) == "off"
@@ -178,6 +181,31 @@ def fill_caches_first(data: RunData, cfg: TrainConfig, vae, text_encoder, fill: 
                     report = fill_text_cache(planned_captions(plan), encoder, cache)
                 log.info(f"{knob}='auto': cache filled before the first step: {report.summary(encoder.kind)}")
     return filled
+
+
+CACHE_SCRIPTS = {"VAE_ENCODE": "scripts/data/cache_latents.py", "TEXT_ENCODE": "scripts/data/cache_text.py"}
+
+
+def check_cached(data: RunData, encoder, cache, knob: str, micro_steps: int) -> None:
+    """VAE_ENCODE / TEXT_ENCODE 'cache': every entry the run's micro-steps (and validation) read is in the
+    cache, checked before the first step: a miss stops the run here, not in a later epoch."""
+    steps = data.plan.steps[:micro_steps] + (data.val_plan.steps if data.val_plan else [])
+    items = [it for step in steps for it in step]
+    if knob == "VAE_ENCODE":
+        kind, wanted = "latent", dict.fromkeys(latent_key(it, encoder.identity) for it in items)
+    else:
+        keys = (
+            text_key(it.caption, encoder.template, encoder.identity, encoder.layer_choice) for it in items
+        )
+        kind, wanted = "text", dict.fromkeys(keys)
+    missing = [k for k in wanted if cache is None or k not in cache]
+    if missing:
+        where = f"the cache in {cache.dir}" if cache is not None else "no cache (CACHE_DIR is empty)"
+        raise DataError(
+            f"{knob}='cache' but {len(missing)} of the {len(wanted)} {kind} entries this run reads are "
+            f"not in {where}: run {CACHE_SCRIPTS[knob]} with this run's data config first (`kohakumoss-config "
+            f"new data --train CONFIG` writes it from the training config), or set {knob}='auto'"
+        )
 
 
 def make_loader(data: RunData, cfg: TrainConfig, image_encoder, text_encoder, start_step: int) -> Loader:
