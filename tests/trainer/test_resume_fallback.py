@@ -115,3 +115,31 @@ def test_a_fallback_takes_every_piece_of_state_from_the_older_checkpoint(world, 
     assert shown["train/loss"] == expected["train/loss"] and sorted(shown["train/loss"]) == [1, 2, 3, 4, 5, 6]
     assert [s for s, _ in list_checkpoints(run / "checkpoints")] == [2, 4, 6]
     assert verify_checkpoint(newest) is None  # step 4 written again by the resumed run
+
+
+def test_a_resume_counts_the_skipped_steps_of_the_checkpoint_it_took(world, monkeypatch):
+    """Step 1's loss is non-finite (skipped); the metrics' `skipped` count after the fallback to step 2
+    goes on from the checkpoint's, as the uninterrupted run's does."""
+    from kohakumoss.train import trainer
+
+    real = trainer.flow_loss
+
+    def nan_first():  # a fresh counter per run: its first micro-step's loss is NaN
+        calls = [0]
+
+        def flaky(*a, **kw):
+            calls[0] += 1
+            return real(*a, **kw) * (float("nan") if calls[0] == 1 else 1.0)
+
+        return flaky
+
+    monkeypatch.setattr(trainer, "flow_loss", nan_first())
+    straight = train(knobs(world, "skips-straight", MAX_BAD_STEPS=2))
+    monkeypatch.setattr(trainer, "flow_loss", nan_first())
+    run = train(knobs(world, "skips", MAX_BAD_STEPS=2, STOP_AT=4))
+    monkeypatch.undo()  # the resumed steps are all finite, as the uninterrupted run's steps 3-6
+    assert [r["skipped"] for r in records(straight)] == [1, 1, 1, 1, 1]  # step 1 has no line
+    rng = run / "checkpoints" / "step_00000004" / "rng.safetensors"
+    rng.write_bytes(rng.read_bytes()[:100])
+    resumed = train(knobs(world, "skips", MAX_BAD_STEPS=2, RESUME="latest"))
+    assert records(resumed) == records(straight)
