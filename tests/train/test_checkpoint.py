@@ -100,9 +100,9 @@ def test_partial_folders_from_a_hard_kill_are_ignored(tmp_path):
 
 def test_older_five_digit_folders_still_count_by_step(tmp_path):
     """Runs from before the 8-digit names: 'latest' compares steps, not names."""
-    _save(tmp_path, 12, 1.0)
+    _save(tmp_path, 100, 1.0)
     old = tmp_path / "step_00100"
-    (tmp_path / "step_00000012").rename(old)  # an old-style folder holding step 100's files
+    (tmp_path / "step_00000100").rename(old)  # an old-style name of step 100's folder
     _save(tmp_path, 20, 2.0)
     assert [s for s, _ in list_checkpoints(tmp_path)] == [20, 100]
     assert resolve_checkpoint(tmp_path, "latest") == old
@@ -257,3 +257,39 @@ def test_a_large_save_is_announced_before_it_writes(tmp_path, caplog, monkeypatc
     with caplog.at_level("INFO", logger="kohakumoss"):
         _save(tmp_path, 4)
     assert not [r for r in caplog.records if "written in" in r.getMessage()]
+
+
+def test_a_checkpoint_whose_parts_name_another_step_is_broken(tmp_path, caplog):
+    """A resume takes the step, the data position and the weights from one save: a folder whose meta.json
+    or data.json names another step (copied, renamed, a data.json of another save) does not verify."""
+    from kohakumoss.train.checkpoint import file_records, verify_checkpoint
+
+    def position(step, micro, accum=2):
+        return dict(data_position={"step": step, "micro_step": micro}, config={"GRAD_ACCUM": accum})
+
+    older = save_checkpoint(tmp_path, 2, {"w": torch.zeros(2)}, **position(2, 4))
+    newer = save_checkpoint(tmp_path, 4, {"w": torch.ones(2)}, **position(4, 8))
+    assert verify_checkpoint(older) is None and verify_checkpoint(newer) is None
+
+    def reseal(folder):  # the files' records written again: only the parts' steps disagree
+        meta = json.loads((folder / "meta.json").read_text())
+        meta["files"] = {k: v for k, v in file_records(folder).items() if k != "meta.json"}
+        (folder / "meta.json").write_text(json.dumps(meta))
+
+    (newer / "data.json").write_text(json.dumps({"step": 2, "micro_step": 4}))  # step 2's position
+    reseal(newer)
+    assert verify_checkpoint(newer) == f"{newer / 'data.json'}: the data position of another step than 4 " + (
+        "({'step': 2, 'micro_step': 4})"
+    )
+    with caplog.at_level("WARNING", logger="kohakumoss"):
+        assert resolve_checkpoint(tmp_path) == older  # 'latest' falls back past it
+    (newer / "data.json").write_text(json.dumps({"step": 4, "micro_step": 6}))
+    reseal(newer)
+    assert "micro-step 6, but step 4 x GRAD_ACCUM 2 is 8" in verify_checkpoint(newer)
+    (newer / "data.json").write_text(json.dumps({"step": 4, "micro_step": 8}))
+    reseal(newer)
+    assert verify_checkpoint(newer) is None
+    moved = newer.rename(tmp_path / "step_00000006")
+    assert verify_checkpoint(moved) == f"{moved / 'meta.json'}: step 4, but the folder is step_00000006"
+    with pytest.raises(CheckpointError, match="step 4, but the folder is step_00000006"):
+        resolve_checkpoint(tmp_path, moved)

@@ -16,8 +16,9 @@ checkpoint as the latest one. Only `step_<digits>` folders holding `meta.json` c
                              trainable weights and optimizer states as torch.distributed.checkpoint
                              shards, written by every rank into the temporary folder (any world size reads them)
 
-Resume verifies a checkpoint against its meta (`verify_checkpoint`): 'latest' falls back to the newest
-one that verifies, naming the broken ones; a named checkpoint that fails is an error naming the file.
+Resume verifies a checkpoint against its meta (`verify_checkpoint`: each file's size and sha256; meta.json,
+data.json and the folder name one step): 'latest' falls back to the newest one that verifies, naming the
+broken ones, and takes every piece of state from it; a named checkpoint that fails is an error naming the file.
 Before writing, the free space is compared with the bytes the checkpoint will take.
 """
 
@@ -260,6 +261,25 @@ def verify_checkpoint(path: str | Path) -> str | None:
             return f"{file}: {size} bytes, {rec['size']} written"
         if sha256_file(file) != rec["sha256"]:
             return f"{file}: checksum differs from the one written"
+    return position_problem(path, meta)
+
+
+def position_problem(path: Path, meta: dict) -> str | None:
+    """Why the checkpoint's parts name another step than its folder (a folder copied or renamed, a data.json
+    of another save), or None: a resume takes the step, the data position and the weights from one save."""
+    step, named = meta.get("step"), _STEP_DIR.match(path.name)
+    if named and step != int(named.group(1)):
+        return f"{path / 'meta.json'}: step {step}, but the folder is {path.name}"
+    try:
+        position = json.loads((path / "data.json").read_text())
+        accum = json.loads((path / "config.json").read_text()).get("GRAD_ACCUM")
+    except (OSError, ValueError):  # an older checkpoint's missing part: load_checkpoint names it
+        return None
+    if not isinstance(position, dict) or position.get("step", step) != step:
+        return f"{path / 'data.json'}: the data position of another step than {step} ({position})"
+    micro = position.get("micro_step")
+    if micro is not None and isinstance(accum, int) and micro != step * accum:
+        return f"{path / 'data.json'}: micro-step {micro}, but step {step} x GRAD_ACCUM {accum} is {step * accum}"
     return None
 
 

@@ -36,7 +36,8 @@ class ProgressLines:
 
 
 class MetricsWriter:
-    """Appends to runs/<name>/metrics.jsonl; on resume, lines past the resume step are dropped first."""
+    """Appends to runs/<name>/metrics.jsonl; on resume, lines past the resume step are dropped first
+    (and a line cut short by a kill or a full disk: a resume writes its step again)."""
 
     def __init__(self, path: str | Path, resume_step: int | None = None, trackers: Trackers | None = None):
         self.path = Path(path)
@@ -64,9 +65,18 @@ class MetricsWriter:
             self.trackers.close()
 
     def read(self) -> list[dict]:
+        """Every whole record; a line that does not parse (a write cut short) is left out."""
         if not self.path.exists():
             return []
-        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        return [r for r in map(_record, self.path.read_text().splitlines()) if r is not None]
+
+
+def _record(line: str) -> dict | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def loss_plot(

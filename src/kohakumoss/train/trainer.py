@@ -141,8 +141,9 @@ class Trainer:
         self.build_data()
         self.base_row = self.base_samples()
         self.tr = self.build_trainable()
+        self.bad_in_row, self.skipped = 0, 0  # the run's counters: a resume takes its checkpoint's
         self.start = self.load(resume_path) if resume_path is not None else 0
-        self.step, self.bad_in_row, self.skipped = self.start, 0, 0
+        self.step = self.start
         self.build_metrics(self.start if resume_path is not None else None)
         self.build_runner()
 
@@ -213,7 +214,7 @@ class Trainer:
         return tr
 
     def load(self, path: Path) -> int:
-        """The checkpoint's trainable weights, optimizer, EMA and RNG states; returns its step."""
+        """The checkpoint's trainable weights, optimizer, EMA and RNG states and the run's counters; returns its step."""
         tr, engines = self.tr, self.comps.engines
         ckpt = load_checkpoint(path, sharded_weights=False)  # shards: loaded into the model below
         check_data_position(self.data.plan, ckpt.data_position, path, self.cfg.run.resume_replan)
@@ -235,6 +236,8 @@ class Trainer:
         if tr.ema is not None and ckpt.ema is not None:
             tr.ema.load_state_dict(ckpt.ema)
         restore_rng(ckpt.rng)
+        counters = ckpt.metadata.get("counters", {})  # absent in older checkpoints: counted from here
+        self.skipped, self.bad_in_row = int(counters.get("skipped", 0)), int(counters.get("bad_in_row", 0))
         log.info(f"resumed from {path} at step {ckpt.step}")
         return ckpt.step
 
@@ -487,6 +490,7 @@ class Trainer:
                 "seen_sha256": plan_prefix_sha256(self.data.plan, micro),
             },
             config=self.knobs,
+            metadata={"counters": {"skipped": self.skipped, "bad_in_row": self.bad_in_row}},
             keep_last=int(self.cfg.run.keep_last),
             write_extra=exports,
             extra_bytes=self.export_bytes() + (tensor_bytes(sharded) if sharded is not None else 0),
