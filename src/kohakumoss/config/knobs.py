@@ -166,7 +166,8 @@ def run_checked(
     except KohakuMossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (the trainer's Terminated, with its signum)
+        signum = getattr(e, "signum", 2)
+        print("interrupted" if signum == 2 else "terminated", file=sys.stderr)
+        return 128 + signum
     return 0
