@@ -41,7 +41,13 @@ from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.verify import ExportMismatch
 from kohakumoss.model import linear_rows
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
-from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space, link_tree
+from kohakumoss_common.io import (
+    atomic_write_json,
+    disk_full_as_error,
+    ensure_free_space,
+    link_tree,
+    save_image,
+)
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
 
@@ -434,7 +440,7 @@ class Trainer:
             save_row(row, self.samples_dir / step_dirname(step), "sample")
             image = grid([("base", self.base_row), (f"step {step}", row)], self.prompts)
             path = self.samples_dir / f"grid_{step_dirname(step)}.png"
-            image.save(path)
+            save_image(image, path)
             self.metrics.image("samples/grid", image, step)
         log.info(f"samples {path}")
         return path
