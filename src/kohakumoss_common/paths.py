@@ -26,7 +26,8 @@ def folder_problem(path: str | Path) -> str | None:
     longer than its filesystem allows (PC_NAME_MAX). None when it can."""
     path = Path(path).absolute()
     existing = path
-    while not existing.exists() and existing != existing.parent:  # a file in the middle: exists() is False
+    # a file in the middle makes exists() False; a name too long makes it raise (ENAMETOOLONG)
+    while not os.path.exists(existing) and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file, not a folder"
