@@ -289,3 +289,16 @@ def test_an_adapter_of_another_model_size_names_the_module_and_both_shapes(tmp_p
     ):
         load_adapter(wider, path)
     load_adapter(random_model(cfg), path)  # the model it was made for still loads it
+
+
+def test_a_script_whose_out_folder_is_a_file_stops_with_one_line_before_work(tmp_path, capsys):
+    from kohakumoss.config.export import EXPORT_SCHEMA
+    from kohakumoss.config.knobs import run_checked
+    from kohakumoss.config.sample import SAMPLE_SCHEMA
+
+    (tmp_path / "a_file").write_text("x")
+    ran = []
+    for schema, knob in ((SAMPLE_SCHEMA, "OUT_DIR"), (EXPORT_SCHEMA, "OUT")):
+        code = run_checked(schema, {knob: str(tmp_path / "a_file")}, ran.append, "script.py")
+        assert code == 2 and ran == []
+        assert capsys.readouterr().err == f"error: {knob}: {tmp_path / 'a_file'} is a file, not a folder\n"
