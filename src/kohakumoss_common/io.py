@@ -11,12 +11,12 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from .errors import CheckpointError
@@ -25,8 +25,17 @@ INDEX_SUFFIX = ".safetensors.index.json"
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
+# how libraries that do not raise OSError say ENOSPC / EDQUOT (safetensors: "... (os error 28)")
+_DISK_FULL_TEXT = ("no space left on device", "disk quota exceeded", "os error 28", "os error 122")
+
+
 class DiskSpaceError(CheckpointError):
-    """Not enough free space for a file or folder about to be written (or a disk that filled mid-write)."""
+    """Not enough free space for a file or folder about to be written (or a disk that filled mid-write:
+    `reason` then holds what the system said, and an enclosing write names its own path instead)."""
+
+    def __init__(self, path: object, message: str, reason: str | None = None):
+        self.reason = reason
+        super().__init__(path, message)
 
 
 def _size(n: int) -> str:
@@ -48,17 +57,38 @@ def ensure_free_space(path: str | Path, needed: int) -> None:
         raise DiskSpaceError(path, f"not enough disk space: needs {_size(needed)}, {_size(free)} free")
 
 
+def disk_full_reason(error: BaseException) -> str | None:
+    """What the system said when `error` (or an error it was raised from) is a full disk or quota, else
+    None. Libraries say it their own way: OSError(ENOSPC), safetensors' SafetensorError "... (os error 28)",
+    torch.save's RuntimeError raised while handling the OSError of a file object, pyarrow's OSError text."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, DiskSpaceError):
+            return error.reason
+        if isinstance(error, OSError) and error.errno in _DISK_FULL:
+            return error.strerror or os.strerror(error.errno)
+        text = str(error).lower()
+        for phrase in _DISK_FULL_TEXT:
+            if phrase in text:
+                return os.strerror(errno.EDQUOT if "122" in phrase or "quota" in phrase else errno.ENOSPC)
+        error = error.__cause__ or error.__context__
+    return None
+
+
 @contextmanager
-def disk_full_as_error(path: str | Path, needed: int) -> Iterator[None]:
-    """Turn a disk that fills during the block (ENOSPC, EDQUOT) into one DiskSpaceError line."""
+def disk_full_as_error(path: str | Path, needed: int | None = None) -> Iterator[None]:
+    """Turn a disk that fills during the block into one DiskSpaceError line naming `path`, whatever library
+    raised it (`disk_full_reason`); `needed`: the bytes the block writes, when known."""
     try:
         yield
-    except OSError as e:
-        if e.errno not in _DISK_FULL:
+    except Exception as e:
+        reason = disk_full_reason(e)
+        if reason is None:
             raise
+        need = f"needs {_size(needed)}, " if needed else ""
         raise DiskSpaceError(
-            path,
-            f"disk full while writing ({e.strerror}): needs {_size(needed)}, {_size(free_bytes(path))} free",
+            path, f"disk full while writing ({reason}): {need}{_size(free_bytes(path))} free", reason
         ) from e
 
 
@@ -84,7 +114,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
+        with disk_full_as_error(path):  # whatever wrote the file: a full disk is one line naming it
+            yield tmp_path
         tmp_path.chmod(0o666 & ~_umask())  # mkstemp's 0600 (or a writer's own) would outlive the rename
         os.replace(tmp_path, path)
     finally:
@@ -101,6 +132,15 @@ def atomic_write_json(path: str | Path, obj: object) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def save_image(image, path: str | Path, **options) -> None:
+    """Atomically write a Pillow image (a sample, a grid, a plot), its format from `path`'s suffix (the
+    temporary name has none); `options` go to `Image.save` (pnginfo, quality)."""
+    path = Path(path)
+    suffix = path.suffix.lower().lstrip(".")
+    with atomic_path(path) as tmp:
+        image.save(tmp, format={"jpg": "JPEG"}.get(suffix, suffix.upper()), **options)
+
+
 @contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
     """Build a folder under a temporary name; it appears at `path` only when complete.
@@ -114,17 +154,38 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     try:
         yield tmp
         if path.exists():
-            old = path.with_name(f".{path.name}.old")
+            # a complete copy at every moment: the old one is set aside, never deleted, until the new one is
+            # in place; a kill between the two renames leaves `.name.old`, which `restore_set_aside` puts back
+            old = set_aside_name(path)
             if old.exists():
                 shutil.rmtree(old)
             os.replace(path, old)
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                os.replace(old, path)
+                raise
             shutil.rmtree(old)
         else:
             os.replace(tmp, path)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def set_aside_name(path: str | Path) -> Path:
+    """Where `atomic_dir` keeps the previous folder while it swaps a new one in: `.name.old` beside it."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.old")
+
+
+def restore_set_aside(path: str | Path) -> bool:
+    """Put `path`'s set-aside copy back where a kill between `atomic_dir`'s two renames left none; True if it did."""
+    path, old = Path(path), set_aside_name(path)
+    if path.exists() or not old.is_dir():
+        return False
+    os.replace(old, path)
+    return True
 
 
 def link_tree(src: str | Path, dst: str | Path) -> list[Path] | None:
@@ -260,8 +321,47 @@ def resolve_files(path: str | Path) -> list[Path]:
     return [path]
 
 
+# what a file's keys say it is, for the error of a loader handed the wrong file: (kind, key marker)
+_WEIGHT_KINDS = (
+    ("a MOSS-Image DiT", ("video_embedder.", "final_linear_video.", "video_head_modulation.")),
+    ("a VAE", ("encoder.conv_in.", "decoder.conv_in.")),
+    ("a text encoder (a language model)", ("embed_tokens.", "self_attn.q_proj.", "linear_attn.")),
+    ("a LoRA / LyCORIS adapter", ("lora_down.", "lora_up.", "lora_A.", "lora_B.", "hada_w1", "lokr_w1")),
+)
+
+
+def weights_kind(keys: Iterable[str]) -> str | None:
+    """What a weight file's keys look like ("a VAE (keys like encoder.conv_in.weight)"), or None when unknown."""
+    keys = list(keys)
+    for kind, markers in _WEIGHT_KINDS:
+        hit = next((k for k in keys if any(m in k for m in markers)), None)
+        if hit is not None:
+            return f"{kind} (keys like {hit})"
+    return None
+
+
+def foreign_weights(path: str | Path, expected: str, keys: Iterable[str]) -> CheckpointError:
+    """The error of a loader handed another model's file: what it expected, what the file looks like."""
+    keys = sorted(keys)
+    kind = weights_kind(keys)
+    holds = f"this file holds {kind}" if kind else f"its first keys: {keys[:5]}"
+    return CheckpointError(path, f"expected {expected}; {holds}")
+
+
+def _check_length(file: Path, header: dict, header_bytes: int) -> None:
+    """A file shorter than its header says (an interrupted download or copy) is named with both lengths."""
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    expected, size = 8 + header_bytes + max(ends, default=0), file.stat().st_size
+    if size < expected:
+        raise CheckpointError(
+            file,
+            f"cut short: {size} bytes, its header describes {expected} (an interrupted download or copy?)",
+        )
+
+
 def read_header(path: str | Path) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str]]:
-    """{key: (dtype, shape)} and the metadata of every file behind `path`, reading no tensor data."""
+    """{key: (dtype, shape)} and the metadata of every file behind `path`, reading no tensor data; a file
+    cut short is refused here, naming it."""
     entries: dict[str, tuple[str, list[int]]] = {}
     metadata: dict[str, str] = {}
     for file in resolve_files(path):
@@ -271,7 +371,10 @@ def read_header(path: str | Path) -> tuple[dict[str, tuple[str, list[int]]], dic
                 if n <= 0 or n > 100 << 20:
                     raise ValueError(f"header length {n} is implausible")
                 header = json.loads(f.read(n))
-        except (OSError, ValueError) as e:
+            if not isinstance(header, dict):
+                raise ValueError("the header is not a JSON object")
+            _check_length(file, header, n)
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             raise CheckpointError(file, f"not a readable safetensors file ({e})") from e
         metadata.update(header.pop("__metadata__", None) or {})
         for key, info in header.items():
@@ -286,12 +389,21 @@ def iter_tensors(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (key, tensor) one at a time from every file behind `path` (memory-mapped reads)."""
     for file in resolve_files(path):
-        with safe_open(str(file), framework="pt") as f:
+        with readable_file(file), safe_open(str(file), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
                 if keys is not None and key not in keys:
                     continue
                 tensor = f.get_tensor(key)
                 yield key, (transform(key, tensor) if transform else tensor)
+
+
+@contextmanager
+def readable_file(file: str | Path) -> Iterator[None]:
+    """safetensors' own error inside the block (a cut or foreign file) as a CheckpointError naming the file."""
+    try:
+        yield
+    except SafetensorError as e:
+        raise CheckpointError(file, f"not a readable safetensors file ({e})") from e
 
 
 def load_tensors(path: str | Path, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

@@ -101,12 +101,9 @@ def stop_pool(pool: Executor, grace_s: float = 5.0, warn: bool = True) -> int:
         p.join(max(0.0, deadline - time.monotonic()))
     busy = [p for p in procs if p.is_alive()]
     for p in busy:
-        p.terminate()
+        p.kill()  # workers ignore SIGTERM (a scheduler sends it to the whole group while the parent saves)
     for p in busy:
         p.join(2.0)
-        if p.is_alive():
-            p.kill()
-            p.join(2.0)
     if manager is not None:
         # its exit closes its wake-up pipe, which the interpreter's exit hook (concurrent.futures) would
         # otherwise write to at the same moment: "Bad file descriptor" at exit (Python 3.11)
@@ -148,11 +145,11 @@ def _stop_at_exit() -> None:
 
 
 def _block_sigint() -> None:
-    """Block Ctrl-C in this (non-main) thread: processes forked from it start with it blocked, so a
-    Ctrl-C before a worker's initializer ignores it cannot print a worker traceback (Python handles
+    """Block Ctrl-C and SIGTERM in this (non-main) thread: processes forked from it start with them blocked,
+    so a signal before a worker's initializer ignores it cannot print a worker traceback or end it (Python handles
     signals in the main thread whatever thread the kernel picks)."""
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
 
 
 def _put(out: queue.Queue, item: object, stop: threading.Event) -> bool:

@@ -42,6 +42,7 @@ _state: dict[str, Any] = {}
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_STOP_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM") if hasattr(signal, n))
 
 
 def _watch_parent(parent: int) -> None:
@@ -66,11 +67,12 @@ def init_worker(source: Source, latent_cache: TensorCache | None, parent: int | 
     """Process initializer: own source handles and cache index; dies with the trainer; Ctrl-C is the parent's."""
     if parent is not None:
         die_with_parent(parent)
-    # a terminal's Ctrl-C reaches the whole process group: the parent stops the pool, so workers
-    # ignore it rather than each printing a KeyboardInterrupt traceback
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if hasattr(signal, "pthread_sigmask"):  # the loader's feeder thread forks workers with it blocked
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    # a terminal's Ctrl-C (or a scheduler's SIGTERM) reaches the whole process group: the parent stops
+    # the pool, so workers ignore it rather than each printing a traceback or dying under a saving parent
+    for signum in _STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # the loader's feeder thread forks workers with them blocked
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(_STOP_SIGNALS))
     _state["source"] = source
     _state["cache"] = latent_cache
 

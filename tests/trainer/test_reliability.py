@@ -16,7 +16,7 @@ from kohakumoss.train.checkpoint import list_checkpoints, verify_checkpoint
 from kohakumoss.train.loop import train
 from kohakumoss.train.trainer import Trainer
 from kohakumoss_common import io
-from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.errors import CheckpointError, ConfigError
 from kohakumoss_common.io import DiskSpaceError
 
 from .conftest import tiny_knobs
@@ -229,6 +229,7 @@ def test_a_run_that_failed_during_setup_may_start_again_in_its_folder(train_worl
     with pytest.raises(trainer.DataError):
         train(tiny_knobs(train_world, "setup-failed", STEPS=1))
     assert sorted(p.name for p in run_dir(train_world, "setup-failed").iterdir()) == [
+        ".lock",  # the run folder's lock file: released with its process, the file stays
         "config.json",
         "log.txt",
     ]
@@ -277,3 +278,62 @@ def test_kill_9_inside_a_checkpoint_write_keeps_the_previous_one_and_cleans_up(t
     assert not tmp_dir.exists() and f"removed {tmp_dir.name}" in (run / "log.txt").read_text()
     assert "resumed from" in (run / "log.txt").read_text()
     assert [s for s, _ in list_checkpoints(root)] == [2, 4, 6]
+
+
+def test_a_second_trainer_on_a_run_folder_in_use_is_refused_naming_the_pid(train_world):
+    from kohakumoss_common.lock import FolderInUse, FolderLock
+
+    folder = run_dir(train_world, "in-use")
+    with FolderLock(folder):  # another trainer's hold (flock refuses a second open file, even in one process)
+        with pytest.raises(FolderInUse, match=rf"{folder}: in use by process {os.getpid()}"):
+            train(tiny_knobs(train_world, "in-use", STEPS=2, RESUME="latest"))
+        assert not (folder / "metrics.jsonl").exists() and not (folder / "log.txt").exists()
+    train(tiny_knobs(train_world, "in-use", STEPS=2, RESUME="latest"))  # released with its holder
+
+
+def test_a_resave_killed_between_its_renames_resumes_from_that_step(train_world):
+    """KEEP_LAST=1: the re-saved step was the only checkpoint; the kill left it as `.step_X.old` beside the
+    new copy's temporary folder. Both were removed at the next start, which began again at step 0."""
+    run = train(tiny_knobs(train_world, "resave", STEPS=4, STOP_AT=2, KEEP_LAST=1))
+    root = run / "checkpoints"
+    os.replace(root / "step_00000002", root / ".step_00000002.old")
+    (root / ".step_00000002.x1y2.tmp").mkdir()
+    run = train(tiny_knobs(train_world, "resave", STEPS=4, KEEP_LAST=1, RESUME="latest"))
+    log = (run / "log.txt").read_text()
+    assert "step_00000002 restored: a save of it was interrupted between its renames" in log
+    assert "step_00000002 at step 2" in log
+    assert [s for s, _ in list_checkpoints(root)] == [4]
+
+
+def test_a_torn_last_metrics_line_does_not_block_resume(train_world):
+    run = train(tiny_knobs(train_world, "torn", STEPS=4, STOP_AT=2))
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss": 0.1')  # killed mid-line
+    run = train(tiny_knobs(train_world, "torn", STEPS=4, RESUME="latest"))
+    assert [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())] == [
+        1,
+        2,
+        3,
+        4,
+    ]
+    assert "line(s) [3] are not JSON records" in (run / "log.txt").read_text()
+
+
+def test_folders_that_are_files_or_names_too_long_are_named_before_any_work(train_world, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ConfigError, match=r"RUN_NAME: the name r{24}\.\.\. is 300 bytes long"):
+        train(tiny_knobs(train_world, "r" * 300))
+    for knob in ("RUNS_DIR", "CACHE_DIR"):
+        k = tiny_knobs(train_world, f"file-{knob}")
+        k[knob] = str(blocker / "inside")
+        with pytest.raises(ConfigError, match=rf"{knob}: {blocker} is a file, not a folder"):
+            train(k)
+    assert not run_dir(train_world, "file-CACHE_DIR").exists()
+
+
+def test_an_encoder_pointed_at_another_models_file_is_named(train_world):
+    k = tiny_knobs(train_world, "foreign-vae", STEPS=2)
+    k["VAE"], k["TEXT_ENCODER"] = train_world["TEXT_ENCODER"], train_world["VAE"]
+    with pytest.raises(CheckpointError, match=r"expected a (VAE|text encoder).*; this file holds a"):
+        train(k)

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from kohakumoss_common.errors import CheckpointError
+from kohakumoss_common.io import disk_full_as_error, read_header, readable_file
 
 from .foreign import is_lycoris_state, to_lycoris_state
 from .spec import SPEC_METADATA_KEY, AdapterSpec
@@ -95,7 +96,7 @@ def save_adapter(
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.partial.safetensors")
     try:
-        with _dylora_full_rank_alpha(network):
+        with disk_full_as_error(path), _dylora_full_rank_alpha(network):
             network.save_weights(str(tmp), dtype, adapter_metadata(network, metadata))
         os.replace(tmp, path)
     finally:
@@ -110,9 +111,45 @@ def read_adapter(source: dict | str | Path) -> tuple[dict[str, torch.Tensor], di
     path = Path(source)
     if not path.is_file():
         raise CheckpointError(path, "no such adapter file")
-    with safe_open(str(path), framework="pt") as f:
+    read_header(path)  # a file cut short: named, with its length and the header's
+    with readable_file(path), safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
-    return load_file(str(path)), metadata
+    with readable_file(path):
+        return load_file(str(path)), metadata
+
+
+def _implied_shape(sd: dict[str, torch.Tensor], p: str) -> tuple[int, int] | None:
+    """(out, in) of the linear a LoRA / LoHa / LoKr / full-difference module's tensors were made for."""
+
+    def dims(name: str) -> tuple[int, ...] | None:
+        t = sd.get(f"{p}.{name}")
+        return tuple(t.shape) if t is not None else None
+
+    if (up := dims("lora_up.weight")) and (down := dims("lora_down.weight")):
+        return up[0], down[1]
+    if (a := dims("hada_w1_a")) and (b := dims("hada_w1_b")):
+        return a[0], b[1]
+    if (diff := dims("diff")) and len(diff) >= 2:
+        return diff[0], diff[1]
+    w1 = dims("lokr_w1") or ((x[0], y[1]) if (x := dims("lokr_w1_a")) and (y := dims("lokr_w1_b")) else None)
+    w2 = dims("lokr_w2") or ((x[0], y[1]) if (x := dims("lokr_w2_a")) and (y := dims("lokr_w2_b")) else None)
+    if w1 and w2 and len(w1) == 2 and len(w2) == 2:
+        return w1[0] * w2[0], w1[1] * w2[1]
+    return None
+
+
+def shape_mismatch(model: nn.Module, known: dict[str, str], sd: dict[str, torch.Tensor]) -> str | None:
+    """The first adapter module made for a linear of another shape than the model's, named, or None."""
+    for p in sorted({k.split(".", 1)[0] for k in sd if "." in k}):
+        linear = model.get_submodule(known[p]) if p in known else None
+        if not isinstance(linear, nn.Linear) or (shape := _implied_shape(sd, p)) is None:
+            continue
+        if shape != (linear.out_features, linear.in_features):
+            return (
+                f"module {known[p]} was trained as a {shape[0]}x{shape[1]} linear (out x in); this model's is "
+                f"{linear.out_features}x{linear.in_features}"
+            )
+    return None
 
 
 def read_spec(path: str | Path) -> AdapterSpec | None:
@@ -156,9 +193,16 @@ def load_adapter(
         raise CheckpointError(
             where, f"{len(foreign)} adapter modules name no module of this model: {foreign[:5]}"
         )
+    if mismatch := shape_mismatch(model, known, sd):
+        raise CheckpointError(where, f"{mismatch}: an adapter trained on a model of another size")
     ia3 = {p for p in prefixes if f"{p}.on_input" in sd}
     rest = {k: v for k, v in sd.items() if k.split(".", 1)[0] not in ia3}
-    network, _ = create_lycoris_from_weights(multiplier, "", model, weights_sd=rest)
+    try:
+        network, _ = create_lycoris_from_weights(multiplier, "", model, weights_sd=rest)
+    except RuntimeError as e:  # a shape no check above knows (another algorithm's tensors)
+        raise CheckpointError(
+            where, f"lycoris cannot rebuild it on this model ({e}): another model size?"
+        ) from e
     network.loras.extend(_ia3_modules(model, sd, ia3, multiplier))
     loaded = {m.lora_name for m in network.loras}
     if loaded != prefixes:

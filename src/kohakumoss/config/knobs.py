@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.paths import folder_problem
 
 _MISSING = object()
 
@@ -152,6 +153,17 @@ class Schema:
         return merged
 
 
+# knobs naming a folder a script writes into: a file there, or a name too long, is refused before work
+FOLDER_KNOBS = ("RUNS_DIR", "CACHE_DIR", "OUT", "OUT_DIR")
+
+
+def check_folder_knobs(knobs: Mapping[str, Any]) -> None:
+    """ConfigError naming the knob and the path when a FOLDER_KNOBS folder could not be made or used."""
+    for name in FOLDER_KNOBS:
+        if isinstance(knobs.get(name), str) and knobs[name] and (problem := folder_problem(knobs[name])):
+            raise ConfigError(name, problem)
+
+
 def run_checked(
     schema: Schema, module_globals: Mapping[str, Any], fn: Callable[[dict], Any], script: str
 ) -> int:
@@ -162,11 +174,13 @@ def run_checked(
 
     try:
         knobs = schema.validate(script_knobs(module_globals), source=f"{script} knobs")
+        check_folder_knobs(knobs)
         fn(knobs)
     except KohakuMossError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (the trainer's Terminated, with its signum)
+        signum = getattr(e, "signum", 2)
+        print("interrupted" if signum == 2 else "terminated", file=sys.stderr)
+        return 128 + signum
     return 0

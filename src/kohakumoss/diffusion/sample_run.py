@@ -11,6 +11,7 @@ import torch
 from PIL import PngImagePlugin
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.io import save_image
 from kohakumoss_common.log import get_logger
 
 from .generate import GenerationRequest, generate
@@ -152,12 +153,12 @@ def sample_images(
             )
         for i, (req, im) in enumerate(zip(chunk, pics)):
             path = out / f"{start + i:04d}_seed{req.seed}.png"
-            im.save(path, pnginfo=png_info(req, k, adapters))
+            save_image(im, path, pnginfo=png_info(req, k, adapters))
             paths.append(path)
             images.append(im)
         log.info(f"{len(paths)}/{len(requests)} images")
     if k["GRID"] and images:
         cols = len(k["SEEDS"]) or int(k["COUNT"])
         rows = [(f"prompt {r}", images[r * cols : (r + 1) * cols]) for r in range(len(images) // cols)]
-        grid(rows, [f"seed {req.seed}" for req in requests[:cols]]).save(out / "grid.png")
+        save_image(grid(rows, [f"seed {req.seed}" for req in requests[:cols]]), out / "grid.png")
     return paths

@@ -18,7 +18,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedd
 
 from kohakumoss_common.errors import CheckpointError, ConfigError
 from kohakumoss_common.hashing import sha256_json
-from kohakumoss_common.io import iter_tensors, read_header, resolve_files
+from kohakumoss_common.io import foreign_weights, iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.quant import QuantPlan, dequantize, plan_quantization
 
@@ -245,6 +245,8 @@ def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel
     layout = text_layouts.detect_layout(list(header)) if config.layout == "auto" else config.layout
     names = {k: n for k in keys if (n := text_layouts.text_key(layout, k)) is not None}
     shapes = {n: tuple(quant.shape(k, header[k][1])) for k, n in names.items()}
+    if not any(n.startswith("layers.") for n in shapes):
+        raise foreign_weights(path, "a text encoder (a Qwen3.5 language model's layers.*)", header)
     full = _model_config(path, config, shapes)
     keep = _kept_layers(config, full)
     names = {k: n for k, n in names.items() if not _pruned(n, keep)}

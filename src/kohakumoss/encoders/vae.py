@@ -17,7 +17,7 @@ from diffusers import AutoencoderKLFlux2
 
 from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.hashing import sha256_json
-from kohakumoss_common.io import iter_tensors, read_header, resolve_files
+from kohakumoss_common.io import foreign_weights, iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.quant import plan_quantization
 
@@ -114,6 +114,8 @@ class ImageVAE:
         if small_decoder is not None:
             sources.append(_Source(Path(small_decoder), only=_DECODER_PREFIXES))
         shapes = {k: v for s in sources for k, v in s.shapes.items()}
+        if not any(k.startswith(("encoder.", "decoder.")) for k in shapes):
+            raise foreign_weights(path, "a VAE (keys encoder.*, decoder.*)", read_header(path)[0])
         folder = _folder_config(path) if small_decoder is None else None
         config = with_block_types({**(folder or infer_vae_config(shapes, path)), **(overrides or {})})
         model = _build_meta(config)

@@ -22,12 +22,14 @@ import torch
 from kohakumoss_common.errors import CheckpointError
 from kohakumoss_common.io import (
     atomic_write_json,
+    foreign_weights,
     iter_tensors,
     read_header,
     resolve_files,
     save_safetensors,
     save_sharded,
     set_module_tensor,
+    weights_kind,
 )
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.quant import QuantPlan, plan_quantization
@@ -113,6 +115,9 @@ def detect_layout(keys: set[str], path: str | Path = "<checkpoint>") -> KeyLayou
         if layout.matches(keys):
             return layout
     tried = ", ".join(f"{lay.name} (needs {list(lay.marker_keys)})" for lay in DETECTION_ORDER)
+    kind = weights_kind(keys)
+    if kind is not None and not kind.startswith("a MOSS-Image DiT"):  # another model's file: say whose
+        raise foreign_weights(path, "a MOSS-Image DiT", keys)
     raise CheckpointError(
         path,
         f"keys match no known layout; tried {tried}; first keys: {sorted(keys)[:8]}{_old_names_hint(keys)}",

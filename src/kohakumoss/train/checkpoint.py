@@ -46,6 +46,7 @@ from kohakumoss_common.io import (
     atomic_write_json,
     disk_full_as_error,
     ensure_free_space,
+    restore_set_aside,
     save_safetensors,
 )
 from kohakumoss_common.log import get_logger
@@ -206,11 +207,28 @@ def prune_checkpoints(root: str | Path, keep_last: int) -> list[Path]:
     return removed
 
 
-def clean_stale(root: str | Path) -> list[Path]:
-    """Remove what a crash during a save or a prune left in `root` (`.step_*.tmp`, `.deleting`, `.old`)."""
+def restore_interrupted(root: str | Path) -> list[Path]:
+    """A re-saved step's previous copy (`.step_X.old`) put back where a kill between the save's two renames
+    left no `step_X`: the complete copy that the save had set aside."""
     root = Path(root)
     if not root.is_dir():
         return []
+    restored = []
+    for p in sorted(root.iterdir()):
+        m = re.match(r"^\.(step_\d+)\.old$", p.name)
+        if m and restore_set_aside(root / m.group(1)):
+            restored.append(root / m.group(1))
+    return restored
+
+
+def clean_stale(root: str | Path) -> list[Path]:
+    """Remove what a crash during a save or a prune left in `root` (`.step_*.tmp`, `.deleting`, `.old`),
+    after a set-aside copy with no step folder is restored (`restore_interrupted`)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    for restored in restore_interrupted(root):
+        log.warning(f"{restored.name} restored: a save of it was interrupted between its renames")
     removed = [p for p in sorted(root.iterdir()) if _STALE.match(p.name)]
     for p in removed:
         if p.is_dir() and not p.is_symlink():

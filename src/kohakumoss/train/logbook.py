@@ -11,7 +11,12 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
+from kohakumoss_common.io import atomic_write_text, disk_full_as_error, save_image
+from kohakumoss_common.log import get_logger
+
 from .tracking import Trackers
+
+log = get_logger(__name__)
 
 
 class ProgressLines:
@@ -36,21 +41,21 @@ class ProgressLines:
 
 
 class MetricsWriter:
-    """Appends to runs/<name>/metrics.jsonl; on resume, lines past the resume step are dropped first
-    (and a line cut short by a kill or a full disk: a resume writes its step again)."""
+    """Appends to runs/<name>/metrics.jsonl; on resume, lines past the resume step are dropped first, and
+    lines that are not JSON (the last one, torn by a kill or a full disk mid-write) with a warning."""
 
     def __init__(self, path: str | Path, resume_step: int | None = None, trackers: Trackers | None = None):
         self.path = Path(path)
         self.trackers = trackers
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume_step is not None and self.path.exists():
-            kept = [line for line in self.read() if line.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            kept = [line for line in self.read(warn=True) if line.get("step", 0) <= resume_step]
+            atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         elif resume_step is None and self.path.exists():
             self.path.unlink()
 
     def write(self, record: dict) -> None:
-        with open(self.path, "a", encoding="utf-8") as f:
+        with disk_full_as_error(self.path), open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record, default=float) + "\n")
         if self.trackers is not None:
             self.trackers.scalars(record)
@@ -64,19 +69,27 @@ class MetricsWriter:
         if self.trackers is not None:
             self.trackers.close()
 
-    def read(self) -> list[dict]:
-        """Every whole record; a line that does not parse (a write cut short) is left out."""
+    def read(self, warn: bool = False) -> list[dict]:
+        """Every record; a line that is not a JSON record is skipped (`warn`: named in a warning)."""
         if not self.path.exists():
             return []
-        return [r for r in map(_record, self.path.read_text().splitlines()) if r is not None]
-
-
-def _record(line: str) -> dict | None:
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+        records, torn = [], []
+        for n, line in enumerate(self.path.read_text(errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                torn.append(n)
+        if torn and warn:
+            log.warning(
+                f"{self.path}: line(s) {torn} are not JSON records (cut by a kill or a full disk), dropped"
+            )
+        return records
 
 
 def loss_plot(
@@ -115,4 +128,4 @@ def loss_plot(
         draw.text((4, height - pad - 12), f"{y0:.3g}", fill="black")
     draw.text((pad + 5, 14), key, fill="black")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
+    save_image(img, path)

@@ -12,13 +12,17 @@ import logging
 import signal
 import sys
 from collections.abc import Mapping
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+from kohakumoss.config.knobs import check_folder_knobs
 from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 from kohakumoss.distributed.trainer import RankRun
-from kohakumoss_common.errors import KohakuMossError
+from kohakumoss_common.errors import ConfigError, KohakuMossError
+from kohakumoss_common.lock import FolderLock
 from kohakumoss_common.log import add_file_log, get_logger
+from kohakumoss_common.paths import folder_problem
 
 from .resume import check_run_folder
 from .trainer import (
@@ -65,19 +69,24 @@ def train(knobs: Mapping[str, Any]) -> Path:
     run_dir = Path(cfg.run.runs_dir) / cfg.run.run_name
     rr = RankRun(cfg.knobs())  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
     dump_stacks_on_signal()
+    check_folder_knobs(cfg.knobs())  # RUNS_DIR, CACHE_DIR: a file there is named before any work
+    if problem := folder_problem(run_dir):
+        raise ConfigError("RUN_NAME", problem)
     if rr.is_main:
         check_run_folder(cfg.run, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handler = add_file_log(rr.own(run_dir) / "log.txt")
-    try:
-        return Trainer(cfg, run_dir, rr).train()
-    except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
-        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, f"stopped: {e}", None, None))
-        raise
-    except Exception as e:  # a bug or a library's error: its traceback goes to the console
-        why = f"stopped by {type(e).__name__}: {e}"
-        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, why, None, None))
-        raise
-    finally:
-        logging.getLogger("kohakumoss").removeHandler(handler)
-        handler.close()
+    # rank 0 holds the run folder for the run: a second trainer on this RUN_NAME is refused, naming the pid
+    with FolderLock(run_dir) if rr.is_main else nullcontext():
+        run_dir.mkdir(parents=True, exist_ok=True)
+        handler = add_file_log(rr.own(run_dir) / "log.txt")
+        try:
+            return Trainer(cfg, run_dir, rr).train()
+        except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
+            handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, f"stopped: {e}", None, None))
+            raise
+        except Exception as e:  # a bug or a library's error: its traceback goes to the console
+            why = f"stopped by {type(e).__name__}: {e}"
+            handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, why, None, None))
+            raise
+        finally:
+            logging.getLogger("kohakumoss").removeHandler(handler)
+            handler.close()

@@ -12,6 +12,7 @@ from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_sk
 from kohakumoss.diffusion.generate import GenerationRequest, generate
 from kohakumoss.diffusion.grid import grid as grid  # the sample grid, beside the sampler
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
+from kohakumoss_common.io import save_image
 
 from .graphs import PYTHON_SIDE_ALGOS
 
@@ -89,7 +90,7 @@ def draw_row(model, text_encoder, vae, cfg: TrainConfig, device, dtype) -> list[
 def save_row(images: list[Image.Image], folder: Path, prefix: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for i, im in enumerate(images):
-        im.save(folder / f"{prefix}_{i:02d}.png")
+        save_image(im, folder / f"{prefix}_{i:02d}.png")
 
 
 def load_row(folder: Path, prefix: str, n: int) -> list[Image.Image] | None:

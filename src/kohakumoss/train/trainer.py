@@ -41,7 +41,13 @@ from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.verify import ExportMismatch
 from kohakumoss.model import linear_rows
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
-from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space, link_tree
+from kohakumoss_common.io import (
+    atomic_write_json,
+    disk_full_as_error,
+    ensure_free_space,
+    link_tree,
+    save_image,
+)
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
 
@@ -144,6 +150,7 @@ class Trainer:
         self.bad_in_row, self.skipped = 0, 0  # the run's counters: a resume takes its checkpoint's
         self.start = self.load(resume_path) if resume_path is not None else 0
         self.step = self.start
+        self.interrupt = StepInterrupt()  # its handlers are installed while train() loops
         self.build_metrics(self.start if resume_path is not None else None)
         self.build_runner()
 
@@ -295,12 +302,15 @@ class Trainer:
         self.begin()
         try:
             self.collector.start()
-            with StepInterrupt() as interrupt:  # Ctrl-C: after the step in flight
+            with self.interrupt:  # Ctrl-C or SIGTERM: after the step in flight
                 while self.step < self.stop_at:
                     self.train_step()
-                    interrupt.check()
+                    self.interrupt.check()
         except KeyboardInterrupt:
             self.bar.close()
+            if self.interrupt.torn:  # stopped inside an update: no checkpoint holds one step's state
+                log.info("interrupted inside a step's update: the last checkpoint stands")
+                raise
             if self.rr.collective_saves:  # the ranks stop at different points: no collective save
                 log.info("interrupted: the last checkpoint stands (its saves need every rank in step)")
                 raise
@@ -327,18 +337,22 @@ class Trainer:
         step = self.step
         self.profiler.before(step + 1)
         t0 = time.perf_counter()
-        lr_factor = self.tr.schedule.apply(self.tr.optimizer, step)
-        result = self.runner.run(step)
-        if step + 1 < self.stop_at:  # host work for the next step before this one's read
-            self.runner.prepare_next(step)
-        self.collector.after_launch(step)
-        if not result.applied():  # read here, after the launches
-            self.skip(result)
+        with self.interrupt.critical():  # a stop signal waits until the update is counted in self.step
+            lr_factor = self.tr.schedule.apply(self.tr.optimizer, step)
+            result = self.runner.run(step)
+            if step + 1 < self.stop_at:  # host work for the next step before this one's read
+                self.runner.prepare_next(step)
+            self.collector.after_launch(step)
+            applied = result.applied()  # read here, after the launches
+            if applied:
+                self.bad_in_row = 0
+                if self.tr.ema is not None:
+                    self.tr.ema.update(step)
+                self.step = step + 1
+            else:
+                self.skip(result)
+        if not applied:
             return
-        self.bad_in_row = 0
-        if self.tr.ema is not None:
-            self.tr.ema.update(step)
-        self.step = step + 1
         dt = time.perf_counter() - t0
         self.bar.update(1)
         self.log_step(result, lr_factor, dt)
@@ -431,7 +445,7 @@ class Trainer:
             save_row(row, self.samples_dir / step_dirname(step), "sample")
             image = grid([("base", self.base_row), (f"step {step}", row)], self.prompts)
             path = self.samples_dir / f"grid_{step_dirname(step)}.png"
-            image.save(path)
+            save_image(image, path)
             self.metrics.image("samples/grid", image, step)
         log.info(f"samples {path}")
         return path
