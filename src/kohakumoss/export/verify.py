@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -136,9 +137,11 @@ def _finite_or_inf(error: float) -> float:
     return error if math.isfinite(error) else math.inf
 
 
-def nonfinite_problem(tensors: dict[str, torch.Tensor]) -> str | None:
-    """The keys of a file's floating-point tensors that hold inf or NaN, as a problem line."""
-    bad = [k for k, t in tensors.items() if t.is_floating_point() and t.numel() and not _all_finite(t)]
+def nonfinite_problem(tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The keys of a file's floating-point tensors (a dict, or (key, tensor) pairs read one at a time)
+    that hold inf or NaN, as a problem line."""
+    pairs = tensors.items() if isinstance(tensors, dict) else tensors
+    bad = [k for k, t in pairs if t.is_floating_point() and t.numel() and not _all_finite(t)]
     return f"{len(bad)} tensor(s) hold inf or NaN (first: {sorted(bad)[0]})" if bad else None
 
 
@@ -385,8 +388,9 @@ def verify_merged(
         key for key in info.entries if set(layout.fused_parts(key) or [layout.key_to_native(key)]) & set(want)
     }
     got = {k: t for k, t in layout.to_native(iter_tensors(info.path, keys=needed)) if k in want}
-    if problem := nonfinite_problem(got):
-        result.problems.append(f"compared weights: {problem}")
+    # every tensor, not only the sampled layers': one at a time, memory-mapped
+    if problem := nonfinite_problem(iter_tensors(info.path)):
+        result.problems.append(problem)
     for key, w in want.items():
         if key not in got:
             result.problems.append(f"'{key}' absent")
