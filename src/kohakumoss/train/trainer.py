@@ -138,7 +138,10 @@ class Trainer:
         atomic_write_json(rr.own(run_dir) / "config.json", {**self.knobs, RUNTIME_KEY: runtime_record()})
         self.comps = build_components(cfg)
         rr.check_plan(self.comps.plan)  # DISTRIBUTED='fsdp': engines FSDP2 cannot run, refused here
-        log.info(f"device {self.comps.device}, precision {cfg.device.precision}, run folder {run_dir}")
+        threads = f" ({torch.get_num_threads()} threads)" if self.comps.device.type == "cpu" else ""
+        log.info(
+            f"device {self.comps.device}{threads}, precision {cfg.device.precision}, run folder {run_dir}"
+        )
         self.build_data()
         self.base_row = self.base_samples()
         self.tr = self.build_trainable()
