@@ -6,9 +6,11 @@
     python scripts/bench/train_step.py --preset tiny --device cpu --steps 2   # CPU smoke (CI)
     python scripts/bench/train_step.py --rows lora/speed/latent_text --profile-steps 3  # + a kernel table
 
-A row is `MODE/PROFILE/CACHE[/capN][/field=value...]` or `baseline/eager|compiled`:
-- MODE `lora` (LoRA rank RANK on every DiT linear, TARGET_PRESET 'full', bypass, AdamW) or `full`
-  (full fine-tune, Muon + AdamW as train/optim.build_full_ft_optimizer);
+A row is `MODE/PROFILE/CACHE[/capN][/FORWARD][/field=value...]` or `baseline/eager|compiled`:
+- MODE `lora` (LoRA rank RANK on TARGET_PRESET's linears, BYPASS as the trainer's: the shipped adapter,
+  'attn-mlp' and 'auto'; AdamW) or `full` (full fine-tune, Muon + AdamW as train/optim.build_full_ft_optimizer);
+- FORWARD (lora rows) `legacy`: the adapter these rows ran before, every DiT linear (TARGET_PRESET 'full')
+  with BYPASS=True; `bypass` / `merged`: the row's adapter with BYPASS=True / False;
 - PROFILE a memory profile (kohakumoss.memory.profiles.PROFILES), a catalog id (c0292), or `auto` (with capN:
   the catalog's fastest fit for the cap, as `new train` picks); `field=value` parts (and --plan-knobs) override
   plan fields (as their per-engine knobs);
@@ -65,7 +67,8 @@ SAMPLES = 2  # samples packed per step
 IMAGE_TOKENS = 0  # image tokens per sample (a square grid); 0: 4096 (1024 x 1024 px), 64 for the tiny preset
 TEXT_TOKENS = 0  # text tokens per sample; 0: 256, 8 for the tiny preset
 RANK = 32  # LoRA rank (alpha = rank)
-TARGET_PRESET = "full"  # LoRA on every DiT linear (refiner, embedders, modulations too); the trainer's default is attn-mlp
+TARGET_PRESET = "attn-mlp"  # the LoRA's modules: attn-mlp (the six block linears, the trainer's default) | full (every DiT linear)
+BYPASS = "auto"  # the LoRA's forward, as the trainer's BYPASS: auto (its default) | True | False
 LR = 1e-4  # learning rate (AdamW; Muon for full fine-tune)
 GRAD_CLIP = 1.0  # gradient norm clip
 FULL_OPTIMIZER = (
@@ -122,7 +125,15 @@ GROUPS = {
         "full/auto/latent_text/cap24",
     ],
     "full_host": ["full/low_vram/latent_text", "full/minimal/latent_text"],
+    # the shipped adapter against the one these rows ran before (every DiT linear, BYPASS=True)
+    "fastpath": [
+        "lora/speed/latent_text",
+        "lora/speed/latent_text/legacy",
+        "lora/auto/latent_text/cap24",
+        "lora/auto/latent_text/cap24/legacy",
+    ],
 }
+FORWARDS = ("legacy", "bypass", "merged")
 GROUPS["default"] = GROUPS["main"] + GROUPS["baseline"] + GROUPS["cache"] + GROUPS["capped"]
 GROUPS["cpu"] = [*(f"{m}/{p}/latent_text" for m in ("lora", "full") for p in PROFILE_NAMES), *GROUPS["cache"]]
 GROUPS["cpu"].append("baseline/eager")
@@ -148,6 +159,7 @@ class RowSpec:
     cache: str = "latent_text"
     cap_gb: float | None = None
     overrides: tuple[tuple[str, object], ...] = field(default=())  # plan field overrides
+    forward: str = ""  # '': the adapter of --target-preset / --bypass; else one of FORWARDS
 
     @property
     def baseline(self) -> bool:
@@ -164,9 +176,11 @@ def parse_row(name: str) -> RowSpec:
         raise SystemExit(
             f"row '{name}': expected MODE/PROFILE/CACHE[/capN][/field=value], MODE lora|full, CACHE {CACHES}"
         )
-    cap, overrides = None, []
+    cap, overrides, forward = None, [], ""
     for extra in parts[3:]:
-        if extra.startswith("cap"):
+        if extra in FORWARDS and parts[0] == "lora" and not forward:
+            forward = extra
+        elif extra.startswith("cap"):
             cap = float(extra[3:])
         elif "=" in extra:
             key, value = extra.split("=", 1)
@@ -175,7 +189,7 @@ def parse_row(name: str) -> RowSpec:
             overrides.append((key, value))
         else:
             raise SystemExit(f"row '{name}': unknown part '{extra}'")
-    return RowSpec(name, parts[0], parts[1], parts[2], cap, tuple(overrides))
+    return RowSpec(name, parts[0], parts[1], parts[2], cap, tuple(overrides), forward)
 
 
 def expand_rows(text: str) -> list[str]:
@@ -191,12 +205,21 @@ def expand_rows(text: str) -> list[str]:
 # ---------------------------------------------------------------- FLOPs, memory, nvidia-smi
 
 
-def row_flops(a, cfg, seq_lens: list[int], full: bool) -> float:
+def row_adapter(a, spec: RowSpec) -> tuple[str, bool | str]:
+    """(TARGET_PRESET, BYPASS) of a row's adapter: --target-preset and --bypass, or its FORWARD's."""
+    if spec.forward == "legacy":
+        return "full", True
+    bypass = {"auto": "auto", "true": True, "false": False}[str(a.bypass).lower()]
+    return a.target_preset, {"bypass": True, "merged": False}.get(spec.forward, bypass)
+
+
+def row_flops(a, cfg, seq_lens: list[int], full: bool, target_preset: str | None = None) -> float:
     """The step's FLOPs (FLOP_FORMULA) for samples of seq_lens tokens, each with the row's text tokens."""
     n_text = token_layout(a)[2]
     text = [n_text] * len(seq_lens)
     image = [n - n_text for n in seq_lens]
-    return step_flops(cfg, image, text, full, outside_trains=a.target_preset == "full")
+    outside = (target_preset or a.target_preset) == "full"
+    return step_flops(cfg, image, text, full, outside_trains=outside)
 
 
 class SmiPoller:
@@ -352,6 +375,7 @@ def row_config(a, spec: RowSpec):
         raise SystemExit(f"row '{spec.name}': unknown MemoryPlan fields {unknown}; known: {known}")
     full = spec.mode == "full"
     _, n_img, n_text = token_layout(a)
+    target_preset, bypass = row_adapter(a, spec)
     knobs = {
         **TRAIN_SCHEMA.defaults(),
         "MODEL_PRESET": a.preset,  # random weights
@@ -370,8 +394,8 @@ def row_config(a, spec: RowSpec):
         "ALGO": "full" if full else "lora",
         "RANK": a.rank,
         "ALPHA": float(a.rank),
-        "TARGET_PRESET": a.target_preset,
-        "BYPASS": True,
+        "TARGET_PRESET": target_preset,
+        "BYPASS": bypass,
         "LR": a.lr,
         "GRAD_CLIP": a.grad_clip,
         "USE_MUON": a.full_optimizer == "muon",
@@ -670,8 +694,9 @@ def measure_row(a, spec: RowSpec, cfg, step, n: int, seq_lens: list[int], device
         shape = (sum(seq_lens), cfg.dim, cfg.mlp_hidden)
         profile_steps(step, n, a.profile_steps, device, spec.name, a.profile_trace, shape)
     row = summarize(
-        a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device, row_flops(a, cfg, seq_lens, full)
-    )
+        a, spec, cfg, seq_lens, times, done, n, error, a.warmup, device,
+        row_flops(a, cfg, seq_lens, full, row_adapter(a, spec)[0]),
+    )  # fmt: skip
     row["timing"] = first
     if back_to_back is not None:
         row["trainer"] = timing_summary(a, seq_lens, row["flops_per_step"], *back_to_back[:3])
@@ -964,7 +989,7 @@ def run_row(a, name: str) -> dict:
 
 
 COMMON = (
-    "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "target_preset", "lr", "grad_clip", "full_optimizer", "warmup",
+    "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "target_preset", "bypass", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "base_precision", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
@@ -1057,8 +1082,14 @@ def parse_args(argv=None):
     p.add_argument(
         "--target-preset",
         default=TARGET_PRESET,
-        help="the adapter's TARGET_PRESET: full (every DiT linear: the refiner, embedders and modulations too) "
-        "or the trainer's default attn-mlp (the six block linears)",
+        help="the adapter's TARGET_PRESET: the trainer's default attn-mlp (the six block linears) or full "
+        "(every DiT linear: the refiner, embedders and modulations too)",
+    )
+    p.add_argument(
+        "--bypass",
+        default=str(BYPASS),
+        choices=("auto", "True", "False"),
+        help="the adapter's BYPASS: auto (the trainer's default) or True / False",
     )
     p.add_argument("--lr", type=float, default=LR)
     p.add_argument("--grad-clip", type=float, default=GRAD_CLIP)

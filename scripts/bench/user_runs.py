@@ -2,12 +2,17 @@
 
     python scripts/bench/user_runs.py --rows whole/lora/2,card24/lora/2,card24/lora/4 --bench $OUT/train_step.json
     python scripts/bench/user_runs.py --rows default --out $OUT/user_runs.json
+    python scripts/bench/user_runs.py --rows fastpath --seed-cache .cache/kohakumoss   # defaults vs legacy
     python scripts/bench/user_runs.py --preset tiny --device cpu --rows cpu      # CPU smoke (CI)
 
-A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE]:
+A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE][/FORWARD]:
 - CARD `whole` (the GPU as it is) or `cardN` (CARD_GB=N: MEMORY_PROFILE 'auto' plans for an N GiB card and
   the process is capped to N GiB, so a smaller card is emulated honestly);
-- ADAPTER `lora` (r32, every DiT linear, bypass: the benchmark's row), `lokr` or `full`;
+- ADAPTER `lora`, `lokr` or `full`, with the knobs `kohakumoss-config new train` writes for the card: its GPU
+  layer (configs/moss/gpu: cardN's N GB layer, whole's the card present's) under the algo layer, so the
+  adapter is the shipped one (TARGET_PRESET 'attn-mlp', BYPASS 'auto', the layer's rank; --rank overrides);
+- FORWARD (adapter rows) `legacy`: the adapter these rows ran before, LoRA r32 (--rank) on every DiT linear
+  (TARGET_PRESET 'full') with BYPASS=True; `bypass` / `merged`: the shipped adapter with BYPASS=True / False;
 - IMAGES per step at 1 MP (TOKENS_PER_STEP = IMAGES x (4096 + 256));
 - `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of the caches the
   trainer fills before its first step (VAE_ENCODE 'auto'), with TEXT_ENCODER / VAE 'random': the real
@@ -48,6 +53,8 @@ GROUPS = {
     "card12/lora/2,card8/lora/1,card6/lora/1,card24/lora/2/fp8,card24/lora/2/online,whole/lokr/2,"
     "whole/full/2,card80/full/2,card24/full/1",
     "cpu": "whole/lora/1,whole/lokr/2",
+    # the shipped defaults against the rows this benchmark ran before (TARGET_PRESET 'full', BYPASS=True)
+    "fastpath": "card24/lora/2,card24/lora/2/legacy,whole/lora/2,whole/lora/2/legacy",
     # the trainer against train_step.py's rows of the same plan (run both in one device call)
     "profiles": "whole/lora/2/speed,whole/lora/2/balanced,whole/lora/2/low_vram,whole/lora/2/minimal,"
     "whole/full/2/speed",
@@ -57,6 +64,8 @@ GROUPS = {
 }
 ENGINES = ("ddp", "fsdp", "pipeline", "threaded")
 PROFILES = ("speed", "balanced", "low_vram", "minimal")
+FORWARDS = ("legacy", "bypass", "merged")
+LEGACY_RANK = 32  # the rank of the `legacy` rows (and of every adapter row before they took the layers')
 BENCH_SAMPLES = 2  # train_step.py's images per step
 TEXT_TOKENS = 256  # MAX_TEXT_TOKENS budgeted per image
 
@@ -72,6 +81,7 @@ class Row:
     profile: str = ""  # '': MEMORY_PROFILE 'auto'
     engine: str = ""  # '': one GPU; else DISTRIBUTED
     gpus: int = 1
+    forward: str = ""  # '': the shipped adapter; legacy, bypass or merged (FORWARDS)
 
 
 def parse_row(name: str) -> Row:
@@ -86,8 +96,11 @@ def parse_row(name: str) -> Row:
         (m.group(1), int(m.group(2))) for e in extra if (m := re.fullmatch(rf"({'|'.join(ENGINES)})(\d+)", e))
     ]
     extra -= {f"{e}{n}" for e, n in engines}
-    if extra - {"online", "fp8", *PROFILES}:
-        raise SystemExit(f"row '{name}': unknown parts {sorted(extra - {'online', 'fp8', *PROFILES})}")
+    if unknown := sorted(extra - {"online", "fp8", *PROFILES, *FORWARDS}):
+        raise SystemExit(f"row '{name}': unknown parts {unknown}")
+    forwards = sorted(extra & set(FORWARDS))
+    if len(forwards) > 1 or (forwards and parts[1] == "full"):
+        raise SystemExit(f"row '{name}': one adapter forward {FORWARDS}, on an adapter row, not {forwards}")
     profiles = sorted(extra & set(PROFILES))
     if len(profiles) > 1:
         raise SystemExit(f"row '{name}': one memory profile, not {profiles}")
@@ -95,7 +108,8 @@ def parse_row(name: str) -> Row:
         raise SystemExit(f"row '{name}': one engine over 2 or more GPUs (e.g. ddp2), not {sorted(engines)}")
     engine, gpus = engines[0] if engines else ("", 1)
     return Row(name, 0.0 if card == "whole" else float(card[4:]), parts[1], int(parts[2]),
-               "online" in extra, "fp8" in extra, profiles[0] if profiles else "", engine, gpus)  # fmt: skip
+               "online" in extra, "fp8" in extra, profiles[0] if profiles else "", engine, gpus,
+               forwards[0] if forwards else "")  # fmt: skip
 
 
 def single_gpu_row(name: str) -> str:
@@ -103,9 +117,38 @@ def single_gpu_row(name: str) -> str:
     return "/".join(p for p in name.split("/") if not re.fullmatch(rf"({'|'.join(ENGINES)})\d+", p))
 
 
+def card_gb(device: str) -> float:
+    """The memory of the card present in GiB (nvidia-smi: no CUDA context in this process, which the rows
+    share the card with); 0 on the CPU."""
+    if not device.startswith("cuda"):
+        return 0.0
+    index = device.partition(":")[2] or "0"
+    query = ["nvidia-smi", "-i", index, "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout
+        return float(out.split()[0]) / 1024
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+        raise SystemExit(
+            f"a 'whole' row takes the GPU layer of the card present: {' '.join(query)}: {e}"
+        ) from e
+
+
+def layer_knobs(a, row: Row) -> dict:
+    """The knobs `kohakumoss-config new train` writes for the row's card and adapter: the GPU layer of that
+    card (CARD_GB's, or the card present's; the smallest without one), then the algo layer."""
+    from kohakumoss.cli.config_layers import compose, gpu_layer_name, layer_path
+
+    gpu = gpu_layer_name(row.card_gb or card_gb(a.device))
+    knobs = compose([layer_path("gpu", gpu), layer_path("algo", row.adapter)])
+    # where the encoders run is the row's (`online`, else the caches filled before the first step): a small
+    # card's layer asks for the offline caches, which the data scripts fill and these rows never run
+    return {k: v for k, v in knobs.items() if k not in ("TEXT_ENCODE", "VAE_ENCODE")}
+
+
 def knobs(a, row: Row, work: Path) -> dict:
     side = a.size // 16
     k = {
+        **layer_knobs(a, row),
         "MODEL_PRESET": a.preset,
         "DEVICE": a.device,
         "TEXT_ENCODER": "synthetic",
@@ -122,13 +165,17 @@ def knobs(a, row: Row, work: Path) -> dict:
         "SAVE_EVERY": 0,
         "SAMPLE_EVERY": 0,
         "LOG_EVERY": 1,
-        "LR": 1e-4,
         "SEED": 0,
         "CARD_GB": row.card_gb,
         "ALGO": row.adapter,
     }
-    if row.adapter != "full":  # the benchmark's adapter: every DiT linear, bypass forward
-        k.update(RANK=a.rank, ALPHA=float(a.rank), TARGET_PRESET="full", BYPASS=True)
+    if row.adapter != "full" and (a.rank or row.forward == "legacy"):
+        rank = a.rank or LEGACY_RANK
+        k.update(RANK=rank, ALPHA=float(rank))
+    if row.forward == "legacy":  # the adapter these rows ran before: every DiT linear, bypass forward
+        k.update(TARGET_PRESET="full", BYPASS=True)
+    elif row.forward:
+        k["BYPASS"] = row.forward == "bypass"
     if row.online:  # the encoders run every step: the real architectures, so they cost what they cost
         k.update(TEXT_ENCODER="random", VAE="random", VAE_ENCODE="online", TEXT_ENCODE="online")
     if row.fp8:
@@ -238,8 +285,9 @@ def run_row(a, row: Row, work: Path) -> dict:
 
 
 def bench_row(row: Row, plan: str | None) -> str | None:
-    """train_step.py's row of the same plan: a whole-card LoRA r32 or full fine-tune at the benchmark's
-    images per step, caches hit, under the profile the run used (named, or the one 'auto' picked)."""
+    """train_step.py's row of the same plan: a whole-card LoRA or full fine-tune at the benchmark's images
+    per step, caches hit, under the profile the run used (named, or the one 'auto' picked), with the same
+    FORWARD part (its rank is train_step.py's --rank: 32, the whole card's layer has 64)."""
     if (
         row.card_gb
         or row.adapter == "lokr"
@@ -251,7 +299,8 @@ def bench_row(row: Row, plan: str | None) -> str | None:
         return None
     picked = re.search(r"profile '(\w+)'", plan or "")
     profile = row.profile or (picked.group(1) if picked else "speed")
-    return f"{row.adapter}/{profile}/latent_text"
+    forward = f"/{row.forward}" if row.forward else ""  # train_step.py's rows take the same FORWARD parts
+    return f"{row.adapter}/{profile}/latent_text{forward}"
 
 
 def bench_match(result: dict, bench: dict | None) -> dict | None:
@@ -322,7 +371,9 @@ def main(argv=None) -> None:
         help="words per synthetic caption: a range (captions differ, as real ones do) or one count "
         "(every caption that long: '256' gives the step benchmark's text tokens per image)",
     )
-    p.add_argument("--rank", type=int, default=32)
+    p.add_argument(
+        "--rank", type=int, default=0, help="adapter rank (0: the GPU or algo layer's; legacy rows 32)"
+    )
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
     p.add_argument("--images", type=int, default=16, help="synthetic images in the data set")

@@ -43,8 +43,8 @@ $Base = "$ConfigDir/$Name.py"
 $RunConfig = "$ConfigDir/${Name}_run.py"
 $ConfigTool = Find-ConfigTool
 
-# SAVE_FORMAT both: the ComfyUI file for ComfyUI, the LyCORIS file for sample.ps1 (which cannot read the
-# ComfyUI one yet).
+# SAVE_FORMAT both: the ComfyUI file for ComfyUI, the LyCORIS file for LyCORIS-based tools (sample.ps1
+# reads either).
 $Knobs = @('--str', "RUN_NAME=$Name", '--str', 'RUNS_DIR=runs/examples/train', '--int', "KEEP_LAST=$KeepLast", '--str', 'SAVE_FORMAT=both')
 if ($Steps -gt 0) { $Knobs += @('--int', "STEPS=$Steps") }
 if ($SampleEvery -ge 0) { $Knobs += @('--int', "SAMPLE_EVERY=$SampleEvery") }

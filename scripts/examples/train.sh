@@ -51,8 +51,8 @@ BASE="$CONFIG_DIR/$NAME.py"
 RUN_CONFIG="$CONFIG_DIR/${NAME}_run.py"
 find_config_tool
 
-# SAVE_FORMAT both: the ComfyUI file for ComfyUI, the LyCORIS file for sample.sh (which cannot read the
-# ComfyUI one yet).
+# SAVE_FORMAT both: the ComfyUI file for ComfyUI, the LyCORIS file for LyCORIS-based tools (sample.sh
+# reads either).
 KNOBS=(--str "RUN_NAME=$NAME" --str RUNS_DIR=runs/examples/train --int "KEEP_LAST=$KEEP_LAST" --str SAVE_FORMAT=both)
 [[ -n "$STEPS" ]] && KNOBS+=(--int "STEPS=$STEPS")
 [[ -n "$SAMPLE_EVERY" ]] && KNOBS+=(--int "SAMPLE_EVERY=$SAMPLE_EVERY")

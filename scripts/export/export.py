@@ -1,7 +1,10 @@
 """Export any checkpoint again: the ComfyUI adapter, the LyCORIS file, merged and diffusers transformers.
 
-    kogine run scripts/export/export.py --set WEIGHTS=ComfyUI/models \
+    kogine run scripts/export/export.py --set WEIGHTS=ComfyUI/models/diffusion_models/<the DiT>.safetensors \
         --set ADAPTER=runs/moss/my-lora/checkpoints/step_00001000 --set OUT=exports --set SAVE_MERGED=True
+
+OUT=my-lora.safetensors writes the ComfyUI file there and the others beside it (my-lora-lycoris.safetensors,
+my-lora-merged/, my-lora-transformer/).
 """
 
 import sys
@@ -9,8 +12,9 @@ import sys
 WEIGHTS = ""  # base DiT checkpoint (any layout) the adapter was trained on
 MODEL_PRESET = ""  # with WEIGHTS empty: random weights of this preset (tests only)
 ADAPTER = ""  # a checkpoint folder (or its trainable.safetensors), or a LyCORIS file
-OUT = "export"  # output folder
-NAME = ""  # file name stem (default: RUN_NAME-stepXXXXX, or the adapter file's stem)
+OUT = "export"  # output folder, or the ComfyUI file (a .safetensors path: the others go beside it)
+NAME = ""  # file name stem in the OUT folder (default: RUN_NAME-stepXXXXX, or the adapter file's stem)
+SAVE_FORMAT = "both"  # comfy: the ComfyUI LoRA; hf: the LyCORIS file; both
 SAVE_MERGED = False  # also write the merged transformer
 MERGED_LAYOUT = "comfy"  # key layout of the merged transformer
 SAVE_DIFFUSERS = False  # also write a diffusers-layout transformer
@@ -50,6 +54,21 @@ def export_bytes(model, k: dict, dtype) -> int:
     return 2 * adapter_bytes + merged * (int(bool(k["SAVE_MERGED"])) + int(bool(k["SAVE_DIFFUSERS"])))
 
 
+def check_out(out: str, name: str) -> None:
+    """OUT names a folder, or the ComfyUI file (then the file's stem names the rest, and NAME is not used)."""
+    from pathlib import Path
+
+    from kohakumoss.export.bundle import names_a_file
+    from kohakumoss_common.errors import ConfigError
+
+    if not names_a_file(out):
+        return
+    if Path(out).is_dir():
+        raise ConfigError("OUT", f"'{out}' is a folder; a .safetensors OUT names the ComfyUI file to write")
+    if name:
+        raise ConfigError("NAME", f"OUT '{out}' names the file itself; leave NAME empty or make OUT a folder")
+
+
 def run(k: dict) -> None:
     import torch
 
@@ -65,6 +84,7 @@ def run(k: dict) -> None:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[k["DTYPE"]]
     if not k["ADAPTER"]:
         raise ConfigError("ADAPTER", "set ADAPTER to a checkpoint folder or a LyCORIS file")
+    check_out(k["OUT"], k["NAME"])
     if k["WEIGHTS"]:
         model = load_backbone(k["WEIGHTS"], dtype=torch.float32)
     elif k["MODEL_PRESET"]:
@@ -87,6 +107,7 @@ def run(k: dict) -> None:
             k["SAVE_DIFFUSERS"],
             k["USE_EMA"],
             dtype,
+            k["SAVE_FORMAT"],
         )
     for kind, path in written.items():
         print(f"{kind}: {path}")

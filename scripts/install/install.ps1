@@ -130,9 +130,13 @@ if (-not (Test-Path $VPy)) {
 & $VPy -m pip install -q --upgrade pip setuptools wheel 2>$null
 if ($LASTEXITCODE -ne 0) { Say "could not upgrade pip (offline?); using the venv's own" }
 $TorchSpec = @('torch>=2.13,<2.15', 'torchvision>=0.28,<0.30')
-if ($IndexUrl) { & $VPy -m pip install @TorchSpec --index-url $IndexUrl } else { & $VPy -m pip install @TorchSpec }
+# newest versions the bounds allow, also into an existing .venv: a rerun gets what a fresh install gets
+$Fresh = @('--upgrade', '--upgrade-strategy', 'eager')
+if ($IndexUrl) { & $VPy -m pip install @Fresh @TorchSpec --index-url $IndexUrl } else { & $VPy -m pip install @Fresh @TorchSpec }
 if ($LASTEXITCODE -ne 0) { Die 'installing torch failed (pip says why above)' }
-if ($IndexUrl) { & $VPy -m pip install -e $Pkg --extra-index-url $IndexUrl } else { & $VPy -m pip install -e $Pkg }
+# the torch build just installed stays (an eager upgrade could swap it for another index's build)
+$KeepTorch = (& $VPy -c 'from importlib.metadata import version as v; print(''torch=='' + v(''torch''), ''torchvision=='' + v(''torchvision''))') -split ' '
+if ($IndexUrl) { & $VPy -m pip install @Fresh -e $Pkg @KeepTorch --extra-index-url $IndexUrl } else { & $VPy -m pip install @Fresh -e $Pkg @KeepTorch }
 if ($LASTEXITCODE -ne 0) { Die "installing KohakuMoss ($Pkg) failed (pip says why above)" }
 
 Say 'installed; checking the environment'

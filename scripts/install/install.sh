@@ -104,15 +104,19 @@ fi
 VPY=.venv/bin/python
 "$VPY" -m pip install -q --upgrade pip setuptools wheel 2>/dev/null || say "could not upgrade pip (offline?); using the venv's own"
 TORCH_SPEC=("torch>=2.13,<2.15" "torchvision>=0.28,<0.30")
+# newest versions the bounds allow, also into an existing .venv: a rerun (or CI on a kept venv) gets what a fresh install gets
+FRESH=(--upgrade --upgrade-strategy eager)
 if [[ -n "$INDEX_URL" ]]; then
-  "$VPY" -m pip install "${TORCH_SPEC[@]}" --index-url "$INDEX_URL"
+  "$VPY" -m pip install "${FRESH[@]}" "${TORCH_SPEC[@]}" --index-url "$INDEX_URL"
 else
-  "$VPY" -m pip install "${TORCH_SPEC[@]}"
+  "$VPY" -m pip install "${FRESH[@]}" "${TORCH_SPEC[@]}"
 fi
+# the torch build just installed stays (an eager upgrade could swap it for another index's build)
+read -ra KEEP_TORCH <<<"$("$VPY" -c 'from importlib.metadata import version as v; print("torch==" + v("torch"), "torchvision==" + v("torchvision"))')"
 if [[ -n "$INDEX_URL" ]]; then
-  "$VPY" -m pip install -e "$PKG" --extra-index-url "$INDEX_URL"
+  "$VPY" -m pip install "${FRESH[@]}" -e "$PKG" "${KEEP_TORCH[@]}" --extra-index-url "$INDEX_URL"
 else
-  "$VPY" -m pip install -e "$PKG"
+  "$VPY" -m pip install "${FRESH[@]}" -e "$PKG" "${KEEP_TORCH[@]}"
 fi
 
 say "installed; checking the environment"

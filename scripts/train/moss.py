@@ -100,7 +100,7 @@ DROPOUT = 0.0  # adapter dropout
 RANK_DROPOUT = 0.0  # adapter rank dropout
 MODULE_DROPOUT = 0.0  # adapter module dropout
 LORA_PLUS_RATIO = 0.0  # LoRA+: LR multiplier of the up matrices (0: off)
-BYPASS = False  # bypass forward (base output + adapter output) instead of merged weights
+BYPASS = "auto"  # True: lycoris's bypass forward (base output + adapter output; LoRA / LoCon run the fused kernels), False: the merged-weight forward; auto: bypass where both compute one function (every algorithm but OFT, BOFT, IA3, DyLoRA and DoRA)
 
 # --- optimisation ------------------------------------------------------------------------------
 LR = 0.0001  # learning rate (AdamW; adapters and the non-matrix weights of a full fine-tune)

@@ -80,7 +80,7 @@ def test_every_dropout_acts_or_is_refused_by_name(algo, knob, mode):
 def test_the_table_is_what_lycoris_does(monkeypatch, algo):
     """With the check off, a knob the table says a forward skips really is skipped (or fails) there, so
     the refusals refuse nothing lycoris would apply."""
-    monkeypatch.setattr(builder, "resolve_bypass", lambda a, bypass, forced, v: bypass or forced)
+    monkeypatch.setattr(builder, "resolve_bypass", lambda a, bypass, forced, v, auto=False: bypass or forced)
     monkeypatch.setattr(builder, "_check_bypass", lambda *a: None)
     for mode, applied in zip(("merged", "bypass"), APPLIED[algo]):
         if mode == "bypass" and algo in ("dora", "dylora"):  # their bypass forward is refused outright
@@ -149,3 +149,16 @@ def test_dora_with_per_column_norms_is_refused():
     """lycoris writes such a file but cannot load it back (its loader sizes dora_scale per output row)."""
     with pytest.raises(ConfigError, match="ALGO_ARGS: DoRA with wd_on_output=False"):
         build_adapter(tiny_model(), "dora", rank=4, preset="attn", wd_on_output=False)
+
+
+def test_auto_takes_the_merged_forward_for_a_dropout_only_it_applies():
+    """LoKr's bypass forward skips rank dropout: BYPASS 'auto' (bypass for LoKr) then trains the merged one."""
+    model = tiny_model()
+    net = build_adapter(model, "lokr", rank=8, alpha=4, preset="attn", rank_dropout=0.5, **ARGS["lokr"])
+    assert not any(m.bypass_mode for m in net.loras)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05)
+    assert _acts(model, net)
+    plain = build_adapter(tiny_model(), "lokr", rank=8, alpha=4, preset="attn", **ARGS["lokr"])
+    assert all(m.bypass_mode for m in plain.loras)

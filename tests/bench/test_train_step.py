@@ -29,17 +29,19 @@ def test_flops_of_the_5b_preset():
     from kohakumoss.model import get_preset
 
     ts = load_script()
-    cfg, a = get_preset("moss-image-5b"), ts.parse_args([])
+    cfg, a = get_preset("moss-image-5b"), ts.parse_args(["--target-preset", "full"])
     assert ts.token_layout(a)[1:] == (4096, 256)
     lens = [4352, 4352]
     for full in (False, True):
         got = ts.row_flops(a, cfg, lens, full)
         assert got == step_flops(cfg, [4096, 4096], [256, 256], full, outside_trains=True)
-    a.target_preset = "attn-mlp"  # the refiner, embedders and modulations frozen: no backward there
+    a = ts.parse_args([])  # attn-mlp: the refiner, embedders and modulations frozen, no backward there
     assert ts.row_flops(a, cfg, lens, False) == step_flops(
         cfg, [4096] * 2, [256] * 2, False, outside_trains=False
     )
     assert ts.row_flops(a, cfg, lens, False) < step_flops(cfg, [4096] * 2, [256] * 2, False)
+    legacy = ts.row_adapter(a, ts.parse_row("lora/speed/latent_text/legacy"))[0]  # every DiT linear
+    assert ts.row_flops(a, cfg, lens, False, legacy) == step_flops(cfg, [4096] * 2, [256] * 2, False)
 
 
 def test_row_specs():
@@ -48,7 +50,9 @@ def test_row_specs():
     assert (spec.mode, spec.profile, spec.cache, spec.cap_gb) == ("full", "minimal", "latent_text", 24.0)
     assert dict(spec.overrides) == {"optimizer": "host", "stream_slots": 3}
     assert ts.parse_row("baseline/compiled").baseline
-    for bad in ("lora/speed", "lora/speed/latents", "sgd/speed/none", "baseline/fast", "lora/speed/none/x"):
+    assert ts.parse_row("lora/auto/latent_text/cap24/legacy").forward == "legacy"
+    for bad in ("lora/speed", "lora/speed/latents", "sgd/speed/none", "baseline/fast", "lora/speed/none/x",
+                "full/speed/latent_text/legacy", "lora/speed/latent_text/legacy/merged"):  # fmt: skip
         with pytest.raises(SystemExit):
             ts.parse_row(bad)
     rows = ts.expand_rows("main,lora/speed/latent_text,baseline")
@@ -157,6 +161,18 @@ def test_a_row_config_is_the_trainers():
     )
     assert (k["CHECKPOINTING"], k["STREAM_SLOTS"]) == ("full", 4)
     assert (k["TEXT_ENCODE"], k["VAE_ENCODE"], k["TEXT_ENCODER"], k["VAE"]) == ("auto", "auto", "", "")
+    # the shipped adapter (the trainer's TARGET_PRESET and BYPASS), or a FORWARD part's
+    assert (k["TARGET_PRESET"], k["BYPASS"]) == ("attn-mlp", "auto")
+    for part, adapter in (
+        ("legacy", ("full", True)),
+        ("bypass", ("attn-mlp", True)),
+        ("merged", ("attn-mlp", False)),
+    ):
+        knobs = ts.row_config(a, ts.parse_row(f"lora/speed/latent_text/{part}")).knobs()
+        assert (knobs["TARGET_PRESET"], knobs["BYPASS"]) == adapter, part
+    forced = ts.parse_args(["--bypass", "False", "--target-preset", "full"])
+    assert ts.row_config(forced, ts.parse_row("lora/speed/latent_text")).knobs()["BYPASS"] is False
+    assert all(ts.parse_row(n) for n in ts.GROUPS["fastpath"])
     full = ts.row_config(a, ts.parse_row("full/speed/latent_text")).knobs()
     assert (full["ALGO"], full["BASE_PRECISION"], full["CARD_GB"]) == ("full", "same", 0.0)
     assert (full["TEXT_ENCODE"], full["VAE_ENCODE"]) == ("cache", "cache")

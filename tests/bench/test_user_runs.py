@@ -16,9 +16,15 @@ def ur():
 
 def args(ur, **over):
     """The script's options for a 5B row on the GPU, as its command line would give them."""
-    base = dict(preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=32, set=[],
+    base = dict(preset="moss-image-5b", device="cuda", size=1024, text_tokens=256, steps=20, rank=0, set=[],
                 images=16, caption_words="3-40")  # fmt: skip
     return ur.argparse.Namespace(**{**base, **over})
+
+
+@pytest.fixture(autouse=True)
+def _h200(ur, monkeypatch):
+    """The card present, as nvidia-smi would say on the H200 (no GPU here)."""
+    monkeypatch.setattr(ur, "card_gb", lambda device: 139.8 if device.startswith("cuda") else 0.0)
 
 
 def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
@@ -29,17 +35,50 @@ def test_rows_parse_and_become_the_trainers_knobs(ur, tmp_path):
     assert k["DATASET"]["path"] == str(tmp_path / "data-16x1024-3-40")  # one folder per dataset shape
     assert "GC_EVERY=1" in ur.kogine_argv(k)  # --set: every row's extra knob, handed over as given
     assert k["CARD_GB"] == 24.0 and k["BASE_PRECISION"] == "fp8" and k["TOKENS_PER_STEP"] == 4 * (4096 + 256)
-    assert k["TARGET_PRESET"] == "full" and k["BYPASS"] is True  # the benchmark's adapter
+    # the adapter `new train` writes for a 24 GB card: gpu/vram_24g under algo/lora, the schema's defaults
+    assert (k["ALGO"], k["RANK"], k["ALPHA"], k["LR"]) == ("lora", 32, 32.0, 1e-4)
+    assert "TARGET_PRESET" not in k and "BYPASS" not in k  # the trainer's defaults: attn-mlp, 'auto'
     argv = ur.kogine_argv(k)
-    assert "TARGET_PRESET=full" in argv and "CARD_GB=24.0" in argv  # strings bare, the rest as literals
+    assert "ALGO=lora" in argv and "CARD_GB=24.0" in argv  # strings bare, the rest as literals
     online = ur.knobs(a, ur.parse_row("whole/full/2/online"), tmp_path)
-    assert online["CARD_GB"] == 0.0 and online["VAE_ENCODE"] == "online" and "RANK" not in online
+    assert online["CARD_GB"] == 0.0 and online["VAE_ENCODE"] == "online" and online["LR"] == 1e-5
     # encoders online: the real architectures with random weights; cached rows keep the free stand-ins
     assert online["TEXT_ENCODER"] == online["VAE"] == "random" and online["TEXT_ENCODE"] == "online"
     assert k["TEXT_ENCODER"] == k["VAE"] == "synthetic"
-    for bad in ("card24/lora", "gpu24/lora/2", "card24/lora/2/turbo", "card24/dora/2"):
+    for bad in ("card24/lora", "gpu24/lora/2", "card24/lora/2/turbo", "card24/dora/2", "whole/full/2/legacy",
+                "card24/lora/2/legacy/merged"):  # fmt: skip
         with pytest.raises(SystemExit):
             ur.parse_row(bad)
+
+
+def test_the_whole_card_takes_its_layer_and_a_forward_part_its_adapter(ur, tmp_path):
+    """`whole` is the card present's layer (the H200: vram_80g, rank 64); `legacy` is the adapter these rows
+    ran before (r32 on every DiT linear, BYPASS=True), `bypass` / `merged` the shipped one's forwards."""
+    a = args(ur)
+    whole = ur.knobs(a, ur.parse_row("whole/lora/2"), tmp_path)
+    assert (whole["RANK"], whole["ALPHA"], whole["CARD_GB"]) == (64, 64.0, 0.0)
+    legacy = ur.knobs(a, ur.parse_row("whole/lora/2/legacy"), tmp_path)
+    assert (legacy["RANK"], legacy["ALPHA"], legacy["TARGET_PRESET"], legacy["BYPASS"]) == (
+        32,
+        32.0,
+        "full",
+        True,
+    )
+    merged = ur.knobs(a, ur.parse_row("card24/lora/2/merged"), tmp_path)
+    assert (merged["RANK"], merged["BYPASS"], "TARGET_PRESET" in merged) == (32, False, False)
+    assert ur.knobs(a, ur.parse_row("card24/lora/2/bypass"), tmp_path)["BYPASS"] is True
+    assert ur.knobs(args(ur, rank=16), ur.parse_row("whole/lora/2"), tmp_path)["RANK"] == 16  # --rank
+    assert ur.knobs(args(ur, device="cpu"), ur.parse_row("whole/lora/2"), tmp_path)["RANK"] == 16  # vram_6g
+    small = ur.knobs(a, ur.parse_row("card6/lora/1"), tmp_path)  # its layer asks for the offline caches
+    assert "VAE_ENCODE" not in small and "TEXT_ENCODE" not in small  # the row fills them before step 1
+    assert ur.GROUPS["fastpath"].split(",") == [
+        "card24/lora/2", "card24/lora/2/legacy", "whole/lora/2", "whole/lora/2/legacy"
+    ]  # fmt: skip
+    bench = {"rows": [{"row": "lora/speed/latent_text", "tokens_per_s": 2000.0},
+                      {"row": "lora/speed/latent_text/legacy", "tokens_per_s": 1000.0}]}  # fmt: skip
+    speed = {"plan": "profile 'speed'", "tokens_per_s": 990.0}
+    assert ur.bench_ratio({**speed, "row": "whole/lora/2/legacy"}, bench) == pytest.approx(0.99)
+    assert ur.bench_ratio({**speed, "row": "whole/lora/2"}, bench) == pytest.approx(0.495)
 
 
 def test_a_run_folder_reads_back_as_a_row(ur, tmp_path):
@@ -87,7 +126,7 @@ def test_a_named_profile_is_the_runs_plan_and_picks_its_benchmark_row(ur, tmp_pa
     a = args(ur)
     row = ur.parse_row("whole/lora/2/low_vram")
     assert row.profile == "low_vram" and ur.knobs(a, row, tmp_path)["MEMORY_PROFILE"] == "low_vram"
-    assert "MEMORY_PROFILE" not in ur.knobs(a, ur.parse_row("whole/lora/2"), tmp_path)  # 'auto'
+    assert ur.knobs(a, ur.parse_row("whole/lora/2"), tmp_path)["MEMORY_PROFILE"] == "auto"  # the layer's
     with pytest.raises(SystemExit):
         ur.parse_row("whole/lora/2/speed/minimal")
     bench = {

@@ -85,6 +85,15 @@ def test_a_knob_name_in_another_case_is_refused_with_its_spelling():
     assert DATA_SCHEMA.miscased({"min_side": 1, "sys": 2, "MIN_SIDE": 3}) == {"min_side": 1}
 
 
+def test_every_script_that_validates_its_knobs_is_covered():
+    validating = {
+        str(p.relative_to(ROOT / "scripts"))
+        for p in (ROOT / "scripts").rglob("*.py")
+        if "run_checked(" in p.read_text() or "run_data_script(" in p.read_text()
+    }
+    assert validating == set(SCRIPTS)
+
+
 def _run_with_kogine(script: Path, config) -> int:
     """The script run as `kogine run` runs it (its globals set from `config`); its exit status."""
     from kohakuengine import Script

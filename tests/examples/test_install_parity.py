@@ -51,6 +51,18 @@ def test_same_torch_pins_extras_and_index():
     assert "-m kohakumoss.cli.doctor" in SH and "-m kohakumoss.cli.doctor" in PS1
 
 
+def test_both_install_the_newest_allowed_versions():
+    # an existing .venv is upgraded eagerly, as a fresh install gets (CI then sees a new release's break);
+    # the second install keeps the torch build of the first (its index's)
+    sh_installs = re.findall(r'-m pip install "\$\{FRESH\[@\]\}" ([^\n]+)', SH)
+    ps1_installs = re.findall(r"-m pip install @Fresh ([^}]+)", PS1)
+    assert "FRESH=(--upgrade --upgrade-strategy eager)" in SH
+    assert "$Fresh = @('--upgrade', '--upgrade-strategy', 'eager')" in PS1
+    assert len(sh_installs) == len(ps1_installs) == 4
+    assert sum('"${KEEP_TORCH[@]}"' in line for line in sh_installs) == 2
+    assert sum("@KeepTorch" in line for line in ps1_installs) == 2
+
+
 def test_same_python_preference():
     sh = re.findall(r"python(3\.\d+)", re.search(r"for c in ([^;]+);", SH).group(1))
     ps1 = re.findall(r"'(3\.\d+)'", re.search(r"foreach \(\$v in @\(([^)]*)\)\)", PS1).group(1))

@@ -234,6 +234,31 @@ def test_a_diffusers_folder_needs_its_config(tmp_path):
     assert not result.ok and "config.json" in result.line()
 
 
+def test_an_out_file_holds_the_comfy_adapter_and_the_rest_sits_beside_it(tmp_path):
+    """`out` a .safetensors path: the ComfyUI file is that file, the others `<stem>-<kind>` beside it; the
+    same files as a folder export, each verified."""
+    model, net = _adapted("lora", {}, preset="attn")
+    folder = export_all(model, net, tmp_path / "folder", "run", save_merged_model=True, save_diffusers=True)
+    out = tmp_path / "named" / "my-lora.safetensors"
+    written = export_all(model, net, out, "ignored", save_merged_model=True, save_diffusers=True)
+    assert written == {
+        "comfy": out,
+        "lycoris": tmp_path / "named" / "my-lora-lycoris.safetensors",
+        "merged": tmp_path / "named" / "my-lora-merged",
+        "diffusers": tmp_path / "named" / "my-lora-transformer",
+    }
+    assert sorted(p.name for p in (tmp_path / "named").iterdir()) == sorted(p.name for p in written.values())
+    for kind in ("comfy", "lycoris"):
+        mine, theirs = load_file(str(written[kind])), load_file(str(folder[kind]))
+        assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine), kind
+    assert set(export_all(model, net, tmp_path / "one.safetensors", "x", save_format="comfy")) == {"comfy"}
+    assert not (tmp_path / "one-lycoris.safetensors").exists() and (tmp_path / "one.safetensors").is_file()
+    assert export_all(model, net, tmp_path / "two.safetensors", "x", save_format="hf") == {
+        "lycoris": tmp_path / "two-lycoris.safetensors"
+    }
+    assert not (tmp_path / "two.safetensors").exists()
+
+
 @pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_an_adapter_with_non_finite_weights_never_verifies(tmp_path, caplog, value):
     """A NaN adapter once logged 'merged weights within 0.0e+00' (max(0.0, nan) is 0.0) and was called

@@ -103,4 +103,4 @@ def test_the_export_rebuilds_the_adapter_the_trainer_built():
     assert exported == dataclasses.replace(trained, dropout=0.0, rank_dropout=0.0, multiplier=0.5)
     old = TrainConfig.from_knobs({"ALGO": "lora", "RANK": 4, "ALPHA": 2.0, "TARGET_PRESET": "attn"})
     spec = old.adapter.spec(dropouts=False)
-    assert (spec.patterns, spec.bypass, spec.algo_args, spec.rank) == ((), False, {}, 4)
+    assert (spec.patterns, spec.bypass, spec.algo_args, spec.rank) == ((), "auto", {}, 4)

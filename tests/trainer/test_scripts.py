@@ -187,3 +187,35 @@ def test_sample_script_on_an_fp8_base(trained, train_world, tmp_path, capsys):
     assert run_checked(SAMPLE_SCHEMA, run, ns["run"], "s") == 0
     pic = torch.tensor(list(Image.open(out / "0000_seed0.png").tobytes())).float()
     assert (pic - pics["fp8_weight"]).abs().mean() < 1
+
+
+def test_export_script_out_names_the_comfy_file_and_save_format_picks_the_files(trained, tmp_path, capsys):
+    ns = load_script("scripts/export/export.py")
+    ckpt = trained / "checkpoints" / "step_00000004"
+    base = {**ns, "MODEL_PRESET": "tiny", "ADAPTER": str(ckpt)}
+    out = tmp_path / "my-lora.safetensors"
+    assert run_checked(EXPORT_SCHEMA, {**base, "OUT": str(out)}, ns["run"], "export.py") == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "my-lora-lycoris.safetensors",
+        "my-lora.safetensors",
+    ]
+    for mine, theirs in (
+        (out, "scripts-comfy"),
+        (tmp_path / "my-lora-lycoris.safetensors", "scripts-lycoris"),
+    ):
+        fresh, original = load_file(mine), load_file(ckpt / "export" / f"{theirs}.safetensors")
+        assert fresh.keys() == original.keys() and all(torch.equal(fresh[k], original[k]) for k in fresh)
+    only = tmp_path / "only" / "comfy.safetensors"
+    knobs = {**base, "OUT": str(only), "SAVE_FORMAT": "comfy"}
+    assert run_checked(EXPORT_SCHEMA, knobs, ns["run"], "export.py") == 0
+    assert [p.name for p in only.parent.iterdir()] == ["comfy.safetensors"]
+    folder = {**base, "OUT": str(tmp_path / "folder"), "NAME": "f", "SAVE_FORMAT": "hf"}
+    assert run_checked(EXPORT_SCHEMA, folder, ns["run"], "export.py") == 0
+    assert [p.name for p in (tmp_path / "folder").iterdir()] == ["f-lycoris.safetensors"]
+    capsys.readouterr()
+    named = {**base, "OUT": str(tmp_path / "x.safetensors"), "NAME": "again"}
+    assert run_checked(EXPORT_SCHEMA, named, ns["run"], "export.py") == 2
+    assert "NAME" in capsys.readouterr().err and not (tmp_path / "x.safetensors").exists()
+    bad = {**base, "SAVE_FORMAT": "comfyui"}
+    assert run_checked(EXPORT_SCHEMA, bad, ns["run"], "export.py") == 2
+    assert "SAVE_FORMAT" in capsys.readouterr().err

@@ -1,10 +1,12 @@
 """Recipe full_24g_host_masters: Full fine-tune on a 24 GB card, fp32 master weights kept in host memory.
 
-Host masters: OPTIMIZER_PLACEMENT 'host' keeps the fp32 master weights and the optimizer states in
-host RAM (updated by the CPU); the card holds bf16 weights, 32 of the 42 blocks streamed from pinned
-host memory (profile 'low_vram'), and GRAD_OFFLOAD sends the grads to host fp32 sums through a small
-staging ring. Predicted peak for moss-image-5b at 8704 tokens: ~7 GiB (`kohakumoss-config check`);
-plan on 50-70 GiB of host RAM (fp32 masters, optimizer states, the bf16 copy). Not measured yet.
+MEMORY_PROFILE 'auto' (the GPU layer's) picks the fastest plan that fits: for moss-image-5b at one 1 MP
+image per step on a 24 GB card, every block checkpointed, the gradients summed on the host (GRAD_OFFLOAD)
+and the fp32 masters and optimizer states in host RAM, streamed to the card for the update
+(OPTIMIZER_PLACEMENT 'stream'); `kohakumoss-config profiles --gpu-mem 24 --algo full --tokens 4352`
+lists it. Measured on an H200 under a 24 GiB cap (random weights, synthetic encoders; README, docs/
+performance/training.md): 863 tokens/s at a 12.5 GiB peak. Host RAM: about 65 GB (derived, not measured:
+fp32 masters, their gradient sums, the optimizer states).
 
     kohakumoss-config new --from full_24g_host_masters configs/user/my_run.py
 """
@@ -18,6 +20,4 @@ use_config("../data/kohya_1mp.py")
 RUN_NAME = "full_24g_host_masters"
 STEPS = 2000
 EMA = False
-MEMORY_PROFILE = "low_vram"  # every block checkpointed, 32 blocks streamed, optimizer on the host
-OPTIMIZER_PLACEMENT = "host"  # fp32 masters and optimizer states in host RAM
-GRAD_OFFLOAD = True  # grads to host fp32 sums through a GPU staging ring
+TOKENS_PER_STEP = 4352  # one 1 MP image (4096 image tokens + 256 caption tokens) per step, as measured

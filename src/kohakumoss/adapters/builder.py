@@ -35,10 +35,12 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
     # an Int8Linear's raw int8 values when asked for BYPASS=False
     forced = any(isinstance(model.get_submodule(n), (Fp8Linear, Int8Linear, Mxfp8Linear)) for n in names)
     values = {k: getattr(spec, k) for k in KNOBS}
-    bypass = resolve_bypass(spec.algo, spec.bypass, forced, values)
-    if bypass and not spec.bypass and not forced:
+    preferred = algo.bypass(spec.bypass, spec.algo_args)
+    bypass = resolve_bypass(spec.algo, preferred, forced, values, auto=spec.bypass == "auto")
+    if bypass != preferred and not forced:
+        only = "bypass" if bypass else "merged-weight"
         log.info(
-            f"{spec.algo}: dropout {values} acts only in lycoris's bypass forward; using it (BYPASS=True)"
+            f"{spec.algo}: dropout {values} acts only in lycoris's {only} forward; using it (BYPASS={bypass})"
         )
     model.requires_grad_(False)
     # create_lycoris reads its targets from class attributes; set them for this call
@@ -88,7 +90,7 @@ def _check_bypass(spec: AdapterSpec, args: dict) -> None:
             "DoRA with wd_on_output=False: lycoris's loader cannot read its file back (it sizes dora_scale "
             "per output row); leave wd_on_output at True",
         )
-    if not spec.bypass:
+    if spec.bypass is not True:  # 'auto' never picks these (Algo.bypass)
         return
     if args.get("dora_wd"):
         raise ConfigError(
@@ -108,7 +110,7 @@ def build_adapter(
     dropout: float = 0.0,
     rank_dropout: float = 0.0,
     module_dropout: float = 0.0,
-    bypass: bool = False,
+    bypass: bool | str = "auto",
     multiplier: float = 1.0,
     **algo_args,
 ) -> LycorisNetwork:

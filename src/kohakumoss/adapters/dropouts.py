@@ -34,14 +34,17 @@ APPLIED: dict[str, tuple[frozenset, frozenset]] = {
 }
 
 
-def resolve_bypass(algo: str, bypass: bool, forced: bool, values: dict[str, float]) -> bool:
-    """The forward to run (True: bypass) for these dropout `values`: BYPASS as asked when its forward
-    applies every non-zero one, the bypass forward when only it does (BYPASS=False asked), else a
-    ConfigError naming the first knob that would not act. `forced`: a quantized (fp8 / int8) base, always bypassed."""
+def resolve_bypass(
+    algo: str, bypass: bool, forced: bool, values: dict[str, float], auto: bool = False
+) -> bool:
+    """The forward to run (True: bypass) for these dropout `values`: `bypass` (the forward BYPASS resolved
+    to, `Algo.bypass`) when it applies every non-zero one, the bypass forward when only it does (merged
+    asked), the merged one when only it does and BYPASS was 'auto' (`auto`), else a ConfigError naming the
+    first knob that would not act. `forced`: a quantized (fp8 / int8) base, always bypassed."""
     asked = [k for k in KNOBS if values.get(k)]
     merged, bypassed = APPLIED[algo]
     chosen = bypass or forced
-    for candidate in (chosen, True):
+    for candidate in (chosen, not chosen if auto and not forced else True):
         if all(k in (bypassed if candidate else merged) for k in asked):
             return candidate
     applied = bypassed if chosen else merged
@@ -76,10 +79,12 @@ def dropout_check(knobs: dict) -> tuple[str, str] | None:
     if knobs.get("ALGO", "lora") == "full":
         return None
     try:
-        name, _ = resolve_algo(str(knobs.get("ALGO", "lora")))
+        name, algo = resolve_algo(str(knobs.get("ALGO", "lora")))
         values = {k: float(knobs.get(k.upper(), 0.0) or 0.0) for k in KNOBS}
         forced = knobs.get("BASE_PRECISION", "same") != "same"
-        resolve_bypass(name, bool(knobs.get("BYPASS", False)), forced, values)
+        asked = knobs.get("BYPASS", "auto")
+        preferred = algo.bypass(asked, dict(knobs.get("ALGO_ARGS") or {}))
+        resolve_bypass(name, preferred, forced, values, auto=asked == "auto")
     except ConfigError as e:
         return e.knob, str(e).removeprefix(f"{e.knob}: ")
     return None

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from kohakumoss_common.errors import ConfigError
 
-from .algos import resolve_algo
+from .algos import BYPASS_CHOICES, resolve_algo
 
 SPEC_METADATA_KEY = "kohakumoss_adapter"
 
@@ -22,7 +22,8 @@ class AdapterSpec:
     dropout: float = 0.0
     rank_dropout: float = 0.0
     module_dropout: float = 0.0
-    bypass: bool = False  # True: y = Wx + adapter(x); False: y = (W + dW)x
+    # True: y = Wx + adapter(x); False: y = (W + dW)x; 'auto': True where both are one function (Algo.bypass)
+    bypass: bool | str = "auto"
     multiplier: float = 1.0
     algo_args: dict = field(default_factory=dict)  # passed to create_lycoris (factor, block_size, ...)
 
@@ -30,6 +31,8 @@ class AdapterSpec:
         name, _ = resolve_algo(self.algo)
         object.__setattr__(self, "algo", name)
         object.__setattr__(self, "patterns", tuple(self.patterns))
+        if self.bypass not in BYPASS_CHOICES or not isinstance(self.bypass, (bool, str)):
+            raise ConfigError("BYPASS", f"must be one of {list(BYPASS_CHOICES)}, got {self.bypass!r}")
         if self.rank <= 0:
             raise ConfigError("RANK", f"must be > 0, got {self.rank}")
         for knob in ("dropout", "rank_dropout", "module_dropout"):

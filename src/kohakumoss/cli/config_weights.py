@@ -60,13 +60,21 @@ def _header_keys(path: Path) -> list[str]:
 
 
 def check_text_encoder(path: str | Path) -> str | None:
-    """None when `path` holds Qwen-style text-encoder weights, else the problem."""
+    """None when `path` holds Qwen-style text-encoder weights in a quantization the encoder reads
+    (plain, int8 / fp8, ConvRot, ComfyUI W4A8), else the problem."""
+    from kohakumoss_common.io import read_header
+    from kohakumoss_common.quant import plan_quantization
+
     try:
-        keys = _header_keys(Path(path))
+        header, metadata = read_header(Path(path))
     except (KohakuMossError, OSError, ValueError) as e:
         return f"cannot read '{path}': {e}"
-    if not any("embed_tokens" in k or ".layers." in k for k in keys):
-        return f"'{path}' does not look like a Qwen3.5 text encoder (first keys: {sorted(keys)[:4]})"
+    if not any("embed_tokens" in k or ".layers." in k for k in header):
+        return f"'{path}' does not look like a Qwen3.5 text encoder (first keys: {sorted(header)[:4]})"
+    try:  # the text encoder's own reading of the markers (encoders/text.py)
+        plan_quantization(path, header, rotations=True, packed=True, metadata=metadata)
+    except KohakuMossError as e:
+        return str(e)
     return None
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .bounds import SEED_MAX, SEED_MIN
 from .knobs import Schema
+from .train import save_format_knob
 from .typed import ScriptConfig, config_knobs, knob
 
 
@@ -18,8 +19,13 @@ class ExportScriptConfig(ScriptConfig):
     adapter: str = knob(
         "", "a checkpoint folder (or its trainable.safetensors), or a LyCORIS file", path="any"
     )
-    out: str = knob("export", "output folder")
-    name: str = knob("", "file name stem (default: RUN_NAME-stepXXXXX, or the adapter file's stem)")
+    out: str = knob(
+        "export", "output folder, or the ComfyUI file (a .safetensors path: the others go beside it)"
+    )
+    name: str = knob(
+        "", "file name stem in the OUT folder (default: RUN_NAME-stepXXXXX, or the adapter file's stem)"
+    )
+    save_format: str = save_format_knob("both")
     save_merged: bool = knob(False, "also write the merged transformer")
     merged_layout: str = knob(
         "comfy", "key layout of the merged transformer", choices=("comfy", "native", "hf")

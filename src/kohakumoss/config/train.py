@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kohakumoss.adapters.algos import ALGOS
+from kohakumoss.adapters.algos import ALGOS, BYPASS_CHOICES
 from kohakumoss.adapters.spec import AdapterSpec
 from kohakumoss.adapters.targets import TARGET_PRESETS
 from kohakumoss.diffusion.objective import LOSS_TYPES, REDUCTIONS, WEIGHTINGS
@@ -37,6 +37,13 @@ ENCODE_PLACEMENTS = (
     "online",
 )  # auto: the plan's misses encoded before the first step and cached
 SAVE_FORMATS = ("comfy", "hf", "both")
+
+
+def save_format_knob(default: str) -> str:
+    """The SAVE_FORMAT field of the trainer's and the export script's configs (one help, one set of choices)."""
+    return knob(default, "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS)
+
+
 PRECISIONS = ("bf16", "fp16", "fp32")
 ALGO_CHOICES = (*sorted(ALGOS), "full")
 
@@ -386,7 +393,11 @@ class AdapterConfig:
     rank_dropout: float = knob(0.0, "adapter rank dropout", min=0.0, max=1.0)
     module_dropout: float = knob(0.0, "adapter module dropout", min=0.0, max=1.0)
     lora_plus_ratio: float = knob(0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0)
-    bypass: bool = knob(False, "bypass forward (base output + adapter output) instead of merged weights")
+    bypass: bool | str = knob(
+        "auto",
+        "True: lycoris's bypass forward (base output + adapter output; LoRA / LoCon run the fused kernels), False: the merged-weight forward; auto: bypass where both compute one function (every algorithm but OFT, BOFT, IA3, DyLoRA and DoRA)",
+        choices=BYPASS_CHOICES,
+    )
 
     def spec(self, multiplier: float = 1.0, dropouts: bool = True) -> AdapterSpec:
         """The adapter these knobs build: what the trainer attaches and what a re-export rebuilds from a
@@ -401,7 +412,7 @@ class AdapterConfig:
             dropout=drop[0],
             rank_dropout=drop[1],
             module_dropout=drop[2],
-            bypass=bool(self.bypass),
+            bypass=self.bypass,
             multiplier=multiplier,
             algo_args=dict(self.algo_args),
         )
@@ -534,9 +545,7 @@ class SampleConfig:
 class ExportConfig:
     """The files a checkpoint and the finished run write."""
 
-    save_format: str = knob(
-        "comfy", "comfy: the ComfyUI LoRA; hf: the LyCORIS file; both", choices=SAVE_FORMATS
-    )
+    save_format: str = save_format_knob("comfy")
     comfy_diffs: str = knob(
         "end",
         "ComfyUI files made of full weight differences (DoRA, BOFT, IA3, T-LoRA): end (the final export "

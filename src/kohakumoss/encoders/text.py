@@ -20,7 +20,7 @@ from kohakumoss_common.errors import CheckpointError, ConfigError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.io import iter_tensors, read_header, resolve_files
 from kohakumoss_common.log import get_logger
-from kohakumoss_common.quant import QuantPlan, plan_quantization
+from kohakumoss_common.quant import QuantPlan, dequantize, plan_quantization
 
 from . import text_layouts, text_quant
 from .identity import files_identity, module_identity
@@ -238,12 +238,13 @@ def _model_config(path: Path, config: TextEncoderConfig, shapes: dict) -> Qwen3_
 
 def _load_model(path: Path, config: TextEncoderConfig) -> tuple[Qwen3_5TextModel, Qwen3_5TextConfig]:
     text_quant.check_device(config.quant, config.device)  # before any weight is read
-    header, _ = read_header(path)
-    quant = plan_quantization(path, header, rotations=True)  # ConvRot files are un-rotated as they stream
+    header, metadata = read_header(path)
+    # ConvRot files are un-rotated as they stream; ComfyUI W4A8 codes are decoded (`QuantPlan.stored`)
+    quant = plan_quantization(path, header, rotations=True, packed=True, metadata=metadata)
     keys = [k for k in header if k not in quant.dropped]
     layout = text_layouts.detect_layout(list(header)) if config.layout == "auto" else config.layout
     names = {k: n for k in keys if (n := text_layouts.text_key(layout, k)) is not None}
-    shapes = {n: tuple(header[k][1]) for k, n in names.items()}
+    shapes = {n: tuple(quant.shape(k, header[k][1])) for k, n in names.items()}
     full = _model_config(path, config, shapes)
     keep = _kept_layers(config, full)
     names = {k: n for k, n in names.items() if not _pruned(n, keep)}
@@ -279,11 +280,11 @@ def _stream(model: nn.Module, path: Path, names: dict[str, str], quant: QuantPla
     scales = quant.scales
     scale_values = dict(iter_tensors(path, keys=set(scales.values()))) if scales else {}
     for key, tensor in iter_tensors(path, keys=set(names)):
-        if key in scales and tensor.dtype == torch.int8 and text_quant.keep_stored_int8(
-            model, names[key], tensor, scale_values[scales[key]], quant.rotations.get(key, 0),
-            config.quant, config.device, config.torch_dtype,
-        ):  # fmt: skip
-            continue
-        if key in scales:
-            tensor = quant.dequantize(key, tensor, scale_values[scales[key]], config.torch_dtype)
+        if key in scales:  # int8 / fp8 as stored, W4A8 as its int8 grid; ConvRot group or 0
+            data, scale, group = quant.stored(key, tensor, scale_values[scales[key]])
+            if data.dtype == torch.int8 and text_quant.keep_stored_int8(
+                model, names[key], data, scale, group, config.quant, config.device, config.torch_dtype
+            ):
+                continue
+            tensor = dequantize(data, scale, config.torch_dtype, group)
         set_tensor(model, names[key], cast(tensor, config.torch_dtype, config.device))

@@ -39,8 +39,8 @@ class _Source:
     def __init__(self, path: Path, only: tuple[str, ...] | None = None, skip: tuple[str, ...] = ()):
         self.path = path
         self.files = resolve_files(path)
-        header, _ = read_header(path)
-        self.quant = plan_quantization(path, header, rotations=True)
+        header, metadata = read_header(path)
+        self.quant = plan_quantization(path, header, rotations=True, metadata=metadata)
         dropped = self.quant.dropped
         keys = [k for k in header if k not in dropped]
         self.bfl = vae_layouts.is_bfl(keys)

@@ -1,9 +1,12 @@
-"""One call that writes every export of a run or checkpoint into a folder.
+"""One call that writes every export of a run or checkpoint into a folder, or to a named file.
 
+Into a folder (`export_paths`, the one naming rule):
 <name>-lycoris.safetensors   LyCORIS file (adapter runs)
 <name>-comfy.safetensors     ComfyUI-format adapter, q/k/v fused as in Comfy-Org's DiT (adapter runs)
 merged/                      merged transformer in `merged_layout` (optional; always for full FT)
 transformer/                 the HF transformer/ folder: released names, config.json (optional)
+To a file `<stem>.safetensors`: the ComfyUI adapter is that file; the others go beside it as
+`<stem>-lycoris.safetensors`, `<stem>-merged/`, `<stem>-transformer/`.
 
 Every file is read back as its consumer reads it and compared with the trainer's merge (`verify.py`);
 one that fails raises `ExportMismatch` after all are written, nothing deleted. `save_format` keeps one
@@ -22,6 +25,7 @@ import torch
 from lycoris import LycorisNetwork
 
 from kohakumoss.adapters.io import adapter_metadata, adapter_state_dict, save_adapter
+from kohakumoss.config.train import SAVE_FORMATS
 from kohakumoss.model import MossBackbone
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.io import save_safetensors
@@ -32,7 +36,32 @@ from .merged import save_merged
 from .verify import Verified, raise_on_mismatch, verify_comfy, verify_lycoris, verify_merged
 
 log = get_logger(__name__)
-SAVE_FORMATS = ("comfy", "hf", "both")  # the trainer's SAVE_FORMAT: which adapter files stay
+ADAPTER_SUFFIX = ".safetensors"
+
+
+def names_a_file(out: str | Path) -> bool:
+    """Whether an export target names the ComfyUI file itself (a `.safetensors` path) rather than a folder."""
+    return Path(out).suffix.lower() == ADAPTER_SUFFIX
+
+
+def export_paths(out: str | Path, name: str) -> dict[str, Path]:
+    """Where each export kind goes: in the folder `out` under `name`, or (`out` a .safetensors file) the
+    ComfyUI adapter at `out` and the others beside it, named by its stem (module docstring)."""
+    out = Path(out)
+    if names_a_file(out):
+        stem = out.parent / out.stem
+        return {
+            "comfy": out,
+            "lycoris": Path(f"{stem}-lycoris{ADAPTER_SUFFIX}"),
+            "merged": Path(f"{stem}-merged"),
+            "diffusers": Path(f"{stem}-transformer"),
+        }
+    return {
+        "comfy": out / f"{name}-comfy{ADAPTER_SUFFIX}",
+        "lycoris": out / f"{name}-lycoris{ADAPTER_SUFFIX}",
+        "merged": out / "merged",
+        "diffusers": out / "transformer",
+    }
 
 
 def save_comfy_adapter(
@@ -68,7 +97,7 @@ def save_comfy_adapter(
 def export_all(
     model: MossBackbone,
     network: LycorisNetwork | None,
-    directory: str | Path,
+    out: str | Path,
     name: str,
     save_merged_model: bool = False,
     merged_layout: str = "comfy",
@@ -83,20 +112,21 @@ def export_all(
     """Write the exports of an adapter run (network given) or a full fine-tune (network None);
     `metadata` (ss_* / modelspec.*, `export/metadata.py`) goes into every adapter file. With `verify`
     each file is checked after it is written (one log line per file; ExportMismatch when one fails).
-    `save_format` / `full_diffs`: see the module docstring."""
+    `out`: a folder, or the ComfyUI file (`export_paths`); `save_format` / `full_diffs`: see the module
+    docstring."""
     if save_format not in SAVE_FORMATS:
         raise ConfigError("SAVE_FORMAT", f"'{save_format}' is not one of {SAVE_FORMATS}")
-    directory = Path(directory)
+    paths = export_paths(out, name)
     written: dict[str, Path] = {}
     checks: list[Verified] = []
     source = None
     if network is not None:
         source = adapter_state_dict(network)
-        lycoris = directory / f"{name}-lycoris.safetensors"
+        lycoris = paths["lycoris"]
         written["lycoris"] = save_adapter(network, lycoris, adapter_dtype, metadata)
         if verify:
             checks.append(verify_lycoris(model, source, lycoris))
-        comfy = directory / f"{name}-comfy.safetensors"
+        comfy = paths["comfy"]
         if save_format != "hf" and save_comfy_adapter(
             model, network, comfy, adapter_dtype, metadata=metadata, full_diffs=full_diffs
         ):
@@ -104,13 +134,13 @@ def export_all(
             if verify:
                 checks.append(verify_comfy(model, source, comfy))
     if save_merged_model or network is None:
-        save_merged(model, source, directory / "merged", merged_layout, dtype)
-        written["merged"] = directory / "merged"
+        save_merged(model, source, paths["merged"], merged_layout, dtype)
+        written["merged"] = paths["merged"]
         if verify:
             checks.append(verify_merged(model, source, written["merged"], merged_layout))
     if save_diffusers:
-        save_merged(model, source, directory / "transformer", "hf", dtype)
-        written["diffusers"] = directory / "transformer"
+        save_merged(model, source, paths["diffusers"], "hf", dtype)
+        written["diffusers"] = paths["diffusers"]
         if verify:
             checks.append(verify_merged(model, source, written["diffusers"], "hf"))
     raise_on_mismatch(checks)

@@ -108,7 +108,10 @@ def export_checkpoint(
     diffusers: bool = False,
     use_ema: bool = False,
     dtype: torch.dtype = torch.bfloat16,
+    save_format: str = "both",
 ) -> dict[str, Path]:
+    """Export `source` (a checkpoint folder or an adapter file) on `model` into `out`: a folder, or the
+    ComfyUI file with the others beside it (`bundle.export_paths`)."""
     network, default_name = attach(model, source, use_ema)
     return export_all(
         model,
@@ -120,6 +123,7 @@ def export_checkpoint(
         save_diffusers=diffusers,
         dtype=dtype,
         metadata=source_metadata(source) if network is not None else None,
+        save_format=save_format,
     )
 
 

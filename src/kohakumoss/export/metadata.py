@@ -81,7 +81,7 @@ def run_metadata(k: dict[str, Any], step: int, folder: Path | None = None) -> di
         "dropout": k.get("DROPOUT", 0.0),
         "rank_dropout": k.get("RANK_DROPOUT", 0.0),
         "module_dropout": k.get("MODULE_DROPOUT", 0.0),
-        "bypass": k.get("BYPASS", False),
+        "bypass": k.get("BYPASS", "auto"),
         **dict(k.get("ALGO_ARGS", {})),
     }
     datasets = _datasets(k.get("DATASET", []))

@@ -133,7 +133,7 @@ def _quantization_scheme(entries: dict[str, tuple[str, list[int]]], metadata: di
 def _quant_plan(path: Path, entries: dict, metadata: dict[str, str]) -> QuantPlan:
     """Weight-only scaled int8 / fp8 and ConvRot int8 tensors planned for dequantization at load;
     any other scheme (bitsandbytes, GPTQ, block-wise scales) refused by name."""
-    plan = plan_quantization(path, entries, rotations=True)
+    plan = plan_quantization(path, entries, rotations=True, metadata=metadata)
     rest = {k: v for k, v in entries.items() if k not in plan.dropped and k not in plan.scales}
     scheme = _quantization_scheme(rest, {} if plan.scales else metadata)
     if scheme is not None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 # RESUME_FIXED / RESUME_SAFE and the RUN_NAME rule live in config/rules.py (the schema checks them too)
+from kohakumoss.adapters.algos import trained_forward
 from kohakumoss.config.rules import RESUME_FIXED as RESUME_FIXED
 from kohakumoss.config.rules import RESUME_SAFE as RESUME_SAFE
 from kohakumoss.config.rules import allow_changes_problem as allow_changes_problem
@@ -43,11 +44,17 @@ def _as_saved(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _compared(name: str, knobs: dict[str, Any]) -> Any:
+    return trained_forward(knobs) if name == "BYPASS" else _as_saved(knobs[name])
+
+
 def changed_knobs(saved: dict[str, Any], k: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """{knob: (saved, now)} for every compared knob that differs (knobs an older checkpoint lacks are skipped)."""
+    """{knob: (saved, now)} for every compared knob that differs (knobs an older checkpoint lacks are
+    skipped); BYPASS by the function its forward trains (`algos.trained_forward`), so a run saved with
+    BYPASS=False resumes under 'auto'."""
     out = {}
     for name in (*RESUME_FIXED, *RESUME_SAFE):
-        if name in saved and name in k and _as_saved(k[name]) != saved[name]:
+        if name in saved and name in k and _compared(name, k) != _compared(name, saved):
             out[name] = (saved[name], _as_saved(k[name]))
     return out
 

@@ -1,4 +1,4 @@
-"""scripts/bench/kernels.py's block (the benchmark's model of one MOSS block) on the CPU at tiny widths:
+"""scripts/bench/bench_kernels.py's block (the benchmark's model of one MOSS block) on the CPU at tiny widths:
 it runs forward and backward through the registry and equals the same block on the eager ops."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from kohakumoss_kernels import OpSet
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "kernels.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "bench_kernels.py"
 
 
 def test_block_runs_and_matches_eager_on_the_cpu():

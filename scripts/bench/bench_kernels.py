@@ -1,7 +1,7 @@
 """Per-op kernel benchmark at the moss-image-5b block shape (1 MP, two samples packed), plus one block.
 
-    python scripts/bench/kernels.py
-    kogine run scripts/bench/kernels.py [--set SAMPLES=2 ...]
+    python scripts/bench/bench_kernels.py
+    kogine run scripts/bench/bench_kernels.py [--set SAMPLES=2 ...]
 
 For each op: eager, torch.compile, the Triton kernel (and for attention torch's own candidates and
 SDPA flash on the padded equal-length batch), forward and forward + backward, as ms and as achieved
