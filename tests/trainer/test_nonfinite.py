@@ -70,3 +70,11 @@ def test_nonfinite_tensors_names_parameters_and_buffers():
         module.bias[1] = float("nan")
         module.scale[0] = float("-inf")
     assert nonfinite_tensors(module) == ["bias", "scale"]
+
+
+def test_nonfinite_tensors_skips_what_this_process_does_not_hold():
+    """A pipeline rank's other stages sit on the meta device: not read (reading one raises)."""
+    module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2, device="meta"))
+    with torch.no_grad():
+        module[0].weight[0, 0] = float("inf")
+    assert nonfinite_tensors(module) == ["0.weight"]

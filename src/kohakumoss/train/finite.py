@@ -51,10 +51,10 @@ _CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # fp8 
 
 def nonfinite_tensors(module: torch.nn.Module) -> list[str]:
     """Names of `module`'s floating-point parameters and buffers holding inf or nan (this process's
-    shards of a sharded one); one host read for all of them."""
+    shards of a sharded one, its stages of a pipeline); one host read for all of them."""
     named = [*module.named_parameters(), *module.named_buffers()]
     named = [(n, t.to_local() if hasattr(t, "to_local") else t) for n, t in named if t.dtype in _CHECKED]
-    named = [(n, t) for n, t in named if t.numel()]
+    named = [(n, t) for n, t in named if t.numel() and not t.is_meta]  # a pipeline's other stages: meta
     if not named:
         return []
     flags = torch.stack([torch.isfinite(t.detach()).all().to(named[0][1].device) for _, t in named])
