@@ -160,6 +160,7 @@ def run(k: dict) -> dict[str, dict[str, float]]:
 
 
 def main() -> None:
+    from kohakumoss.config.bounds import SEED_MAX, SEED_MIN, device_problem
     from kohakumoss.config.knobs import Knob, Schema, run_checked
 
     schema = Schema(
@@ -169,8 +170,8 @@ def main() -> None:
             Knob("STEPS", 450, "optimizer steps", min=1),
             Knob("LR", 3e-3, "learning rate", min=0.0),
             Knob("RANK", 32, "LoRA rank", min=1),
-            Knob("DEVICE", "auto", "auto, cpu or cuda"),
-            Knob("SEED", 0, "seed"),
+            Knob("DEVICE", "auto", "auto, cpu or cuda", check=device_problem),
+            Knob("SEED", 0, "seed", min=SEED_MIN, max=SEED_MAX),
             Knob("SAMPLE_STEPS", 24, "sampler steps of the grid", min=1),
         ]
     )

@@ -27,5 +27,33 @@ def test_setup_refusals_are_named(kohya_dir, tmp_path):
 
 
 def test_a_config_the_trainer_takes_passes(kohya_dir, tmp_path):
-    res = check_config(write(tmp_path, kohya_dir, "MODEL_PRESET = 'tiny'\nRESUME = 'latest'\n"), kind="train")
+    body = "MODEL_PRESET = 'tiny'\nRESUME = 'latest'\nTEXT_ENCODER = 'synthetic'\nVAE = 'synthetic'\n"
+    res = check_config(write(tmp_path, kohya_dir, body), kind="train")
     assert res.problems == [], res.text()
+
+
+def test_check_refuses_what_the_trainer_refuses_before_loading(kohya_dir, tmp_path):
+    """Empty encoders (the trainer once raised AttributeError after the checks said ok), ALGO_ARGS the
+    algorithm ignores and a RANK wider than a targeted layer: one list, kohakumoss-config check and the
+    trainer's (train/preflight.run_problems) alike, in the same words."""
+    from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
+    from kohakumoss.train.preflight import run_problems
+
+    body = "MODEL_PRESET = 'tiny'\nALGO = 'lora'\nALGO_ARGS = {'factor': 4}\nRANK = 300\n"
+    res = check_config(write(tmp_path, kohya_dir, body), kind="train")
+    problems = dict(res.problems)
+    assert problems["TEXT_ENCODER"].startswith("training needs TEXT_ENCODER") and "VAE" in problems
+    assert "does not use ['factor']" in problems["ALGO_ARGS"] and "lokr" in problems["ALGO_ARGS"]
+    assert "narrowest targeted layer" in problems["RANK"] and "RANK <= 256" in problems["RANK"]
+    knobs = TRAIN_SCHEMA.validate(
+        {
+            "MODEL_PRESET": "tiny",
+            "ALGO_ARGS": {"factor": 4},
+            "RANK": 300,
+            "DATASET": [{"kind": "kohya", "path": str(kohya_dir)}],
+        }
+    )
+    trainer = dict(run_problems(TrainConfig.from_knobs(knobs)))
+    assert {k: trainer[k] for k in ("TEXT_ENCODER", "VAE", "ALGO_ARGS", "RANK")} == {
+        k: problems[k] for k in ("TEXT_ENCODER", "VAE", "ALGO_ARGS", "RANK")
+    }

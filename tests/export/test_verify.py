@@ -257,3 +257,19 @@ def test_an_out_file_holds_the_comfy_adapter_and_the_rest_sits_beside_it(tmp_pat
         "lycoris": tmp_path / "two-lycoris.safetensors"
     }
     assert not (tmp_path / "two.safetensors").exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_an_adapter_with_non_finite_weights_never_verifies(tmp_path, caplog, value):
+    """A NaN adapter once logged 'merged weights within 0.0e+00' (max(0.0, nan) is 0.0) and was called
+    verified: every file holding inf or NaN now fails, its tensors named."""
+    model, net = _adapted("lora", {}, preset="attn")
+    with torch.no_grad():
+        next(p for n, p in net.named_parameters() if "lora_up" in n).fill_(value)
+    with caplog.at_level(logging.INFO, logger="kohakumoss.export.verify"), pytest.raises(ExportMismatch) as e:
+        export_all(model, net, tmp_path, "run", save_merged_model=True)
+    message = str(e.value)
+    for consumer in ("ComfyUI", "LyCORIS", "transformer"):
+        assert consumer in message, (consumer, message)
+    assert message.count("hold inf or NaN") == 3
+    assert not [r for r in caplog.records if r.levelno == logging.INFO and "keys matched" in r.getMessage()]

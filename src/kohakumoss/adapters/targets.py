@@ -80,3 +80,31 @@ def lycoris_name(module_name: str) -> str:
 def module_name_map(model: nn.Module) -> dict[str, str]:
     """lycoris name -> native module name, for every module of the model."""
     return {lycoris_name(n): n for n, _ in model.named_modules() if n}
+
+
+def rank_problem(
+    model: nn.Module, algo: str, rank: int, preset: str, patterns: Sequence[str] = ()
+) -> str | None:
+    """RANK against the narrowest linear the adapter wraps: a low rank no larger than min(in, out)
+    features, an OFT block no larger than the output features (a larger one only costs memory)."""
+    from .algos import resolve_algo
+
+    name, algo_record = resolve_algo(algo)
+    if not algo_record.has_rank:
+        return None
+    found, globs = target_patterns(preset, patterns)
+    widths = {}
+    for module in matched_modules(model, found, globs):
+        linear = model.get_submodule(module)
+        oft = algo_record.lycoris in ("diag-oft", "boft")
+        widths[module] = linear.out_features if oft else min(linear.in_features, linear.out_features)
+    if not widths:
+        return None  # no target: TARGET_PRESET's own check names it
+    narrowest = min(widths, key=widths.get)
+    if rank <= widths[narrowest]:
+        return None
+    what = "output features" if algo_record.lycoris in ("diag-oft", "boft") else "min(in, out) features"
+    return (
+        f"{rank} is above the width of the narrowest targeted layer, {narrowest} ({widths[narrowest]} "
+        f"{what}) of TARGET_PRESET '{preset}'; use RANK <= {widths[narrowest]} ({name})"
+    )

@@ -2,7 +2,7 @@
 
 Unknown knobs (with a did-you-mean), wrong types, out-of-range values and missing paths come from the
 script's schema; then the DiT's layout, the text encoder and VAE files, the dataset, and (for
-training) the memory plan the trainer will resolve (MEMORY_PROFILE and the per-engine knobs) with its
+training) the trainer's own refusals before it loads anything (`train/preflight.run_problems`) and the memory plan the trainer will resolve (MEMORY_PROFILE and the per-engine knobs) with its
 predicted peak against the card's memory.
 """
 
@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kohakumoss.adapters.algos import base_precision_check
-from kohakumoss.adapters.dropouts import dropout_check
 from kohakumoss.config.knobs import Schema
 from kohakumoss.distributed.trainer import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
@@ -154,10 +152,8 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
         config, params = _model_files(merged, res)
     if kind == "train":
         res.problems += [p for p in trainer_refusals(merged) if p[0] not in {k for k, _ in res.problems}]
-    if kind == "train" and (msg := base_precision_check(merged)):
-        res.problems.append(("BASE_PRECISION", msg))
-    if kind == "train" and (refusal := dropout_check(merged)):
-        res.problems.append(refusal)
+    if kind == "train":
+        _run_checks(merged, res)
     if kind in ("train", "data") and "DATASET" in knobs and (msg := check_dataset(knobs["DATASET"])):
         res.problems.append(("DATASET", msg))
     if kind in ("train", "data"):
@@ -165,6 +161,21 @@ def check_config(path: str | Path, gpu: str | None = None, kind: str | None = No
     if kind == "train" and not any(k in MEMORY_INPUTS for k, _ in res.problems):
         _memory(merged, config, params, _card_gb(gpu, metadata, res, merged), metadata, res)
     return res
+
+
+def _run_checks(knobs: dict[str, Any], res: CheckResult) -> None:
+    """The trainer's own refusals before it loads anything (train/preflight.run_problems: the encoders,
+    BASE_PRECISION and the dropouts with the adapter, ALGO_ARGS for ALGO, RANK against the targeted
+    layers), each knob named once."""
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.train.preflight import run_problems
+
+    try:
+        found = run_problems(TrainConfig.from_knobs(knobs))
+    except (TypeError, ValueError, OSError):  # a value of the wrong type: the schema named it already
+        return
+    named = {k for k, _ in res.problems}
+    res.problems += [p for p in found if p[0] not in named]
 
 
 def encoder_bytes(knobs: dict[str, Any]) -> tuple[int, int]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .bounds import SEED_MAX, SEED_MIN
 from .knobs import Schema
 from .train import save_format_knob
 from .typed import ScriptConfig, config_knobs, knob
@@ -32,7 +33,7 @@ class ExportScriptConfig(ScriptConfig):
     save_diffusers: bool = knob(False, "also write a diffusers-layout transformer")
     use_ema: bool = knob(False, "export the checkpoint's EMA weights instead of the raw ones")
     dtype: str = knob("bf16", "dtype of merged / diffusers weights", choices=("bf16", "fp16", "fp32"))
-    seed: int = knob(0, "seed of MODEL_PRESET's random weights")
+    seed: int = knob(0, "seed of MODEL_PRESET's random weights", min=SEED_MIN, max=SEED_MAX)
     show_metadata: bool = knob(
         False, "print ADAPTER's metadata (ss_*, modelspec.*; a checkpoint's exports) and write nothing"
     )

@@ -3,7 +3,8 @@
 A kogine script's settings are module-level UPPER_CASE globals. `Knob` describes one; `validate`
 checks a globals dict against a schema before any work starts: unknown knobs (with a did-you-mean),
 wrong types, values out of range or not among the choices, paths that do not exist. Every problem is
-reported by name, all at once. A value typed on the command line (`kogine run ... --set STREAM_BLOCKS=3`)
+reported by name, all at once. A knob's name is upper case: a name spelled in another case (`--set steps=50`, `steps = 50` in a config)
+is refused with the knob's spelling rather than ignored. A value typed on the command line (`kogine run ... --set STREAM_BLOCKS=3`)
 arrives as text wherever the script's default does not tell kogine the type (None, or a count that may
 also be a list); `Knob.from_text` reads such a knob's text as the Python literal it takes.
 """
@@ -12,9 +13,11 @@ from __future__ import annotations
 
 import ast
 import difflib
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
@@ -26,6 +29,22 @@ _MISSING = object()
 def script_knobs(namespace: Mapping[str, Any]) -> dict[str, Any]:
     """The UPPER_CASE module-level names of a kogine script (its knobs)."""
     return {k: v for k, v in namespace.items() if k.isupper() and not k.startswith("_")}
+
+
+def _is_data(value: Any) -> bool:
+    """A value a config or `--set` gives (not a module, class or function the script itself defines)."""
+    return not (isinstance(value, (ModuleType, type)) or callable(value))
+
+
+def _nonfinite(value: Any) -> bool:
+    """A float that is inf or nan, at any depth of lists, tuples and dict values."""
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, (list, tuple)):
+        return any(_nonfinite(v) for v in value)
+    if isinstance(value, dict):
+        return any(_nonfinite(v) for v in value.values())
+    return False
 
 
 @dataclass(frozen=True)
@@ -85,6 +104,12 @@ class Knob:
         if not isinstance(value, types):
             return [f"expected {'/'.join(t.__name__ for t in types)}, got {type(value).__name__} {value!r}"]
         out = []
+        if _nonfinite(value):  # nan passes every bound (its comparisons are all False); inf trains NaN
+            return [
+                f"{value!r} is not a finite number"
+                if isinstance(value, float)
+                else f"{value!r} holds a non-finite number"
+            ]
         if self.choices is not None and value not in self.choices:
             close = difflib.get_close_matches(str(value), [str(c) for c in self.choices], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -123,6 +148,15 @@ class Schema:
         close = difflib.get_close_matches(name, list(self.knobs), n=1, cutoff=0.6)
         return f" (did you mean {close[0]}?)" if close else ""
 
+    def miscased(self, namespace: Mapping[str, Any]) -> dict[str, Any]:
+        """The names in `namespace` (a script's globals, a config's) that spell a knob in another case
+        (`steps` for STEPS): kogine sets them as given, where no knob would ever read them."""
+        return {
+            k: v
+            for k, v in namespace.items()
+            if not k.startswith("_") and k != k.upper() and k.upper() in self.knobs and _is_data(v)
+        }
+
     def from_text(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """`values` with command-line text read as each knob's literal (`Knob.from_text`)."""
         return {k: self.knobs[k].from_text(v) if k in self.knobs else v for k, v in values.items()}
@@ -134,6 +168,8 @@ class Schema:
         for name in values:
             if name.isupper() and not name.startswith("_") and name not in self.knobs:
                 out.append((name, f"unknown knob{self.suggest(name)}"))
+        for name in self.miscased(values):
+            out.append((name, f"knob names are upper case: did you mean {name.upper()}?"))
         for name, knob in self.knobs.items():
             value = values.get(name, _MISSING)
             if value is _MISSING:
@@ -173,7 +209,8 @@ def run_checked(
     from kohakumoss_common.errors import KohakuMossError
 
     try:
-        knobs = schema.validate(script_knobs(module_globals), source=f"{script} knobs")
+        given = {**script_knobs(module_globals), **schema.miscased(module_globals)}
+        knobs = schema.validate(given, source=f"{script} knobs")
         check_folder_knobs(knobs)
         fn(knobs)
     except KohakuMossError as e:

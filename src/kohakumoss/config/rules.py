@@ -21,6 +21,7 @@ RESUME_FIXED = (
     "TEXT_TEMPLATE",
     "TEXT_LAYERS",
     "TEXT_ENCODER_QUANT",
+    "ENCODER_PRECISION",  # the text embeddings and latents a step trains on
     "PRECISION",
     "BASE_PRECISION",
     "ALGO",
@@ -56,6 +57,7 @@ RESUME_FIXED = (
 RESUME_SAFE = (
     "WEIGHTS",
     "TEXT_ENCODER",
+    "TOKENIZER",  # compared as TEXT_ENCODER is: the token ids a step encodes; allowed only when moved
     "VAE",
     "DROPOUT",
     "RANK_DROPOUT",

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from kohakumoss.precision import BASE_PRECISIONS
 
+from .bounds import SEED_MAX, SEED_MIN, device_problem, seeds_problem
 from .knobs import Schema
 from .train import PRECISIONS, EncoderConfig
 from .typed import ScriptConfig, config_knobs, knob, section
@@ -58,8 +59,8 @@ class SamplerConfig:
 
     cfg: float = knob(3.0, "classifier-free guidance scale (1: no guidance; released 3, 3-6 works)", min=0.0)
     steps: int = knob(50, "sampler steps (released 50; duplicate sigmas on the grid are dropped)", min=1)
-    seed: int = knob(0, "first seed; image i of a prompt uses SEED + i")
-    seeds: list = knob([], "explicit seeds (override SEED and COUNT)")
+    seed: int = knob(0, "first seed; image i of a prompt uses SEED + i", min=SEED_MIN, max=SEED_MAX)
+    seeds: list = knob([], "explicit seeds (override SEED and COUNT)", check=seeds_problem)
     count: int = knob(1, "images per prompt", min=1)
     width: int = knob(1024, "width in px (multiple of 16)", min=16)
     height: int = knob(1024, "height in px (multiple of 16)", min=16)
@@ -96,7 +97,7 @@ class SampleOutputConfig:
 class SampleDeviceConfig:
     """Device, precision and where the weights live."""
 
-    device: str = knob("auto", "auto, cpu, cuda, cuda:N or xpu")
+    device: str = knob("auto", "auto, cpu, cuda, cuda:N or xpu", check=device_problem)
     precision: str = knob("bf16", "compute precision", choices=PRECISIONS)
     base_precision: str = knob(
         "same",

@@ -27,6 +27,7 @@ from kohakumoss.memory.profiles import profile_problem
 from kohakumoss.precision import BASE_PRECISIONS
 from kohakumoss_data import LoaderKnobs, PlanKnobs, ScanKnobs
 
+from .bounds import SEED_MAX, SEED_MIN, device_problem, seeds_problem
 from .knobs import Schema
 from .typed import ScriptConfig, config_knobs, knob, section
 
@@ -108,6 +109,12 @@ def _profile_steps(value: list) -> str | None:
     return None if ok else f"{value} is not [first, last] with 1 <= first <= last (e.g. [5, 7])"
 
 
+def _algo_args(value: dict) -> str | None:
+    from kohakumoss.adapters.algo_args import unknown_args_problem  # ALGO's own: train/components.py
+
+    return unknown_args_problem(value)
+
+
 def _loggers(value: list) -> str | None:
     from .rules import loggers_problem  # imported when checked: it looks for the trackers' packages
 
@@ -161,7 +168,7 @@ class EncoderConfig:
 class DeviceConfig:
     """Where the run computes and in what precision."""
 
-    device: str = knob("auto", "auto, cpu, cuda, cuda:N or xpu")
+    device: str = knob("auto", "auto, cpu, cuda, cuda:N or xpu", check=device_problem)
     precision: str = knob(
         "bf16", "compute precision (autocast); weights of the frozen base follow it", choices=PRECISIONS
     )
@@ -373,7 +380,11 @@ class AdapterConfig:
     )
     rank: int = knob(16, "adapter rank (block size for OFT / BOFT)", min=1)
     alpha: float = knob(16.0, "adapter alpha (scale = ALPHA / RANK)", min=0.0)
-    algo_args: dict = knob({}, "extra LyCORIS arguments (factor, block_size, constraint, ...)")
+    algo_args: dict = knob(
+        {},
+        "extra LyCORIS arguments (factor, block_size, constraint, ...): only options lycoris reads and ALGO uses",
+        check=_algo_args,
+    )
     target_preset: str = knob(
         "attn-mlp", "which modules the adapter wraps", choices=(*TARGET_PRESETS, "custom")
     )
@@ -469,7 +480,7 @@ class ObjectiveConfig:
 class SeedConfig:
     """The seed (the data scripts' plans use the training run's)."""
 
-    seed: int = knob(0, "seed of the plan, the sigmas and the noise")
+    seed: int = knob(0, "seed of the plan, the sigmas and the noise", min=SEED_MIN, max=SEED_MAX)
 
 
 @dataclass(frozen=True)
@@ -487,7 +498,7 @@ class RunConfig(SeedConfig):
     resume: str = knob("", "'' (fresh run), 'latest' or a checkpoint folder")
     resume_allow_changes: list = knob(
         [],
-        "knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, VAE are safe",
+        "knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, TOKENIZER, VAE are safe",
         check=lambda v: _resume_rule("allow_changes_problem", v),
     )
     resume_replan: bool = knob(
@@ -521,7 +532,7 @@ class SampleConfig:
         path="file",
         check=lambda v: prompt_file_problem(v, "SAMPLE_PROMPTS_FILE"),
     )
-    sample_seeds: list = knob([], "one seed per prompt (default: 0, 1, 2, ...)")
+    sample_seeds: list = knob([], "one seed per prompt (default: 0, 1, 2, ...)", check=seeds_problem)
     sample_negative: str = knob("", "negative prompt of the samples")
     sample_steps: int = knob(20, "sampler steps", min=1)
     sample_cfg: float = knob(3.0, "classifier-free guidance scale", min=0.0)

@@ -440,6 +440,16 @@ class RankRun:
         dist.broadcast_object_list(box, src=0)
         return bool(box[0])
 
+    def any_rank(self, flag: bool) -> bool:
+        """Whether `flag` holds on some rank, on every rank (each checks only the weights it holds: its
+        shards, its stages); `flag` itself in one process."""
+        if not self.active:
+            return flag
+        t = torch.tensor([float(bool(flag))])
+        t = t.to(self.world.device) if self.world.backend == "nccl" else t
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
     def full_weights(self, model: torch.nn.Module):
         """A context (every rank enters it): rank 0's `model` holds whole weights (gather.full_weights)
         under FSDP2; nothing happens otherwise (every rank holds them already)."""

@@ -11,13 +11,16 @@
 
 Then the merged weights of a few adapted layers, as that consumer computes them (ComfyUI's patch math,
 `comfy_apply`; lycoris's merge; the file's tensors), are compared with the trainer's own merge of the live
-adapter. A file that fails is an `ExportMismatch`, raised after every file is written and checked.
+adapter. A file holding inf or NaN fails whatever its merge (NaN compares as no error at all). A file
+that fails is an `ExportMismatch`, raised after every file is written and checked.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,10 +125,30 @@ def _tolerance(tensors) -> float:
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor, base: torch.Tensor) -> float:
-    """|got - want| / |want - base| (Frobenius): the error against the size of the adapter's change."""
+    """|got - want| / |want - base| (Frobenius): the error against the size of the adapter's change;
+    inf where either side is not finite."""
     got, want, base = (t.detach().cpu().double() for t in (got, want, base))  # model weights may be on a GPU
     change = (want - base).norm()
-    return float((got - want).norm() / change.clamp_min(1e-30))
+    return _finite_or_inf(float((got - want).norm() / change.clamp_min(1e-30)))
+
+
+def _finite_or_inf(error: float) -> float:
+    """NaN as inf: `max(0.0, nan)` is 0.0, which once called a NaN adapter verified."""
+    return error if math.isfinite(error) else math.inf
+
+
+def nonfinite_problem(tensors: dict[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str | None:
+    """The keys of a file's floating-point tensors (a dict, or (key, tensor) pairs read one at a time)
+    that hold inf or NaN, as a problem line."""
+    pairs = tensors.items() if isinstance(tensors, dict) else tensors
+    bad = [k for k, t in pairs if t.is_floating_point() and t.numel() and not _all_finite(t)]
+    return f"{len(bad)} tensor(s) hold inf or NaN (first: {sorted(bad)[0]})" if bad else None
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    if t.element_size() == 1:  # fp8 stores: isfinite is not defined for them
+        t = t.float()
+    return bool(torch.isfinite(t).all())
 
 
 def _sample(names: list[str], n: int = SAMPLED_LAYERS) -> list[str]:
@@ -259,6 +282,8 @@ def verify_comfy(model: MossBackbone, source: AdapterSource, path: str | Path) -
     path = Path(path)
     tensors = load_file(str(path))
     consumed, unused, problems = comfy_key_check(tensors, comfy_shapes(model))
+    if problem := nonfinite_problem(tensors):
+        problems.append(problem)
     result = Verified(
         path, "ComfyUI", consumed, len(tensors), unused, problems, tolerance=_tolerance(tensors.values())
     )
@@ -292,6 +317,9 @@ def verify_lycoris(model: MossBackbone, source: AdapterSource, path: str | Path)
     path = Path(path)
     tensors = load_file(str(path))
     result = Verified(path, "LyCORIS", 0, len(tensors), tolerance=_tolerance(tensors.values()))
+    if problem := nonfinite_problem(tensors):
+        result.problems.append(problem)
+        return result
     try:
         network = load_adapter(model, path, apply=False, device="cpu")  # read for its keys only
     except Exception as e:  # lycoris's loader fails on the file: a mismatch like any other
@@ -360,13 +388,16 @@ def verify_merged(
         key for key in info.entries if set(layout.fused_parts(key) or [layout.key_to_native(key)]) & set(want)
     }
     got = {k: t for k, t in layout.to_native(iter_tensors(info.path, keys=needed)) if k in want}
+    # every tensor, not only the sampled layers': one at a time, memory-mapped
+    if problem := nonfinite_problem(iter_tensors(info.path)):
+        result.problems.append(problem)
     for key, w in want.items():
         if key not in got:
             result.problems.append(f"'{key}' absent")
             continue
         # the trainer's weights may be on a GPU, the file's are read to the host
         w = w.detach().cpu().double()
-        result.error = max(result.error, float((got[key].double() - w).norm() / w.norm()))
+        result.error = max(result.error, _finite_or_inf(float((got[key].double() - w).norm() / w.norm())))
     result.layers = layers
     return result
 
@@ -391,6 +422,7 @@ __all__ = [
     "comfy_key_check",
     "comfy_key_map",
     "comfy_module",
+    "nonfinite_problem",
     "raise_on_mismatch",
     "verify_comfy",
     "verify_lycoris",

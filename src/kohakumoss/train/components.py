@@ -12,8 +12,11 @@ from typing import Any
 
 import torch
 
+from kohakumoss.adapters.algo_args import algo_args_problem
 from kohakumoss.adapters.algos import base_precision_check
 from kohakumoss.adapters.dropouts import dropout_check
+from kohakumoss.adapters.targets import rank_problem
+from kohakumoss.config.bounds import device_problem
 from kohakumoss.config.sample import SampleModelConfig
 from kohakumoss.config.train import EncoderConfig, ModelConfig, TrainConfig
 from kohakumoss.distributed.launch import current
@@ -37,7 +40,7 @@ from kohakumoss.model.io import inspect_checkpoint, load_backbone
 from kohakumoss.model.rope import rope_bands
 from kohakumoss.precision import fp32_residuals, quantize_frozen_linears, wants_fp32_residuals
 from kohakumoss_common.device import same_device
-from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.errors import ConfigError, KohakuMossError
 from kohakumoss_common.io import set_module_tensor
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
@@ -54,9 +57,22 @@ def resolve_device(knob: str) -> torch.device:
         if hasattr(torch, "xpu") and torch.xpu.is_available():
             return torch.device("xpu")
         return torch.device("cpu")
+    if problem := device_problem(knob):
+        raise ConfigError("DEVICE", problem)
     device = torch.device(knob)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("DEVICE", f"'{knob}' asked for, but torch sees no CUDA GPU")
+    present = {
+        "xpu": lambda: hasattr(torch, "xpu") and torch.xpu.is_available(),
+        "mps": torch.backends.mps.is_available,
+    }
+    if device.type in present and not present[device.type]():
+        raise ConfigError("DEVICE", f"'{knob}' asked for, but torch sees no {device.type} device")
+    count = torch.cuda.device_count() if device.type == "cuda" else None
+    if count is not None and device.index is not None and device.index >= count:
+        raise ConfigError(
+            "DEVICE", f"'{knob}' asked for, but torch sees {count} CUDA GPU(s): cuda:0..cuda:{count - 1}"
+        )
     return device
 
 
@@ -304,6 +320,55 @@ def cap_to_card(card_gb: float, device: torch.device) -> float | None:
     return want
 
 
+Problem = tuple[str, str]  # (knob, what is wrong)
+
+
+def _named(error: KohakuMossError, knob: str) -> Problem:
+    knob = getattr(error, "knob", None) or knob
+    return knob, str(error).removeprefix(f"{knob}: ")
+
+
+def component_problems(cfg: TrainConfig, model: MossConfig | None = None) -> list[Problem]:
+    """What `build_components` refuses before it loads anything: BASE_PRECISION with the adapter, the
+    dropouts, ALGO_ARGS for this ALGO, RANK against the targeted layers, TEXT_ENCODER='random''s width.
+    `model`: the DiT's config when the caller read it already (None: from WEIGHTS' headers or the preset)."""
+    knobs, adapter = cfg.knobs(), cfg.adapter
+    out: list[Problem] = []
+    if problem := base_precision_check(knobs):
+        out.append(("BASE_PRECISION", problem))
+    if refusal := dropout_check(knobs):
+        out.append(refusal)
+    if adapter.algo != "full" and (problem := algo_args_problem(adapter.algo, dict(adapter.algo_args))):
+        out.append(("ALGO_ARGS", problem))
+    if model is None:
+        try:
+            model = model_config(cfg.model)
+        except KohakuMossError as e:
+            return [*out, _named(e, "WEIGHTS")]
+    if adapter.algo != "full":
+        with torch.device("meta"):  # the module tree only: no memory, no init
+            skeleton = MossBackbone(model)
+        try:
+            if problem := rank_problem(
+                skeleton, adapter.algo, int(adapter.rank), adapter.target_preset, adapter.target_patterns
+            ):
+                out.append(("RANK", problem))
+        except KohakuMossError as e:  # TARGET_PRESET / TARGET_PATTERNS: named by their knob
+            out.append(_named(e, "TARGET_PRESET"))
+    try:
+        check_random_text(cfg.encoders, dit_preset(cfg.model), model.text_dim)
+    except KohakuMossError as e:
+        out.append(_named(e, "TEXT_ENCODER"))
+    return out
+
+
+def refuse(problems: list[Problem]) -> None:
+    """A ConfigError naming the first problem's knob, every problem in its message (none: nothing)."""
+    if problems:
+        knob, first = problems[0]
+        raise ConfigError(knob, first + "".join(f"; {k}: {p}" for k, p in problems[1:]))
+
+
 def build_components(cfg: TrainConfig, build_device: torch.device | None = None) -> Components:
     """build_device: where the DiT is built before the plan places it (the benchmark's --build-device);
     default the host when blocks stream, else the device."""
@@ -317,13 +382,9 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     full_ft = cfg.adapter.algo == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    knobs = cfg.knobs()  # the adapters package's checks and the sharded build read the flat knobs
-    if problem := base_precision_check(knobs):  # before anything loads
-        raise ConfigError("BASE_PRECISION", problem)
-    if refusal := dropout_check(knobs):
-        raise ConfigError(*refusal)
+    knobs = cfg.knobs()  # the sharded build reads the flat knobs
+    refuse(component_problems(cfg))  # before anything loads (kohakumoss-config check says the same)
     preset = dit_preset(cfg.model)
-    check_random_text(cfg.encoders, preset, model_config(cfg.model).text_dim)  # before anything is built
     plan, why = build_plan(cfg, device)
     log.info(f"memory plan: {why}")
     # streamed blocks never sit whole on the device: such a model is loaded on the host first;

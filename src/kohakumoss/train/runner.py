@@ -43,7 +43,7 @@ class StepInputs:
 @dataclass
 class StepResult:
     losses: list = field(default_factory=list)  # per micro-step: device scalars (device skip) or floats
-    ok: torch.Tensor | None = None  # device bool: every loss finite (device-side skip)
+    ok: torch.Tensor | None = None  # device bool: every loss and the gradient norm finite (device-side skip)
     finite: bool = True  # False: a micro-step's loss was read non-finite on the host; no update queued
     grad_norm: torch.Tensor | None = None
     samples: int = 0
@@ -190,7 +190,8 @@ class StepRunner:
                 scaler.step(member)
             scaler.update()
             return
-        if self.on_device:
+        if self.on_device:  # a finite loss whose gradients are not (inf * 0 in the clip) is skipped too
+            res.ok = res.ok & torch.isfinite(res.grad_norm)  # a 0-d host norm (no grads) acts as a scalar
             arm_skip(opt, res.ok)
         opt.step()
 

@@ -72,6 +72,7 @@ from .data import (
     validation_batches,
 )
 from .ema import EMA
+from .finite import NonFiniteWeights, nonfinite_tensors
 from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
 from .interrupt import StepInterrupt
 from .lengths import LengthSwitch
@@ -84,6 +85,7 @@ from .optim import (
     set_train_mode,
 )
 from .prefetch import Prefetcher
+from .preflight import RUNTIME_KEY, check_run, runtime_record
 from .profiling import StepProfiler
 from .resume import check_resume_knobs
 from .rng import restore_rng
@@ -137,13 +139,17 @@ class Trainer:
         self.run_dir, self.ckpt_root, self.samples_dir = run_dir, run_dir / "checkpoints", run_dir / "samples"
         self.steps, self.accum = int(cfg.optim.steps), int(cfg.optim.grad_accum)
         self.stop_at = min(int(cfg.run.stop_at) or self.steps, self.steps)
+        check_run(cfg)  # every refusal kohakumoss-config check reports, before anything loads
         resume_path = self.find_resume()
         seed_everything(int(cfg.run.seed))
-        atomic_write_json(rr.own(run_dir) / "config.json", self.knobs)
+        atomic_write_json(rr.own(run_dir) / "config.json", {**self.knobs, RUNTIME_KEY: runtime_record()})
         self.scanned = scan_dataset(cfg)  # a dataset with nothing usable is refused before the models load
         self.comps = build_components(cfg)
         rr.check_plan(self.comps.plan)  # DISTRIBUTED='fsdp': engines FSDP2 cannot run, refused here
-        log.info(f"device {self.comps.device}, precision {cfg.device.precision}, run folder {run_dir}")
+        threads = f" ({torch.get_num_threads()} threads)" if self.comps.device.type == "cpu" else ""
+        log.info(
+            f"device {self.comps.device}{threads}, precision {cfg.device.precision}, run folder {run_dir}"
+        )
         self.build_data()
         self.base_row = self.base_samples()
         self.tr = self.build_trainable()
@@ -366,7 +372,9 @@ class Trainer:
     def skip(self, result: StepResult) -> None:
         """A non-finite step: counted, its remaining batches taken; MAX_BAD_STEPS in a row stop the run."""
         self.bad_in_row, self.skipped = self.bad_in_row + 1, self.skipped + 1
-        log.warning(f"step {self.step}: non-finite loss, step skipped ({self.bad_in_row} in a row)")
+        log.warning(
+            f"step {self.step}: non-finite loss or gradients, step skipped ({self.bad_in_row} in a row)"
+        )
         if self.bad_in_row >= int(self.cfg.objective.max_bad_steps):
             raise NonFiniteLoss(
                 f"{self.bad_in_row} non-finite losses in a row (MAX_BAD_STEPS); lower LR, check the data or use PRECISION='bf16'"
@@ -461,8 +469,10 @@ class Trainer:
     def save(self, final: bool = False) -> Path:
         """A checkpoint at this step, its exports inside (`final`: the run's final exports, linked into
         run_dir/export afterwards); rank 0 writes it (the weights are equal on every rank). Under FSDP2
-        every rank writes its shards into it and takes part in the exports' gather."""
+        every rank writes its shards into it and takes part in the exports' gather. Non-finite trainable
+        weights are refused first (`NonFiniteWeights`): nothing of them is written."""
         rr = self.rr
+        self.refuse_nonfinite_weights()
         if rr.sharded is not None:
             state = sharded_state(self.tr.module, optimizer_members(self.tr.optimizer))
             if rr.is_main:
@@ -479,6 +489,17 @@ class Trainer:
                 return self.ckpt_root / step_dirname(self.step)
             with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
                 return self.write_checkpoint(final=final)
+
+    def refuse_nonfinite_weights(self) -> None:
+        """Stop with NonFiniteWeights when a rank's trainable weights hold inf or nan (all ranks together)."""
+        bad = nonfinite_tensors(self.tr.module)
+        if self.rr.any_rank(bool(bad)):
+            where = f"{len(bad)} tensor(s), first {bad[0]}" if bad else "on another rank"
+            raise NonFiniteWeights(
+                f"step {self.step}: the trainable weights are not finite ({where}; {self.skipped} step(s) "
+                f"skipped so far): no checkpoint or export written; lower LR or check the data, then "
+                "resume from the last checkpoint"
+            )
 
     def write_checkpoint(self, sharded: dict | None = None, final: bool = False) -> Path:
         """Rank 0's checkpoint folder; `sharded` (FSDP2): every rank's DCP state, written by all of them
