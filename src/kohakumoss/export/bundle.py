@@ -28,6 +28,7 @@ from kohakumoss.adapters.io import adapter_metadata, adapter_state_dict, save_ad
 from kohakumoss.config.train import SAVE_FORMATS
 from kohakumoss.model import MossBackbone
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.hashing import safetensors_hashes
 from kohakumoss_common.io import save_safetensors
 from kohakumoss_common.log import get_logger
 
@@ -90,6 +91,7 @@ def save_comfy_adapter(
         kohakumoss_format="comfy" if fused else "kohya",
         kohakumoss_comfy_formats=json.dumps(comfy.formats, sort_keys=True),
     )
+    meta.update(safetensors_hashes(comfy.tensors, meta))
     save_safetensors(comfy.tensors, path, meta)
     return comfy.formats
 

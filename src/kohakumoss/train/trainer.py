@@ -21,6 +21,7 @@ and its estimate, the data package's settings through data_knobs.py, the distrib
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
 from kohakumoss.distributed.trainer import RankRun
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
+from kohakumoss.export.run_facts import dataset_facts, write_run_facts
 from kohakumoss.export.verify import ExportMismatch
 from kohakumoss.model import linear_rows
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
@@ -175,6 +177,11 @@ class Trainer:
             else CacheOnly(comps.text_encoder, "TEXT_ENCODE", "scripts/data/cache_text.py")
         )
         self.data = open_run_data(cfg, self.image_encoder, self.text_encoder)
+        if self.rr.is_main:  # what the exports' ss_* keys say about the data (basenames, counts, tags)
+            side = math.isqrt(int(cfg.data.area))
+            write_run_facts(
+                self.run_dir, dataset_facts(cfg.data.dataset, self.data.catalog, self.data.plan, side)
+            )
         if fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, self.rr.is_main):
             self.rr.barrier()  # rank 0 filled the caches; the others read them again
             fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, fill=False)
