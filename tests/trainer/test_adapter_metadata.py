@@ -37,7 +37,7 @@ def test_exports_carry_run_metadata_and_reexports_keep_it(train_world, tmp_path,
         kind: read_metadata(run / "export" / f"meta-{kind}.safetensors") for kind in ("lycoris", "comfy")
     }
     ckpt = run / "checkpoints" / "step_00000001"
-    at_one = read_metadata(ckpt / "export" / "meta-lycoris.safetensors")
+    at_one = read_metadata(ckpt / "export" / "lycoris" / "meta.safetensors")
     for meta in (*final.values(), at_one):
         assert meta["ss_network_module"] == "lycoris.kohya" and meta["ss_network_dim"] == "4"
         assert meta["modelspec.architecture"] == "MOSS-Image/loha" and meta["modelspec.title"] == "meta"
@@ -56,7 +56,7 @@ def test_exports_carry_run_metadata_and_reexports_keep_it(train_world, tmp_path,
         meta = read_metadata(tmp_path / "ckpt" / f"again-{kind}.safetensors")
         kept = {k: v for k, v in at_one.items() if k not in FORMAT_KEYS}
         assert {k: meta[k] for k in kept} == kept, kind  # same date, thumbnail and step as the run wrote
-    lycoris = run / "export" / "meta-lycoris.safetensors"
+    lycoris = run / "export" / "lycoris" / "meta.safetensors"
     from_file = {**base, "ADAPTER": str(lycoris), "OUT": str(tmp_path / "file"), "NAME": "f"}
     assert run_checked(EXPORT_SCHEMA, from_file, ns["run"], "export.py") == 0
     meta = read_metadata(tmp_path / "file" / "f-comfy.safetensors")
@@ -103,9 +103,7 @@ def assert_shareable(run: Path, root: str) -> None:
     and folders have the umask's modes (0644 / 0755 under 022), the kohya keys describe the data."""
     exports = [run / "export", *sorted((run / "checkpoints").glob("step_*/export"))]
     files = [f for folder in exports for f in sorted(folder.rglob("*")) if f.is_file()]
-    assert any(f.name == "meta-lycoris.safetensors" for f in files) and any(
-        f.parent.name == "merged" for f in files
-    )
+    assert any(f.parent.name == "lycoris" for f in files) and any(f.parent.name == "merged" for f in files)
     for f in files:
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
         assert stat.S_IMODE(f.parent.stat().st_mode) == 0o755, f.parent

@@ -47,7 +47,7 @@ def test_lora_run_writes_its_folder(train_world):
             ckpt / "export" / "files-comfy.safetensors"
         ).exists()
     assert (run / "export" / "files-comfy.safetensors").exists() and (
-        run / "export" / "files-lycoris.safetensors"
+        run / "export" / "lycoris" / "files.safetensors"
     ).exists()
     assert (run / "samples" / "grid_step_00000003.png").exists() and (
         run / "samples" / "grid_step_00000006.png"
