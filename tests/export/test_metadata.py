@@ -124,3 +124,21 @@ def test_read_describe_and_carry(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"not a file")
     with pytest.raises(CheckpointError, match="bad.safetensors"):
         read_metadata(tmp_path / "bad.safetensors")
+
+
+def test_a_checkpoint_reexport_carries_its_lycoris_file_keys(tmp_path):
+    """SAVE_FORMAT='hf': the checkpoint's only adapter file is in export/lycoris/; a re-export carries its keys."""
+    import torch
+    from safetensors.torch import save_file
+
+    from kohakumoss.export.from_checkpoint import source_metadata
+
+    ckpt = tmp_path / "my-lora" / "checkpoints" / "step_00000004"
+    (ckpt / "export" / "lycoris").mkdir(parents=True)
+    (ckpt / "config.json").write_text(json.dumps({**KNOBS, "RUNS_DIR": str(tmp_path)}))
+    (ckpt / "meta.json").write_text(json.dumps({"step": 4}))
+    meta = {"modelspec.date": "2026-01-02T03:04:05Z", "sshs_model_hash": "ab"}
+    save_file({"x": torch.zeros(1)}, str(ckpt / "export" / "lycoris" / "my-lora.safetensors"), meta)
+    got = source_metadata(ckpt)
+    assert got["modelspec.date"] == "2026-01-02T03:04:05Z" and got["ss_steps"] == "4"
+    assert "sshs_model_hash" not in got  # each file hashes its own tensors
