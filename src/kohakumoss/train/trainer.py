@@ -46,6 +46,7 @@ from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, Ko
 from kohakumoss_common.io import atomic_write_json, disk_full_as_error, ensure_free_space, link_tree
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
+from kohakumoss_common.progress import StepProgress
 
 from .checkpoint import (
     clean_stale,
@@ -201,7 +202,7 @@ class Trainer:
             return None
         row = load_row(self.samples_dir / "base", "base", len(self.prompts)) if self.can_sample else None
         if self.rr.main_decides(row is None):  # rank 0 found no saved row: every drawing rank draws
-            row = self.draw_row()
+            row = self.draw_row("base model samples")
             if self.can_sample:
                 save_row(row, self.samples_dir / "base", "base")
         return row if self.can_sample else None
@@ -269,7 +270,8 @@ class Trainer:
         self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first, pad_to=pad)
 
     def begin(self) -> None:
-        """Train mode, the peak-memory counter, rank 0's progress (a bar, or log lines off a terminal)."""
+        """Train mode, the peak-memory counter, rank 0's progress (a bar, or log lines off a terminal; log.txt
+        gets the lines either way)."""
         device = self.comps.device
         self.comps.backbone.train()
         if device.type == "cuda":
@@ -284,7 +286,7 @@ class Trainer:
             dynamic_ncols=True,
             disable=quiet,
         )
-        self.progress = ProgressLines(log, self.steps) if self.bar.disable and self.rr.is_main else None
+        self.progress = ProgressLines(log, self.steps, console=self.bar.disable) if self.rr.is_main else None
         self.collector = StepCollector(int(self.cfg.runtime.gc_every))
         self.profiler = StepProfiler(
             self.cfg.runtime.profile_steps, self.rr.own(self.run_dir), self.comps.device
@@ -427,7 +429,7 @@ class Trainer:
         step = self.step
         with eval_weights(self.tr.optimizer):
             clear_tlora_mask()
-            row = self.draw_row()
+            row = self.draw_row(f"samples at step {step}")
             if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
                 return self.samples_dir
             save_row(row, self.samples_dir / step_dirname(step), "sample")
@@ -438,13 +440,25 @@ class Trainer:
         log.info(f"samples {path}")
         return path
 
-    def draw_row(self):
-        """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile."""
+    def draw_row(self, desc: str):
+        """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile;
+        rank 0 shows the sampler's steps as `desc` (a bar, or progress lines)."""
         comps = self.comps
+        progress = StepProgress(desc) if self.rr.is_main else None
         with comps.text_encoder.on_device(), comps.vae.on_device(), self.rr.whole_forward(comps.backbone):
-            return draw_row(
-                comps.backbone, comps.text_encoder, comps.vae, self.cfg, comps.device, comps.dtype
-            )
+            try:
+                return draw_row(
+                    comps.backbone,
+                    comps.text_encoder,
+                    comps.vae,
+                    self.cfg,
+                    comps.device,
+                    comps.dtype,
+                    progress,
+                )
+            finally:
+                if progress is not None:
+                    progress.close()
 
     def save(self, final: bool = False) -> Path:
         """A checkpoint at this step, its exports inside (`final`: the run's final exports, linked into
