@@ -30,9 +30,11 @@ class _AtLeast(logging.Filter):
 
 
 def quiet_third_party() -> None:
-    """Hold the QUIET loggers to their level, whenever the libraries are imported."""
+    """Hold the QUIET loggers to their level, whenever the libraries are imported: the level reaches their
+    child loggers, the filter outlasts a library that sets its own logger's level at import (LyCORIS)."""
     for name, level in QUIET.items():
         logger = logging.getLogger(name)
+        logger.setLevel(max(level, logger.level))
         if not any(isinstance(f, _AtLeast) for f in logger.filters):
             logger.addFilter(_AtLeast(level))
 

@@ -96,6 +96,7 @@ def test_third_party_loggers_show_warnings_only(capsys):
     chatty.info("24 Modules Loaded")
     chatty.warning("a real warning")
     logging.getLogger("torch.utils._pytree").warning("register_constant() on Enum subclasses is deprecated")
+    assert not logging.getLogger("torchao.quantization").isEnabledFor(logging.INFO)  # children too
     out = capsys.readouterr()
     assert "a real warning" in out.out + out.err
     assert "Modules Loaded" not in out.out + out.err and "register_constant" not in out.out + out.err
