@@ -272,4 +272,5 @@ def test_the_only_adapter_file_at_the_top_is_the_one_comfyui_loads(tmp_path, cap
     assert [p.name for p in tmp_path.glob("*.safetensors")] == ["run-comfy.safetensors"]
     assert written["lycoris"] == tmp_path / "lycoris" / "run.safetensors"
     assert all(k.startswith("lycoris_") for k in load_file(str(written["lycoris"])))
+    assert "lycoris/run.safetensors: LyCORIS format" in caplog.text
     assert "ComfyUI loads none of its keys (ComfyUI's is run-comfy.safetensors)" in caplog.text

@@ -34,7 +34,8 @@ def test_exports_carry_run_metadata_and_reexports_keep_it(train_world, tmp_path,
         os.umask(before)
     assert_shareable(run, train_world["root"])
     final = {
-        kind: read_metadata(run / "export" / f"meta-{kind}.safetensors") for kind in ("lycoris", "comfy")
+        "lycoris": read_metadata(run / "export" / "lycoris" / "meta.safetensors"),
+        "comfy": read_metadata(run / "export" / "meta-comfy.safetensors"),
     }
     ckpt = run / "checkpoints" / "step_00000001"
     at_one = read_metadata(ckpt / "export" / "lycoris" / "meta.safetensors")
@@ -52,8 +53,8 @@ def test_exports_carry_run_metadata_and_reexports_keep_it(train_world, tmp_path,
     base = {**ns, "MODEL_PRESET": "tiny"}
     again = {**base, "ADAPTER": str(ckpt), "OUT": str(tmp_path / "ckpt"), "NAME": "again"}
     assert run_checked(EXPORT_SCHEMA, again, ns["run"], "export.py") == 0
-    for kind in ("lycoris", "comfy"):
-        meta = read_metadata(tmp_path / "ckpt" / f"again-{kind}.safetensors")
+    for kind in ("lycoris/again", "again-comfy"):
+        meta = read_metadata(tmp_path / "ckpt" / f"{kind}.safetensors")
         kept = {k: v for k, v in at_one.items() if k not in FORMAT_KEYS}
         assert {k: meta[k] for k in kept} == kept, kind  # same date, thumbnail and step as the run wrote
     lycoris = run / "export" / "lycoris" / "meta.safetensors"
@@ -121,10 +122,9 @@ def assert_shareable(run: Path, root: str) -> None:
     assert dataset["subsets"][0]["image_dir"] == "2_style" and dataset["num_train_images"] == 8
     assert meta["ss_shuffle_caption"] == "False" and meta["ss_caption_dropout_rate"] == "0.0"
     assert float(meta["ss_training_started_at"]) <= float(meta["ss_training_finished_at"])
-    for kind in ("comfy", "lycoris"):
-        path = run / "export" / f"meta-{kind}.safetensors"
+    for path in (run / "export" / "meta-comfy.safetensors", run / "export" / "lycoris" / "meta.safetensors"):
         own = read_metadata(path)
-        assert own["sshs_model_hash"] == safetensors_data_sha256(path), kind
+        assert own["sshs_model_hash"] == safetensors_data_sha256(path), path
         assert (
             own["modelspec.hash_sha256"] == "0x" + own["sshs_model_hash"]
             and len(own["sshs_legacy_hash"]) == 8

@@ -160,6 +160,6 @@ def export_all(
             else "SAVE_FORMAT='both' writes ComfyUI's"
         )
         log.info(
-            f"{written['lycoris']}: LyCORIS format, for this project's scripts and lycoris; ComfyUI loads none of its keys ({comfy_file})"
+            f"{written['lycoris'].parent.name}/{written['lycoris'].name}: LyCORIS format, for this project's scripts and lycoris; ComfyUI loads none of its keys ({comfy_file})"
         )
     return written
