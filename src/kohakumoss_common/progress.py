@@ -52,7 +52,8 @@ def progress_line(desc: str, done: int, total: int, unit: str, elapsed: float, s
 
 class Progress:
     """`with Progress(total, "latents", "img") as p: ... p.update(n)`: a bar in a terminal, else log lines
-    (`progress_line`); nothing when `total` is 0. `logger` receives the lines (the project's by default)."""
+    (`progress_line`); nothing when `total` is 0. `logger` receives the lines (the project's by default);
+    `leave=False` clears the finished bar (one drawn under the training's own)."""
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class Progress:
         logger: logging.Logger | None = None,
         terminal: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
+        leave: bool = True,
     ):
         self.total, self.desc, self.unit, self.done, self.start = int(total), desc, unit, initial, initial
         self.every_s, self.log, self.clock = every_s, logger or log, clock
@@ -72,7 +74,9 @@ class Progress:
         terminal = on_terminal() if terminal is None else terminal
         self.bar = None
         if not self.closed and terminal:
-            self.bar = tqdm(total=self.total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True)
+            self.bar = tqdm(
+                total=self.total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, leave=leave
+            )
         elif not self.closed:
             self.log.info(progress_line(desc, initial, self.total, unit, 0.0, initial))
 

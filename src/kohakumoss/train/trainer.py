@@ -444,7 +444,7 @@ class Trainer:
         """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile;
         rank 0 shows the sampler's steps as `desc` (a bar, or progress lines)."""
         comps = self.comps
-        progress = StepProgress(desc) if self.rr.is_main else None
+        progress = StepProgress(desc, leave=False) if self.rr.is_main else None
         with comps.text_encoder.on_device(), comps.vae.on_device(), self.rr.whole_forward(comps.backbone):
             try:
                 return draw_row(
