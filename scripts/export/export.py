@@ -3,7 +3,7 @@
     kogine run scripts/export/export.py --set WEIGHTS=ComfyUI/models/diffusion_models/<the DiT>.safetensors \
         --set ADAPTER=runs/moss/my-lora/checkpoints/step_00001000 --set OUT=exports --set SAVE_MERGED=True
 
-OUT=my-lora.safetensors writes the ComfyUI file there and the others beside it (my-lora-lycoris.safetensors,
+OUT=my-lora.safetensors writes the ComfyUI file there and the others beside it (my-lora-lycoris/my-lora.safetensors,
 my-lora-merged/, my-lora-transformer/).
 """
 

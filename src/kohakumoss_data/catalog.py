@@ -17,13 +17,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from kohakumoss_common.errors import DataError
 from kohakumoss_common.hashing import sha256_bytes, sha256_json
 from kohakumoss_common.io import atomic_write_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
+from kohakumoss_common.progress import Progress
 
 from .captions import MAX_CAPTION_BYTES, TOO_LARGE, apply_missing_policy, check_policy, decode_captions
 from .ordered_map import bounded_map
@@ -213,7 +212,7 @@ def _probe_changed(
     fresh: dict[str, list[dict[str, Any]]] = {u: [] for u in changed}
     finished: dict[str, list[dict[str, Any]]] = {}
     current, last_save, interval = None, time.monotonic(), CHECKPOINT_SECONDS
-    with tqdm(total=len(changed), desc="scan", unit="file", disable=None) as bar:
+    with Progress(len(changed), "scan", "file") as bar:  # nothing shown when no file changed
         for item in _probe_units(source, changed, knobs):
             if item.unit != current:
                 if current is not None:
@@ -228,7 +227,7 @@ def _probe_changed(
                         CHECKPOINT_SECONDS, SAVE_OVERHEAD * (last_save - started)
                     )  # saving stays under 10%
             fresh[item.unit].append(item.to_json())
-        bar.update(len(changed) - bar.n)
+        bar.update(len(changed) - bar.done)
     return fresh
 
 

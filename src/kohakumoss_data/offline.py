@@ -6,7 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
-from tqdm import tqdm
+from kohakumoss_common.progress import Progress
 
 from .cache import TensorCache
 from .cache_keys import latent_key, text_key
@@ -65,8 +65,10 @@ def fill_latent_cache(
     results: Iterator = (
         bounded_map(pool, _run, tasks, 4 * max(1, workers)) if pool else (_run(t, source) for t in tasks)
     )
+    bar = Progress(len(tasks) if progress else 0, "latents", "img")
     try:
-        for task, pixels in tqdm(results, total=len(tasks), desc="latents", unit="img", disable=not progress):
+        for task, pixels in results:
+            bar.update(1)
             group = pending[task.item.target]
             group.append((task.latent_key, pixels))
             if len(group) >= batch_size:
@@ -74,6 +76,7 @@ def fill_latent_cache(
         for group in pending.values():
             _encode_group(group, encoder, cache)
     finally:
+        bar.close()
         cache.flush()
         if pool is not None:
             stop_pool(pool)  # a worker stuck in a read cannot hang Ctrl-C or an error
@@ -99,7 +102,7 @@ def fill_text_cache(
     """Encode every caption whose (caption, template, encoder, layer) key is not in `cache` yet."""
     keyed = {text_key(c, encoder.template, encoder.identity, encoder.layer_choice): c for c in captions}
     todo = [(k, c) for k, c in keyed.items() if k not in cache]
-    bar = tqdm(total=len(todo), desc="text", unit="caption", disable=not progress)
+    bar = Progress(len(todo) if progress else 0, "text", "caption")
     try:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]

@@ -39,7 +39,7 @@ def test_the_default_demo_runs_and_its_lora_row_resembles_the_training_pictures(
     assert Image.open(grid).size[1] > 2 * 128  # two rows
     assert sorted(p.name for p in (run / "export").iterdir()) == [
         "demo-comfy.safetensors",
-        "demo-lycoris.safetensors",
+        "lycoris",
     ]
     assert not list(IMAGES.parent.glob(".*catalog*"))  # the catalog stays in the run folder
     print(f"distance to the training pictures: {near}")

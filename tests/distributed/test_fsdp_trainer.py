@@ -107,7 +107,7 @@ def test_fsdp_lora_on_two_cpu_ranks_trains_what_one_process_does(train_world):  
     assert not list((two / "checkpoints").glob(".*"))  # no temporary folder left
     # the export script, one process, re-exports the sharded checkpoint as the run exported it
     again = export_script(ckpt, two / "again")
-    for name in ("again-comfy.safetensors", "again-lycoris.safetensors"):
+    for name in ("again-comfy.safetensors", "lycoris/again.safetensors"):
         fresh = load_file(again / name)
         original = load_file(ckpt / "export" / name.replace("again", "lora-two"))
         assert fresh.keys() == original.keys() and all(torch.equal(fresh[k], original[k]) for k in fresh)

@@ -43,7 +43,7 @@ def test_fp8_base_runs_checkpoint_and_export(train_world, caplog, algo, args, me
     export = run / "export"
     comfy = load_file(str(export / f"fp8-{algo}-comfy.safetensors"))
     assert not any(k.endswith("weight_scale") for k in comfy)
-    assert not (export / f"fp8-{algo}-lycoris.safetensors").exists()  # SAVE_FORMAT='comfy' keeps one file
+    assert not (export / "lycoris").exists()  # SAVE_FORMAT='comfy' keeps one file
     for step in (2, 4):
         folder = next((run / "checkpoints").glob(f"step_*{step}"))
         assert (folder / "trainable.safetensors").is_file()
@@ -68,7 +68,9 @@ def test_a_wrong_export_keeps_the_checkpoint_and_stops_the_run(train_world, monk
         train(knobs)
     folder = next((_run_dir(knobs) / "checkpoints").glob("step_*2"))
     assert (folder / "trainable.safetensors").is_file() and (folder / "meta.json").is_file()
-    assert (folder / "export" / "wrong-export-lycoris.safetensors").is_file()  # SAVE_FORMAT='comfy' kept it
+    assert (
+        folder / "export" / "lycoris" / "wrong-export.safetensors"
+    ).is_file()  # SAVE_FORMAT='comfy' kept it
 
 
 def _run_dir(knobs) -> Path:

@@ -156,7 +156,7 @@ def test_a_wrong_comfy_file_fails_its_merge_comparison(tmp_path):
 def test_lycoris_check_names_keys_lycoris_does_not_load(tmp_path):
     model, net = _adapted("lora", {}, preset="attn")
     export_all(model, net, tmp_path, "run")
-    path = tmp_path / "run-lycoris.safetensors"
+    path = tmp_path / "lycoris" / "run.safetensors"
     tensors = load_file(str(path))
     tensors["lycoris_layers_0_proj_o.lora_mid_typo.weight"] = torch.zeros(2)
     save_file(tensors, str(path))
@@ -180,8 +180,10 @@ def test_a_mismatch_raises_after_writing_and_deletes_nothing(monkeypatch, tmp_pa
     model, net = _adapted("lora", {}, preset="attn")
     with pytest.raises(ExportMismatch, match=r"run-comfy\.safetensors: ComfyUI: \d+/\d+ keys matched"):
         export_all(model, net, tmp_path, "run")
-    assert (tmp_path / "run-lycoris.safetensors").is_file() and (tmp_path / "run-comfy.safetensors").is_file()
-    assert verify_lycoris(model, adapter_state_dict(net), tmp_path / "run-lycoris.safetensors").ok
+    assert (tmp_path / "lycoris" / "run.safetensors").is_file() and (
+        tmp_path / "run-comfy.safetensors"
+    ).is_file()
+    assert verify_lycoris(model, adapter_state_dict(net), tmp_path / "lycoris" / "run.safetensors").ok
 
 
 def test_checkpoint_exports_defer_full_differences(tmp_path):
@@ -192,7 +194,7 @@ def test_checkpoint_exports_defer_full_differences(tmp_path):
     assert set(written) == {"lycoris"} and written["lycoris"].is_file()
     assert not (tmp_path / "a" / "run-comfy.safetensors").exists()
     written = export_all(model, net, tmp_path / "b", "run", save_format="comfy")
-    assert set(written) == {"comfy"} and not (tmp_path / "b" / "run-lycoris.safetensors").exists()
+    assert set(written) == {"comfy"} and not (tmp_path / "b" / "lycoris").exists()
     model, net = _adapted("loha", {}, preset="attn")
     written = export_all(model, net, tmp_path / "c", "run", save_format="both", full_diffs=False)
     assert set(written) == {"lycoris", "comfy"}
@@ -215,7 +217,7 @@ def test_a_bf16_base_diff_carries_no_rounding_of_the_weight(tmp_path, algo):
 def test_a_file_lycoris_cannot_load_is_a_mismatch(tmp_path):
     model, net = _adapted("lora", {}, preset="attn")
     export_all(model, net, tmp_path, "run")
-    path = tmp_path / "run-lycoris.safetensors"
+    path = tmp_path / "lycoris" / "run.safetensors"
     tensors = load_file(str(path))
     key = next(k for k in tensors if k.endswith("lora_down.weight"))
     tensors[key] = torch.zeros(tensors[key].shape[0], 3)  # no longer the module's width
@@ -243,18 +245,20 @@ def test_an_out_file_holds_the_comfy_adapter_and_the_rest_sits_beside_it(tmp_pat
     written = export_all(model, net, out, "ignored", save_merged_model=True, save_diffusers=True)
     assert written == {
         "comfy": out,
-        "lycoris": tmp_path / "named" / "my-lora-lycoris.safetensors",
+        "lycoris": tmp_path / "named" / "my-lora-lycoris" / "my-lora.safetensors",
         "merged": tmp_path / "named" / "my-lora-merged",
         "diffusers": tmp_path / "named" / "my-lora-transformer",
     }
-    assert sorted(p.name for p in (tmp_path / "named").iterdir()) == sorted(p.name for p in written.values())
+    assert sorted(p.name for p in (tmp_path / "named").iterdir()) == sorted(
+        p.relative_to(tmp_path / "named").parts[0] for p in written.values()
+    )
     for kind in ("comfy", "lycoris"):
         mine, theirs = load_file(str(written[kind])), load_file(str(folder[kind]))
         assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine), kind
     assert set(export_all(model, net, tmp_path / "one.safetensors", "x", save_format="comfy")) == {"comfy"}
-    assert not (tmp_path / "one-lycoris.safetensors").exists() and (tmp_path / "one.safetensors").is_file()
+    assert not (tmp_path / "one-lycoris").exists() and (tmp_path / "one.safetensors").is_file()
     assert export_all(model, net, tmp_path / "two.safetensors", "x", save_format="hf") == {
-        "lycoris": tmp_path / "two-lycoris.safetensors"
+        "lycoris": tmp_path / "two-lycoris" / "two.safetensors"
     }
     assert not (tmp_path / "two.safetensors").exists()
 
@@ -273,3 +277,16 @@ def test_an_adapter_with_non_finite_weights_never_verifies(tmp_path, caplog, val
         assert consumer in message, (consumer, message)
     assert message.count("hold inf or NaN") == 3
     assert not [r for r in caplog.records if r.levelno == logging.INFO and "keys matched" in r.getMessage()]
+
+
+def test_the_only_adapter_file_at_the_top_is_the_one_comfyui_loads(tmp_path, caplog):
+    """ComfyUI maps none of the LyCORIS file's keys (`lycoris_layers_0_proj_q`: unfused q / k / v, no key
+    map of its own): it sits in `lycoris/`, never beside the ComfyUI file, and the export says which is which."""
+    model, net = _adapted("lora", {}, preset="attn")
+    with caplog.at_level("INFO", logger="kohakumoss.export.bundle"):
+        written = export_all(model, net, tmp_path, "run")
+    assert [p.name for p in tmp_path.glob("*.safetensors")] == ["run-comfy.safetensors"]
+    assert written["lycoris"] == tmp_path / "lycoris" / "run.safetensors"
+    assert all(k.startswith("lycoris_") for k in load_file(str(written["lycoris"])))
+    assert "lycoris/run.safetensors: LyCORIS format" in caplog.text
+    assert "ComfyUI loads none of its keys (ComfyUI's is run-comfy.safetensors)" in caplog.text

@@ -31,11 +31,10 @@ def test_lora_run_writes_its_folder(train_world):
     )
     run = train(k)
     assert (run / "log.txt").read_text().count("checkpoint") >= 2
-    # pytest's stdout is no terminal: tqdm draws nothing, so progress goes to the log (first and last step)
-    assert (
-        "step 1/6  loss" in (run / "log.txt").read_text()
-        and "step 6/6  loss" in (run / "log.txt").read_text()
-    )
+    # pytest's stderr is no terminal: no bars, progress lines with percentage in the log (first and last step)
+    text = (run / "log.txt").read_text()
+    assert "step 1/6 (17%)  loss" in text and "step 6/6 (100%)  loss" in text
+    assert "base model samples: 2/2 step (100%)" in text and "samples at step 3: 2/2 step (100%)" in text
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     for key in ("loss", "lr", "grad_norm", "tokens", "samples_per_s", "tokens_per_s", "peak_mem_gib"):
@@ -47,7 +46,7 @@ def test_lora_run_writes_its_folder(train_world):
             ckpt / "export" / "files-comfy.safetensors"
         ).exists()
     assert (run / "export" / "files-comfy.safetensors").exists() and (
-        run / "export" / "files-lycoris.safetensors"
+        run / "export" / "lycoris" / "files.safetensors"
     ).exists()
     assert (run / "samples" / "grid_step_00000003.png").exists() and (
         run / "samples" / "grid_step_00000006.png"

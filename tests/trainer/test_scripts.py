@@ -71,7 +71,7 @@ def test_export_script_reexports_a_checkpoint(trained, tmp_path):
         "SAVE_MERGED": True,
     }
     assert run_checked(EXPORT_SCHEMA, knobs, ns["run"], "export.py") == 0
-    for name in ("again-comfy.safetensors", "again-lycoris.safetensors"):
+    for name in ("again-comfy.safetensors", "lycoris/again.safetensors"):
         fresh, original = (
             load_file(tmp_path / name),
             load_file(ckpt / "export" / name.replace("again", "scripts")),
@@ -83,8 +83,8 @@ def test_export_script_reexports_a_checkpoint(trained, tmp_path):
     ema = {**knobs, "OUT": str(tmp_path / "ema"), "USE_EMA": True, "SAVE_MERGED": False}
     assert run_checked(EXPORT_SCHEMA, ema, ns["run"], "export.py") == 0
     raw, averaged = (
-        load_file(tmp_path / "again-lycoris.safetensors"),
-        load_file(tmp_path / "ema" / "again-lycoris.safetensors"),
+        load_file(tmp_path / "lycoris" / "again.safetensors"),
+        load_file(tmp_path / "ema" / "lycoris" / "again.safetensors"),
     )
     assert any(not torch.equal(raw[k], averaged[k]) for k in raw)
 
@@ -124,7 +124,7 @@ def test_sample_script_writes_pngs_with_settings_and_a_grid(trained, train_world
         "HEIGHT": 32,
         "COUNT": 2,
     }
-    lora = trained / "export" / "scripts-lycoris.safetensors"
+    lora = trained / "export" / "lycoris" / "scripts.safetensors"
     with_adapter = {
         **base,
         "PROMPT": "blue glass hexagons",
@@ -166,7 +166,7 @@ def test_sample_script_on_an_fp8_base(trained, train_world, tmp_path, capsys):
     full-precision one; the ComfyUI file draws the same picture."""
     ns = load_script("scripts/sample/sample.py")
     world = {k: v for k, v in train_world.items() if k in SAMPLE_SCHEMA.knobs}
-    lora = trained / "export" / "scripts-lycoris.safetensors"
+    lora = trained / "export" / "lycoris" / "scripts.safetensors"
     base = {**ns, **world, "MODEL_PRESET": "tiny", "DEVICE": "cpu", "PRECISION": "fp32", "STEPS": 3,
             "UNCOND_SKIP_LAYERS": [1], "WIDTH": 48, "HEIGHT": 32, "PROMPT": "blue glass hexagons", "ADAPTERS": [[str(lora), 1.0]]}  # fmt: skip
     pics = {}
@@ -196,12 +196,12 @@ def test_export_script_out_names_the_comfy_file_and_save_format_picks_the_files(
     out = tmp_path / "my-lora.safetensors"
     assert run_checked(EXPORT_SCHEMA, {**base, "OUT": str(out)}, ns["run"], "export.py") == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "my-lora-lycoris.safetensors",
+        "my-lora-lycoris",
         "my-lora.safetensors",
     ]
     for mine, theirs in (
         (out, "scripts-comfy"),
-        (tmp_path / "my-lora-lycoris.safetensors", "scripts-lycoris"),
+        (tmp_path / "my-lora-lycoris" / "my-lora.safetensors", "lycoris/scripts"),
     ):
         fresh, original = load_file(mine), load_file(ckpt / "export" / f"{theirs}.safetensors")
         assert fresh.keys() == original.keys() and all(torch.equal(fresh[k], original[k]) for k in fresh)
@@ -211,7 +211,9 @@ def test_export_script_out_names_the_comfy_file_and_save_format_picks_the_files(
     assert [p.name for p in only.parent.iterdir()] == ["comfy.safetensors"]
     folder = {**base, "OUT": str(tmp_path / "folder"), "NAME": "f", "SAVE_FORMAT": "hf"}
     assert run_checked(EXPORT_SCHEMA, folder, ns["run"], "export.py") == 0
-    assert [p.name for p in (tmp_path / "folder").iterdir()] == ["f-lycoris.safetensors"]
+    assert [
+        p.relative_to(tmp_path / "folder").as_posix() for p in (tmp_path / "folder").rglob("*.safetensors")
+    ] == ["lycoris/f.safetensors"]
     capsys.readouterr()
     named = {**base, "OUT": str(tmp_path / "x.safetensors"), "NAME": "again"}
     assert run_checked(EXPORT_SCHEMA, named, ns["run"], "export.py") == 2

@@ -1,4 +1,5 @@
-"""Adapter files in the LyCORIS format: written by `LycorisNetwork.save_weights`, read by lycoris's loader.
+"""Adapter files in the LyCORIS format (the state dict `LycorisNetwork.save_weights` writes), read by
+lycoris's loader.
 LoRA files in the published kohya / PEFT / ComfyUI key styles are read too, turned into LyCORIS state
 dicts first (`foreign.py`).
 
@@ -12,7 +13,6 @@ Two lycoris-lora 4.1.3 gaps are bridged here, nothing else:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,7 +26,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from kohakumoss_common.errors import CheckpointError
-from kohakumoss_common.io import disk_full_as_error, read_header, readable_file
+from kohakumoss_common.hashing import safetensors_hashes
+from kohakumoss_common.io import read_header, readable_file, save_safetensors
 
 from .foreign import is_lycoris_state, to_lycoris_state
 from .spec import SPEC_METADATA_KEY, AdapterSpec
@@ -89,18 +90,19 @@ def save_adapter(
     dtype: torch.dtype | None = None,
     metadata: dict[str, str] | None = None,
 ) -> Path:
-    """Write the LyCORIS file with `save_weights` (atomically: temp name, then one rename)."""
+    """Write the LyCORIS file: the state dict `save_weights` writes (cast to `dtype`), written as every
+    project file is (`save_safetensors`: atomic, the umask's mode, its length checked), its data's hashes
+    in the metadata (`sshs_model_hash`, `modelspec.hash_sha256`)."""
     path = Path(path)
     if path.suffix != ".safetensors":
         raise CheckpointError(path, "adapter files are .safetensors")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.partial.safetensors")
-    try:
-        with disk_full_as_error(path), _dylora_full_rank_alpha(network):
-            network.save_weights(str(tmp), dtype, adapter_metadata(network, metadata))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    meta = adapter_metadata(network, metadata)
+    with torch.no_grad(), _dylora_full_rank_alpha(network):  # copies: DyLoRA's alpha is restored after
+        tensors = {
+            k: v.detach().to("cpu", dtype or v.dtype, copy=True) for k, v in network.state_dict().items()
+        }
+    meta.update(safetensors_hashes(tensors, meta))
+    save_safetensors(tensors, path, meta)
     return path
 
 

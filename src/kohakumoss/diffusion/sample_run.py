@@ -13,6 +13,7 @@ from PIL import PngImagePlugin
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.io import save_image
 from kohakumoss_common.log import get_logger
+from kohakumoss_common.progress import StepProgress
 
 from .generate import GenerationRequest, generate
 from .grid import grid
@@ -147,10 +148,25 @@ def sample_images(
     model.eval()
     for start in range(0, len(requests), batch):
         chunk = requests[start : start + batch]
+        first, last = start + 1, start + len(chunk)
+        progress = StepProgress(
+            f"image {first}" + (f"-{last}" if last > first else "") + f" of {len(requests)}"
+        )
         with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
-            pics = generate(
-                model, text_encoder, vae, chunk, config, model.config.in_channels, device, speed=speed
-            )
+            try:
+                pics = generate(
+                    model,
+                    text_encoder,
+                    vae,
+                    chunk,
+                    config,
+                    model.config.in_channels,
+                    device,
+                    progress=progress,
+                    speed=speed,
+                )
+            finally:
+                progress.close()
         for i, (req, im) in enumerate(zip(chunk, pics)):
             path = out / f"{start + i:04d}_seed{req.seed}.png"
             save_image(im, path, pnginfo=png_info(req, k, adapters))

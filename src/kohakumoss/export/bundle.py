@@ -1,12 +1,14 @@
 """One call that writes every export of a run or checkpoint into a folder, or to a named file.
 
 Into a folder (`export_paths`, the one naming rule):
-<name>-lycoris.safetensors   LyCORIS file (adapter runs)
 <name>-comfy.safetensors     ComfyUI-format adapter, q/k/v fused as in Comfy-Org's DiT (adapter runs)
+lycoris/<name>.safetensors   LyCORIS file (adapter runs): this project's and lycoris's loaders read it,
+                             ComfyUI none of its keys, so it never sits beside the ComfyUI file
 merged/                      merged transformer in `merged_layout` (optional; always for full FT)
 transformer/                 the HF transformer/ folder: released names, config.json (optional)
 To a file `<stem>.safetensors`: the ComfyUI adapter is that file; the others go beside it as
-`<stem>-lycoris.safetensors`, `<stem>-merged/`, `<stem>-transformer/`.
+`<stem>-lycoris/<stem>.safetensors`, `<stem>-merged/`, `<stem>-transformer/`. The only adapter file at
+the top is the one ComfyUI reads.
 
 Every file is read back as its consumer reads it and compared with the trainer's merge (`verify.py`);
 one that fails raises `ExportMismatch` after all are written, nothing deleted. `save_format` keeps one
@@ -28,6 +30,7 @@ from kohakumoss.adapters.io import adapter_metadata, adapter_state_dict, save_ad
 from kohakumoss.config.train import SAVE_FORMATS
 from kohakumoss.model import MossBackbone
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.hashing import safetensors_hashes
 from kohakumoss_common.io import save_safetensors
 from kohakumoss_common.log import get_logger
 
@@ -52,13 +55,13 @@ def export_paths(out: str | Path, name: str) -> dict[str, Path]:
         stem = out.parent / out.stem
         return {
             "comfy": out,
-            "lycoris": Path(f"{stem}-lycoris{ADAPTER_SUFFIX}"),
+            "lycoris": Path(f"{stem}-lycoris") / f"{out.stem}{ADAPTER_SUFFIX}",
             "merged": Path(f"{stem}-merged"),
             "diffusers": Path(f"{stem}-transformer"),
         }
     return {
         "comfy": out / f"{name}-comfy{ADAPTER_SUFFIX}",
-        "lycoris": out / f"{name}-lycoris{ADAPTER_SUFFIX}",
+        "lycoris": out / "lycoris" / f"{name}{ADAPTER_SUFFIX}",
         "merged": out / "merged",
         "diffusers": out / "transformer",
     }
@@ -90,6 +93,7 @@ def save_comfy_adapter(
         kohakumoss_format="comfy" if fused else "kohya",
         kohakumoss_comfy_formats=json.dumps(comfy.formats, sort_keys=True),
     )
+    meta.update(safetensors_hashes(comfy.tensors, meta))
     save_safetensors(comfy.tensors, path, meta)
     return comfy.formats
 
@@ -145,5 +149,17 @@ def export_all(
             checks.append(verify_merged(model, source, written["diffusers"], "hf"))
     raise_on_mismatch(checks)
     if save_format == "comfy" and "comfy" in written:  # verified (or unchecked when asked): one file stays
-        written.pop("lycoris").unlink()
+        dropped = written.pop("lycoris")
+        dropped.unlink()
+        if not any(dropped.parent.iterdir()):
+            dropped.parent.rmdir()
+    if "lycoris" in written:  # two adapter files: say which one ComfyUI loads
+        comfy_file = (
+            f"ComfyUI's is {written['comfy'].name}"
+            if "comfy" in written
+            else "SAVE_FORMAT='both' writes ComfyUI's"
+        )
+        log.info(
+            f"{written['lycoris'].parent.name}/{written['lycoris'].name}: LyCORIS format, for this project's scripts and lycoris; ComfyUI loads none of its keys ({comfy_file})"
+        )
     return written

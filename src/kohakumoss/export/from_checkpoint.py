@@ -93,7 +93,11 @@ def source_metadata(source: str | Path) -> dict[str, str]:
     if config.get("ALGO") == "full" or "RUN_NAME" not in config:
         return {}
     meta = run_metadata(config, step, folder.parent.parent)  # checkpoints/step_N -> the run folder
-    for path in sorted((folder / "export").glob("*.safetensors"))[:1]:
+    adapters = [
+        *(folder / "export").glob("*.safetensors"),
+        *(folder / "export" / "lycoris").glob("*.safetensors"),
+    ]
+    for path in sorted(adapters)[:1]:  # the ComfyUI file, or the LyCORIS file in its subfolder
         meta.update(carried(read_metadata(path)))
     return meta
 

@@ -1,7 +1,8 @@
 """What an adapter file says about its run: kohya `ss_*` keys and ModelSpec (`modelspec.*`) metadata.
 
 Safetensors metadata values are strings; lists and dicts are JSON. The same knobs give the same keys,
-so a checkpoint re-exported later carries what its run's own exports carried.
+so a checkpoint re-exported later carries what its run's own exports carried. Datasets appear as kohya
+records them (folder basenames, `run_facts.py`): a shared file names no local path.
 """
 
 from __future__ import annotations
@@ -22,35 +23,34 @@ from safetensors import safe_open
 from kohakumoss.adapters.io import modelspec_architecture
 from kohakumoss_common.errors import CheckpointError
 
+from .run_facts import dataset_entries, entry_name, epoch_at, read_run_facts
+
 THUMBNAIL_PX = 256  # longest side of the thumbnail
-FORMAT_KEYS = ("kohakumoss_format", "kohakumoss_comfy_formats")  # describe one file, never carried over
-_LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) ")
+HASH_KEYS = ("sshs_model_hash", "sshs_legacy_hash", "modelspec.hash_sha256")  # each file's own data
+# describe one file, never carried over
+FORMAT_KEYS = ("kohakumoss_format", "kohakumoss_comfy_formats", *HASH_KEYS)
+CAPTION_KEYS = {  # top-level key: the subset field it summarises (kohya writes both)
+    "ss_caption_dropout_rate": "caption_dropout_rate",
+    "ss_caption_tag_dropout_rate": "caption_tag_dropout_rate",
+    "ss_shuffle_caption": "shuffle_caption",
+    "ss_keep_tokens": "keep_tokens",
+}
+_SAMPLE_DIR = re.compile(r"^step_(\d+)$")
 
 
 def run_dir(k: dict[str, Any]) -> Path:
     return Path(k["RUNS_DIR"]) / k["RUN_NAME"]
 
 
-def started_at(folder: Path) -> float | None:
-    """The run's start (unix seconds): the first timestamp of its log.txt, or None."""
-    log = folder / "log.txt"
-    if not log.is_file():
-        return None
-    with open(log, encoding="utf-8") as f:
-        match = _LOG_TIME.match(f.readline())
-    if match is None:
-        return None
-    return time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S"))
-
-
-def last_grid(folder: Path, step: int | None = None) -> Path | None:
-    """The run's latest sample grid (`samples/grid_step_N.png`, N <= step when given), or None."""
+def last_sample(folder: Path, step: int | None = None) -> Path | None:
+    """The first image of the run's latest sample row (`samples/step_N/sample_00.png`, N <= step when
+    given): one picture, what a model page shows as its preview; None without samples."""
     found = []
-    for path in (folder / "samples").glob("grid_step_*.png"):
-        n = int(path.stem.rsplit("_", 1)[1])
-        if step is None or n <= step:
-            found.append((n, path))
-    return max(found)[1] if found else None
+    for path in (folder / "samples").glob("step_*/sample_*.png"):
+        match = _SAMPLE_DIR.match(path.parent.name)
+        if match and (step is None or int(match.group(1)) <= step):
+            found.append((int(match.group(1)), path.name, path))
+    return min(found, key=lambda f: (-f[0], f[1]))[2] if found else None
 
 
 def thumbnail(path: str | Path, px: int = THUMBNAIL_PX) -> str:
@@ -63,13 +63,49 @@ def thumbnail(path: str | Path, px: int = THUMBNAIL_PX) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _datasets(value: Any) -> list:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+def _uniform(subsets: list[dict], field: str) -> Any:
+    """A subset field's value when every subset agrees, else None (no top-level value to state)."""
+    values = {json.dumps(sub.get(field)) for sub in subsets}
+    return subsets[0].get(field) if len(values) == 1 else None
+
+
+def dataset_metadata(k: dict[str, Any], facts: dict[str, Any], step: int) -> dict[str, str]:
+    """The data's ss_* keys: kohya's shapes from the run's facts (`run_facts.py`), basenames only; without
+    facts (a run from before they were written) the dataset folders' basenames from the knobs."""
+    if not facts:
+        names = [entry_name(e) for e in dataset_entries(k.get("DATASET", []))]
+        return {"ss_datasets": json.dumps([{"subsets": [{"image_dir": n} for n in names]}])}
+    subsets = [sub for d in facts["datasets"] for sub in d["subsets"] if not sub["is_reg"]]
+    meta = {
+        "ss_datasets": json.dumps(facts["datasets"]),
+        "ss_dataset_dirs": json.dumps(facts["dataset_dirs"]),
+        "ss_reg_dataset_dirs": json.dumps(facts["reg_dataset_dirs"]),
+        "ss_tag_frequency": json.dumps(facts["tag_frequency"]),
+        "ss_bucket_info": json.dumps(facts["bucket_info"]),
+        "ss_num_train_images": str(facts["num_train_images"]),
+        "ss_num_reg_images": str(facts["num_reg_images"]),
+        "ss_enable_bucket": "True",
+    }
+    epochs = list(facts.get("epoch_steps", []))
+    if epochs:
+        micro = step * int(k.get("GRAD_ACCUM", 1))
+        meta.update(
+            ss_num_epochs=str(len(epochs)),
+            ss_num_batches_per_epoch=str(epochs[0]),
+            ss_epoch=str(epoch_at(epochs, micro)),
+        )
+    for key, field in CAPTION_KEYS.items():
+        value = _uniform(subsets, field) if subsets else None
+        if value is not None:  # datasets that differ: their values are in ss_datasets' subsets only
+            meta[key] = str(value)
+    if "started_at" in facts:
+        meta["ss_training_started_at"] = str(facts["started_at"])
+    return meta
 
 
 def run_metadata(k: dict[str, Any], step: int, folder: Path | None = None) -> dict[str, str]:
     """ss_* and modelspec.* of a run's adapter at `step` (knobs `k`; `folder`: the run folder, for its
-    start time and last sample grid)."""
+    facts (`train_facts.json`) and latest sample)."""
     from kohakumoss.optim.names import optimizer_label
 
     folder = run_dir(k) if folder is None else folder
@@ -84,7 +120,6 @@ def run_metadata(k: dict[str, Any], step: int, folder: Path | None = None) -> di
         "bypass": k.get("BYPASS", "auto"),
         **dict(k.get("ALGO_ARGS", {})),
     }
-    datasets = _datasets(k.get("DATASET", []))
     meta = {  # with adapter_metadata's fixed keys (ss_network_module, modelspec.sai_model_spec, ...)
         "ss_network_dim": str(k.get("RANK")),
         "ss_network_alpha": str(k.get("ALPHA")),
@@ -102,29 +137,28 @@ def run_metadata(k: dict[str, Any], step: int, folder: Path | None = None) -> di
         "ss_gradient_accumulation_steps": str(k.get("GRAD_ACCUM", 1)),
         "ss_max_grad_norm": str(k.get("GRAD_CLIP")),
         "ss_seed": str(k.get("SEED")),
-        "ss_datasets": json.dumps(datasets, default=str),
-        "ss_dataset_dirs": json.dumps(
-            {str(d.get("path")): {"kind": d.get("kind")} for d in datasets if isinstance(d, dict)}
-        ),
         "ss_resolution": f"({side}, {side})",
         "ss_caption_dropout_rate": str(k.get("CAPTION_DROPOUT", 0.0)),
         "ss_shuffle_caption": str(k.get("SHUFFLE_CAPTION", False)),
         "ss_keep_tokens": str(k.get("KEEP_TOKENS", 0)),
         "ss_sd_model_name": Path(k.get("WEIGHTS") or "").name or str(k.get("MODEL_PRESET", "")),
         "ss_output_name": str(k.get("RUN_NAME")),
+        "ss_training_finished_at": str(time.time()),
         "modelspec.architecture": modelspec_architecture(algo),
         "modelspec.title": str(k.get("RUN_NAME")),
         "modelspec.date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "modelspec.resolution": f"{side}x{side}",
     }
+    facts = read_run_facts(folder)
+    if facts:  # the datasets' own caption settings replace the knobs' defaults, or are stated per dataset
+        for key in CAPTION_KEYS:
+            meta.pop(key, None)
+    meta.update(dataset_metadata(k, facts, step))
     if k.get("TRIGGER_PHRASE"):
         meta["modelspec.trigger_phrase"] = str(k["TRIGGER_PHRASE"])
-    start = started_at(folder)
-    if start is not None:
-        meta["ss_training_started_at"] = str(start)
-    grid = last_grid(folder, step)
-    if grid is not None:
-        meta["modelspec.thumbnail"] = thumbnail(grid)
+    sample = last_sample(folder, step)
+    if sample is not None:
+        meta["modelspec.thumbnail"] = thumbnail(sample)
     return meta
 
 

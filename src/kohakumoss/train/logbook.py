@@ -1,5 +1,6 @@
 """metrics.jsonl (one JSON line per logged step, appended and flushed), forwarded to the run's trackers
-(TensorBoard, wandb: `tracking.py`), a loss plot PNG, and progress lines where no terminal shows a bar."""
+(TensorBoard, wandb: `tracking.py`), a loss plot PNG, and the progress lines of log.txt (and of a console
+without a bar)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 from kohakumoss_common.io import atomic_write_text, disk_full_as_error, save_image
-from kohakumoss_common.log import get_logger
+from kohakumoss_common.log import FILE_ONLY, get_logger
+from kohakumoss_common.progress import duration, eta
 
 from .tracking import Trackers
 
@@ -20,24 +22,41 @@ log = get_logger(__name__)
 
 
 class ProgressLines:
-    """tqdm's bar draws nothing when stdout is not a terminal (a pipe, a log file, a job queue): then a
-    progress line goes to the log at the first step, every `every_s` seconds and at the last step."""
+    """A progress line at the first step, every `every_s` seconds and at the last: step, percentage, loss,
+    tokens/s, elapsed time and ETA. With a bar on the terminal (`console=False`) the lines go to the run's
+    log file only (`FILE_ONLY`), so log.txt has them either way; off a terminal they are the progress."""
 
-    def __init__(self, log, total: int, every_s: float = 10.0, clock: Callable[[], float] = time.monotonic):
-        self.log, self.total, self.every_s, self.clock = log, total, every_s, clock
+    def __init__(
+        self,
+        log,
+        total: int,
+        every_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        console: bool = True,
+    ):
+        self.log, self.total, self.every_s, self.clock, self.console = log, total, every_s, clock, console
         self.started = self.last = None
+        self.first = 0
 
     def update(self, step: int, loss: float, tokens_per_s: float) -> None:
         now = self.clock()
-        if self.started is None:
-            self.started = now - 1e-9
+        first = self.started is None
+        if first:  # timed from this first step on: it carries the build, compile and capture
+            self.started, self.first = now, step
         elif step < self.total and now - self.last < self.every_s:
             return
         self.last = now
-        self.log.info(
-            f"step {step}/{self.total}  loss {loss:.4f}  {tokens_per_s:,.0f} tokens/s  "
-            f"{now - self.started:.0f} s elapsed"
+        elapsed = now - self.started
+        left = None if first else eta(step, self.total, elapsed, self.first)
+        tail = f", ETA {duration(left)}" if left is not None and step < self.total else ""
+        line = (
+            f"step {step}/{self.total} ({100 * step / max(1, self.total):.0f}%)  loss {loss:.4f}  "
+            f"{tokens_per_s:,.0f} tokens/s  {duration(elapsed)} elapsed{tail}"
         )
+        if self.console:
+            self.log.info(line)
+        else:
+            self.log.info(line, extra=FILE_ONLY)
 
 
 class MetricsWriter:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -68,7 +69,16 @@ def sampler_speed(cuda_graphs: str, algo: str) -> SamplerSpeed:
 
 
 @torch.no_grad()
-def draw_row(model, text_encoder, vae, cfg: TrainConfig, device, dtype) -> list[Image.Image]:
+def draw_row(
+    model,
+    text_encoder,
+    vae,
+    cfg: TrainConfig,
+    device,
+    dtype,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Image.Image]:
+    """One image per sample request; `progress(i, n)` after each sampler step."""
     was_training = model.training
     model.eval()
     try:
@@ -81,6 +91,7 @@ def draw_row(model, text_encoder, vae, cfg: TrainConfig, device, dtype) -> list[
                 sampler_config(cfg.samples, model.config.depth),
                 model.config.in_channels,
                 device,
+                progress=progress,
                 speed=sampler_speed(cfg.runtime.cuda_graphs, cfg.adapter.algo),
             )
     finally:

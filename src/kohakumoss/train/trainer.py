@@ -21,6 +21,7 @@ and its estimate, the data package's settings through data_knobs.py, the distrib
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
 from kohakumoss.distributed.trainer import RankRun
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
+from kohakumoss.export.run_facts import dataset_facts, write_run_facts
 from kohakumoss.export.verify import ExportMismatch
 from kohakumoss.model import linear_rows
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
@@ -50,6 +52,7 @@ from kohakumoss_common.io import (
 )
 from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
+from kohakumoss_common.progress import StepProgress
 
 from .checkpoint import (
     clean_stale,
@@ -191,6 +194,11 @@ class Trainer:
             else CacheOnly(comps.text_encoder, "TEXT_ENCODE", "scripts/data/cache_text.py")
         )
         self.data = open_run_data(cfg, self.image_encoder, self.text_encoder, self.scanned)
+        if self.rr.is_main:  # what the exports' ss_* keys say about the data (basenames, counts, tags)
+            side = math.isqrt(int(cfg.data.area))
+            write_run_facts(
+                self.run_dir, dataset_facts(cfg.data.dataset, self.data.catalog, self.data.plan, side)
+            )
         if fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, self.rr.is_main):
             self.rr.barrier()  # rank 0 filled the caches; the others read them again
             fill_caches_first(self.data, cfg, self.image_encoder, self.text_encoder, fill=False)
@@ -210,7 +218,7 @@ class Trainer:
             return None
         row = load_row(self.samples_dir / "base", "base", len(self.prompts)) if self.can_sample else None
         if self.rr.main_decides(row is None):  # rank 0 found no saved row: every drawing rank draws
-            row = self.draw_row()
+            row = self.draw_row("base model samples")
             if self.can_sample:
                 save_row(row, self.samples_dir / "base", "base")
         return row if self.can_sample else None
@@ -280,7 +288,8 @@ class Trainer:
         self.prefetch = Prefetcher(loader, comps.device, comps.dtype, start=first, pad_to=pad)
 
     def begin(self) -> None:
-        """Train mode, the peak-memory counter, rank 0's progress (a bar, or log lines off a terminal)."""
+        """Train mode, the peak-memory counter, rank 0's progress (a bar, or log lines off a terminal; log.txt
+        gets the lines either way)."""
         device = self.comps.device
         self.comps.backbone.train()
         if device.type == "cuda":
@@ -295,7 +304,7 @@ class Trainer:
             dynamic_ncols=True,
             disable=quiet,
         )
-        self.progress = ProgressLines(log, self.steps) if self.bar.disable and self.rr.is_main else None
+        self.progress = ProgressLines(log, self.steps, console=self.bar.disable) if self.rr.is_main else None
         self.collector = StepCollector(int(self.cfg.runtime.gc_every))
         self.profiler = StepProfiler(
             self.cfg.runtime.profile_steps, self.rr.own(self.run_dir), self.comps.device
@@ -447,7 +456,7 @@ class Trainer:
         step = self.step
         with eval_weights(self.tr.optimizer):
             clear_tlora_mask()
-            row = self.draw_row()
+            row = self.draw_row(f"samples at step {step}")
             if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
                 return self.samples_dir
             save_row(row, self.samples_dir / step_dirname(step), "sample")
@@ -458,13 +467,25 @@ class Trainer:
         log.info(f"samples {path}")
         return path
 
-    def draw_row(self):
-        """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile."""
+    def draw_row(self, desc: str):
+        """One image per sample prompt from the backbone as it is now, the encoders on the device meanwhile;
+        rank 0 shows the sampler's steps as `desc` (a bar, or progress lines)."""
         comps = self.comps
+        progress = StepProgress(desc, leave=False) if self.rr.is_main else None
         with comps.text_encoder.on_device(), comps.vae.on_device(), self.rr.whole_forward(comps.backbone):
-            return draw_row(
-                comps.backbone, comps.text_encoder, comps.vae, self.cfg, comps.device, comps.dtype
-            )
+            try:
+                return draw_row(
+                    comps.backbone,
+                    comps.text_encoder,
+                    comps.vae,
+                    self.cfg,
+                    comps.device,
+                    comps.dtype,
+                    progress,
+                )
+            finally:
+                if progress is not None:
+                    progress.close()
 
     def save(self, final: bool = False) -> Path:
         """A checkpoint at this step, its exports inside (`final`: the run's final exports, linked into
