@@ -37,7 +37,11 @@ TRAIN_SECTIONS = (DatasetConfig, ScanConfig, SeedConfig, PlanConfig, CacheDirCon
 class DataPlanConfig(PlanConfig, SeedConfig):
     """The training run's plan (SEED and the plan knobs), and how many of its epochs to inspect or cache."""
 
-    epochs: int = knob(PlanKnobs.epochs, "epochs of the plan to inspect or cache", min=1)
+    epochs: int = knob(
+        PlanKnobs.epochs,
+        "epochs of the plan to inspect or cache (not the training run's EPOCHS, which may be 0: STEPS decides)",
+        min=1,
+    )
 
 
 @dataclass(frozen=True)

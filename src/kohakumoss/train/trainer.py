@@ -65,6 +65,7 @@ from .data import (
     validation_batches,
 )
 from .ema import EMA
+from .epochs import resolve_epochs
 from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
 from .interrupt import StepInterrupt
 from .lengths import LengthSwitch
@@ -137,6 +138,7 @@ class Trainer:
         rr.check_plan(self.comps.plan)  # DISTRIBUTED='fsdp': engines FSDP2 cannot run, refused here
         log.info(f"device {self.comps.device}, precision {cfg.device.precision}, run folder {run_dir}")
         self.build_data()
+        self.resolve_epochs()
         self.base_row = self.base_samples()
         self.tr = self.build_trainable()
         self.start = self.load(resume_path) if resume_path is not None else 0
@@ -182,6 +184,15 @@ class Trainer:
         val = [to_device_batch(b, comps.device, comps.dtype) for b in batches]
         # the validation loss is rank 0's to log; under FSDP2 every rank runs the forward (it gathers)
         self.val = val if self.rr.is_main or self.rr.fsdp else []
+
+    def resolve_epochs(self) -> None:
+        """EPOCHS / SAVE_EVERY_EPOCHS / SAMPLE_EVERY_EPOCHS as steps, now that the plan knows an epoch's length."""
+        per_epoch = self.data.steps_per_epoch
+        self.cfg = resolve_epochs(self.cfg, per_epoch)
+        self.steps = int(self.cfg.optim.steps)
+        self.stop_at = min(int(self.cfg.run.stop_at) or self.steps, self.steps)
+        if self.cfg.optim.epochs:
+            log.info(f"EPOCHS {self.cfg.optim.epochs}: {per_epoch} steps per epoch, {self.steps} steps")
 
     def base_samples(self):
         """The base model's sample row (rank 0), drawn before any training and kept for every later grid."""
@@ -518,7 +529,8 @@ class Trainer:
         export: the only one with full-difference ComfyUI files unless COMFY_DIFFS='every')."""
         export = self.cfg.export
         clear_tlora_mask()
-        metadata = run_metadata(self.knobs, self.steps if step is None else step)  # written into the files
+        knobs = {**self.knobs, "STEPS": self.steps}  # EPOCHS resolved: the files name the run's steps
+        metadata = run_metadata(knobs, self.steps if step is None else step)  # written into the files
 
         def write() -> dict[str, Path]:
             return export_all(
@@ -561,7 +573,12 @@ def build_trainable(cfg: TrainConfig, comps: Components) -> Trainable:
     LR schedule and EMA."""
     model, optim = comps.backbone, cfg.optim
     schedule = LRSchedule(
-        optim.lr_schedule, int(optim.lr_warmup_steps), int(optim.steps), float(optim.lr_min_ratio)
+        optim.lr_schedule,
+        int(optim.lr_warmup_steps),
+        int(optim.steps),
+        float(optim.lr_min_ratio),
+        cycles=int(optim.lr_cycles),
+        power=float(optim.lr_power),
     )
     if cfg.adapter.algo == "full":
         model.requires_grad_(True)
