@@ -415,7 +415,8 @@ class OptimConfig:
     use_muon: bool = knob(True, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)")
     optimizer: str = knob(
         "adamw",
-        "adamw, adafactor, adamw8bit, prodigy, schedulefree_adamw or package.Class",
+        "adamw, adafactor, adamw8bit, paged_adamw8bit, lion8bit, prodigy, schedulefree_adamw, dadapt_adam or "
+        "package.Class (any case; kohya's spellings such as AdamW8bit too)",
         check=_optimizer_problem,
     )
     optimizer_args: dict = knob({}, "keyword arguments of OPTIMIZER (betas, d_coef, ...)")
@@ -438,6 +439,12 @@ class OptimConfig:
     ema_warmup: int = knob(100, "steps over which the EMA decay ramps up", min=0)
     ema_every: int = knob(1, "EMA update interval in steps", min=1)
     export_ema: bool = knob(False, "export the EMA weights instead of the raw ones")
+
+    def __post_init__(self) -> None:
+        from kohakumoss.optim.names import canonical_optimizer
+
+        # one spelling everywhere (checkpoint member names, resume comparison, metadata): 'AdamW8bit' -> 'adamw8bit'
+        object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer))
 
 
 @dataclass(frozen=True)
