@@ -162,7 +162,8 @@ def run_data_script(
 ) -> int:
     """Check a data script's knobs against DATA_SCHEMA (a shared data config may hold every data script's
     knobs, each checked), then run `fn` on the script's typed config; the exit status of `run_checked`."""
-    return run_checked(DATA_SCHEMA, module_globals, lambda k: fn(config.from_knobs(k)), script)
+    own = [k.name for k in config_knobs(config)]  # --help lists this script's knobs only
+    return run_checked(DATA_SCHEMA, module_globals, lambda k: fn(config.from_knobs(k)), script, own)
 
 
 def call_factory(factory: Callable[..., Any], kwargs: Mapping[str, Any], knob: str) -> Any:
