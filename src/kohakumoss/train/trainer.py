@@ -82,7 +82,16 @@ from .profiling import StepProfiler
 from .resume import check_resume_knobs
 from .rng import restore_rng
 from .runner import StepResult, StepRunner
-from .samples import draw_row, grid, load_row, sample_captions, save_row
+from .samples import (
+    draw_row,
+    grid,
+    load_row,
+    sample_captions,
+    sample_png_info,
+    sample_requests,
+    save_row,
+    timeline_rows,
+)
 from .schedule import LRSchedule
 from .state import load_trainable_state, trainable_state
 from .step import draw_step_noise, flow_loss, to_device_batch
@@ -207,7 +216,10 @@ class Trainer:
         if self.rr.main_decides(row is None):  # rank 0 found no saved row: every drawing rank draws
             row = self.draw_row()
             if self.can_sample:
-                save_row(row, self.samples_dir / "base", "base")
+                infos = [
+                    sample_png_info(r, self.cfg.samples, "base") for r in sample_requests(self.cfg.samples)
+                ]
+                save_row(row, self.samples_dir / "base", "base", infos)
         return row if self.can_sample else None
 
     def build_trainable(self) -> Trainable:
@@ -434,10 +446,17 @@ class Trainer:
             row = self.draw_row()
             if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
                 return self.samples_dir
-            save_row(row, self.samples_dir / step_dirname(step), "sample")
+            infos = [
+                sample_png_info(r, self.cfg.samples, f"step {step}")
+                for r in sample_requests(self.cfg.samples)
+            ]
+            save_row(row, self.samples_dir / step_dirname(step), "sample", infos)
             image = grid([("base", self.base_row), (f"step {step}", row)], self.prompts)
             path = self.samples_dir / f"grid_{step_dirname(step)}.png"
             image.save(path)
+            # every row so far under the base one: how the samples moved across the run
+            timeline = [("base", self.base_row), *timeline_rows(self.samples_dir, len(row), step)]
+            grid(timeline, self.prompts).save(self.samples_dir / "timeline.png")
             self.metrics.image("samples/grid", image, step)
         log.info(f"samples {path}")
         return path
