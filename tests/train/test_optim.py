@@ -115,7 +115,10 @@ def test_schedules_follow_the_library_after_warmup():
 
     warm, total = 2, 12
     dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-    for kind, extra in (("cosine_with_restarts", {"num_cycles": 3}), ("polynomial", {"power": 2.0, "lr_end": 0.0})):
+    for kind, extra in (
+        ("cosine_with_restarts", {"num_cycles": 3}),
+        ("polynomial", {"power": 2.0, "lr_end": 0.0}),
+    ):
         ref = get_scheduler(kind, dummy, warm, total, scheduler_specific_kwargs=extra).lr_lambdas[0]
         ours = LRSchedule(kind, warm, total, cycles=3, power=2.0)
         assert [ours.factor(s) for s in range(warm, total)] == pytest.approx(
