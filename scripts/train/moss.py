@@ -106,13 +106,18 @@ BYPASS = "auto"  # True: lycoris's bypass forward (base output + adapter output;
 LR = 0.0001  # learning rate (AdamW; adapters and the non-matrix weights of a full fine-tune)
 MUON_LR = 0.0  # full fine-tune: Muon LR for hidden matrices (0: same as LR)
 USE_MUON = True  # full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)
-OPTIMIZER = "adamw"  # adamw, adafactor, adamw8bit, prodigy, schedulefree_adamw or package.Class
+OPTIMIZER = "adamw"  # adamw, adafactor, adamw8bit, paged_adamw8bit, lion8bit, prodigy, schedulefree_adamw, dadapt_adam or package.Class (any case; kohya's spellings such as AdamW8bit too)
 OPTIMIZER_ARGS = {}  # keyword arguments of OPTIMIZER (betas, d_coef, warmup_steps, ...)
 WEIGHT_DECAY = 0.0  # weight decay
-LR_SCHEDULE = "constant"  # constant, linear or cosine
+LR_SCHEDULE = (
+    "constant"  # constant, constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial or rex
+)
 LR_WARMUP_STEPS = 0  # linear warmup steps
-LR_MIN_RATIO = 0.0  # final LR / LR for linear and cosine
+LR_MIN_RATIO = 0.0  # final LR / LR for the decaying schedules
+LR_CYCLES = 1  # cosine_with_restarts: number of cosine cycles (hard restarts)
+LR_POWER = 1.0  # polynomial: power of the decay (1: linear)
 STEPS = 1000  # optimizer steps
+EPOCHS = 0  # train this many epochs of the plan instead of STEPS (0: STEPS decides)
 GRAD_ACCUM = 1  # micro-steps per optimizer step
 GRAD_CLIP = 1.0  # max gradient norm (0: no clipping)
 EMA = False  # keep an EMA of the trainable weights
@@ -140,6 +145,7 @@ SEED = 0  # seed of the plan, the sigmas and the noise
 RUN_NAME = "moss-lora"  # run folder name under RUNS_DIR (a plain name, no path)
 RUNS_DIR = "runs/moss"  # where runs are written
 SAVE_EVERY = 500  # checkpoint every N steps (0: only at the end)
+SAVE_EVERY_EPOCHS = 0  # checkpoint every N epochs instead of SAVE_EVERY (0: SAVE_EVERY decides)
 KEEP_LAST = 3  # checkpoints kept (older ones deleted)
 RESUME = ""  # '' (fresh run), 'latest' or a checkpoint folder
 RESUME_ALLOW_CHANGES = []  # knobs that may differ from the checkpoint's on resume: only LR / schedule / STEPS / GRAD_CLIP / EMA_* / dropouts / moved WEIGHTS, TEXT_ENCODER, TOKENIZER, VAE are safe
@@ -148,6 +154,7 @@ STOP_AT = 0  # stop this invocation at this step with a checkpoint (0: run to ST
 LOG_EVERY = 1  # metrics line every N steps
 LOGGERS = ["tensorboard"]  # trackers: tensorboard (events in RUN/tensorboard/), wandb (pip install wandb)
 SAMPLE_EVERY = 0  # sample grid every N steps (0: only at the end, if prompts are set)
+SAMPLE_EVERY_EPOCHS = 0  # sample grid every N epochs instead of SAMPLE_EVERY (0: SAMPLE_EVERY decides)
 SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE
 SAMPLE_PROMPTS_FILE = (
     ""  # more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)

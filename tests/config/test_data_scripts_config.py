@@ -34,7 +34,8 @@ def test_the_shared_sections_are_the_training_configs_own_fields():
     assert {"DATASET", "SEED", "TOKENS_PER_STEP", "CACHE_DIR", "SCAN_WORKERS"} <= set(SHARED)
     # a name in both schemas that is not shared is a different knob, and says so in its help
     other = sorted(set(DATA_SCHEMA.knobs) & set(TRAIN_SCHEMA.knobs) - set(SHARED))
-    assert other == ["WORKERS"] and "not the training loader" in DATA_SCHEMA.knobs["WORKERS"].help
+    assert other == ["EPOCHS", "WORKERS"] and "not the training loader" in DATA_SCHEMA.knobs["WORKERS"].help
+    assert "not the training run's EPOCHS" in DATA_SCHEMA.knobs["EPOCHS"].help
     # the trainer still reads the shared knobs where it did
     cfg = TrainConfig.from_knobs(TRAIN_SCHEMA.validate({"AREA": 512 * 512, "SEED": 3, "CACHE_DIR": "c"}))
     assert (cfg.data.area, cfg.run.seed, cfg.data.cache_dir) == (512 * 512, 3, "c")

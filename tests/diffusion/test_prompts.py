@@ -82,7 +82,11 @@ def test_trainer_sample_requests_take_the_lines_settings(tmp_path):
     k = {"SAMPLE_PROMPTS": ["knob --d 9"], "SAMPLE_PROMPTS_FILE": str(path), "SAMPLE_SEEDS": [],
          "SAMPLE_NEGATIVE": "", "SAMPLE_WIDTH": 32, "SAMPLE_HEIGHT": 32}  # fmt: skip
     samples = TrainConfig.from_knobs(k).samples
-    assert sample_captions(samples) == ["knob", "from file"]
+    # the grid's captions: the whole prompt, then what drew it (a line's flags over the knobs)
+    assert sample_captions(samples) == [
+        "knob\nseed 9, cfg 3, 20 steps, 32x32",
+        "from file\nseed 1, cfg 3, 3 steps, 48x32",
+    ]
     assert sample_requests(samples) == [
         GenerationRequest("knob", 9, 32, 32, ""),
         GenerationRequest("from file", 1, 48, 32, "", 3, None),

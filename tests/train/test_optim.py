@@ -107,3 +107,26 @@ def test_zero_grads_zeroes_with_one_launch_per_dtype(monkeypatch):
     assert all(p.grad is not None and not p.grad.any() for p in params[:-1]) and params[-1].grad is None
     zero_grads(params, set_to_none=True)
     assert all(p.grad is None for p in params)
+
+
+def test_schedules_follow_the_library_after_warmup():
+    """Past warmup each factor is transformers' lambda at that step (rex: its published formula)."""
+    from transformers import get_scheduler
+
+    warm, total = 2, 12
+    dummy = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    for kind, extra in (
+        ("cosine_with_restarts", {"num_cycles": 3}),
+        ("polynomial", {"power": 2.0, "lr_end": 0.0}),
+    ):
+        ref = get_scheduler(kind, dummy, warm, total, scheduler_specific_kwargs=extra).lr_lambdas[0]
+        ours = LRSchedule(kind, warm, total, cycles=3, power=2.0)
+        assert [ours.factor(s) for s in range(warm, total)] == pytest.approx(
+            [ref(s) for s in range(warm, total)]
+        )
+    restarts = LRSchedule("cosine_with_restarts", 0, 12, cycles=3)
+    assert [round(restarts.factor(s), 3) for s in (3, 4, 7, 8)] == [0.146, 1.0, 0.146, 1.0]  # hard restarts
+    rex = LRSchedule("rex", 0, 10, min_ratio=0.0)
+    assert rex.factor(5) == pytest.approx(0.5 / 0.75) and rex.factor(10) == 0.0
+    with pytest.raises(ConfigError, match="LR_CYCLES"):
+        LRSchedule("cosine_with_restarts", cycles=0)

@@ -362,3 +362,26 @@ def test_adapter_metadata_names_the_optimizer_used(tmp_path):
     assert run_metadata(k, 1)["ss_optimizer"] == "prodigyopt.Prodigy(weight_decay=0.01,d_coef=0.5)"
     k.update(OPTIMIZER="torch.optim.SGD", OPTIMIZER_ARGS={})
     assert run_metadata(k, 1)["ss_optimizer"] == "torch.optim.SGD(weight_decay=0.01)"
+
+
+def test_optimizer_names_ignore_case_and_take_kohyas_spellings():
+    from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
+    from kohakumoss.optim.names import canonical_optimizer
+
+    kohya = ["AdamW", "AdamW8bit", "PagedAdamW8bit", "Lion8bit", "Prodigy", "DAdaptAdam", "AdamWScheduleFree"]
+    ours = [
+        "adamw",
+        "adamw8bit",
+        "paged_adamw8bit",
+        "lion8bit",
+        "prodigy",
+        "dadapt_adam",
+        "schedulefree_adamw",
+    ]
+    assert [canonical_optimizer(n) for n in kohya] == ours
+    assert canonical_optimizer("torch.optim.SGD") == "torch.optim.SGD"  # a class path keeps its case
+    # the typed config holds the project's spelling: checkpoints, resume and metadata see one name
+    cfg = TrainConfig.from_knobs(TRAIN_SCHEMA.validate({"OPTIMIZER": "AdaFactor"}))
+    assert cfg.optim.optimizer == "adafactor" and cfg.knobs()["OPTIMIZER"] == "adafactor"
+    opt = build_adapter_optimizer([{"params": [torch.nn.Parameter(torch.zeros(2))]}], 1e-3, "Adafactor")
+    assert isinstance(opt.optimizers["Adafactor"], torch.optim.Adafactor)

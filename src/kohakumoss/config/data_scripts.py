@@ -37,7 +37,11 @@ TRAIN_SECTIONS = (DatasetConfig, ScanConfig, SeedConfig, PlanConfig, CacheDirCon
 class DataPlanConfig(PlanConfig, SeedConfig):
     """The training run's plan (SEED and the plan knobs), and how many of its epochs to inspect or cache."""
 
-    epochs: int = knob(PlanKnobs.epochs, "epochs of the plan to inspect or cache", min=1)
+    epochs: int = knob(
+        PlanKnobs.epochs,
+        "epochs of the plan to inspect or cache (not the training run's EPOCHS, which may be 0: STEPS decides)",
+        min=1,
+    )
     micro_steps: int = knob(
         0,
         "the training run's micro-steps (STEPS x GRAD_ACCUM): plan at least the epochs they span, as the "
@@ -164,7 +168,8 @@ def run_data_script(
 ) -> int:
     """Check a data script's knobs against DATA_SCHEMA (a shared data config may hold every data script's
     knobs, each checked), then run `fn` on the script's typed config; the exit status of `run_checked`."""
-    return run_checked(DATA_SCHEMA, module_globals, lambda k: fn(config.from_knobs(k)), script)
+    own = [k.name for k in config_knobs(config)]  # --help lists this script's knobs only
+    return run_checked(DATA_SCHEMA, module_globals, lambda k: fn(config.from_knobs(k)), script, own)
 
 
 def call_factory(factory: Callable[..., Any], kwargs: Mapping[str, Any], knob: str) -> Any:

@@ -200,14 +200,46 @@ def check_folder_knobs(knobs: Mapping[str, Any]) -> None:
             raise ConfigError(name, problem)
 
 
+def knob_help(schema: Schema, script: str, names: Iterable[str] | None = None) -> str:
+    """A script's `--help`: each knob (those of `names`, else all) with its type, default, rules and help."""
+    lines = [
+        f"{script}: knobs (set them in the script, a config file, or `kogine run {script} --set KNOB=VALUE`)",
+        "",
+    ]
+    for name in names if names is not None else schema.knobs:
+        k = schema.knobs[name]
+        kinds = "|".join("None" if t is type(None) else t.__name__ for t in k.types)
+        rules = [f"one of {list(k.choices)}"] if k.choices else []
+        rules += [f">= {k.min}"] if k.min is not None else []
+        rules += [f"<= {k.max}"] if k.max is not None else []
+        rules += [f"an existing {'path' if k.path == 'any' else k.path}"] if k.path else []
+        extra = f" [{'; '.join(rules)}]" if rules else ""
+        lines.append(f"  {name} ({kinds}, default {k.default!r}){extra}")
+        lines.append(f"      {k.help}")
+    return "\n".join(lines) + "\n"
+
+
+def wants_help(argv: list[str]) -> bool:
+    """`python scripts/x.py --help` (kogine's own parser takes `--help` before the script sees it)."""
+    return any(a in ("-h", "--help") for a in argv[1:])
+
+
 def run_checked(
-    schema: Schema, module_globals: Mapping[str, Any], fn: Callable[[dict], Any], script: str
+    schema: Schema,
+    module_globals: Mapping[str, Any],
+    fn: Callable[[dict], Any],
+    script: str,
+    help_knobs: Iterable[str] | None = None,
 ) -> int:
-    """Validate a script's knobs, then run `fn(knobs)`; project errors print one clear line, exit status 2."""
+    """Validate a script's knobs, then run `fn(knobs)`; project errors print one clear line, exit status 2.
+    With `--help` on the command line it lists the knobs (`help_knobs`, else the schema's) and runs nothing."""
     import sys
 
     from kohakumoss_common.errors import KohakuMossError
 
+    if wants_help(sys.argv):
+        print(knob_help(schema, script, help_knobs), end="")
+        return 0
     try:
         given = {**script_knobs(module_globals), **schema.miscased(module_globals)}
         knobs = schema.validate(given, source=f"{script} knobs")

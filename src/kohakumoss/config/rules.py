@@ -13,8 +13,25 @@ from pathlib import Path
 
 from kohakumoss.data_knobs import PLAN_KNOBS, SCAN_KNOBS
 
+# LR_SCHEDULE names (kohya's / diffusers' spellings; train/schedule.py draws them through transformers)
+SCHEDULES = (
+    "constant",
+    "constant_with_warmup",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "rex",
+)
+# schedules whose LR at a step does not depend on STEPS: raising STEPS (or EPOCHS) on resume is exact
+FLAT_SCHEDULES = ("constant", "constant_with_warmup")
+# the run's length: a resumed run under a FLAT_SCHEDULES schedule may change them without RESUME_ALLOW_CHANGES
+# (the plan's first steps, the weights, the optimizer state and every step's LR stay what they were)
+LENGTH_KNOBS = ("STEPS", "EPOCHS")
+
 # the knobs that decide the data plan: the data package's own tables (workers only change the speed)
-_PLAN = tuple(n for n in (*SCAN_KNOBS, *PLAN_KNOBS) if n != "SCAN_WORKERS")
+# (EPOCHS only lengthens the plan: its first steps stay the same, so it is a length knob below)
+_PLAN = tuple(n for n in (*SCAN_KNOBS, *PLAN_KNOBS) if n not in ("SCAN_WORKERS", "EPOCHS"))
 # changing one of these mid-run trains another function or walks another data plan: never allowed
 RESUME_FIXED = (
     "MODEL_PRESET",
@@ -70,7 +87,10 @@ RESUME_SAFE = (
     "LR_SCHEDULE",
     "LR_WARMUP_STEPS",
     "LR_MIN_RATIO",
+    "LR_CYCLES",
+    "LR_POWER",
     "STEPS",
+    "EPOCHS",
     "GRAD_CLIP",
     "EMA_DECAY",
     "EMA_WARMUP",

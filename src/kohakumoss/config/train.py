@@ -29,6 +29,7 @@ from kohakumoss_data import LoaderKnobs, PlanKnobs, ScanKnobs
 
 from .bounds import SEED_MAX, SEED_MIN, device_problem, seeds_problem
 from .knobs import Schema
+from .rules import SCHEDULES
 from .typed import ScriptConfig, config_knobs, knob, section
 
 ENCODE_PLACEMENTS = (
@@ -429,17 +430,23 @@ class OptimConfig:
     use_muon: bool = knob(True, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)")
     optimizer: str = knob(
         "adamw",
-        "adamw, adafactor, adamw8bit, prodigy, schedulefree_adamw or package.Class",
+        "adamw, adafactor, adamw8bit, paged_adamw8bit, lion8bit, prodigy, schedulefree_adamw, dadapt_adam or "
+        "package.Class (any case; kohya's spellings such as AdamW8bit too)",
         check=_optimizer_problem,
     )
     optimizer_args: dict = knob({}, "keyword arguments of OPTIMIZER (betas, d_coef, ...)")
     weight_decay: float = knob(0.0, "weight decay", min=0.0)
     lr_schedule: str = knob(
-        "constant", "constant, linear or cosine", choices=("constant", "linear", "cosine")
+        "constant",
+        "constant, constant_with_warmup, linear, cosine, cosine_with_restarts, polynomial or rex",
+        choices=SCHEDULES,
     )
     lr_warmup_steps: int = knob(0, "linear warmup steps", min=0)
-    lr_min_ratio: float = knob(0.0, "final LR / LR for linear and cosine", min=0.0, max=1.0)
+    lr_min_ratio: float = knob(0.0, "final LR / LR for the decaying schedules", min=0.0, max=1.0)
+    lr_cycles: int = knob(1, "cosine_with_restarts: number of cosine cycles (hard restarts)", min=1)
+    lr_power: float = knob(1.0, "polynomial: power of the decay (1: linear)", min=1e-3)
     steps: int = knob(1000, "optimizer steps", min=1)
+    epochs: int = knob(0, "train this many epochs of the plan instead of STEPS (0: STEPS decides)", min=0)
     grad_accum: int = knob(1, "micro-steps per optimizer step", min=1)
     grad_clip: float = knob(1.0, "max gradient norm (0: no clipping)", min=0.0)
     ema: bool = knob(False, "keep an EMA of the trainable weights")
@@ -447,6 +454,12 @@ class OptimConfig:
     ema_warmup: int = knob(100, "steps over which the EMA decay ramps up", min=0)
     ema_every: int = knob(1, "EMA update interval in steps", min=1)
     export_ema: bool = knob(False, "export the EMA weights instead of the raw ones")
+
+    def __post_init__(self) -> None:
+        from kohakumoss.optim.names import canonical_optimizer
+
+        # one spelling everywhere (checkpoint member names, resume comparison, metadata): 'AdamW8bit' -> 'adamw8bit'
+        object.__setattr__(self, "optimizer", canonical_optimizer(self.optimizer))
 
 
 @dataclass(frozen=True)
@@ -494,6 +507,9 @@ class RunConfig(SeedConfig):
     )
     runs_dir: str = knob("runs/moss", "where runs are written")
     save_every: int = knob(500, "checkpoint every N steps (0: only at the end)", min=0)
+    save_every_epochs: int = knob(
+        0, "checkpoint every N epochs instead of SAVE_EVERY (0: SAVE_EVERY decides)", min=0
+    )
     keep_last: int = knob(3, "checkpoints kept (older ones deleted)", min=1)
     resume: str = knob("", "'' (fresh run), 'latest' or a checkpoint folder")
     resume_allow_changes: list = knob(
@@ -521,6 +537,9 @@ class SampleConfig:
     """The sample grid drawn during and after training."""
 
     sample_every: int = knob(0, "sample grid every N steps (0: only at the end, if prompts are set)", min=0)
+    sample_every_epochs: int = knob(
+        0, "sample grid every N epochs instead of SAMPLE_EVERY (0: SAMPLE_EVERY decides)", min=0
+    )
     sample_prompts: list = knob(
         [],
         "prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE",

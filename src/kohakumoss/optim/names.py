@@ -13,15 +13,39 @@ NAMED_OPTIMIZERS: dict[str, tuple[str, str, str | None]] = {
     "adamw": ("torch.optim", "AdamW", None),
     "adafactor": ("torch.optim", "Adafactor", None),
     "adamw8bit": ("bitsandbytes.optim", "AdamW8bit", "bitsandbytes"),
+    "paged_adamw8bit": ("bitsandbytes.optim", "PagedAdamW8bit", "bitsandbytes"),
+    "paged_adamw": ("bitsandbytes.optim", "PagedAdamW", "bitsandbytes"),
+    "lion8bit": ("bitsandbytes.optim", "Lion8bit", "bitsandbytes"),
+    "paged_lion8bit": ("bitsandbytes.optim", "PagedLion8bit", "bitsandbytes"),
     "prodigy": ("prodigyopt", "Prodigy", "prodigyopt"),
     "schedulefree_adamw": ("schedulefree", "AdamWScheduleFree", "schedulefree"),
+    "dadapt_adam": ("dadaptation", "DAdaptAdam", "dadaptation"),
 }
 OPTIMIZERS = tuple(NAMED_OPTIMIZERS)
+# kohya's spellings (sd-scripts' --optimizer_type) whose letters differ from ours once case, '_' and '-'
+# are ignored; every other name is matched that way too (AdamW8bit, PagedAdamW8bit, Lion8bit, DAdaptAdam)
+KOHYA_SPELLINGS = {"adamwschedulefree": "schedulefree_adamw"}
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+def _letters(name: str) -> str:
+    return name.lower().replace("_", "").replace("-", "")
+
+
+_BY_LETTERS = {**{_letters(n): n for n in NAMED_OPTIMIZERS}, **KOHYA_SPELLINGS}
+
+
+def canonical_optimizer(name: str) -> str:
+    """OPTIMIZER `name` as this project spells it: case, '_' and '-' ignored, kohya's names accepted
+    ('AdamW8bit' -> 'adamw8bit'); a dotted `package.Class` and an unknown name come back unchanged."""
+    if not isinstance(name, str) or _DOTTED.match(name):
+        return name
+    return _BY_LETTERS.get(_letters(name), name)
 
 
 def optimizer_location(name: str) -> tuple[str, str, str | None]:
     """(module, class, pip package or None) of OPTIMIZER `name`: a named one or a dotted `package.Class`."""
+    name = canonical_optimizer(name)
     if name in NAMED_OPTIMIZERS:
         return NAMED_OPTIMIZERS[name]
     if not _DOTTED.match(name):
@@ -38,7 +62,9 @@ def optimizer_problem(name: str) -> str | None:
         return e.args[-1] if e.args else str(e)
     top = module.split(".")[0]
     if importlib.util.find_spec(top) is None:
-        extra = " (or pip install 'kohakumoss[optim]')" if name in NAMED_OPTIMIZERS else ""
+        extra = (
+            " (or pip install 'kohakumoss[optim]')" if canonical_optimizer(name) in NAMED_OPTIMIZERS else ""
+        )
         return f"'{name}' needs the '{package}' package: pip install {package}{extra}"
     return None
 

@@ -21,6 +21,8 @@ from kohakumoss_data.catalog import scan
 from kohakumoss_data.offline import fill_latent_cache, fill_text_cache, planned_captions
 from kohakumoss_data.sources import make_source
 
+from .epochs import resolve_epochs, steps_per_epoch
+
 log = get_logger(__name__)
 
 
@@ -33,6 +35,7 @@ class RunData:
     val_plan: Plan | None
     latent_cache: Any
     text_cache: Any
+    steps_per_epoch: int  # optimizer steps of one epoch (EPOCHS and *_EVERY_EPOCHS count in them)
 
 
 def split_validation(catalog: Catalog, n: int, seed: int) -> tuple[Catalog, Catalog | None]:
@@ -59,16 +62,33 @@ def template_token_count(text_encoder: Any) -> int:
     return len(prompts(""))
 
 
-def plan_for_steps(catalog: Catalog, cfg: TrainConfig, micro_steps: int, template_tokens: int = 0) -> Plan:
-    """A plan with enough epochs for `micro_steps` steps (the epoch count is derived, so still pure)."""
-    seed = cfg.run.seed
-    knobs = dataclasses.replace(plan_knobs(cfg.knobs()), epochs=1, template_tokens=template_tokens)
-    one = build_plan(catalog, seed, knobs)
-    per_epoch = len(one.steps)
-    if per_epoch == 0:
+def run_plan_knobs(cfg: TrainConfig):
+    """The plan's settings from the training knobs (the trainer's EPOCHS counts whole runs: STEPS, not the plan)."""
+    return plan_knobs({**cfg.knobs(), "EPOCHS": 1})
+
+
+def one_epoch_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0) -> Plan:
+    """The plan's first epoch (every longer plan starts with it: epochs are planned one by one)."""
+    knobs = dataclasses.replace(run_plan_knobs(cfg), epochs=1, template_tokens=template_tokens)
+    one = build_plan(catalog, cfg.run.seed, knobs)
+    if not one.steps:
         raise DataError("the plan has no steps: no usable items (see the scan report above)")
+    return one
+
+
+def plan_for_steps(
+    catalog: Catalog, cfg: TrainConfig, micro_steps: int, template_tokens: int = 0, one: Plan | None = None
+) -> Plan:
+    """A plan with enough epochs for `micro_steps` steps (the epoch count is derived, so still pure)."""
+    one = one or one_epoch_plan(catalog, cfg, template_tokens)
+    knobs, per_epoch = one.knobs, len(one.steps)
     epochs = math.ceil(micro_steps / per_epoch)
-    plan = one if epochs == 1 else build_plan(catalog, seed, dataclasses.replace(knobs, epochs=epochs))
+    plan = (
+        one if epochs == 1 else build_plan(catalog, cfg.run.seed, dataclasses.replace(knobs, epochs=epochs))
+    )
+    while len(plan.steps) < micro_steps:  # later epochs may pack their shuffle into fewer steps
+        epochs += 1
+        plan = build_plan(catalog, cfg.run.seed, dataclasses.replace(knobs, epochs=epochs))
     log.info(
         f"plan: {per_epoch} steps per epoch, {epochs} epoch(s) for {micro_steps} micro-steps; sha256 {plan.sha256}"
     )
@@ -104,7 +124,7 @@ def check_data_position(plan: Plan, position: dict[str, Any], checkpoint: Any, r
 def validation_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0) -> Plan:
     """One pass over the held-out items, center crops, no flip, no caption dropout."""
     knobs = dataclasses.replace(
-        plan_knobs(cfg.knobs()),
+        run_plan_knobs(cfg),
         template_tokens=template_tokens,
         epochs=1,
         crop="center",
@@ -139,11 +159,15 @@ def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder, source: Any, c
     data, seed = cfg.data, cfg.run.seed
     train_catalog, val_catalog = split_validation(catalog, int(data.val_items), seed)
     template = template_token_count(text_encoder)
-    plan = plan_for_steps(train_catalog, cfg, int(cfg.optim.steps) * int(cfg.optim.grad_accum), template)
+    one = one_epoch_plan(train_catalog, cfg, template)
+    epoch_steps = steps_per_epoch(len(one.steps), int(cfg.optim.grad_accum))
+    cfg = resolve_epochs(cfg, epoch_steps)  # EPOCHS: the plan is built for the steps they stand for
+    micro = int(cfg.optim.steps) * int(cfg.optim.grad_accum)
+    plan = plan_for_steps(train_catalog, cfg, micro, template, one=one)
     val_plan = validation_plan(val_catalog, cfg, template) if val_catalog is not None else None
     cache_dir = data.cache_dir or None
     latent_cache, text_cache = open_caches(cache_dir, image_encoder, text_encoder)
-    return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache)
+    return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache, epoch_steps)
 
 
 def fill_caches_first(data: RunData, cfg: TrainConfig, vae, text_encoder, fill: bool = True) -> bool:

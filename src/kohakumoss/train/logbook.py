@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from PIL import Image, ImageDraw
+from PIL import Image
 
-from kohakumoss_common.io import atomic_write_text, disk_full_as_error, save_image
+from kohakumoss_common.io import atomic_path, atomic_write_text, disk_full_as_error
 from kohakumoss_common.log import FILE_ONLY, get_logger
 from kohakumoss_common.progress import duration, eta
 
@@ -111,40 +111,57 @@ class MetricsWriter:
         return records
 
 
-def loss_plot(
-    records: list[dict], path: str | Path, key: str = "loss", width: int = 640, height: int = 320
-) -> None:
-    """A plain loss curve (raw points and a running mean) drawn with Pillow."""
+def _finite_points(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     pts = [
         (r["step"], r[key])
         for r in records
-        if key in r and isinstance(r[key], (int, float)) and math.isfinite(r[key])
+        if isinstance(r.get(key), (int, float)) and math.isfinite(r[key]) and "step" in r
     ]
-    img = Image.new("RGB", (width, height), "white")
-    draw = ImageDraw.Draw(img)
-    pad = 40
-    draw.rectangle([pad, 10, width - 10, height - pad], outline="black")
-    if len(pts) >= 2:
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
-        span_x, span_y = max(x1 - x0, 1), max(y1 - y0, 1e-12)
+    return [p[0] for p in pts], [p[1] for p in pts]
 
-        def at(x: float, y: float) -> tuple[float, float]:
-            return pad + (x - x0) / span_x * (width - pad - 10), height - pad - (y - y0) / span_y * (
-                height - pad - 10
-            )
 
-        draw.line([at(x, y) for x, y in pts], fill=(170, 190, 230), width=1)
-        window, smooth, acc = max(1, len(pts) // 20), [], []
-        for x, y in pts:
-            acc.append(y)
-            acc = acc[-window:]
-            smooth.append(at(x, sum(acc) / len(acc)))
-        draw.line(smooth, fill=(20, 60, 160), width=2)
-        draw.text((pad, height - pad + 5), f"step {x0}", fill="black")
-        draw.text((width - 90, height - pad + 5), f"step {x1}", fill="black")
-        draw.text((4, 12), f"{y1:.3g}", fill="black")
-        draw.text((4, height - pad - 12), f"{y0:.3g}", fill="black")
-    draw.text((pad + 5, 14), key, fill="black")
+def loss_plot(records: list[dict], path: str | Path, key: str = "loss") -> None:
+    """loss.png (written atomically): `loss_figure`'s picture."""
+    fig = loss_figure(records, key)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    save_image(img, path)
+    with atomic_path(path) as tmp:  # disk-full handling inside
+        fig.savefig(tmp, format="png")
+
+
+def loss_figure(records: list[dict], key: str = "loss"):
+    """The loss per step and its running mean, the validation loss where it was measured, and the LR on a
+    second axis; axes labelled and ticked by matplotlib (its Agg canvas: no display, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    steps, values = _finite_points(records, key)
+    if steps:
+        ax.plot(steps, values, color=(0.67, 0.75, 0.9), linewidth=0.8, label=key)
+        window, acc, smooth = max(1, len(values) // 20), [], []
+        for v in values:
+            acc = [*acc[-window + 1 :], v] if window > 1 else [v]
+            smooth.append(sum(acc) / len(acc))
+        ax.plot(steps, smooth, color=(0.08, 0.24, 0.63), linewidth=1.8, label=f"{key} (mean of {window})")
+    val_steps, val = _finite_points(records, "val_loss")
+    if val_steps:
+        ax.plot(
+            val_steps, val, "o-", color="tab:orange", markersize=4, linewidth=1.2, label="validation loss"
+        )
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.grid(True, alpha=0.3)
+    lr_steps, lr = _finite_points(records, "lr")
+    handles, labels = ax.get_legend_handles_labels()
+    if lr_steps:
+        lr_ax = ax.twinx()
+        lr_ax.plot(lr_steps, lr, color="tab:green", linewidth=1.0, linestyle="--", label="LR")
+        lr_ax.set_ylabel("LR")
+        lr_ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+        more = lr_ax.get_legend_handles_labels()
+        handles, labels = handles + more[0], labels + more[1]
+    if handles:
+        ax.legend(handles, labels, loc="upper right", fontsize="small")
+    return fig

@@ -12,6 +12,7 @@ from typing import Any
 
 # RESUME_FIXED / RESUME_SAFE and the RUN_NAME rule live in config/rules.py (the schema checks them too)
 from kohakumoss.adapters.algos import trained_forward
+from kohakumoss.config.rules import FLAT_SCHEDULES, LENGTH_KNOBS
 from kohakumoss.config.rules import RESUME_FIXED as RESUME_FIXED
 from kohakumoss.config.rules import RESUME_SAFE as RESUME_SAFE
 from kohakumoss.config.rules import allow_changes_problem as allow_changes_problem
@@ -68,12 +69,19 @@ def check_resume_knobs(cfg: TrainConfig, checkpoint: Path) -> list[str]:
     except (OSError, ValueError) as e:
         raise ConfigError("RESUME", f"{config_file}: cannot read the checkpoint's knobs ({e})") from e
     allowed = set(cfg.run.resume_allow_changes)
+    if cfg.optim.lr_schedule in FLAT_SCHEDULES and saved.get("LR_SCHEDULE") in FLAT_SCHEDULES:
+        allowed |= set(LENGTH_KNOBS)  # a longer (or shorter) run: every step's LR and batch stay the same
     changes = changed_knobs(saved, cfg.knobs())
     refused = {n: v for n, v in changes.items() if n not in allowed}
     if refused:
         listed = ", ".join(f"{n} {old!r} -> {new!r}" for n, (old, new) in refused.items())
         safe = [n for n in refused if n in RESUME_SAFE]
         hint = f"; to accept {safe}, list them in RESUME_ALLOW_CHANGES" if safe else ""
+        if any(n in refused for n in LENGTH_KNOBS):
+            hint += (
+                f" (LR_SCHEDULE '{cfg.optim.lr_schedule}' spreads its decay over STEPS: the steps after the "
+                "checkpoint follow the new length's curve, whose LR there differs from the one the run had)"
+            )
         raise ConfigError(
             "RESUME",
             f"{checkpoint} was trained with other knobs: {listed}{hint}; "

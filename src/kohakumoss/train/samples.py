@@ -1,12 +1,15 @@
-"""Sample grids during training: the base model's row (drawn once, kept on disk) above the current row."""
+"""Sample grids during training: the base model's row (drawn once, kept on disk) above the current row,
+and a timeline of every row drawn so far; each sample PNG carries its prompt and sampler settings."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from kohakumoss.config.train import SampleConfig, TrainConfig
 from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_skip_layers
@@ -30,8 +33,43 @@ def sample_prompts(samples: SampleConfig) -> list[PromptLine]:
 
 
 def sample_captions(samples: SampleConfig) -> list[str]:
-    """The grid's column captions: each sample's prompt text."""
-    return [p.prompt for p in sample_prompts(samples)]
+    """The grid's column captions: each sample's prompt, then its seed, CFG, steps and size."""
+    return [
+        f"{r.prompt}\nseed {r.seed}, cfg {sample_settings(r, samples)['cfg']:g}, "
+        f"{sample_settings(r, samples)['steps']} steps, {r.width}x{r.height}"
+        for r in sample_requests(samples)
+    ]
+
+
+def sample_settings(request: GenerationRequest, samples: SampleConfig) -> dict:
+    """What drew one sample: its prompt line's values over the SAMPLE_* knobs."""
+    return dict(
+        prompt=request.prompt,
+        negative=request.negative,
+        seed=request.seed,
+        width=request.width,
+        height=request.height,
+        steps=int(samples.sample_steps if request.steps is None else request.steps),
+        cfg=float(samples.sample_cfg if request.cfg is None else request.cfg),
+        shift=float(samples.sample_shift),
+        sampler="euler (flow velocity), CFG with skip-layer guidance",
+    )
+
+
+def sample_png_info(request: GenerationRequest, samples: SampleConfig, label: str) -> PngImagePlugin.PngInfo:
+    """PNG text chunks: `prompt`, `kohakumoss` (JSON, as scripts/sample/sample.py writes it) and
+    `parameters` (the A1111 form image viewers and UIs read)."""
+    settings = {**sample_settings(request, samples), "row": label}
+    info = PngImagePlugin.PngInfo()
+    info.add_text("prompt", request.prompt)
+    info.add_text("kohakumoss", json.dumps(settings))
+    negative = f"\nNegative prompt: {request.negative}" if request.negative else ""
+    info.add_text(
+        "parameters",
+        f"{request.prompt}{negative}\nSteps: {settings['steps']}, Sampler: Euler, CFG scale: {settings['cfg']:g}, "
+        f"Seed: {request.seed}, Size: {request.width}x{request.height}, Shift: {settings['shift']:g}",
+    )
+    return info
 
 
 def sample_requests(samples: SampleConfig) -> list[GenerationRequest]:
@@ -98,10 +136,23 @@ def draw_row(
         model.train(was_training)
 
 
-def save_row(images: list[Image.Image], folder: Path, prefix: str) -> None:
+def save_row(
+    images: list[Image.Image], folder: Path, prefix: str, infos: list[PngImagePlugin.PngInfo] | None = None
+) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for i, im in enumerate(images):
-        save_image(im, folder / f"{prefix}_{i:02d}.png")
+        save_image(im, folder / f"{prefix}_{i:02d}.png", pnginfo=infos[i] if infos else None)
+
+
+def timeline_rows(samples_dir: Path, n: int, upto: int) -> list[tuple[str, list[Image.Image]]]:
+    """Every saved row of steps up to `upto` (`samples/step_XXXXXXXX/sample_NN.png`), oldest first."""
+    rows = []
+    for folder in sorted(samples_dir.glob("step_*")):
+        match = re.fullmatch(r"step_(\d+)", folder.name)
+        row = load_row(folder, "sample", n) if match and int(match.group(1)) <= upto else None
+        if row is not None:
+            rows.append((f"step {int(match.group(1))}", row))
+    return rows
 
 
 def load_row(folder: Path, prefix: str, n: int) -> list[Image.Image] | None:

@@ -75,6 +75,7 @@ from .data import (
     validation_batches,
 )
 from .ema import EMA
+from .epochs import resolve_epochs
 from .finite import NonFiniteWeights, nonfinite_tensors
 from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
 from .interrupt import StepInterrupt
@@ -93,7 +94,16 @@ from .profiling import StepProfiler
 from .resume import check_resume_knobs
 from .rng import restore_rng
 from .runner import StepResult, StepRunner
-from .samples import draw_row, grid, load_row, sample_captions, save_row
+from .samples import (
+    draw_row,
+    grid,
+    load_row,
+    sample_captions,
+    sample_png_info,
+    sample_requests,
+    save_row,
+    timeline_rows,
+)
 from .schedule import LRSchedule
 from .state import load_trainable_state, trainable_state
 from .step import draw_step_noise, flow_loss, to_device_batch
@@ -154,6 +164,7 @@ class Trainer:
             f"device {self.comps.device}{threads}, precision {cfg.device.precision}, run folder {run_dir}"
         )
         self.build_data()
+        self.resolve_epochs()
         self.base_row = self.base_samples()
         self.tr = self.build_trainable()
         self.bad_in_row, self.skipped = 0, 0  # the run's counters: a resume takes its checkpoint's
@@ -207,6 +218,15 @@ class Trainer:
         # the validation loss is rank 0's to log; under FSDP2 every rank runs the forward (it gathers)
         self.val = val if self.rr.is_main or self.rr.fsdp else []
 
+    def resolve_epochs(self) -> None:
+        """EPOCHS / SAVE_EVERY_EPOCHS / SAMPLE_EVERY_EPOCHS as steps, now that the plan knows an epoch's length."""
+        per_epoch = self.data.steps_per_epoch
+        self.cfg = resolve_epochs(self.cfg, per_epoch)
+        self.steps = int(self.cfg.optim.steps)
+        self.stop_at = min(int(self.cfg.run.stop_at) or self.steps, self.steps)
+        if self.cfg.optim.epochs:
+            log.info(f"EPOCHS {self.cfg.optim.epochs}: {per_epoch} steps per epoch, {self.steps} steps")
+
     def base_samples(self):
         """The base model's sample row (rank 0), drawn before any training and kept for every later grid."""
         comps, self.prompts = self.comps, sample_captions(self.cfg.samples)
@@ -220,7 +240,10 @@ class Trainer:
         if self.rr.main_decides(row is None):  # rank 0 found no saved row: every drawing rank draws
             row = self.draw_row("base model samples")
             if self.can_sample:
-                save_row(row, self.samples_dir / "base", "base")
+                infos = [
+                    sample_png_info(r, self.cfg.samples, "base") for r in sample_requests(self.cfg.samples)
+                ]
+                save_row(row, self.samples_dir / "base", "base", infos)
         return row if self.can_sample else None
 
     def build_trainable(self) -> Trainable:
@@ -459,10 +482,17 @@ class Trainer:
             row = self.draw_row(f"samples at step {step}")
             if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
                 return self.samples_dir
-            save_row(row, self.samples_dir / step_dirname(step), "sample")
+            infos = [
+                sample_png_info(r, self.cfg.samples, f"step {step}")
+                for r in sample_requests(self.cfg.samples)
+            ]
+            save_row(row, self.samples_dir / step_dirname(step), "sample", infos)
             image = grid([("base", self.base_row), (f"step {step}", row)], self.prompts)
             path = self.samples_dir / f"grid_{step_dirname(step)}.png"
             save_image(image, path)
+            # every row so far under the base one: how the samples moved across the run
+            timeline = [("base", self.base_row), *timeline_rows(self.samples_dir, len(row), step)]
+            save_image(grid(timeline, self.prompts), self.samples_dir / "timeline.png")
             self.metrics.image("samples/grid", image, step)
         log.info(f"samples {path}")
         return path
@@ -580,7 +610,8 @@ class Trainer:
         export: the only one with full-difference ComfyUI files unless COMFY_DIFFS='every')."""
         export = self.cfg.export
         clear_tlora_mask()
-        metadata = run_metadata(self.knobs, self.steps if step is None else step)  # written into the files
+        knobs = {**self.knobs, "STEPS": self.steps}  # EPOCHS resolved: the files name the run's steps
+        metadata = run_metadata(knobs, self.steps if step is None else step)  # written into the files
 
         def write() -> dict[str, Path]:
             return export_all(
@@ -623,7 +654,12 @@ def build_trainable(cfg: TrainConfig, comps: Components) -> Trainable:
     LR schedule and EMA."""
     model, optim = comps.backbone, cfg.optim
     schedule = LRSchedule(
-        optim.lr_schedule, int(optim.lr_warmup_steps), int(optim.steps), float(optim.lr_min_ratio)
+        optim.lr_schedule,
+        int(optim.lr_warmup_steps),
+        int(optim.steps),
+        float(optim.lr_min_ratio),
+        cycles=int(optim.lr_cycles),
+        power=float(optim.lr_power),
     )
     if cfg.adapter.algo == "full":
         model.requires_grad_(True)
