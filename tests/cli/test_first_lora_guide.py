@@ -200,14 +200,17 @@ def test_first_lora_guide_end_to_end(tree, photos, tmp_path):
             comfy = root / "ComfyUI" / "models" / "loras" / "my-lora.safetensors"
             assert keys(comfy) == keys(run_dir / "export" / "my-lora-comfy.safetensors")
         elif "scripts/sample/sample.py" in command:
-            assert list((root / "samples").glob("*.png")), "the sampler wrote no image"
+            assert list((root / "samples" / "my-sample").glob("*.png")), "the sampler wrote no image"
     # the ComfyUI file the run exported, in the sampler (README: `new sample --adapter`)
     comfy_file = "runs/moss/my-lora/export/my-lora-comfy.safetensors"
     weights = "ComfyUI/models" if tree == "comfy" else "models/MOSS-Image-Base"
     run(f"kohakumoss-config new sample --weights {weights} --name comfy-lora --adapter {comfy_file}", root)
-    append_knobs(root / "configs" / "user" / "comfy-lora.py", {**SAMPLE_KNOBS, "OUT_DIR": "samples/comfy"})
-    run("kogine run scripts/sample/sample.py --config configs/user/comfy-lora.py", root)
-    assert list((root / "samples" / "comfy").glob("*.png"))
+    append_knobs(root / "configs" / "user" / "comfy-lora.py", SAMPLE_KNOBS)
+    run(
+        f"kogine run scripts/sample/sample.py --config configs/user/comfy-lora.py --set 'PROMPT={PROMPTS[1]}'",
+        root,
+    )
+    assert list((root / "samples" / "comfy-lora").glob("*.png")), "the sampler wrote no image"
     # README: OUT naming the ComfyUI file writes it there and the others beside it
     run(
         f"kogine run scripts/export/export.py --set WEIGHTS={weights} "
