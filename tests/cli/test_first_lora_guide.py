@@ -20,7 +20,14 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from tests.tiny_trees import DIT_FILE, write_comfy_models, write_hf_snapshot, write_photo_set
+from tests.tiny_trees import (
+    DIT_FILE,
+    TEXT_FILE,
+    VAE_FILE,
+    write_comfy_models,
+    write_hf_snapshot,
+    write_photo_set,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GUIDE = REPO / "docs" / "guides" / "first-lora.md"
@@ -77,6 +84,44 @@ def substitute(command: str, tree: str, checkpoint: str) -> str:
         command = command.replace("ComfyUI/models/diffusion_models/" + DIT_FILE, "models/MOSS-Image-Base")
         command = command.replace("--weights ComfyUI/models", "--weights models/MOSS-Image-Base")
     return command
+
+
+def readme_commands() -> list[str]:
+    """The commands of README.md's "Train, sample, export" section."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Train, sample, export") :]
+    return bash_commands(section[: section.index("\n## ", 1)])
+
+
+# README's placeholders (`path/to/...`, `...`), per tree: the DiT, the text encoder and the VAE as the
+# tree holds them (the Comfy-Org files; the HF snapshot's folders)
+README_PATHS = {
+    "comfy": {
+        "WEIGHTS": "ComfyUI/models/diffusion_models/" + DIT_FILE,
+        "TEXT_ENCODER": "ComfyUI/models/text_encoders/" + TEXT_FILE,
+        "VAE": "ComfyUI/models/vae/" + VAE_FILE,
+    },
+    "hf": {
+        "WEIGHTS": "models/MOSS-Image-Base/transformer",
+        "TEXT_ENCODER": "models/MOSS-Image-Base/text_encoder",
+        "VAE": "models/MOSS-Image-Base/vae",
+    },
+}
+
+
+def readme_paths(command: str, tree: str, checkpoint: str) -> str:
+    for knob, path in README_PATHS[tree].items():
+        command = re.sub(rf"{knob}=(\.\.\.|path/to/\S+)", f"{knob}={path}", command)
+    return re.sub(r"checkpoints/step_\d{8}", f"checkpoints/{checkpoint}", command)
+
+
+def test_the_readme_parses_into_the_commands_this_test_runs():
+    assert [c.split()[:3] for c in readme_commands() if skip_reason(c) is None] == [
+        ["kogine", "run", "scripts/train/moss.py"],
+        ["kogine", "run", "scripts/sample/sample.py"],
+        ["kogine", "run", "scripts/export/export.py"],
+    ]
+    assert all("..." not in readme_paths(c, "comfy", "step_00000002") for c in readme_commands()[-2:])
 
 
 def test_the_guide_parses_into_the_steps_this_test_runs():
@@ -211,10 +256,20 @@ def test_first_lora_guide_end_to_end(tree, photos, tmp_path):
         root,
     )
     assert list((root / "samples" / "comfy-lora").glob("*.png")), "the sampler wrote no image"
-    # README: OUT naming the ComfyUI file writes it there and the others beside it
-    run(
-        f"kogine run scripts/export/export.py --set WEIGHTS={weights} "
-        f"--set ADAPTER=runs/moss/my-lora/checkpoints/step_00000002 --set OUT=my-lora.safetensors",
-        root,
-    )
-    assert (root / "my-lora.safetensors").is_file() and (root / "my-lora-lycoris.safetensors").is_file()
+    # README's "Train, sample, export": its sample and export commands, the files' paths for its `...`
+    for command in readme_commands():
+        if skip_reason(command) is not None or "scripts/train/moss.py" in command:
+            continue  # the guide's step 7 trained this run; README's train command is the same script
+        out_dir = root / "samples" / "readme"
+        command = readme_paths(command, tree, checkpoints(run_dir)[-1])
+        if "scripts/sample/sample.py" in command:
+            knobs = {**SAMPLE_KNOBS, "OUT_DIR": str(out_dir)}
+            run(command + "".join(f" --set {shlex.quote(f'{k}={v}')}" for k, v in knobs.items()), root)
+            assert list(out_dir.glob("*.png")), "the sampler wrote no image"
+        else:
+            run(command, root)
+            # OUT naming the ComfyUI file: it there, the others beside it (SAVE_FORMAT 'both' here)
+            assert keys(root / "my-lora.safetensors") == keys(
+                run_dir / "export" / "my-lora-comfy.safetensors"
+            )
+            assert (root / "my-lora-lycoris.safetensors").is_file()
