@@ -7,7 +7,7 @@ Train an adapter from a handful of options: writes a checked config, then starts
 The run goes to runs\examples\train\NAME\. $env:DRY_RUN = '1' prints the commands instead of running them.
 The same options as train.sh (-Weights, -Dataset, -Name, -Steps, -SampleEvery, -SaveEvery, -KeepLast,
 -Prompt, -Algo, -Source, -Gpu, -Resume, -Cache, -Set, -NoCheck). -Cache fills the text and latent caches
-first (the 6-12 GB GPU layers train from the caches only). -Set values go into the written config (so the
+first (done without it where the GPU layer trains from the caches only: the 6-12 GB layers). -Set values go into the written config (so the
 check sees them); -NoCheck runs despite the check's problems.
 #>
 param(
@@ -75,6 +75,15 @@ if ($ConfigTool.Count -gt 0) {
 if ($rc -ne 0) { Die "could not write $RunConfig" }
 Test-Config $RunConfig 'train'
 
+# the 6-12 GB layers train from the caches only (VAE_ENCODE / TEXT_ENCODE 'cache'): fill them without -Cache too
+if (-not $Cache -and $ConfigTool.Count -gt 0) {
+    $Probe = $WriteConfig + @('needs-cache', $RunConfig)
+    $FromCache = & $Probe[0] $Probe[1..($Probe.Count - 1)] 2>$null
+    if ($LASTEXITCODE -eq 0) {
+        Say "this GPU layer trains from the caches only ($FromCache): filling them first, as -Cache does"
+        $Cache = $true
+    }
+}
 if ($Cache) {
     if ($ConfigTool.Count -gt 0) {
         foreach ($s in @('cache_text', 'cache_latents')) {

@@ -3,7 +3,8 @@
 #   bash scripts/examples/train.sh --weights DIR --dataset DIR [--name NAME] [--steps N] [--sample-every N]
 #       [--save-every N] [--keep-last N] [--prompt TEXT]... [--algo ALGO] [--source KIND] [--gpu auto|NAME|GB] [--resume]
 #       [--cache] [--set KNOB=VALUE]... [--no-check]
-# --cache fills the text and latent caches first (the 6-12 GB GPU layers train from the caches only).
+# --cache fills the text and latent caches first (done without it where the GPU layer trains from the caches only:
+# the 6-12 GB layers).
 # --set values go into the written config (so the check sees them); --no-check runs despite problems.
 # The run goes to runs/examples/train/NAME/. DRY_RUN=1 prints the commands instead of running them.
 set -euo pipefail
@@ -81,6 +82,11 @@ else
 fi
 check_config "$RUN_CONFIG" train
 
+# the 6-12 GB layers train from the caches only (VAE_ENCODE / TEXT_ENCODE 'cache'): fill them without --cache too
+if [[ $CACHE == 0 && ${#CONFIG_TOOL[@]} -gt 0 ]] && FROM_CACHE=$("${WRITE_CONFIG[@]}" needs-cache "$RUN_CONFIG" 2>/dev/null); then
+  say "this GPU layer trains from the caches only ($FROM_CACHE): filling them first, as --cache does"
+  CACHE=1
+fi
 if [[ $CACHE == 1 ]]; then
   if [[ ${#CONFIG_TOOL[@]} -gt 0 ]]; then
     for s in cache_text cache_latents; do

@@ -180,6 +180,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_needs_cache(args: argparse.Namespace) -> int:
+    """0 (and the knobs that say so) when the config trains from the caches only, else 1."""
+    from kohakuengine.config import load_config_file
+
+    values = load_config_file(args.file).globals_dict
+    cached = [f"{k}={values[k]!r}" for k in ("VAE_ENCODE", "TEXT_ENCODE") if values.get(k) == "cache"]
+    if cached:
+        print(", ".join(cached))
+    return 0 if cached else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -197,8 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="validate a config against a script's knob schema")
     c.add_argument("file")
     c.add_argument("--script", choices=("train", "sample"), required=True)
+    n = sub.add_parser("needs-cache", help="exit 0 when the config trains from the caches only")
+    n.add_argument("file")
     args = parser.parse_args(argv)
-    return cmd_write(args) if args.cmd == "write" else cmd_check(args)
+    return {"write": cmd_write, "check": cmd_check, "needs-cache": cmd_needs_cache}[args.cmd](args)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Export any checkpoint again: the ComfyUI adapter, the LyCORIS file, merged and diffusers transformers.
 
-    kogine run scripts/export/export.py --set WEIGHTS=ComfyUI/models/diffusion_models/<the DiT>.safetensors \
+    kogine run scripts/export/export.py --set WEIGHTS=ComfyUI/models/diffusion_models/moss_image_base_int8_convrot.safetensors \
         --set ADAPTER=runs/moss/my-lora/checkpoints/step_00001000 --set OUT=exports --set SAVE_MERGED=True
 
 OUT=my-lora.safetensors writes the ComfyUI file there and the others beside it (my-lora-lycoris/my-lora.safetensors,

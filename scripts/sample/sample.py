@@ -11,7 +11,7 @@ import sys
 WEIGHTS = ""  # DiT checkpoint: file, index json or folder, any layout
 MODEL_PRESET = ""  # with WEIGHTS empty: random weights of this preset (tests only)
 TEXT_ENCODER = ""  # Qwen3.5 text encoder: HF folder or single file
-TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
+TOKENIZER = ""  # tokenizer folder (empty: the one beside the text encoder, e.g. text_encoders/*/tokenizer)
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder
 TEXT_ENCODER_QUANT = "none"  # text encoder linears: none, fp8, fp8_weight, int8, int8_weight

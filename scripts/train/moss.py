@@ -18,7 +18,7 @@ MODEL_PRESET = (
 TEXT_ENCODER = (
     ""  # Qwen3.5 text encoder: HF folder or single ComfyUI-style file ("synthetic"/"random": benchmarks)
 )
-TOKENIZER = ""  # tokenizer folder (needed with a single-file text encoder)
+TOKENIZER = ""  # tokenizer folder (empty: the one beside the text encoder, e.g. text_encoders/*/tokenizer)
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
 TEXT_ENCODER_QUANT = "none"  # text encoder linears: none, fp8, fp8_weight, int8, int8_weight

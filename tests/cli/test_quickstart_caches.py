@@ -1,8 +1,8 @@
 """The quickstart (docs/guides/first-lora.md steps 5 to 7) on every GPU layer: training reads the caches
 that the data scripts filled, and encodes nothing again.
 
-The weights are a tiny Comfy-Org-shaped models folder (a comfy-layout DiT, a single-file text encoder
-with its tokenizer fetched into text_encoders/ as the README's command puts it, a single-file VAE); the
+The weights are a tiny Comfy-Org-shaped models folder (a ConvRot int8 DiT, a ConvRot int8 single-file text
+encoder with its tokenizer fetched into text_encoders/ as the README's command puts it, a single-file VAE); the
 config tool writes the configs, the user appends the knobs that keep a CPU run short (to the training
 config: the data config reads them from there), the data scripts run as kogine runs them, then the
 trainer runs two steps (several epochs, each flipping images anew) while every encoder call is counted.
@@ -10,24 +10,16 @@ trainer runs two steps (several epochs, each flipping images anew) while every e
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
-from transformers.models.qwen3_5 import Qwen3_5TextModel
 
 from kohakumoss.cli import config_gpu
 from kohakumoss.cli.config_layers import GPU_SIZES, load_file
 from kohakumoss.cli.config_tool import main
-from kohakumoss.encoders import ImageVAE, TextEncoder, tiny_text_encoder_config
-from kohakumoss.encoders.text_layouts import model_to_comfy
-from kohakumoss.encoders.tiny import tiny_vae, write_word_tokenizer
-from kohakumoss.model.backbone import MossBackbone
-from kohakumoss.model.io import save_backbone
-from kohakumoss.model.presets import get_preset
-from kohakumoss_common.io import save_safetensors
+from kohakumoss.encoders import ImageVAE, TextEncoder
+from tests.tiny_trees import write_comfy_models
 
 REPO = Path(__file__).resolve().parents[2]
 CAPTIONS = ["a blue glass tile", "a golden square grid", "brown wood planks"]
@@ -50,20 +42,9 @@ GPUS = [f"vram_{gb}g" for gb in GPU_SIZES] + ["auto"]  # 'auto' on this machine:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> Path:
-    """ComfyUI/models with the three Comfy-Org files' shapes, and the tokenizer where the README puts it."""
-    root = tmp_path_factory.mktemp("quickstart") / "ComfyUI" / "models"
-    save_backbone(MossBackbone(get_preset("tiny")), root / "diffusion_models", layout="comfy")
-    # `hf download ... --include 'tokenizer/*' --local-dir text_encoders/qwen3.5_tokenizer` lands here
-    tokenizer = write_word_tokenizer(root / "text_encoders" / "qwen3.5_tokenizer" / "tokenizer", CAPTIONS)
-    vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
-    torch.manual_seed(0)
-    text = Qwen3_5TextModel(tiny_text_encoder_config(vocab_size=max(vocab, 16)))
-    save_safetensors(
-        {model_to_comfy(k): v for k, v in text.state_dict().items()},
-        root / "text_encoders" / "qwen3.5_tiny.safetensors",
-    )
-    save_safetensors(tiny_vae().model.state_dict(), root / "vae" / "flux2-vae_tiny.safetensors")
-    return root
+    """ComfyUI/models as the README's commands fill it (tests/tiny_trees.py: ConvRot int8 DiT and text
+    encoder, single-file VAE, the tokenizer in text_encoders/qwen3.5_tokenizer/tokenizer)."""
+    return write_comfy_models(tmp_path_factory.mktemp("quickstart") / "ComfyUI" / "models", CAPTIONS)
 
 
 @pytest.fixture(scope="module")

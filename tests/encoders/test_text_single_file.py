@@ -234,3 +234,23 @@ def test_missing_tokenizer_is_named(tmp_path, text_model):
     file = write(tmp_path, comfy_tensors(text_model))
     with pytest.raises(ConfigError, match="tokenizer_path"):
         conftest.load_text_encoder(file, tokenizer_path=str(tmp_path / "nowhere"))
+
+
+def test_tokenizer_beside_a_single_file_or_a_folder_is_found(
+    tmp_path, hf_folder, text_model, tokenizer_folder
+):
+    """The Comfy-Org file and the HF snapshot's text_encoder/ hold no tokenizer: without TOKENIZER the
+    one beside them is read (text_encoders/<...>/tokenizer, the snapshot's tokenizer/); none is named."""
+    models = tmp_path / "text_encoders"
+    file = write(models, comfy_tensors(text_model), "qwen.safetensors")
+    with pytest.raises(ConfigError, match=f"no tokenizer folder .* is under {models}"):
+        conftest.load_text_encoder(file, tokenizer_path=None)
+    conftest.make_tokenizer(models / "qwen3.5_tokenizer" / "tokenizer")
+    want = conftest.load_text_encoder(file, model_overrides=ROPE).encode(CAPTIONS)[0]
+    got = conftest.load_text_encoder(file, model_overrides=ROPE, tokenizer_path=None).encode(CAPTIONS)[0]
+    assert torch.equal(got, want)
+    snapshot = tmp_path / "snapshot"
+    write_hf_folder(snapshot / "text_encoder", text_model, prefix="model.")
+    conftest.make_tokenizer(snapshot / "tokenizer")
+    got = conftest.load_text_encoder(snapshot / "text_encoder", tokenizer_path=None).encode(CAPTIONS)[0]
+    assert torch.equal(got, conftest.load_text_encoder(hf_folder).encode(CAPTIONS)[0])

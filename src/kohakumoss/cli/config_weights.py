@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kohakumoss.encoders.tokenizer_folder import TOKENIZER_MARKERS, find_tokenizer  # noqa: F401
 from kohakumoss_common.errors import KohakuMossError
 
 
@@ -48,23 +49,7 @@ def inspect_dit(path: str | Path) -> tuple[str, Any, int]:
     return layout.name, config, sum(math.prod(shape) for _, shape in entries.values())
 
 
-TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json")
 TOKENIZER_REPO = "OpenMOSS-Team/MOSS-Image-Base"  # its tokenizer/ is Qwen3.5's; the Comfy-Org files hold none
-
-
-def find_tokenizer(folder: Path, depth: int = 3) -> Path | None:
-    """A tokenizer folder (one holding tokenizer.json or tokenizer_config.json) at most `depth` levels
-    under `folder`; names with 'tokenizer' first, then the shallowest, then by name."""
-    if not folder.is_dir():
-        return None
-    found = [
-        marker.parent
-        for level in range(1, depth + 1)
-        for name in TOKENIZER_MARKERS
-        for marker in folder.glob("/".join(["*"] * level) + "/" + name)
-    ]
-    found = sorted(set(found), key=lambda p: ("tokenizer" not in p.name.lower(), len(p.parts), str(p)))
-    return found[0] if found else None
 
 
 def tokenizer_command(text_encoders: Path) -> str:

@@ -144,7 +144,11 @@ class EncoderConfig:
         "word vectors) or 'random' (the Qwen3.5 architecture with random weights, sized by MODEL_PRESET)",
         check=lambda v: _exists_or_stand_in(v, "TEXT_ENCODER"),
     )
-    tokenizer: str = knob("", "tokenizer folder (needed with a single-file text encoder)", path="any")
+    tokenizer: str = knob(
+        "",
+        "tokenizer folder (empty: the one beside the text encoder, e.g. text_encoders/*/tokenizer)",
+        path="any",
+    )
     text_template: str = knob("", "prompt template with {caption}; empty: the encoder's default")
     text_layers: list = knob([-1], "hidden-state layer(s) of the text encoder (HF numbering)")
     text_encoder_quant: str = knob(

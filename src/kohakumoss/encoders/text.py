@@ -34,6 +34,7 @@ from .text_config import (
     with_overrides,
 )
 from .text_template import PromptTokenizer
+from .tokenizer_folder import TOKENIZER_MARKERS, find_tokenizer
 
 log = get_logger(__name__)
 TOKENIZER_FILES = (
@@ -215,9 +216,21 @@ def load_prompt_tokenizer(config: TextEncoderConfig) -> PromptTokenizer:
 def _tokenizer_path(path: Path, config: TextEncoderConfig) -> Path:
     if config.tokenizer_path is not None:
         return Path(config.tokenizer_path)
+    if path.is_dir() and any((path / marker).exists() for marker in TOKENIZER_MARKERS):
+        return path
+    # a Comfy-Org file, or an HF snapshot's text_encoder/, holds no tokenizer: the one beside it
+    # (kohakumoss-config's rule: text_encoders/<...>/tokenizer, the snapshot's tokenizer/)
+    found = find_tokenizer(path.parent)
+    if found is not None:
+        log.info("tokenizer: %s (found beside %s)", found, path.name)
+        return found
     if path.is_dir():
         return path
-    raise ConfigError("text_encoder.tokenizer_path", f"{path} is a single file; give the tokenizer folder")
+    raise ConfigError(
+        "text_encoder.tokenizer_path",
+        f"{path} is a single file and no tokenizer folder (holding tokenizer.json) is under {path.parent}; "
+        "give the tokenizer folder (TOKENIZER)",
+    )
 
 
 def _load_tokenizer(path: Path):
