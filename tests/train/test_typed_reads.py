@@ -19,9 +19,18 @@ from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 
 TRAIN = Path(__file__).resolve().parents[2] / "src" / "kohakumoss" / "train"
 KNOBS = frozenset(TRAIN_SCHEMA.knobs)
-# (file, knob) pairs allowed to read the flat dict by name: where it is written out. None today: config.json,
-# a checkpoint's knobs and the trackers' config are written whole (`cfg.knobs()`), resume compares by loop.
-WRITES_FLAT: frozenset[tuple[str, str]] = frozenset()
+# (file, knob) pairs allowed to read a flat dict by name: dicts read back from files, never the run's own
+# config (config.json, a checkpoint's knobs and the trackers' config are written whole by `cfg.knobs()`):
+# a checkpoint's saved knobs (its GRAD_ACCUM, the schedule it trained with) and a data config's knobs, which
+# the cache identity holds against the training config's.
+WRITES_FLAT: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("checkpoint.py", "GRAD_ACCUM"),
+        ("resume.py", "LR_SCHEDULE"),
+        ("cache_identity.py", "CACHE_DIR"),
+        ("cache_identity.py", "MAX_TEXT_TOKENS"),
+    }
+)
 
 
 def _knob(node: ast.AST | None) -> str | None:

@@ -178,8 +178,11 @@ def test_the_final_exports_are_the_final_checkpoints_files_linked(train_world):
     bytes on disk once), written with the final exports' settings; no free space is needed for them."""
     run = train(tiny_knobs(train_world, "linked", STEPS=2, SAVE_FORMAT="both"))
     ckpt = run / "checkpoints" / "step_00000002" / "export"
-    names = sorted(p.name for p in ckpt.iterdir())
-    assert names == sorted(p.name for p in (run / "export").iterdir()) and names
+    names = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
+    assert names == sorted(
+        p.relative_to(run / "export").as_posix() for p in (run / "export").rglob("*") if p.is_file()
+    )
+    assert names and "lycoris/linked.safetensors" in names  # the LyCORIS file's own folder is linked too
     for name in names:
         assert (ckpt / name).stat().st_ino == (run / "export" / name).stat().st_ino, name
     assert "exports: " in (run / "log.txt").read_text()

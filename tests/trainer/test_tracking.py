@@ -92,6 +92,23 @@ def test_resume_purges_the_steps_written_again(tmp_path):
     assert scalars(events)["train/loss"][2] == 20.0 and "train/bad" not in scalars(events)
 
 
+def test_a_resume_in_the_same_second_keeps_the_earlier_events(tmp_path, monkeypatch):
+    """tensorboardX names the event file by the second it opens: a resume within it once overwrote the
+    first file, and TensorBoard lost every step before the resume."""
+    import time
+
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)  # both writers open in one second
+    first = Trackers(["tensorboard"], tmp_path)
+    for step in (1, 2, 3):
+        first.scalars({"step": step, "loss": float(step)})
+    first.close()
+    again = Trackers(["tensorboard"], tmp_path, resume_step=2)
+    again.scalars({"step": 3, "loss": 30.0})
+    again.close()
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert scalars(read_events(tmp_path / "tensorboard"))["train/loss"] == {1: 1.0, 2: 2.0, 3: 30.0}
+
+
 def test_wandb_gets_the_same_scalars_and_grids(tmp_path, monkeypatch):
     logged, calls = [], {}
 

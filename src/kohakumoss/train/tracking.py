@@ -7,6 +7,7 @@ TensorBoard server's own dependencies); wandb is imported only when LOGGERS name
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,13 @@ class Trackers:
 
             # purge_step: TensorBoard hides the events a resumed run writes again
             purge = None if resume_step is None else resume_step + 1
-            self.tensorboard = SummaryWriter(str(self.run_dir / TENSORBOARD_DIR), purge_step=purge)
+            # the event file is named by the second it opens: a resume within that second would overwrite
+            # the earlier file's events, so the name carries the nanoseconds too (names still sort by time)
+            self.tensorboard = SummaryWriter(
+                str(self.run_dir / TENSORBOARD_DIR),
+                purge_step=purge,
+                filename_suffix=f".{time.time_ns() % 10**9:09d}",
+            )
         if "wandb" in names:
             try:
                 import wandb
