@@ -18,9 +18,8 @@ import torch
 from PIL import Image
 from transformers.models.qwen3_5 import Qwen3_5TextModel
 
-from kohakumoss.encoders import tiny_text_encoder_config
 from kohakumoss.encoders.text_layouts import model_to_comfy
-from kohakumoss.encoders.tiny import tiny_vae, write_word_tokenizer
+from kohakumoss.encoders.tiny import tiny_text_model, tiny_vae, write_word_tokenizer
 from kohakumoss.model.backbone import MossBackbone
 from kohakumoss.model.io import save_backbone
 from kohakumoss.model.layouts import LAYOUTS
@@ -69,16 +68,6 @@ def write_convrot_dit(folder: Path, seed: int = 0, group: int = 256) -> Path:
     path = Path(folder) / DIT_FILE
     save_safetensors({"model.diffusion_model." + k: v.contiguous() for k, v in state.items()}, path)
     return path
-
-
-def tiny_text_model(vocab: int, seed: int = 0) -> Qwen3_5TextModel:
-    torch.manual_seed(seed)
-    model = Qwen3_5TextModel(tiny_text_encoder_config(vocab_size=max(vocab, 16))).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):  # (1 + w) norms start at zero: give them some spread
-                p.normal_(0, 0.2)
-    return model
 
 
 def write_convrot_text_encoder(path: Path, model: Qwen3_5TextModel, group: int = 16) -> Path:

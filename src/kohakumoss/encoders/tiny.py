@@ -63,17 +63,23 @@ def write_word_tokenizer(folder: str | Path, texts: Iterable[str]) -> Path:
     return folder
 
 
-def write_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int = 0) -> TextEncoderConfig:
-    """Write `folder/tokenizer` and `folder/model` (HF layout, random weights); return the config to load it."""
-    folder = Path(folder)
-    tokenizer = write_word_tokenizer(folder / "tokenizer", texts)
-    vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
+def tiny_text_model(vocab: int, seed: int = 0) -> Qwen3_5TextModel:
+    """A tiny Qwen3.5 text model with random weights for a tokenizer of `vocab` words."""
     torch.manual_seed(seed)
     model = Qwen3_5TextModel(tiny_text_encoder_config(vocab_size=max(vocab, 16))).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # (1 + w) norms start at zero: give them some spread
                 p.normal_(0, 0.2)
+    return model
+
+
+def write_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int = 0) -> TextEncoderConfig:
+    """Write `folder/tokenizer` and `folder/model` (HF layout, random weights); return the config to load it."""
+    folder = Path(folder)
+    tokenizer = write_word_tokenizer(folder / "tokenizer", texts)
+    vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
+    model = tiny_text_model(vocab, seed)
     model_dir = folder / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     config = {"model_type": "qwen3_5", "text_config": model.config.to_dict()}
