@@ -1,8 +1,9 @@
 """The plan: a pure function of (catalog, seed, knobs) giving every step's items, sizes, crops and flips.
 
 An item with reference images (edit training) plans each reference too: resized to about its target's
-area at the reference's own aspect (SimpleTuner's `reference_loose`), a multiple of `multiple` px per
-side, centre-cropped by the rounding only, flipped with its target; its tokens count in the step budget.
+area at the reference's own aspect (SimpleTuner's `reference_loose`; its sampler's rule: each side
+scaled by sqrt(target area / reference area), rounded to the nearest `multiple` px), centre-cropped by
+the rounding only, flipped with its target; its tokens count in the step budget.
 
 Same inputs, same bytes: `Plan.sha256` is printed so two runs (or a resumed run) can be compared.
 """
@@ -177,10 +178,18 @@ def item_target(item: CatalogItem, knobs: PlanKnobs) -> tuple[int, int]:
     )
 
 
+def reference_size(width: int, height: int, area: int, multiple: int) -> tuple[int, int]:
+    """SimpleTuner's rule for a reference: scaled by sqrt(area / its own area), each side rounded to the
+    nearest multiple (at least one)."""
+    scale = math.sqrt(area / (width * height))
+    return tuple(max(multiple, round(side * scale / multiple) * multiple) for side in (width, height))  # type: ignore[return-value]
+
+
 def plan_reference(ref: dict[str, Any], target: tuple[int, int], knobs: PlanKnobs) -> PlannedReference:
-    """A reference at about `target`'s area, at its own aspect (clamped like an image's), centre crop."""
+    """A reference at about `target`'s area at its own aspect: resized to cover that size, centre-cropped
+    by the rounding only."""
     w, h = int(ref["width"]), int(ref["height"])
-    size = target_size(w, h, target[0] * target[1], knobs.multiple, knobs.min_aspect, knobs.max_aspect)
+    size = reference_size(w, h, target[0] * target[1], knobs.multiple)
     resize = cover_size(w, h, size)
     tokens = (size[0] // knobs.patch_px) * (size[1] // knobs.patch_px)
     return PlannedReference(

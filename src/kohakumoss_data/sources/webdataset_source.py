@@ -200,9 +200,7 @@ class WebDatasetSource(Source):
             item.fault = (MISSING_REFERENCE, f"{where}: no '{self.references}' field (option references)")
             return
         item.references = [
-            RawReference(
-                [unit_id, f"{key}.{ext}"], sample.get(str(ext)), f"{self._tar(unit_id)}: {key}.{ext}"
-            )
+            RawReference([unit_id, f"{key}.{ext}"], sample.get(str(ext)), f"{self._tar(unit_id)}/{key}.{ext}")
             for ext in exts
         ]
 
