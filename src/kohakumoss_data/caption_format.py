@@ -16,7 +16,7 @@ import functools
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from kohakumoss_common.errors import ConfigError, DataError
 
@@ -37,19 +37,25 @@ class LayoutSummary(_Strict):
 class LayoutItem(_Strict):
     label: Literal["object", "character", "text"]
     caption: str
-    text: str | None = None
+    text: str | None = Field(None, validate_default=True)  # checked even when absent: a text item needs it
     bbox: tuple[int, int, int, int]  # y_min, x_min, y_max, x_max in pixels from the canvas centre
     tags: list[str] | None = None
     palette: list[str] | None = None
 
-    @model_validator(mode="after")
-    def _check(self) -> LayoutItem:
-        y0, x0, y1, x1 = self.bbox
-        if y1 <= y0 or x1 <= x0:
-            raise ValueError(f"bbox {list(self.bbox)} has no area (y_min < y_max and x_min < x_max)")
-        if self.label == "text" and not self.text:
+    @field_validator("text")
+    @classmethod
+    def _text_item_has_text(cls, text: str | None, info: ValidationInfo) -> str | None:
+        if info.data.get("label") == "text" and not text:
             raise ValueError("an item labelled 'text' needs its 'text'")
-        return self
+        return text
+
+    @field_validator("bbox")
+    @classmethod
+    def _box_has_area(cls, bbox: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+        y0, x0, y1, x1 = bbox
+        if y1 <= y0 or x1 <= x0:
+            raise ValueError(f"bbox {list(bbox)} has no area (y_min < y_max and x_min < x_max)")
+        return bbox
 
 
 class LayoutCaption(_Strict):

@@ -14,7 +14,7 @@ from .catalog import Catalog
 from .encode import encode_images, encode_texts
 from .loader import stop_pool, worker_pool
 from .ordered_map import bounded_map
-from .plan import Plan, PlannedItem, reference_item
+from .plan import Plan, PlannedItem, item_where, reference_item
 from .protocols import ImageEncoder, TextEncoder
 from .sources.base import Source
 from .transform import to_chw
@@ -101,6 +101,17 @@ def _encode_group(group: list[tuple[str, object]], encoder: ImageEncoder, cache:
     for (key, _), latent in zip(group, latents):
         cache.put(key, latent)
     group.clear()
+
+
+def captions_by_item(plan: Plan, catalog: Catalog) -> Iterator[tuple[str, str]]:
+    """(the item as an error names it, its caption) of every planned occurrence."""
+    several = catalog.source.get("kind") == "concat"
+    where: dict[str, str] = {}
+    for step in plan.steps:
+        for it in step:
+            if it.key not in where:
+                where[it.key] = item_where(catalog, it.key, several)
+            yield where[it.key], it.caption
 
 
 def planned_captions(plan: Plan) -> list[str]:

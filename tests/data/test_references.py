@@ -268,9 +268,10 @@ def test_without_an_image_encoder_the_batch_carries_reference_pixels(kohya_refs,
     assert np.array_equal(pixels.permute(1, 2, 0).numpy(), want)
 
 
-def test_a_plan_without_references_is_unchanged(kohya_dir, tmp_path):
+def test_a_plan_without_references_is_unchanged(kohya_refs, tmp_path):
     """A dataset with no references plans and batches as before: no field, no tokens, None in the batch."""
-    source, catalog = scanned({"kind": "kohya", "path": str(kohya_dir)}, tmp_path)
+    source, catalog = scanned({"kind": "kohya", "path": str(kohya_refs[0])}, tmp_path)
+    assert len(catalog.usable) == 5 and "references" not in catalog.source
     plan = build_plan(catalog, 1, dataclasses.replace(KNOBS, area=128 * 128, tokens_per_step=300, epochs=1))
     assert all(
         it.references == () and it.tokens == it.image_tokens + it.text_tokens for s in plan.steps for it in s
