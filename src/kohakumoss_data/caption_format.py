@@ -103,7 +103,7 @@ def parse_layout(caption: str, where: str) -> LayoutCaption:
 def check_caption(caption: str, fmt: str, where: str) -> None:
     """Refuse a caption `fmt` cannot train (json: not layout JSON; auto-json: JSON that is not layout)."""
     if fmt == "json" and caption and not is_json_caption(caption):
-        raise DataError(f"{where}: caption is plain text, but CAPTION_FORMAT 'json' needs MOSS layout JSON")
+        raise DataError(f"{where}: caption is plain text, but caption_format 'json' needs MOSS layout JSON")
     if fmt != "plain" and is_json_caption(caption):
         parse_layout(caption, where)
 

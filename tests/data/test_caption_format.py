@@ -98,7 +98,7 @@ def test_json_errors_name_the_item_and_the_key(tmp_path, change, message):
 def test_json_refuses_plain_text_and_broken_json(tmp_path):
     root, catalog = dataset(tmp_path, {"words": "just words"})
     with pytest.raises(
-        DataError, match=f"^{root}: words.png: caption is plain text, but CAPTION_FORMAT 'json'"
+        DataError, match=f"^{root}: words.png: caption is plain text, but caption_format 'json'"
     ):
         planned(catalog, caption_format="json")
     root, catalog = dataset(tmp_path / "b", {"cut": '{"summary": {"canvas": "single"'})
