@@ -107,9 +107,11 @@ def test_json_refuses_plain_text_and_broken_json(tmp_path):
 
 
 def test_caption_format_is_a_checked_plan_knob():
+    from kohakumoss.config.rules import RESUME_FIXED
     from kohakumoss.data_knobs import plan_knobs
 
     assert plan_knobs({"CAPTION_FORMAT": "auto-json"}).caption_format == "auto-json"
+    assert "CAPTION_FORMAT" in RESUME_FIXED  # another format trains other text: never changed on resume
     with pytest.raises(ConfigError, match="^CAPTION_FORMAT: must be one of"):
         plan_knobs({"CAPTION_FORMAT": "yaml"})
 

@@ -279,3 +279,28 @@ def test_a_plan_without_references_is_unchanged(kohya_refs, tmp_path):
     batch = next(iter(Loader(plan, catalog, source, knobs=LoaderKnobs(workers=0))))
     assert batch.references is None and batch.reference_pixels is None and batch.reference_sizes is None
     assert batch.reference_tokens == [0] * len(batch.keys)
+
+
+def test_cache_latents_script_caches_the_references(kohya_refs, tmp_path, capsys):
+    from .test_scripts import ScriptFailed, kogine
+
+    root, refs = kohya_refs
+    config = tmp_path / "data_cfg.py"
+    config.write_text(
+        f"DATASET = {{'kind': 'kohya', 'path': {str(root)!r}, 'references': {str(refs)!r}}}\n"
+        f"CATALOG_DIR = {str(tmp_path / 'catalogs')!r}\nMIN_SIDE = 32\n"
+        "AREA = 64 * 64\nTOKENS_PER_STEP = 100\nFLIP_PROB = 0.5\nSEED = 5\nEPOCHS = 2\n"
+        f"CACHE_DIR = {str(tmp_path / 'cache')!r}\nWORKERS = 0\n"
+        "VAE_FACTORY = 'tests.data.fakes:make_vae'\nVAE_KWARGS = {}\n"
+    )
+    source, catalog = scanned({"kind": "kohya", "path": str(root), "references": str(refs)}, tmp_path / "own")
+    plan = build_plan(
+        catalog, 5, dataclasses.replace(KNOBS, area=64 * 64, tokens_per_step=100, flip_prob=0.5)
+    )
+    keys = {k for step in plan.steps for it in step for k in item_latent_keys(it, "fake-vae-1")}
+    out = kogine(capsys, "cache_latents.py", config)
+    assert f"latents: {len(keys)} planned, 0 already cached, {len(keys)} encoded" in out
+    again = kogine(capsys, "cache_latents.py", config)
+    assert f"latents: {len(keys)} planned, {len(keys)} already cached, 0 encoded" in again
+    with pytest.raises(ScriptFailed, match="reference images .*which shards do not hold"):
+        kogine(capsys, "convert_shards.py", config, f"OUT_DIR={tmp_path / 'shards'}")
