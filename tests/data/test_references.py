@@ -112,10 +112,15 @@ def test_folder_references_mirror_sub_folders_and_rescan_on_change(tmp_path):
     assert again.report.units_read == 1 and again.fingerprint() != before
 
 
-def test_a_references_folder_that_does_not_exist_is_refused(tmp_path):
+def test_a_references_folder_missing_or_inside_the_dataset_is_refused(tmp_path):
     write(tmp_path / "ds" / "x.png", png((64, 64), 0))
     with pytest.raises(DataError, match="references folder .*nowhere does not exist"):
         make_source({"kind": "folder", "path": str(tmp_path / "ds"), "references": str(tmp_path / "nowhere")})
+    write(tmp_path / "ds" / "refs" / "x.png", png((64, 64), 1))
+    with pytest.raises(DataError, match="is inside the dataset, so its images would be trained as targets"):
+        make_source(
+            {"kind": "folder", "path": str(tmp_path / "ds"), "references": str(tmp_path / "ds" / "refs")}
+        )
 
 
 def test_jsonl_references_field_one_path_or_a_list(tmp_path):

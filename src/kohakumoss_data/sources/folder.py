@@ -59,6 +59,14 @@ class FolderSource(Source):
             if references
             else None
         )
+        root = self.references.root if self.references is not None else None
+        if root is not None and (
+            root == self.path.resolve() or (recursive and self.path.resolve() in root.parents)
+        ):
+            raise DataError(
+                f"{self.path}: references folder {root} is inside the dataset, so its images would be trained "
+                "as targets: keep the references in a folder of their own (dataset option 'references')"
+            )
         self._stems: dict[Path, set[str]] = {}
 
     def __getstate__(self) -> dict:
