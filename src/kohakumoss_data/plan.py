@@ -115,6 +115,14 @@ class PlannedItem:
     def reference_tokens(self) -> int:
         return sum(r.tokens for r in self.references)
 
+    def to_json(self) -> dict[str, Any]:
+        """Its fields; `references` only when it has some, so plans (and checkpoints' digests of them)
+        made before references existed keep their bytes."""
+        out = asdict(self)
+        if not self.references:
+            del out["references"]
+        return out
+
     @property
     def tokens(self) -> int:
         return self.image_tokens + self.text_tokens + self.reference_tokens
@@ -132,10 +140,12 @@ class Plan:
         return {
             "version": PLAN_VERSION,
             "seed": self.seed,
-            "knobs": asdict(self.knobs),
+            "knobs": {  # caption_format only when not plain: older plans keep their bytes
+                k: v for k, v in asdict(self.knobs).items() if (k, v) != ("caption_format", "plain")
+            },
             "catalog": self.catalog,
             "epoch_steps": self.epoch_steps,
-            "steps": [[asdict(it) for it in step] for step in self.steps],
+            "steps": [[it.to_json() for it in step] for step in self.steps],
         }
 
     def to_bytes(self) -> bytes:

@@ -281,6 +281,10 @@ def test_a_plan_without_references_is_unchanged(kohya_refs, tmp_path):
     assert all(
         it.references == () and it.tokens == it.image_tokens + it.text_tokens for s in plan.steps for it in s
     )
+    # the bytes (and resume digests) of such a plan are those of a plan made before references existed
+    assert b'"references"' not in plan.to_bytes() and b'"caption_format"' not in plan.to_bytes()
+    wrapped = build_plan(catalog, 1, dataclasses.replace(KNOBS, caption_format="auto-json"))
+    assert b'"caption_format":"auto-json"' in wrapped.to_bytes()
     batch = next(iter(Loader(plan, catalog, source, knobs=LoaderKnobs(workers=0))))
     assert batch.references is None and batch.reference_pixels is None and batch.reference_sizes is None
     assert batch.reference_tokens == [0] * len(batch.keys)

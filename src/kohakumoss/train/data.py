@@ -113,7 +113,7 @@ def plan_for_steps(
 
 def plan_prefix_sha256(plan: Plan, micro_steps: int) -> str:
     """Digest of the first `micro_steps` steps: what a checkpoint has seen, whatever the plan's length."""
-    return sha256_json([[dataclasses.asdict(it) for it in step] for step in plan.steps[:micro_steps]])
+    return sha256_json([[it.to_json() for it in step] for step in plan.steps[:micro_steps]])
 
 
 def check_data_position(plan: Plan, position: dict[str, Any], checkpoint: Any, replan: bool) -> None:
