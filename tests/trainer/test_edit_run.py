@@ -36,25 +36,48 @@ def edit_knobs(world: dict, name: str, **overrides) -> dict:
     return tiny_knobs(world, name, STEPS=4, TOKENS_PER_STEP=2 * (3 * SIZE * SIZE // 256 + 16), **overrides)
 
 
-def test_edit_run_trains_on_references_and_resumes_exactly(edit_world, monkeypatch):
+@pytest.fixture(scope="module")
+def straight(edit_world) -> tuple[Path, list]:
+    """The plain edit run, and what each step's loss saw: (ref_sizes, refs' shape)."""
     from kohakumoss.train import trainer
 
     real, seen = trainer.flow_loss, []
 
     def spy(model, batch, *args, **kwargs):
         seen.append((batch.seq.ref_sizes, None if batch.refs is None else tuple(batch.refs.shape)))
-        loss = real(model, batch, *args, **kwargs)
-        assert batch.seq.img_lens and loss.ndim == 0
-        return loss
+        return real(model, batch, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "flow_loss", spy)
-    straight = train(edit_knobs(edit_world, "edit-straight"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer, "flow_loss", spy)
+        run = train(edit_knobs(edit_world, "edit-straight", MEMORY_PROFILE="speed"))
+    return run, seen
+
+
+def test_edit_run_trains_on_references_and_resumes_exactly(edit_world, straight):
+    straight, seen = straight
     assert len(seen) == 4 and all(refs is not None for _, refs in seen)
     assert all(all(len(r) >= 1 for r in sizes) for sizes, _ in seen)  # every sample brought its reference
     assert any(len(r) == 2 for sizes, _ in seen for r in sizes)  # the target with two, in order
     for sizes, shape in seen:
         assert shape == (sum(h * w for refs in sizes for h, w in refs), 128)
-    train(edit_knobs(edit_world, "edit-halves", STOP_AT=2))
-    resumed = train(edit_knobs(edit_world, "edit-halves", RESUME="latest"))
+    train(edit_knobs(edit_world, "edit-halves", MEMORY_PROFILE="speed", STOP_AT=2))
+    resumed = train(edit_knobs(edit_world, "edit-halves", MEMORY_PROFILE="speed", RESUME="latest"))
     assert len(losses(straight)) == 4
     assert losses(straight) == losses(resumed)  # bit for bit at every step
+
+
+@pytest.mark.parametrize(
+    "profile, extra",
+    [
+        ("minimal", {}),
+        ("low_vram", {"STREAM_BLOCKS": 3, "OPTIMIZER_PLACEMENT": "stream", "CHECKPOINTING": "full"}),
+    ],
+    ids=["minimal", "low_vram-streamed"],
+)
+def test_memory_profiles_train_the_same_edit_model(edit_world, straight, profile, extra):
+    """Checkpointing, weight streaming and offload run the blocks on the edit layout: the plain run's losses."""
+    run = train(edit_knobs(edit_world, f"edit-{profile}", MEMORY_PROFILE=profile, **extra))
+    log = (run / "log.txt").read_text()
+    assert f"memory plan: profile '{profile}'" in log and "weight streaming:" in log  # the engines ran
+    for a, b in zip(losses(straight[0]), losses(run), strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
