@@ -10,6 +10,7 @@ import pytest
 from PIL import Image, ImageOps
 
 from kohakumoss.train.loop import train
+from kohakumoss_common.errors import ConfigError
 
 from .conftest import SIZE, tiny_knobs
 from .test_loop import losses
@@ -81,3 +82,17 @@ def test_memory_profiles_train_the_same_edit_model(edit_world, straight, profile
     assert f"memory plan: profile '{profile}'" in log and "weight streaming:" in log  # the engines ran
     for a, b in zip(losses(straight[0]), losses(run), strict=True):
         assert a == pytest.approx(b, rel=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["pipeline", "threaded"])
+def test_pipeline_engines_refuse_an_edit_dataset_before_anything_loads(edit_world, monkeypatch, engine):
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.train import trainer
+    from kohakumoss.train.preflight import run_problems
+
+    monkeypatch.setattr(trainer, "build_components", lambda *a, **k: pytest.fail("components were built"))
+    with pytest.raises(ConfigError, match="DISTRIBUTED: the pipeline engines .* without reference images"):
+        train(edit_knobs(edit_world, f"edit-{engine}", DISTRIBUTED=engine, DEVICES=["cpu", "cpu"]))
+    plain = {**edit_knobs(edit_world, "plain"), "DISTRIBUTED": engine, "DEVICES": ["cpu", "cpu"]}
+    plain["DATASET"] = {k: v for k, v in plain["DATASET"].items() if k != "references"}
+    assert not [k for k, _ in run_problems(TrainConfig.from_knobs(plain)) if k == "DISTRIBUTED"]
