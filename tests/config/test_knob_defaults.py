@@ -129,6 +129,29 @@ def test_the_knob_line_check_sees_a_second_default_and_a_missing_knob(tmp_path):
     ]
 
 
+# benchmark knobs that stand for the trainer's own (the step measured is the trainer's): same default
+TRAINER_MIRRORS = {
+    "scripts/bench/train_step.py": (
+        "TARGET_PRESET", "BYPASS", "LR", "GRAD_CLIP", "CUDA_GRAPHS", "GC_EVERY", "BASE_PRECISION", "SEED",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("script", sorted(TRAINER_MIRRORS))
+def test_a_benchmarks_trainer_knobs_keep_the_trainers_defaults(script):
+    names, trainer = TRAINER_MIRRORS[script], TrainConfig().knobs()
+    mine = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in ast.parse((ROOT / script).read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
+        and node.targets[0].id in names
+    }
+    assert set(mine) == set(names), f"{script}: knobs gone: {set(names) - set(mine)}"
+    differ = {k: (mine[k], trainer[k]) for k in names if mine[k] != trainer[k]}
+    assert not differ, f"{script}: (benchmark, trainer) defaults differ: {differ}"
+
+
 def knob_fallbacks(root: Path = ROOT) -> list[tuple[str, int, str, object]]:
     """(file, line, KNOB, literal) of every `x.get("KNOB", literal)` under src/ and scripts/ on a schema's knob."""
     names = {n for s in SCHEMAS.values() for n in s.knobs}
