@@ -67,7 +67,8 @@ def device_index(device: torch.device) -> int | None:
 
 def same_device(a: torch.device | str, b: torch.device | str) -> bool:
     """Whether two devices are the same one: torch.device('cuda') and 'cuda:0' are, when 0 is current
-    (plain `!=` says they differ)."""
+    (plain `!=` says they differ: comparing the trainer's device with a parameter's that way once kept
+    the on-device skip of non-finite steps off on every GPU)."""
     a, b = torch.device(a), torch.device(b)
     return a.type == b.type and device_index(a) == device_index(b)
 

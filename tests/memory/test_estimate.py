@@ -96,7 +96,7 @@ def test_refiner_keeps_activations_only_when_it_trains():
     assert refiner_trains({"TARGET_PRESET": "custom", "TARGET_PATTERNS": [r"text_embedder\.proj"]})
 
 
-# measured step peaks (torch max allocated) of the released model, session 16 (docs/performance/memory.md):
+# measured step peaks (torch max allocated) of the released model (docs/performance/memory.md):
 # LoRA r32 on every linear, 2 x 4352 tokens; minimal under a 6 GiB cap
 BENCH_PEAKS = {"speed": 53.97, "minimal": 2.96}
 
