@@ -413,7 +413,7 @@ class OpSet:
         key = (op, str(device), dtype, kind)
         if key not in self._bound:
             arch = device_info(device).arch if device.type != "cpu" else "cpu"
-            table = tuning.table_for(tuning.card_name(device)) if self.tune != "off" else None
+            table = tuning.table_for(tuning.card_name(device), arch) if self.tune != "off" else None
             self._bound[key] = resolve(op, arch, dtype, self.backend, self.tune, table, kind)
             self._bound[key].timing = self.timing
             self._bound[key].lengths = self.lengths
