@@ -4,9 +4,12 @@
     python scripts/bench/ship_tuning.py gpu-run.tar.gz [more archives or <card>.json files]
     python scripts/bench/ship_tuning.py --replace $OUT/kohakumoss-cache/tuning/NVIDIA_H200.json
 
-Rows and launch configs the shipped table lacks are added; with --replace the newer timing wins. A table
-timed under other torch/triton versions than the shipped one replaces it only with --replace (the
-shipped table holds one version set per card).
+Every tuning/<card>.json in an archive counts (the call's own cache, each user_runs row's table under
+user_runs/<row>/tuning/), merged in the order found. A card with no shipped table yet gets one. Rows and
+launch configs the shipped table lacks are added; with --replace the newer timing wins. A table timed under
+other torch/triton versions than the shipped one replaces it only with --replace (the shipped table holds
+one version set per card). The card's arch (sm90), where the run wrote it, goes along: other cards of that
+arch take the table's launch-config picks as their first guess (kohakumoss_kernels/launch_prune.py).
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from pathlib import Path
 SHIPPED = Path(__file__).resolve().parents[2] / "src" / "kohakumoss_kernels" / "tables"
 
 
-def read_tables(path: Path) -> dict[str, dict]:
-    """card -> table from a <card>.json file or every tuning/<card>.json inside a .tar.gz archive."""
+def read_tables(path: Path) -> list[tuple[str, dict]]:
+    """(card, table) of a <card>.json file, or of every tuning/<card>.json inside a .tar.gz archive."""
     if path.suffix == ".json":
-        return {path.stem: json.loads(path.read_text())}
-    out = {}
+        return [(path.stem, json.loads(path.read_text()))]
+    out = []
     with tarfile.open(path) as tar:
         for member in tar.getmembers():
             parts = Path(member.name).parts
@@ -33,7 +36,7 @@ def read_tables(path: Path) -> dict[str, dict]:
                 and parts[-2] == "tuning"
                 and member.name.endswith(".json")
             ):
-                out[Path(member.name).stem] = json.loads(tar.extractfile(member).read())
+                out.append((Path(member.name).stem, json.loads(tar.extractfile(member).read())))
     return out
 
 
@@ -43,6 +46,8 @@ def merge(shipped: dict | None, new: dict, replace: bool) -> tuple[dict, int]:
         if shipped is not None and not replace:
             return shipped, 0
         shipped = {"versions": new.get("versions"), "entries": {}, "launches": {}}
+    if new.get("arch") and not shipped.get("arch"):
+        shipped["arch"] = new["arch"]
     changed = 0
     for part in ("entries", "launches"):
         into = shipped.setdefault(part, {})
@@ -61,7 +66,7 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
     for path in a.tables:
-        for card, table in read_tables(path).items():
+        for card, table in read_tables(path):
             target = a.out / f"{card}.json"
             shipped = json.loads(target.read_text()) if target.exists() else None
             merged, changed = merge(shipped, table, a.replace)

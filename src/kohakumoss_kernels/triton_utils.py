@@ -252,7 +252,7 @@ def worth_timing(
 def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[tuple], None]) -> tuple:
     """The fastest of `candidates` for (name, *key), timed once per card with `launch(config)` and kept in
     the card's tuning table (`tuning.TuningTable.launches`), so later runs time nothing again. Only the
-    candidates `worth_timing` keeps are timed (the table keeps that list).
+    candidates `worth_timing` keeps are timed; a stored pick answers while the kernel offers no new config.
 
     `launch` must be safe to repeat (it writes only its outputs; callers reset accumulated buffers
     afterwards). Where timing is not allowed (interpreter, graph capture, tracing) a stored pick or the
@@ -266,12 +266,12 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
     if len(candidates) == 1 or os.environ.get(ENV_PICK, "1") == "0" or torch.compiler.is_compiling():
         return candidates[0]
     row, table, arch = _launch_table(name, key)
-    candidates = worth_timing(name, key, candidates, row, arch)
     if table is not None and tuning.tune_mode() != "always":
         stored = table.get_launch(row, candidates)
         if stored is not None:
             _PICKED[full] = stored
             return stored
+    offered, candidates = candidates, worth_timing(name, key, candidates, row, arch)
     if not _may_time():
         return candidates[0]
     ms = {}
@@ -285,7 +285,7 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
     _PICKED[full] = best
     _TIMES[full] = ms
     if table is not None and ms:
-        table.put_launch(row, best, candidates, {c: t * 1e3 for c, t in ms.items()})
+        table.put_launch(row, best, candidates, {c: t * 1e3 for c, t in ms.items()}, offered)
     log.debug(f"{name} {key}: {best} ({', '.join(f'{c} {t * 1e3:.1f} us' for c, t in ms.items())})")
     return best
 

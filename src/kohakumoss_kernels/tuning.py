@@ -268,24 +268,35 @@ class TuningTable:
             _stored.append((key, self.path))
 
     def get_launch(self, key: str, candidates: Sequence[tuple]) -> tuple | None:
-        """The launch config stored for `key` when it was chosen among these candidates or more of them
-        (the best of a larger list that is still offered is the best of these), else None."""
+        """The launch config stored for `key` when it was chosen for this kernel's candidate list (the
+        configs it offered then include all of these; only some of them may have been timed,
+        `launch_prune`), else None: a kernel that gained a config is timed again."""
         entry = self.launches.get(key)
         if not entry:
             return None
-        offered, tried = {tuple(c) for c in candidates}, {tuple(c) for c in entry["candidates"]}
+        offered = {tuple(c) for c in entry.get("offered", entry["candidates"])}
         config = tuple(entry["config"])
-        return config if config in offered and offered <= tried else None
+        wanted = {tuple(c) for c in candidates}
+        return config if config in wanted and wanted <= offered else None
 
     def put_launch(
-        self, key: str, config: tuple, candidates: Sequence[tuple], us: dict[tuple, float]
+        self,
+        key: str,
+        config: tuple,
+        candidates: Sequence[tuple],
+        us: dict[tuple, float],
+        offered: Sequence[tuple] | None = None,
     ) -> None:
+        """Store a pick: `candidates` the configs timed, `offered` the kernel's whole list (default: the same)."""
         with self._lock:
-            self.launches[key] = {
+            entry = {
                 "config": list(config),
                 "candidates": [list(c) for c in candidates],
                 "us": {str(c): round(t, 2) for c, t in us.items()},
             }
+            if offered is not None and {tuple(c) for c in offered} != {tuple(c) for c in candidates}:
+                entry["offered"] = [list(c) for c in offered]
+            self.launches[key] = entry
             self._save()
             _stored_launches.append((key, self.path))
 

@@ -39,3 +39,27 @@ def test_archives_merge_into_the_shipped_table_of_their_card(tmp_path):
     assert "d" not in json.loads((out / "GPU.json").read_text())["entries"]
     st.main([str(other), "--out", str(out), "--replace"])
     assert json.loads((out / "GPU.json").read_text())["entries"] == {"d": {"backend": "triton"}}
+
+
+def test_a_new_card_gets_a_table_from_every_row_of_an_archive(tmp_path):
+    """An H100 call's archive: the call's own cache and each user_runs row's table for one card, merged
+    into a new shipped table, with the arch the run wrote (other sm90 cards' first guess)."""
+    st = _module()
+    out = tmp_path / "tables"
+    archive = tmp_path / "gpu-run.tar.gz"
+    tables = {
+        "kohakumoss-cache/tuning/NVIDIA_H100.json": _table("2.11", a="triton"),
+        "user_runs/card24-lora-2-cold/tuning/NVIDIA_H100.json": {**_table("2.11", b="eager"), "arch": "sm90"},
+        "user_runs/whole-lora-2-cold/tuning/NVIDIA_H100.json": _table("2.11", c="compile"),
+        "user_runs/whole-lora-2-cold/tuning/NVIDIA_H100.json.lock": {},
+    }
+    with tarfile.open(archive, "w:gz") as tar:
+        for name, table in tables.items():
+            data = json.dumps(table).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    st.main([str(archive), "--out", str(out)])
+    assert [p.name for p in out.iterdir()] == ["NVIDIA_H100.json"]
+    shipped = json.loads((out / "NVIDIA_H100.json").read_text())
+    assert set(shipped["entries"]) == {"a", "b", "c"} and shipped["arch"] == "sm90"

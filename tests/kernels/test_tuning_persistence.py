@@ -130,14 +130,19 @@ def test_a_table_of_the_wrong_shape_is_ignored(tmp_path, warnings):
     assert table.launches == {} and any("unreadable" in r.getMessage() for r in warnings)
 
 
-def test_a_pick_made_among_more_candidates_is_used_as_is(tmp_path):
-    """A shipped table timed every candidate; this card times fewer (launch_prune): its pick still
-    answers when it is among them, and does not when it was pruned or a candidate is new."""
+def test_a_stored_pick_answers_while_the_kernel_offers_no_new_config(tmp_path):
+    """A pick timed among some of a kernel's configs (launch_prune) answers for that kernel's list, or a
+    shorter one that still holds it; a config the kernel gained since makes it time again."""
     table = tuning.TuningTable(tmp_path / "cpu.json")
-    table.put_launch("k", (2, 8), [(1, 4), (2, 8), (4, 8)], {})
+    offered = [(1, 4), (2, 8), (4, 8), (8, 8)]
+    table.put_launch("k", (2, 8), [(2, 8), (4, 8)], {}, offered)
+    assert table.get_launch("k", offered) == (2, 8)
     assert table.get_launch("k", [(2, 8), (1, 4)]) == (2, 8)
     assert table.get_launch("k", [(1, 4), (4, 8)]) is None  # the stored pick is not offered
-    assert table.get_launch("k", [(2, 8), (8, 8)]) is None  # (8, 8) was never timed
+    assert table.get_launch("k", [*offered, (16, 8)]) is None  # (16, 8) is new
+    table.put_launch("old", (2, 8), [(1, 4), (2, 8)], {})  # an entry without "offered": all were timed
+    assert table.get_launch("old", [(1, 4), (2, 8)]) == (2, 8)
+    assert "offered" not in table.launches["old"]
 
 
 def test_ranks_writing_one_table_keep_each_others_rows(tmp_path):
@@ -259,6 +264,7 @@ def test_a_card_never_timed_times_only_the_sibling_pick_and_one_more(picker, mon
     assert {c[:2] for c in picker.timed} == {(2, 8), (1, 4)}
     stored = json.loads((tmp_path / "tuning" / "cpu.json").read_text())["launches"][ROW]
     assert stored["candidates"][0] == [2, 8, 1] and len(stored["candidates"]) == 6
+    assert sorted(map(tuple, stored["offered"])) == sorted(candidates)
     picker.new_process()
     assert picker(candidates) == (2, 8, 1) and picker.timed == []
 
