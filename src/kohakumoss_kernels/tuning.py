@@ -329,16 +329,37 @@ def table_for(card: str, arch: str | None = None) -> TuningTable:
 
 
 @functools.lru_cache(maxsize=1)
-def _shipped_tables() -> tuple[tuple[str, str | None, dict], ...]:
-    """(card, arch, launches) of every table shipped with the package, whatever its versions."""
+def _shipped_tables() -> tuple[tuple[str, str | None, dict, dict], ...]:
+    """(card, arch, entries, launches) of every table shipped with the package, whatever its versions."""
     out = []
     for path in sorted(SHIPPED_DIR.glob("*.json")):
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        out.append((path.stem, data.get("arch"), dict(data.get("launches", {}))))
+        out.append(
+            (path.stem, data.get("arch"), dict(data.get("entries", {})), dict(data.get("launches", {})))
+        )
     return tuple(out)
+
+
+SLOW_BACKEND = 1.5  # a backend this much slower than the winner on a same-arch card is not timed again
+
+
+def backends_worth_timing(key: str, arch: str | None, names: Sequence[str]) -> list[str]:
+    """The backends of `names` to time for a shape key: where a shipped table of a card of the same arch
+    timed this key, those within SLOW_BACKEND of its winner and any it did not time (new since); else all.
+    (The reference at 5B shapes ran 4-30x the fused kernels on the H200: timing it again buys nothing.)"""
+    if arch is None or os.environ.get(SHIPPED_ENV, "1") == "0":
+        return list(names)
+    for _, table_arch, entries, _ in _shipped_tables():
+        entry = entries.get(key)
+        if table_arch != arch or not entry or not entry.get("ms"):
+            continue
+        ms, best = entry["ms"], min(entry["ms"].values())
+        kept = [n for n in names if n not in ms or ms[n] <= SLOW_BACKEND * best]
+        return kept or list(names)
+    return list(names)
 
 
 def launch_prior(name: str, row: str, arch: str | None) -> tuple[tuple | None, dict[tuple, int]]:
@@ -350,7 +371,7 @@ def launch_prior(name: str, row: str, arch: str | None) -> tuple[tuple | None, d
     known, wins = None, {}
     if os.environ.get(SHIPPED_ENV, "1") == "0":
         return known, wins
-    for _, table_arch, launches in _shipped_tables():
+    for _, table_arch, _, launches in _shipped_tables():
         entry = launches.get(row)
         if known is None and entry and arch is not None and table_arch == arch:
             known = tuple(entry["config"])

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from kohakumoss_kernels import launch_prune, triton_utils, tuning
+from kohakumoss_kernels import launch_prune, register_backend, register_op, resolve, triton_utils, tuning
 from kohakumoss_kernels.compile_caches import share_compile_caches
 from kohakumoss_kernels.launch_prune import CardLimits, drop_reason, prune
+from kohakumoss_kernels.shape_keys import shape_key
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = (3072, torch.bfloat16, 16384, torch.device("cpu"))
@@ -317,3 +318,49 @@ def test_importing_the_kernels_points_triton_and_inductor_into_the_cache(tmp_pat
     triton_dir, inductor_dir, fx, aot = json.loads(out.stdout.splitlines()[-1])
     assert triton_dir == str(tmp_path / "triton") and inductor_dir == str(tmp_path / "inductor")
     assert fx is True and aot is True
+
+
+def test_backends_far_slower_on_a_same_arch_card_are_not_timed(tmp_path, monkeypatch):
+    """A shape key a shipped table of the same arch timed: backends over 1.5x its winner there are left
+    out (the reference, mostly), backends it never timed are in; the row still counts them as tried."""
+    monkeypatch.delenv(tuning.SHIPPED_ENV, raising=False)
+    monkeypatch.setenv("KOHAKUMOSS_CACHE", str(tmp_path))
+    op = "fake_prior_op"
+    calls: list[str] = []
+
+    def backend(tag):
+        def run(x):
+            calls.append(tag)
+            return x * 2
+
+        return run
+
+    register_op(op, backend("eager"), compile=False)
+    register_backend(op, "triton", backend("triton"))
+    register_backend(op, "addmm", backend("addmm"))
+    register_backend(op, "onehot", backend("onehot"))
+    x = torch.ones(8)
+    key = shape_key(op, x)
+    ms = {"triton": 0.10, "addmm": 0.14, "eager": 3.0}  # onehot: added since that table was timed
+    shipped = tmp_path / "tables"
+    shipped.mkdir()
+    (shipped / "NVIDIA_H200.json").write_text(
+        json.dumps({"arch": "sm90", "versions": {}, "entries": {key: {"backend": "triton", "ms": ms}}})
+    )
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", shipped)
+    tuning._shipped_tables.cache_clear()
+    try:
+        names = ["triton", "addmm", "onehot", "eager"]
+        assert tuning.backends_worth_timing(key, "sm90", names) == ["triton", "addmm", "onehot"]
+        assert tuning.backends_worth_timing(key, "sm80", names) == names  # no table of that arch
+        assert tuning.backends_worth_timing("other|key", "sm90", names) == names
+        table = tuning.TuningTable(tmp_path / "tuning" / "H100.json")
+        bound = resolve(op, "sm90", torch.float32, backend="triton,addmm,onehot", tune="table", table=table)
+        with tuning.tuning_window():
+            bound(x)
+        assert "eager" not in calls and {"triton", "addmm", "onehot"} <= set(calls)
+        assert table.get(key, ["triton", "addmm", "onehot", "eager"]) is not None  # nothing left to time
+        monkeypatch.setenv(tuning.SHIPPED_ENV, "0")
+        assert tuning.backends_worth_timing(key, "sm90", names) == names
+    finally:
+        tuning._shipped_tables.cache_clear()
