@@ -37,11 +37,11 @@ same plan when --bench gives that benchmark's JSON (run in the same device call)
   the package's shipped tables still guide the launch-config picks unless --empty-table);
 - `warm`: the same cache again, as the cold run left it (a second run on that machine: nothing to time,
   nothing to compile);
-- `shipped`: a fresh cache holding only the cold run's tuning table (a fresh machine of a card whose table
-  ships: picks known, kernels still compiled once).
+- `shipped`: a fresh cache holding only the cold run's tuning tables, ours and lycoris-lora's (a fresh
+  machine of a card whose tables ship: picks known, kernels still compiled once).
 Per phase: the first step's seconds, what the prewarm timed, Triton's compiles in the first micro-step.
-The cold phase's table (`--logs`/<row>-cold/tuning/<card>.json) is the one to ship
-(scripts/bench/ship_tuning.py). Without --first-step the rows share one compiled-kernel cache (`work/compiled`)
+The cold phase's tables (`--logs`/<row>-cold/tuning/<card>.json, .../lycoris/kernels/) are the ones to
+ship (scripts/bench/ship_tuning.py). Without --first-step the rows share one compiled-kernel cache (`work/compiled`)
 and each starts from an empty tuning table.
 """
 
@@ -281,8 +281,9 @@ def phase_cache(a, row: Row, work: Path, phase: str | None) -> Path:
         return cold
     cache = work / "first-step" / run_name(row, phase)
     shutil.rmtree(cache, ignore_errors=True)
-    if phase == "shipped" and (cold / "tuning").is_dir():
-        shutil.copytree(cold / "tuning", cache / "tuning", ignore=shutil.ignore_patterns("*.lock"))
+    for table in ("tuning", "lycoris/kernels"):  # ours and lycoris-lora's: what ship_tuning.py ships
+        if phase == "shipped" and (cold / table).is_dir():
+            shutil.copytree(cold / table, cache / table, ignore=shutil.ignore_patterns("*.lock", "*.tmp"))
     return cache
 
 
@@ -331,9 +332,10 @@ def run_row(a, row: Row, work: Path, phase: str | None = None) -> dict:
         for src in (run / "log.txt", run / "metrics.jsonl", log_path, *(run / "profile").glob("*")):
             if src.exists():  # profile/: PROFILE_STEPS' kernels.txt and trace
                 shutil.copy(src, keep / src.name)
-        if (cache / "tuning").is_dir():  # the row's tuning table: merge it into a later --seed-cache
-            shutil.copytree(cache / "tuning", keep / "tuning", dirs_exist_ok=True,
-                            ignore=shutil.ignore_patterns("*.lock"))  # fmt: skip
+        for table in ("tuning", "lycoris/kernels"):  # the row's tables: for --seed-cache or ship_tuning.py
+            if (cache / table).is_dir():
+                shutil.copytree(cache / table, keep / table, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.lock", "*.tmp"))  # fmt: skip
     for heavy in ("checkpoints", "export"):  # a full fine-tune's are tens of GiB: the next row needs the disk
         shutil.rmtree(run / heavy, ignore_errors=True)
     result["completed"] = rc == 0 and result["steps"] == a.steps

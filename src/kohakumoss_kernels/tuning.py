@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_common.io import atomic_write_json
+from kohakumoss_common.io import atomic_write_json, atomic_write_text
 from kohakumoss_common.lock import exclusive
 from kohakumoss_common.log import get_logger, log_once
 from kohakumoss_common.paths import user_cache_dir
@@ -51,10 +51,32 @@ SHIPPED_ENV = "KOHAKUMOSS_SHIPPED_TABLES"  # "0": a fresh machine starts from an
 
 
 def share_cache_with_lycoris() -> Path:
-    """Point lycoris-lora's kernel table at our cache folder (an explicit LYCORIS_KERNEL_CACHE_DIR wins)."""
+    """Point lycoris-lora's kernel table at our cache folder (an explicit LYCORIS_KERNEL_CACHE_DIR wins),
+    seeded with the lycoris tables shipped for the cards this project timed."""
     if LYCORIS_ENV not in os.environ:
         os.environ[LYCORIS_ENV] = str(user_cache_dir() / "lycoris")
-    return Path(os.environ[LYCORIS_ENV])
+    folder = Path(os.environ[LYCORIS_ENV])
+    if os.environ.get(SHIPPED_ENV, "1") != "0":
+        seed_lycoris_tables(folder)
+    return folder
+
+
+def seed_lycoris_tables(folder: Path, shipped: Path | None = None) -> list[Path]:
+    """Copy each shipped lycoris table (`tables/lycoris/<arch>-<card>.json`) that `folder/kernels` lacks;
+    lycoris's own stamp check ignores one timed under other versions. Returns the files written."""
+    shipped = SHIPPED_DIR / "lycoris" if shipped is None else shipped
+    written = []
+    for source in sorted(shipped.glob("*.json")):
+        target = folder / "kernels" / source.name
+        if target.exists():
+            continue
+        try:
+            atomic_write_text(target, source.read_text(encoding="utf-8"))
+        except OSError as e:  # a read-only cache: lycoris times as it would without the seed
+            log_once(log, f"lycoris table {target} not seeded from {source} ({e})", logging.WARNING)
+            continue
+        written.append(target)
+    return written
 
 
 LYCORIS_TUNE_ENV = "LYCORIS_KERNEL_TUNE"

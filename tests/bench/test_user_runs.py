@@ -220,10 +220,17 @@ def test_first_step_phases_start_from_the_caches_they_name(ur, tmp_path, monkeyp
     (cold / "tuning").mkdir(parents=True)
     (cold / "tuning" / "GPU.json").write_text("{}")
     (cold / "tuning" / "GPU.json.lock").write_text("")
+    (cold / "lycoris" / "kernels").mkdir(parents=True)
+    (cold / "lycoris" / "kernels" / "sm90-gpu.json").write_text("{}")
     (cold / "triton").mkdir()
     assert ur.phase_cache(a, row, tmp_path, "warm") == cold
     shipped = ur.phase_cache(a, row, tmp_path, "shipped")
-    assert shipped != cold and sorted(p.name for p in shipped.rglob("*")) == ["GPU.json", "tuning"]
+    assert shipped != cold
+    assert sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*.json")) == [
+        "lycoris/kernels/sm90-gpu.json",
+        "tuning/GPU.json",
+    ]  # the tables, no compiled kernel, no lock
+    assert not (shipped / "triton").exists() and not (shipped / "tuning" / "GPU.json.lock").exists()
     env = ur.row_env(a, cold, tmp_path, "cold")
     assert env["KOHAKUMOSS_CACHE"] == str(cold) and "TRITON_CACHE_DIR" not in env  # the run sets its own
     assert env["LYCORIS_KERNEL_CACHE_DIR"] == str(cold / "lycoris")

@@ -364,3 +364,28 @@ def test_backends_far_slower_on_a_same_arch_card_are_not_timed(tmp_path, monkeyp
         assert tuning.backends_worth_timing(key, "sm90", names) == names
     finally:
         tuning._shipped_tables.cache_clear()
+
+
+def test_shipped_lycoris_tables_seed_the_users_lycoris_folder(tmp_path, monkeypatch):
+    """lycoris-lora's launch configs ship beside ours (tables/lycoris/<arch>-<card>.json): a folder that
+    lacks the file gets it, one that has it keeps its own; KOHAKUMOSS_SHIPPED_TABLES=0 seeds nothing."""
+    shipped = tmp_path / "tables"
+    (shipped / "lycoris").mkdir(parents=True)
+    (shipped / "lycoris" / "sm90-nvidia-h100.json").write_text('{"version": 2, "entries": []}')
+    (shipped / "lycoris" / "sm90-nvidia-h200.json").write_text('{"version": 2, "entries": ["shipped"]}')
+    mine = tmp_path / "cache" / "lycoris"
+    (mine / "kernels").mkdir(parents=True)
+    (mine / "kernels" / "sm90-nvidia-h200.json").write_text("mine")
+    monkeypatch.setattr(tuning, "SHIPPED_DIR", shipped)
+    monkeypatch.setenv("LYCORIS_KERNEL_CACHE_DIR", str(mine))
+    monkeypatch.setenv(tuning.SHIPPED_ENV, "0")
+    tuning.share_cache_with_lycoris()
+    assert not (mine / "kernels" / "sm90-nvidia-h100.json").exists()
+    monkeypatch.delenv(tuning.SHIPPED_ENV)
+    assert tuning.share_cache_with_lycoris() == mine
+    assert json.loads((mine / "kernels" / "sm90-nvidia-h100.json").read_text()) == {
+        "version": 2,
+        "entries": [],
+    }
+    assert (mine / "kernels" / "sm90-nvidia-h200.json").read_text() == "mine"
+    assert tuning.seed_lycoris_tables(mine) == []  # nothing left to copy
