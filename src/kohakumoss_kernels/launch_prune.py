@@ -52,7 +52,7 @@ class CardLimits:
 
     sm: int  # compute capability as 80, 86, 90, ...
     warps_per_sm: int  # resident warps one SM holds (64 on sm80/sm90, 48 on sm86/sm89, 32 on sm75)
-    shared_bytes: int  # shared memory one program may use (the opt-in maximum)
+    shared_bytes: int | None  # shared memory one program may use (the opt-in maximum); None: unknown
 
 
 @functools.lru_cache(maxsize=8)
@@ -62,8 +62,21 @@ def card_limits(device: str) -> CardLimits | None:
     if dev.type != "cuda" or not torch.cuda.is_available():
         return None
     p = torch.cuda.get_device_properties(dev)
-    shared = getattr(p, "shared_memory_per_block_optin", 0) or getattr(p, "shared_memory_per_block", 0)
-    return CardLimits(p.major * 10 + p.minor, p.max_threads_per_multi_processor // 32, shared)
+    warps = getattr(p, "max_threads_per_multi_processor", 2048) // 32
+    return CardLimits(p.major * 10 + p.minor, warps, _shared_bytes(dev, p))
+
+
+def _shared_bytes(dev: torch.device, props) -> int | None:
+    """The opt-in shared memory per program, as Triton checks its kernels against it; torch lists only
+    the per-SM figure (1 KiB above it: the driver keeps that much per program) and the 48 KiB default."""
+    try:
+        from triton.runtime import driver
+
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    except Exception:  # another Triton's driver API, or no Triton: torch's figure
+        per_sm = getattr(props, "shared_memory_per_multiprocessor", 0)
+        return per_sm - 1024 if per_sm > 1024 else None
 
 
 def _stage_bytes(name: str, f: Mapping[str, int], key: Sequence) -> int:
@@ -89,7 +102,11 @@ def drop_reason(name: str, config: tuple, key: Sequence, card: CardLimits) -> st
     if "stages" in f and card.sm < 80 and f["stages"] > 2:
         return f"{f['stages']} stages without async copies (sm{card.sm})"
     # every stage but one holds its tiles in shared memory at once: past the card's limit it cannot compile
-    if "stages" in f and (f["stages"] - 1) * _stage_bytes(name, f, key) > card.shared_bytes:
+    if (
+        "stages" in f
+        and card.shared_bytes
+        and (f["stages"] - 1) * _stage_bytes(name, f, key) > card.shared_bytes
+    ):
         return f"{f['stages']} stages need more than the {card.shared_bytes // 1024} KiB of shared memory"
     return None
 

@@ -196,6 +196,8 @@ def test_stages_past_the_shared_memory_or_without_async_copies_are_not_timed():
     assert drop_reason("varlen_attention.fwd", (128, 128, 8, 3), attn_key, RTX4090)
     assert drop_reason("varlen_attention.fwd", (128, 128, 8, 3), attn_key, H100) is None
     assert drop_reason("varlen_attention.fwd", (128, 64, 4, 4), attn_key, H100) is None
+    unknown = CardLimits(sm=86, warps_per_sm=48, shared_bytes=None)  # no driver figure: no memory rule
+    assert drop_reason("varlen_attention.fwd", (128, 128, 8, 3), attn_key, unknown) is None
     assert drop_reason("varlen_attention.dq", (128, 32, 4, 5), attn_key, TURING)  # 5 stages on sm75
     assert drop_reason("varlen_attention.dq", (128, 32, 4, 2), attn_key, TURING) is None
     cols_key = (3072, 32, torch.bfloat16, 16384, torch.device("cpu"))
