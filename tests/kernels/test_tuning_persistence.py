@@ -391,3 +391,21 @@ def test_shipped_lycoris_tables_seed_the_users_lycoris_folder(tmp_path, monkeypa
     }
     assert (mine / "kernels" / "sm90-nvidia-h200.json").read_text() == "mine"
     assert tuning.seed_lycoris_tables(mine) == []  # nothing left to copy
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_cards_limits_are_read_and_keep_the_shipped_winners():
+    """On a real card: its limits as the rules read them (the opt-in shared memory, not torch's 48 KiB
+    default), and no config that won on the H200 is dropped on an sm90 card."""
+    card = launch_prune.card_limits("cuda")
+    assert card is not None and card.sm >= 75 and card.warps_per_sm in (32, 48, 64)
+    assert card.shared_bytes is not None and card.shared_bytes > 64 * 1024
+    if card.sm != 90:
+        return
+    table = json.loads((tuning.SHIPPED_DIR / "NVIDIA_H200.json").read_text())
+    dtypes = {str(d): d for d in (torch.bfloat16, torch.float16, torch.float32)}
+    for row, entry in table["launches"].items():
+        name, *parts = row.split("|")
+        key = tuple(dtypes.get(p, int(p) if p.lstrip("-").isdigit() else p) for p in parts)
+        assert drop_reason(name, tuple(entry["config"]), key, card) is None, row
