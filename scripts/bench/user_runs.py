@@ -4,6 +4,7 @@
     python scripts/bench/user_runs.py --rows default --out $OUT/user_runs.json
     python scripts/bench/user_runs.py --rows fastpath --seed-cache .cache/kohakumoss   # defaults vs legacy
     python scripts/bench/user_runs.py --preset tiny --device cpu --rows cpu      # CPU smoke (CI)
+    python scripts/bench/user_runs.py --rows card24/lora/2 --first-step --steps 3 --warmup 1   # step 1: cold/warm
 
 A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE][/FORWARD]:
 - CARD `whole` (the GPU as it is) or `cardN` (CARD_GB=N: MEMORY_PROFILE 'auto' plans for an N GiB card and
@@ -30,6 +31,18 @@ the allocator's reserved peak (peak_reserved_gib) against the cap, the
 plan's predicted peak (log.txt), the first step's cost, and the ratios to the train_step.py row of the
 same plan when --bench gives that benchmark's JSON (run in the same device call): tokens/s, and s/step
 (the benchmark's over the trainer's), which tells a slower step from one holding fewer tokens.
+
+--first-step: each row runs in phases (--phases), each its own process, to time a run's first step:
+- `cold`: an empty user cache (no tuning table, no compiled kernel: a card never timed on a fresh machine;
+  the package's shipped tables still guide the launch-config picks unless --empty-table);
+- `warm`: the same cache again, as the cold run left it (a second run on that machine: nothing to time,
+  nothing to compile);
+- `shipped`: a fresh cache holding only the cold run's tuning tables, ours and lycoris-lora's (a fresh
+  machine of a card whose tables ship: picks known, kernels still compiled once).
+Per phase: the first step's seconds, what the prewarm timed, Triton's compiles in the first micro-step.
+The cold phase's tables (`--logs`/<row>-cold/tuning/<card>.json, .../lycoris/kernels/) are the ones to
+ship (scripts/bench/ship_tuning.py). Without --first-step the rows share one compiled-kernel cache (`work/compiled`)
+and each starts from an empty tuning table.
 """
 
 from __future__ import annotations
@@ -66,6 +79,11 @@ ENGINES = ("ddp", "fsdp", "pipeline", "threaded")
 PROFILES = ("speed", "balanced", "low_vram", "minimal")
 FORWARDS = ("legacy", "bypass", "merged")
 LEGACY_RANK = 32  # the rank of the `legacy` rows (and of every adapter row before they took the layers')
+PHASES = ("cold", "warm", "shipped")  # --first-step's runs of a row, in this order
+# the compilers' cache variables (kohakumoss_kernels/compile_caches.py): a phase's run sets its own
+COMPILE_CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TILELANG_CACHE_DIR",
+                     "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
+                     "KOHAKUMOSS_SET_COMPILE_CACHES")  # fmt: skip
 BENCH_SAMPLES = 2  # train_step.py's images per step
 TEXT_TOKENS = 256  # MAX_TEXT_TOKENS budgeted per image
 
@@ -145,7 +163,12 @@ def layer_knobs(a, row: Row) -> dict:
     return {k: v for k, v in knobs.items() if k not in ("TEXT_ENCODE", "VAE_ENCODE")}
 
 
-def knobs(a, row: Row, work: Path) -> dict:
+def run_name(row: Row, phase: str | None = None) -> str:
+    """The row's run folder (and log) name: one per --first-step phase."""
+    return row.name.replace("/", "-") + (f"-{phase}" if phase else "")
+
+
+def knobs(a, row: Row, work: Path, phase: str | None = None) -> dict:
     side = a.size // 16
     k = {
         **layer_knobs(a, row),
@@ -159,7 +182,7 @@ def knobs(a, row: Row, work: Path) -> dict:
         "TOKENS_PER_STEP": row.gpus * row.images * (side * side + a.text_tokens),  # the whole step, all ranks
         "STEPS": a.steps,
         "RUNS_DIR": str(work / "runs"),
-        "RUN_NAME": row.name.replace("/", "-"),
+        "RUN_NAME": run_name(row, phase),
         "CACHE_DIR": str(work / "cache"),
         "WORKERS": 4,
         "SAVE_EVERY": 0,
@@ -231,6 +254,9 @@ def read_run(run: Path, warmup: int) -> dict:
         if prewarm
         else None
     )
+    compiled = re.search(r"first micro-step: Triton compiled (\d+) kernels in (\d+) s", log)
+    out["triton_compiles"] = int(compiled.group(1)) if compiled else 0
+    out["triton_compile_s"] = float(compiled.group(2)) if compiled else 0.0
     stopped = re.search(r"stopped(?: by [A-Za-z]+)?: (.*)", log)
     out["stopped"] = stopped.group(1)[:200] if stopped else None
     return out
@@ -241,19 +267,50 @@ def data_dir(a, work: Path) -> Path:
     return work / f"data-{a.images}x{a.size}-{a.caption_words}"
 
 
-def run_row(a, row: Row, work: Path) -> dict:
-    cache = work / "tuning-cache" / row.name.replace("/", "-")  # empty: a fresh machine
-    if a.seed_cache:  # a machine that ran before: its tuning table reused
-        shutil.copytree(a.seed_cache, cache, dirs_exist_ok=True)
-    env = {**os.environ, "KOHAKUMOSS_CACHE": str(cache)}
+def phase_cache(a, row: Row, work: Path, phase: str | None) -> Path:
+    """The user cache a row's run starts from, made ready: empty (a fresh machine; --seed-cache's copy),
+    the cold phase's as it left it (warm), or a fresh one holding only the cold phase's tuning table."""
+    if phase is None:
+        cache = work / "tuning-cache" / run_name(row)
+        shutil.rmtree(cache, ignore_errors=True)  # a machine kept warm between calls still starts empty
+        if a.seed_cache:  # a machine that ran before: its tuning table reused
+            shutil.copytree(a.seed_cache, cache, dirs_exist_ok=True)
+        return cache
+    cold = work / "first-step" / run_name(row, "cold")
+    if phase == "warm":
+        return cold
+    cache = work / "first-step" / run_name(row, phase)
+    shutil.rmtree(cache, ignore_errors=True)
+    for table in ("tuning", "lycoris/kernels"):  # ours and lycoris-lora's: what ship_tuning.py ships
+        if phase == "shipped" and (cold / table).is_dir():
+            shutil.copytree(cold / table, cache / table, ignore=shutil.ignore_patterns("*.lock", "*.tmp"))
+    return cache
+
+
+def row_env(a, cache: Path, work: Path, phase: str | None) -> dict:
+    """The run's environment: its user cache; without --first-step every row compiles into one shared
+    folder (as Triton's own ~/.triton would be), a phase into its own cache's."""
+    env = {k: v for k, v in os.environ.items() if k not in COMPILE_CACHE_ENV}
+    env.update(KOHAKUMOSS_CACHE=str(cache), LYCORIS_KERNEL_CACHE_DIR=str(cache / "lycoris"))
+    if phase is None:
+        compiled = work / "compiled"
+        env.update(TRITON_CACHE_DIR=str(compiled / "triton"), TORCHINDUCTOR_CACHE_DIR=str(compiled / "inductor"),
+                   TILELANG_CACHE_DIR=str(compiled / "tilelang"))  # fmt: skip
     if a.empty_table:
         env["KOHAKUMOSS_SHIPPED_TABLES"] = "0"
+    return env
+
+
+def run_row(a, row: Row, work: Path, phase: str | None = None) -> dict:
+    cache = phase_cache(a, row, work, phase)
+    env = row_env(a, cache, work, phase)
+    name = run_name(row, phase)
     # a row starts fresh: an earlier call's run of the same row (a machine kept warm) would be refused
-    shutil.rmtree(work / "runs" / row.name.replace("/", "-"), ignore_errors=True)
+    shutil.rmtree(work / "runs" / name, ignore_errors=True)
     t0 = time.perf_counter()
-    log_path = work / f"{row.name.replace('/', '-')}.log"
+    log_path = work / f"{name}.log"
     with open(log_path, "w") as f:
-        proc = subprocess.Popen(kogine_argv(knobs(a, row, work)), env=env, stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(kogine_argv(knobs(a, row, work, phase)), env=env, stdout=f, stderr=subprocess.STDOUT,
                                 cwd=ROOT)  # fmt: skip
         try:
             rc = proc.wait(timeout=a.row_timeout)
@@ -265,7 +322,9 @@ def run_row(a, row: Row, work: Path) -> dict:
             proc.kill()
             proc.wait()
     result = {"row": row.name, "rc": rc, "wall_s": time.perf_counter() - t0, "cap_gib": row.card_gb or None}
-    run = work / "runs" / row.name.replace("/", "-")
+    if phase:
+        result["phase"] = phase
+    run = work / "runs" / name
     result.update(read_run(run, a.warmup))
     if a.logs:  # the run's own records, without its checkpoints
         keep = Path(a.logs) / run.name
@@ -273,8 +332,10 @@ def run_row(a, row: Row, work: Path) -> dict:
         for src in (run / "log.txt", run / "metrics.jsonl", log_path, *(run / "profile").glob("*")):
             if src.exists():  # profile/: PROFILE_STEPS' kernels.txt and trace
                 shutil.copy(src, keep / src.name)
-        if (cache / "tuning").is_dir():  # the row's tuning table: merge it into a later --seed-cache
-            shutil.copytree(cache / "tuning", keep / "tuning", dirs_exist_ok=True)
+        for table in ("tuning", "lycoris/kernels"):  # the row's tables: for --seed-cache or ship_tuning.py
+            if (cache / table).is_dir():
+                shutil.copytree(cache / table, keep / table, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("*.lock", "*.tmp"))  # fmt: skip
     for heavy in ("checkpoints", "export"):  # a full fine-tune's are tens of GiB: the next row needs the disk
         shutil.rmtree(run / heavy, ignore_errors=True)
     result["completed"] = rc == 0 and result["steps"] == a.steps
@@ -358,6 +419,20 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def first_step_table(rows: list[dict]) -> list[str]:
+    """--first-step's table: a row's phases side by side."""
+    lines = [f"{'row':<24} {'phase':<8} {'done':>4} {'step 1 s':>8} {'compiles':>8} {'compile s':>9} "
+             f"{'wall s':>7}  prewarm (keys timed, launch configs timed, seconds)"]  # fmt: skip
+    for r in rows:
+        lines.append(
+            f"{r['row']:<24} {r.get('phase', ''):<8} {'yes' if r['completed'] else 'NO':>4} "
+            f"{fmt(r.get('first_step_s'), '.1f'):>8} {r.get('triton_compiles', 0):>8} "
+            f"{fmt(r.get('triton_compile_s'), '.0f'):>9} {fmt(r.get('wall_s'), '.0f'):>7}  "
+            f"{r.get('stopped') or r.get('prewarm') or 'nothing timed'}"
+        )
+    return lines
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", default="default", help=f"groups {sorted(GROUPS)} and/or rows, comma-separated")
@@ -387,6 +462,16 @@ def main(argv=None) -> None:
     p.add_argument(
         "--empty-table", action="store_true", help="no shipped tuning table either (a card never timed here)"
     )
+    p.add_argument(
+        "--first-step",
+        action="store_true",
+        help="time each row's first step cold, warm and from a shipped table (see --phases)",
+    )
+    p.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"--first-step's phases, comma-separated, of {PHASES} (warm and shipped follow cold)",
+    )
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="a trainer knob for every row, as kogine's --set takes it (repeatable)")  # fmt: skip
     p.add_argument(
@@ -405,6 +490,9 @@ def main(argv=None) -> None:
         subprocess.run([sys.executable, str(ROOT / "scripts/bench/make_images.py"), str(data_dir(a, work)),
                         str(a.images), str(a.size), a.caption_words], check=True)  # fmt: skip
     bench = json.loads(Path(a.bench).read_text()) if a.bench and Path(a.bench).exists() else None
+    if a.first_step:
+        first_step(a, rows, work)
+        return
     results = []
     for row in rows:
         print(f"=== {row.name}", flush=True)
@@ -422,6 +510,28 @@ def main(argv=None) -> None:
           f"{'a copy of ' + a.seed_cache if a.seed_cache else 'an empty tuning cache'}"
           f"{' (no shipped table)' if a.empty_table else ' (and the shipped table, if the card has one)'}")  # fmt: skip
     print("\n".join(table(results)))
+    out = a.out or (os.path.join(os.environ["OUT"], "user_runs.json") if os.environ.get("OUT") else None)
+    if out:
+        Path(out).write_text(json.dumps({"config": vars(a), "rows": results}, indent=2, default=str))
+        print(f"wrote {out}")
+
+
+def first_step(a, rows: list[Row], work: Path) -> None:
+    """--first-step: each row's phases in order, each a fresh process; the table, and the JSON in --out."""
+    phases = [p.strip() for p in a.phases.split(",") if p.strip()]
+    if unknown := sorted(set(phases) - set(PHASES)):
+        raise SystemExit(f"--phases: unknown {unknown}; known {PHASES}")
+    phases = [p for p in PHASES if p in phases]
+    results = []
+    for row in rows:
+        for phase in phases:
+            print(f"=== {row.name} ({phase})", flush=True)
+            results.append(run_row(a, row, work, phase))
+            print("\n".join(first_step_table(results[-1:])[1:]), flush=True)
+    print(f"\n{a.preset} random weights, synthetic encoders, {a.size}x{a.size} images: the first step cold (empty "
+          f"user cache{', no shipped table' if a.empty_table else ''}), warm (the same cache, a second process), "
+          "shipped (only the cold run's tuning table)")  # fmt: skip
+    print("\n".join(first_step_table(results)))
     out = a.out or (os.path.join(os.environ["OUT"], "user_runs.json") if os.environ.get("OUT") else None)
     if out:
         Path(out).write_text(json.dumps({"config": vars(a), "rows": results}, indent=2, default=str))

@@ -8,7 +8,9 @@ msvcrt.locking on the file's first byte.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import KohakuMossError
@@ -78,3 +80,24 @@ class FolderLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+@contextlib.contextmanager
+def exclusive(path: str | Path) -> Iterator[None]:
+    """`with exclusive(path):` waits for, then holds, an advisory lock on the file `path` (made if missing):
+    processes that update one shared file (several ranks' tuning tables) take turns."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            import fcntl
+        except ImportError:  # Windows: LK_LOCK retries for ~10 s, then raises
+            import msvcrt
+
+            msvcrt.locking(fd, msvcrt.LK_LOCK, 1)
+        else:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock

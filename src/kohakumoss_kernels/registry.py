@@ -277,7 +277,8 @@ class BoundOp:
             return None  # first candidate, untimed; the key stays open for a later window
         ms: dict[str, float] = {}
         short = False  # a candidate ran out of memory while timed: the choice holds for this process only
-        for name, fn in live:
+        worth = set(tuning.backends_worth_timing(key, self.arch, [n for n, _ in live]))
+        for name, fn in [(n, f) for n, f in live if n in worth]:
             try:
                 ms[name] = tuning.time_call(fn, args, kwargs, device_time=self.timing == "device")
             except torch.OutOfMemoryError as e:  # timing's own copies at a capped card's peak
@@ -413,7 +414,7 @@ class OpSet:
         key = (op, str(device), dtype, kind)
         if key not in self._bound:
             arch = device_info(device).arch if device.type != "cpu" else "cpu"
-            table = tuning.table_for(tuning.card_name(device)) if self.tune != "off" else None
+            table = tuning.table_for(tuning.card_name(device), arch) if self.tune != "off" else None
             self._bound[key] = resolve(op, arch, dtype, self.backend, self.tune, table, kind)
             self._bound[key].timing = self.timing
             self._bound[key].lengths = self.lengths

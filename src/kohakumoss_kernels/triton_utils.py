@@ -218,23 +218,45 @@ def device_ms(fn: Callable[[], None], reps: int = 10, rounds: int = 3) -> float:
 
 
 def _launch_table(name: str, key: tuple):
-    """(row name, the card's tuning table) where a pick is kept across runs: keys with a device only."""
+    """(row name, the card's tuning table, its arch) where a pick is kept across runs: keys with a device."""
     from . import tuning
 
     devices = [k for k in key if isinstance(k, torch.device)]
     if interpreting() or not devices:
-        return None, None
+        return None, None, None
     row = "|".join([name, *(str(k) for k in key if not isinstance(k, torch.device))])
-    return row, tuning.table_for(tuning.card_name(devices[0]))
+    arch = _arch(str(devices[0]))
+    return row, tuning.table_for(tuning.card_name(devices[0]), arch), arch
+
+
+@functools.lru_cache(maxsize=8)
+def _arch(device: str) -> str | None:
+    from kohakumoss_common.device import device_info
+
+    return device_info(device).arch if torch.device(device).type != "cpu" else None
+
+
+def worth_timing(
+    name: str, key: tuple, candidates: Sequence[tuple], row: str | None, arch: str | None
+) -> list[tuple]:
+    """The candidates `pick` times on this card, best guess first (`launch_prune.prune`: rules by the card's
+    limits, the shipped tables' picks as the prior, a cap on compiled variants)."""
+    from . import launch_prune, tuning
+
+    devices = [k for k in key if isinstance(k, torch.device)]
+    card = launch_prune.card_limits(str(devices[0])) if devices else None
+    known, wins = tuning.launch_prior(name, row, arch) if row is not None else (None, {})
+    return launch_prune.prune(name, key, candidates, card, known, wins)
 
 
 def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[tuple], None]) -> tuple:
     """The fastest of `candidates` for (name, *key), timed once per card with `launch(config)` and kept in
-    the card's tuning table (`tuning.TuningTable.launches`), so later runs time nothing again.
+    the card's tuning table (`tuning.TuningTable.launches`), so later runs time nothing again. Only the
+    candidates `worth_timing` keeps are timed; a stored pick answers while the kernel offers no new config.
 
     `launch` must be safe to repeat (it writes only its outputs; callers reset accumulated buffers
     afterwards). Where timing is not allowed (interpreter, graph capture, tracing) a stored pick or the
-    first candidate is used and nothing is stored. KOHAKUMOSS_TUNE=always times again.
+    best guess is used and nothing is stored. KOHAKUMOSS_TUNE=always times again.
     """
     from . import tuning
 
@@ -243,12 +265,13 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
         return _PICKED[full]
     if len(candidates) == 1 or os.environ.get(ENV_PICK, "1") == "0" or torch.compiler.is_compiling():
         return candidates[0]
-    row, table = _launch_table(name, key)
+    row, table, arch = _launch_table(name, key)
     if table is not None and tuning.tune_mode() != "always":
         stored = table.get_launch(row, candidates)
         if stored is not None:
             _PICKED[full] = stored
             return stored
+    offered, candidates = candidates, worth_timing(name, key, candidates, row, arch)
     if not _may_time():
         return candidates[0]
     ms = {}
@@ -262,7 +285,7 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
     _PICKED[full] = best
     _TIMES[full] = ms
     if table is not None and ms:
-        table.put_launch(row, best, candidates, {c: t * 1e3 for c, t in ms.items()})
+        table.put_launch(row, best, candidates, {c: t * 1e3 for c, t in ms.items()}, offered)
     log.debug(f"{name} {key}: {best} ({', '.join(f'{c} {t * 1e3:.1f} us' for c, t in ms.items())})")
     return best
 

@@ -15,13 +15,17 @@ mid-run too); outside, its model's pick runs untimed. An explicit LYCORIS_KERNEL
 A card this project has timed has a table shipped in `kohakumoss_kernels/tables/<card>.json`: its rows and
 launch configs fill the ones the user's table lacks when the torch/triton versions match, so a fresh
 machine times only shapes the shipped table never met (env KOHAKUMOSS_SHIPPED_TABLES=0: start empty).
+The compilers' caches live there too (`compile_caches.py`: Triton, Inductor, TileLang), so a second run
+compiles nothing either.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
+import logging
 import os
 import re
 import threading
@@ -32,11 +36,13 @@ from pathlib import Path
 import torch
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_common.io import atomic_write_json
+from kohakumoss_common.io import atomic_write_json, atomic_write_text
+from kohakumoss_common.lock import exclusive
 from kohakumoss_common.log import get_logger, log_once
 from kohakumoss_common.paths import user_cache_dir
 
 from .capture import capture
+from .compile_caches import share_compile_caches
 
 log = get_logger("kohakumoss.kernels.tuning")
 LYCORIS_ENV = "LYCORIS_KERNEL_CACHE_DIR"  # read by lycoris each time it opens its table
@@ -45,10 +51,32 @@ SHIPPED_ENV = "KOHAKUMOSS_SHIPPED_TABLES"  # "0": a fresh machine starts from an
 
 
 def share_cache_with_lycoris() -> Path:
-    """Point lycoris-lora's kernel table at our cache folder (an explicit LYCORIS_KERNEL_CACHE_DIR wins)."""
+    """Point lycoris-lora's kernel table at our cache folder (an explicit LYCORIS_KERNEL_CACHE_DIR wins),
+    seeded with the lycoris tables shipped for the cards this project timed."""
     if LYCORIS_ENV not in os.environ:
         os.environ[LYCORIS_ENV] = str(user_cache_dir() / "lycoris")
-    return Path(os.environ[LYCORIS_ENV])
+    folder = Path(os.environ[LYCORIS_ENV])
+    if os.environ.get(SHIPPED_ENV, "1") != "0":
+        seed_lycoris_tables(folder)
+    return folder
+
+
+def seed_lycoris_tables(folder: Path, shipped: Path | None = None) -> list[Path]:
+    """Copy each shipped lycoris table (`tables/lycoris/<arch>-<card>.json`) that `folder/kernels` lacks;
+    lycoris's own stamp check ignores one timed under other versions. Returns the files written."""
+    shipped = SHIPPED_DIR / "lycoris" if shipped is None else shipped
+    written = []
+    for source in sorted(shipped.glob("*.json")):
+        target = folder / "kernels" / source.name
+        if target.exists():
+            continue
+        try:
+            atomic_write_text(target, source.read_text(encoding="utf-8"))
+        except OSError as e:  # a read-only cache: lycoris times as it would without the seed
+            log_once(log, f"lycoris table {target} not seeded from {source} ({e})", logging.WARNING)
+            continue
+        written.append(target)
+    return written
 
 
 LYCORIS_TUNE_ENV = "LYCORIS_KERNEL_TUNE"
@@ -84,6 +112,7 @@ def lycoris_tuning(enabled: bool) -> Iterator[None]:
 
 
 share_cache_with_lycoris()
+share_compile_caches()  # Triton's, Inductor's and TileLang's compiled kernels beside the tables
 hold_lycoris_tuning()
 
 MODES = ("off", "table", "always")
@@ -178,17 +207,20 @@ class TuningTable:
     """One card's table: shape key -> {"backend", "ms": {backend: time}}; and the Triton launch configs
     `triton_utils.pick` chose: kernel key -> {"config", "candidates", "us"}."""
 
-    def __init__(self, path: Path, versions: dict[str, str] | None = None):
+    def __init__(self, path: Path, versions: dict[str, str] | None = None, arch: str | None = None):
         self.path = Path(path)
         self.versions = versions or software_versions()
+        self.arch = (
+            arch  # the card's arch (sm90), kept in the file: a shipped table's picks guide its siblings'
+        )
         self.entries: dict[str, dict] = {}
         self.launches: dict[str, dict] = {}
         self._lock = threading.Lock()
         self.load()
 
     @classmethod
-    def for_card(cls, card: str) -> TuningTable:
-        table = cls(user_cache_dir() / "tuning" / f"{card}.json")
+    def for_card(cls, card: str, arch: str | None = None) -> TuningTable:
+        table = cls(user_cache_dir() / "tuning" / f"{card}.json", arch=arch)
         if os.environ.get(SHIPPED_ENV, "1") != "0":
             table.seed(SHIPPED_DIR / f"{card}.json")
         return table
@@ -211,18 +243,32 @@ class TuningTable:
         return len(rows) + len(launches)
 
     def load(self) -> None:
+        data = self._read()
+        if data is not None:
+            self.entries = dict(data.get("entries", {}))
+            self.launches = dict(data.get("launches", {}))
+
+    def _read(self, quiet: bool = False) -> dict | None:
+        """The file's table when it was timed under these versions; None (and one warning, unless quiet)
+        when it is missing, unreadable or from other versions."""
         if not self.path.exists():
-            return
+            return None
         try:
             data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            log_once(log, f"tuning table {self.path} unreadable ({e}); starting empty")
-            return
+            if not isinstance(data, dict) or not all(
+                isinstance(data.get(part, {}), dict) for part in ("entries", "launches")
+            ):
+                raise ValueError("not a tuning table")
+        except (OSError, ValueError) as e:  # JSONDecodeError is a ValueError
+            if not quiet:
+                log_once(log, f"tuning table {self.path} unreadable ({e}); timing again, it will be "
+                         "rewritten", logging.WARNING)  # fmt: skip
+            return None
         if data.get("versions") != self.versions:
-            log_once(log, f"tuning table {self.path} was timed under {data.get('versions')}; re-timing")
-            return
-        self.entries = dict(data.get("entries", {}))
-        self.launches = dict(data.get("launches", {}))
+            if not quiet:
+                log_once(log, f"tuning table {self.path} was timed under {data.get('versions')}; re-timing")
+            return None
+        return data
 
     def get(self, key: str, candidates: Iterable[str] = ()) -> str | None:
         """The stored choice for `key`; None when a row is missing or one of `candidates` was never tried
@@ -244,38 +290,118 @@ class TuningTable:
             _stored.append((key, self.path))
 
     def get_launch(self, key: str, candidates: Sequence[tuple]) -> tuple | None:
-        """The launch config stored for `key` when it was chosen among these same candidates, else None."""
+        """The launch config stored for `key` when it was chosen for this kernel's candidate list (the
+        configs it offered then include all of these; only some of them may have been timed,
+        `launch_prune`), else None: a kernel that gained a config is timed again."""
         entry = self.launches.get(key)
-        if not entry or [list(c) for c in candidates] != entry["candidates"]:
+        if not entry:
             return None
-        return tuple(entry["config"])
+        offered = {tuple(c) for c in entry.get("offered", entry["candidates"])}
+        config = tuple(entry["config"])
+        wanted = {tuple(c) for c in candidates}
+        return config if config in wanted and wanted <= offered else None
 
     def put_launch(
-        self, key: str, config: tuple, candidates: Sequence[tuple], us: dict[tuple, float]
+        self,
+        key: str,
+        config: tuple,
+        candidates: Sequence[tuple],
+        us: dict[tuple, float],
+        offered: Sequence[tuple] | None = None,
     ) -> None:
+        """Store a pick: `candidates` the configs timed, `offered` the kernel's whole list (default: the same)."""
         with self._lock:
-            self.launches[key] = {
+            entry = {
                 "config": list(config),
                 "candidates": [list(c) for c in candidates],
                 "us": {str(c): round(t, 2) for c, t in us.items()},
             }
+            if offered is not None and {tuple(c) for c in offered} != {tuple(c) for c in candidates}:
+                entry["offered"] = [list(c) for c in offered]
+            self.launches[key] = entry
             self._save()
             _stored_launches.append((key, self.path))
 
     def _save(self) -> None:
-        data = {"versions": self.versions, "entries": self.entries}
-        if self.launches:
-            data["launches"] = self.launches
-        atomic_write_json(self.path, data)
+        """Write the table atomically, with the rows other processes (ranks) stored meanwhile: under the
+        file's lock the file is read again and its rows this table lacks are taken in."""
+        with exclusive(self.path.with_name(self.path.name + ".lock")):
+            disk = self._read(quiet=True) or {}
+            for part, mine in (("entries", self.entries), ("launches", self.launches)):
+                for key, value in disk.get(part, {}).items():
+                    mine.setdefault(key, value)
+            data = {"versions": self.versions, "entries": self.entries}
+            if self.launches:
+                data["launches"] = self.launches
+            if self.arch or disk.get("arch"):
+                data["arch"] = self.arch or disk["arch"]
+            atomic_write_json(self.path, data)
 
 
 _tables: dict[str, TuningTable] = {}
 
 
-def table_for(card: str) -> TuningTable:
+def table_for(card: str, arch: str | None = None) -> TuningTable:
+    """The card's table (one per process); arch, where the caller knows it, is written into the file."""
     if card not in _tables:
-        _tables[card] = TuningTable.for_card(card)
+        _tables[card] = TuningTable.for_card(card, arch)
+    elif arch and not _tables[card].arch:
+        _tables[card].arch = arch
     return _tables[card]
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_tables() -> tuple[tuple[str, str | None, dict, dict], ...]:
+    """(card, arch, entries, launches) of every table shipped with the package, whatever its versions."""
+    out = []
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        out.append(
+            (path.stem, data.get("arch"), dict(data.get("entries", {})), dict(data.get("launches", {})))
+        )
+    return tuple(out)
+
+
+SLOW_BACKEND = 1.5  # a backend this much slower than the winner on a same-arch card is not timed again
+
+
+def backends_worth_timing(key: str, arch: str | None, names: Sequence[str]) -> list[str]:
+    """The backends of `names` to time for a shape key: where a shipped table of a card of the same arch
+    timed this key, those within SLOW_BACKEND of its winner and any it did not time (new since); else all.
+    (The reference at 5B shapes ran 4-30x the fused kernels on the H200: timing it again buys nothing.)"""
+    if arch is None or os.environ.get(SHIPPED_ENV, "1") == "0":
+        return list(names)
+    for _, table_arch, entries, _ in _shipped_tables():
+        entry = entries.get(key)
+        if table_arch != arch or not entry or not entry.get("ms"):
+            continue
+        ms, best = entry["ms"], min(entry["ms"].values())
+        kept = [n for n in names if n not in ms or ms[n] <= SLOW_BACKEND * best]
+        return kept or list(names)
+    return list(names)
+
+
+def launch_prior(name: str, row: str, arch: str | None) -> tuple[tuple | None, dict[tuple, int]]:
+    """What the shipped tables say about a launch-config pick before it is timed (launch_prune.prune):
+    the config a card of the same arch picked for this very row (None if none did), and how often each
+    compiled variant won kernel `name` in any shipped table. Nothing with KOHAKUMOSS_SHIPPED_TABLES=0."""
+    from .launch_prune import variant
+
+    known, wins = None, {}
+    if os.environ.get(SHIPPED_ENV, "1") == "0":
+        return known, wins
+    for _, table_arch, _, launches in _shipped_tables():
+        entry = launches.get(row)
+        if known is None and entry and arch is not None and table_arch == arch:
+            known = tuple(entry["config"])
+        for key, other in launches.items():
+            if key.split("|", 1)[0] == name:
+                v = variant(name, tuple(other["config"]))
+                wins[v] = wins.get(v, 0) + 1
+    return known, wins
 
 
 def _synchronize(device: torch.device) -> None:

@@ -207,3 +207,66 @@ def test_a_ddp_row_runs_the_trainer_on_two_cpu_ranks(ur, tmp_path):
     assert two["tokens_per_step"] == 2 * one["tokens_per_step"]
     metrics = (tmp_path / "work" / "runs" / "whole-lora-1-ddp2" / "metrics.jsonl").read_text().splitlines()
     assert len(json.loads(metrics[-1])["peak_mem_gib_ranks"]) == 2
+
+
+def test_first_step_phases_start_from_the_caches_they_name(ur, tmp_path, monkeypatch):
+    """cold: an empty cache; warm: the cold one as it was left; shipped: a fresh one with only the cold
+    run's tuning table. A phase's compilers write into its own cache; without phases, rows share theirs."""
+    a = args(ur, seed_cache=None, empty_table=False)
+    row = ur.parse_row("card24/lora/2")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "parent-triton"))  # e.g. the caller's own
+    cold = ur.phase_cache(a, row, tmp_path, "cold")
+    assert not cold.exists()
+    (cold / "tuning").mkdir(parents=True)
+    (cold / "tuning" / "GPU.json").write_text("{}")
+    (cold / "tuning" / "GPU.json.lock").write_text("")
+    (cold / "lycoris" / "kernels").mkdir(parents=True)
+    (cold / "lycoris" / "kernels" / "sm90-gpu.json").write_text("{}")
+    (cold / "triton").mkdir()
+    assert ur.phase_cache(a, row, tmp_path, "warm") == cold
+    shipped = ur.phase_cache(a, row, tmp_path, "shipped")
+    assert shipped != cold
+    assert sorted(str(p.relative_to(shipped)) for p in shipped.rglob("*.json")) == [
+        "lycoris/kernels/sm90-gpu.json",
+        "tuning/GPU.json",
+    ]  # the tables, no compiled kernel, no lock
+    assert not (shipped / "triton").exists() and not (shipped / "tuning" / "GPU.json.lock").exists()
+    env = ur.row_env(a, cold, tmp_path, "cold")
+    assert env["KOHAKUMOSS_CACHE"] == str(cold) and "TRITON_CACHE_DIR" not in env  # the run sets its own
+    assert env["LYCORIS_KERNEL_CACHE_DIR"] == str(cold / "lycoris")
+    assert ur.row_env(a, cold, tmp_path, None)["TRITON_CACHE_DIR"] == str(tmp_path / "compiled" / "triton")
+    assert (
+        ur.row_env(args(ur, seed_cache=None, empty_table=True), cold, tmp_path, "cold")[
+            "KOHAKUMOSS_SHIPPED_TABLES"
+        ]
+        == "0"
+    )
+    assert ur.knobs(a, row, tmp_path, "warm")["RUN_NAME"] == "card24-lora-2-warm"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.txt").write_text("first micro-step: Triton compiled 120 kernels in 47 s of its 80 s\n")
+    got = ur.read_run(run, warmup=1)
+    assert (got["triton_compiles"], got["triton_compile_s"]) == (120, 47.0)
+    lines = ur.first_step_table(
+        [{**got, "row": row.name, "phase": "cold", "completed": True, "wall_s": 99.0}]
+    )
+    assert "cold" in lines[1] and "120" in lines[1]
+
+
+def test_first_step_runs_each_phase_as_its_own_process(ur, tmp_path):
+    """The tiny preset on the CPU: cold and warm each complete as a run of its own (the warm one over the
+    cache the cold one left), each phase with its own logs."""
+    out = tmp_path / "rows.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--rows", "whole/lora/1", "--steps", "1", "--warmup", "0",
+            "--images", "2", "--work", str(tmp_path / "work"), "--out", str(out), "--row-timeout", "300",
+            "--caption-words", "5", "--first-step", "--phases", "warm,cold", "--logs", str(tmp_path / "logs")]  # fmt: skip
+    ur.main(argv)
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["row"], r["phase"], r["completed"]) for r in rows] == [
+        ("whole/lora/1", p, True)
+        for p in ("cold", "warm")  # in PHASES' order, whatever --phases says
+    ]
+    assert all(r["first_step_s"] > 0 for r in rows)
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["whole-lora-1-cold", "whole-lora-1-warm"]
+    with pytest.raises(SystemExit):
+        ur.main([*argv, "--phases", "cold,lukewarm"])
