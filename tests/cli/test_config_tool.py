@@ -23,12 +23,12 @@ from kohakumoss.cli.config_gpu import resolve_gpu
 from kohakumoss.cli.config_layers import (
     GPU_SIZES,
     RESOLUTIONS,
-    SOURCES,
     compose,
     layer_path,
     layers_dir,
     list_layers,
     load_file,
+    source_kinds,
 )
 from kohakumoss.cli.config_tool import main
 from kohakumoss.config.data_scripts import DATA_SCHEMA
@@ -92,7 +92,7 @@ def _knobs(path: Path) -> dict:
 def test_every_layer_exists_and_validates():
     assert list_layers("gpu") == sorted(f"vram_{g}g" for g in GPU_SIZES)
     assert set(list_layers("algo")) == set(ALGOS)
-    assert set(list_layers("data")) == {f"{s}_{r}" for s in SOURCES for r in RESOLUTIONS}
+    assert set(list_layers("data")) == {f"{s}_{r}" for s in source_kinds() for r in RESOLUTIONS}
     assert set(RECIPES) <= set(list_layers("recipes"))
     for kind in ("gpu", "algo", "data", "recipes"):
         for name in list_layers(kind):
