@@ -20,7 +20,7 @@ ones get graphs that replay. A capture during which an op still read lengths on 
 
 Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
 and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
-decide in Python per step). `graph_refusal` says which knob stops it.
+decide in Python per step). `graph_refusal` says which knob stops it (the memory plan's part: `MemoryPlan.graph_refusal`).
 """
 
 from __future__ import annotations
@@ -57,20 +57,12 @@ def graph_refusal(
     dtype: torch.dtype = torch.bfloat16,
     draws_random: bool = False,
 ) -> str | None:
-    """Why the step cannot be graphed (naming the knob), or None. `draws_random`: the adapter's forward
-    uses dropout, so a checkpointed block's recomputation must restore the RNG state from the host."""
+    """Why the step cannot be graphed (naming the knob), or None: the device, the memory plan's engines
+    (`MemoryPlan.graph_refusal`, with `draws_random`: the adapter uses dropout), then the adapter and dtype."""
     if device.type != "cuda":
         return f"DEVICE: CUDA graphs need a CUDA device, not {device.type}"
-    if plan.stream_blocks != 0:
-        return "STREAM_BLOCKS: streamed weights are copied from Python each step"
-    if plan.activation_offload != "none":
-        return "ACTIVATION_OFFLOAD: offloaded activations move through host memory"
-    if plan.grad_offload:
-        return "GRAD_OFFLOAD: gradients leave through host hooks"
-    if plan.optimizer != "gpu":
-        return f"OPTIMIZER_PLACEMENT: '{plan.optimizer}' moves optimizer states through the host"
-    if plan.checkpointing != "none" and draws_random:
-        return "CHECKPOINTING: with adapter dropout the recomputation restores the RNG state from the host"
+    if problem := plan.graph_refusal(draws_random):
+        return problem
     if algo in PYTHON_SIDE_ALGOS:
         return f"ALGO: '{algo}' sets its rank from Python each step"
     if module_dropout:
