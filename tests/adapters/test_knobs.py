@@ -9,22 +9,22 @@ import torch
 
 import kohakumoss.adapters.builder as builder
 from kohakumoss.adapters import build_adapter
-from kohakumoss.adapters.dropouts import APPLIED, KNOBS
+from kohakumoss.adapters.algos import ALGOS as RECORDS
+from kohakumoss.adapters.dropouts import KNOBS
 from kohakumoss.precision import quantize_frozen_linears
-from kohakumoss.precision.fp8_base import FP8_ALGOS
 from kohakumoss_common.errors import ConfigError
 
-from .helpers import flow_batch, forward, tiny_model
+from .helpers import TINY_ARGS as ARGS
+from .helpers import algo_names, flow_batch, forward, tiny_model
 
-ARGS = {"lokr": {"factor": 4}, "dylora": {"block_size": 4}}
-ALGOS = ["lora", "locon", "loha", "lokr", "dora", "oft", "boft", "glora", "ia3", "dylora", "tlora"]
+ALGOS = algo_names()
 MODES = ["merged", "bypass", "fp8", "int8"]  # the quantized bases run lycoris's bypass forward
 CASES = [
     (algo, knob, mode)
     for algo in ALGOS
     for knob in KNOBS
     for mode in MODES
-    if mode in ("merged", "bypass") or algo in FP8_ALGOS
+    if mode in ("merged", "bypass") or RECORDS[algo].runs_on_quantized_base({})
 ]
 
 
@@ -82,8 +82,9 @@ def test_the_table_is_what_lycoris_does(monkeypatch, algo):
     the refusals refuse nothing lycoris would apply."""
     monkeypatch.setattr(builder, "resolve_bypass", lambda a, bypass, forced, v, auto=False: bypass or forced)
     monkeypatch.setattr(builder, "_check_bypass", lambda *a: None)
-    for mode, applied in zip(("merged", "bypass"), APPLIED[algo]):
-        if mode == "bypass" and algo in ("dora", "dylora"):  # their bypass forward is refused outright
+    record = RECORDS[algo]
+    for mode, applied in zip(("merged", "bypass"), record.dropouts, strict=True):
+        if mode == "bypass" and (record.dora() or record.bypass_refused):  # refused outright
             continue
         for knob in KNOBS:
             try:

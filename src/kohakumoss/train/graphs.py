@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kohakumoss.adapters.algos import adapter_algo
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
@@ -46,7 +47,6 @@ log = get_logger("kohakumoss.train.graphs")
 
 MODES = ("auto", "on", "off")
 TEXT_PAD = 128  # text tokens per batch rounded up to this: ~1.5% more tokens at 1 MP x 2, few graph shapes
-PYTHON_SIDE_ALGOS = ("tlora", "dylora")  # their forward reads Python state set per step
 
 
 def graph_refusal(
@@ -63,7 +63,7 @@ def graph_refusal(
         return f"DEVICE: CUDA graphs need a CUDA device, not {device.type}"
     if problem := plan.graph_refusal(draws_random):
         return problem
-    if algo in PYTHON_SIDE_ALGOS:
+    if (record := adapter_algo(algo)) is not None and record.python_state:  # Algo.python_state
         return f"ALGO: '{algo}' sets its rank from Python each step"
     if module_dropout:
         return "MODULE_DROPOUT: whole modules are dropped by a Python decision each step"

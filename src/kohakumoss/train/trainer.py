@@ -20,10 +20,12 @@ and its estimate, the data package's settings through data_knobs.py, the distrib
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kohakumoss.adapters import adapter_param_groups, build_from_spec, clear_tlora_mask, kernel_probe
+from kohakumoss.adapters import adapter_param_groups, build_from_spec, kernel_probe
+from kohakumoss.adapters.algos import adapter_algo, reset_step_hook
 from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
@@ -478,7 +481,7 @@ class Trainer:
         """The sample grid at this step: the base row beside this step's row, saved and logged."""
         step = self.step
         with eval_weights(self.tr.optimizer):
-            clear_tlora_mask()
+            reset_step_hook(self.cfg.adapter.algo)
             row = self.draw_row(f"samples at step {step}")
             if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
                 return self.samples_dir
@@ -609,7 +612,7 @@ class Trainer:
         the adapter files carry the run's ss_* / modelspec.* metadata at `step` (None: STEPS, the final
         export: the only one with full-difference ComfyUI files unless COMFY_DIFFS='every')."""
         export = self.cfg.export
-        clear_tlora_mask()
+        reset_step_hook(self.cfg.adapter.algo)
         knobs = {**self.knobs, "STEPS": self.steps}  # EPOCHS resolved: the files name the run's steps
         metadata = run_metadata(knobs, self.steps if step is None else step)  # written into the files
 
@@ -769,8 +772,16 @@ def build_runner(
         engines=comps.engines,
         scaler=scaler,
         tuning=lambda: comps.backbone.ops.tuning(device_time=graphs is not None),
-        tlora_rank=int(adapter.rank) if adapter.algo == "tlora" else None,
+        step_hook=step_hook(adapter),
     )
+
+
+def step_hook(adapter: AdapterConfig) -> Callable[[torch.Tensor], None] | None:
+    """What the adapter's algorithm sets from each micro-step's sigmas (T-LoRA's rank mask), or None."""
+    algo = adapter_algo(adapter.algo)
+    if algo is None or algo.step_hook is None:
+        return None
+    return functools.partial(algo.step_hook.before, rank=int(adapter.rank))
 
 
 def adapter_draws_random(adapter: AdapterConfig) -> bool:
