@@ -14,8 +14,8 @@ from kohakumoss.adapters import adapter_state_dict, build_adapter, load_adapter
 from kohakumoss.adapters.merge import _merged, dense_state_dict, dense_tensor
 from kohakumoss.export import export_all, fuse_qkv
 from kohakumoss.export.comfy_apply import apply_comfy_adapter
+from kohakumoss.optim.build import build_adamw
 from kohakumoss.precision import quantize_frozen_linears
-from kohakumoss.train import build_adamw
 
 from ..adapters.helpers import CFG, flow_batch, flow_loss, tiny_model
 from ..model.helpers import random_model

@@ -36,6 +36,11 @@ from tqdm import tqdm
 
 from kohakumoss.adapters import adapter_param_groups, build_from_spec, kernel_probe
 from kohakumoss.adapters.algos import adapter_algo, reset_step_hook
+from kohakumoss.checkpoint.folders import clean_stale, resolve_checkpoint, set_aside_later, step_dirname
+from kohakumoss.checkpoint.read import load_checkpoint
+from kohakumoss.checkpoint.rng import restore_rng
+from kohakumoss.checkpoint.state import load_trainable_state, trainable_state
+from kohakumoss.checkpoint.write import save_checkpoint, tensor_bytes
 from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
@@ -45,6 +50,13 @@ from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.run_facts import dataset_facts, write_run_facts
 from kohakumoss.export.verify import ExportMismatch
 from kohakumoss.model import linear_rows
+from kohakumoss.optim.build import (
+    build_adapter_optimizer,
+    build_full_ft_optimizer,
+    eval_weights,
+    set_train_mode,
+)
+from kohakumoss.optim.combined import CombinedOptimizer
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import (
     atomic_write_json,
@@ -57,15 +69,6 @@ from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
 from kohakumoss_common.progress import StepProgress
 
-from .checkpoint import (
-    clean_stale,
-    load_checkpoint,
-    resolve_checkpoint,
-    save_checkpoint,
-    set_aside_later,
-    step_dirname,
-    tensor_bytes,
-)
 from .collector import StepCollector
 from .components import Components, build_components
 from .data import (
@@ -84,18 +87,10 @@ from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
 from .interrupt import StepInterrupt
 from .lengths import LengthSwitch
 from .logbook import MetricsWriter, ProgressLines, loss_plot
-from .optim import (
-    CombinedOptimizer,
-    build_adapter_optimizer,
-    build_full_ft_optimizer,
-    eval_weights,
-    set_train_mode,
-)
 from .prefetch import Prefetcher
 from .preflight import RUNTIME_KEY, check_run, runtime_record
 from .profiling import StepProfiler
 from .resume import check_resume_knobs
-from .rng import restore_rng
 from .runner import StepResult, StepRunner
 from .samples import (
     draw_row,
@@ -108,7 +103,6 @@ from .samples import (
     timeline_rows,
 )
 from .schedule import LRSchedule
-from .state import load_trainable_state, trainable_state
 from .step import draw_step_noise, flow_loss, to_device_batch
 from .tracking import Trackers
 from .validation import validation_loss
