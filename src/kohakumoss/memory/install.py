@@ -22,7 +22,7 @@ from kohakumoss_kernels.fp8 import castable
 
 from .engines.activation_offload import ActivationOffload
 from .engines.checkpointing import CheckpointPolicy
-from .engines.runner import BlockRunner
+from .engines.block_runner import BlockRunner
 from .engines.streaming import WeightStreamer
 from .plan import MemoryPlan
 
