@@ -15,7 +15,6 @@ from kohakumoss.adapters.algos import adapter_algo
 from kohakumoss.config.train import SampleConfig, TrainConfig
 from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
-from kohakumoss.diffusion.grid import grid as grid  # the sample grid, beside the sampler
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
 from kohakumoss_common.io import save_image
 

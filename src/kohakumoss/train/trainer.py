@@ -43,6 +43,7 @@ from kohakumoss.checkpoint.state import load_trainable_state, trainable_state
 from kohakumoss.checkpoint.write import save_checkpoint, tensor_bytes
 from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
+from kohakumoss.diffusion.grid import grid
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
 from kohakumoss.distributed.trainer import RankRun
 from kohakumoss.export import export_all
@@ -94,7 +95,6 @@ from .resume import check_resume_knobs
 from .runner import StepResult, StepRunner
 from .samples import (
     draw_row,
-    grid,
     load_row,
     sample_captions,
     sample_png_info,
