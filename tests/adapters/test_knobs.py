@@ -163,3 +163,32 @@ def test_auto_takes_the_merged_forward_for_a_dropout_only_it_applies():
     assert _acts(model, net)
     plain = build_adapter(tiny_model(), "lokr", rank=8, alpha=4, preset="attn", **ARGS["lokr"])
     assert all(m.bypass_mode for m in plain.loras)
+
+
+def test_the_docs_table_is_the_registry():
+    """docs/concepts/adapters.md's dropout table says what each algorithm's `Algo.dropouts` says."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "adapters.md"
+    words = {"dropout": "dropout", "rank": "rank_dropout", "module": "module_dropout"}
+
+    def applied(cell: str) -> frozenset | None:
+        if "refused" in cell:
+            return None
+        return frozenset(words[w.strip()] for w in cell.split("(")[0].split(",") if w.strip() in words)
+
+    lines = docs.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| `ALGO` | merged-weight forward"))
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for name in cells[0].replace("`", "").split(","):
+            rows[name.strip()] = (applied(cells[1]), applied(cells[2]))
+    assert set(rows) == set(ALGOS)
+    for name, (merged, bypassed) in rows.items():
+        record = RECORDS[name]
+        assert merged == record.dropouts[0], name
+        refused = record.dora() or bool(record.bypass_refused)
+        assert (bypassed is None) == refused and (refused or bypassed == record.dropouts[1]), name
