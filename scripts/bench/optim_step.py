@@ -26,11 +26,8 @@ from kohakumoss.adapters.targets import TARGET_PRESETS
 from kohakumoss.memory.engines.optimizer import PlacedOptimizer
 from kohakumoss.model.backbone import MossBackbone
 from kohakumoss.model.presets import get_preset
-from kohakumoss.train.optim import (
-    build_adapter_optimizer,
-    build_full_ft_optimizer,
-    optimizer_problem,
-)
+from kohakumoss.optim.build import build_adapter_optimizer, build_full_ft_optimizer
+from kohakumoss.optim.names import optimizer_problem
 
 # the LR each optimizer is run at: a typical one for it (Prodigy estimates its own step size from 1.0)
 LRS = {"prodigy": 1.0, "adafactor": 1e-2}

@@ -9,7 +9,7 @@
 
 A row is `MODE/PROFILE/CACHE[/capN][/FORWARD][/field=value...]` or `baseline/eager|compiled`:
 - MODE `lora` (LoRA rank RANK on TARGET_PRESET's linears, BYPASS as the trainer's: the shipped adapter,
-  'attn-mlp' and 'auto'; AdamW) or `full` (full fine-tune, Muon + AdamW as train/optim.build_full_ft_optimizer);
+  'attn-mlp' and 'auto'; AdamW) or `full` (full fine-tune, Muon + AdamW as optim/build.build_full_ft_optimizer);
 - FORWARD (lora rows) `legacy`: the adapter these rows ran before, every DiT linear (TARGET_PRESET 'full')
   with BYPASS=True; `bypass` / `merged`: the row's adapter with BYPASS=True / False;
 - PROFILE a memory profile (kohakumoss.memory.profiles.PROFILES), a catalog id (c0292), or `auto` (with capN:

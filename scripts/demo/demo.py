@@ -56,7 +56,7 @@ def resemblance(run_dir, pictures: dict, step: int) -> dict[str, dict[str, float
 
     from PIL import Image
 
-    from kohakumoss.train.checkpoint import step_dirname
+    from kohakumoss.checkpoint.folders import step_dirname
 
     samples = Path(run_dir) / "samples"
     rows = {

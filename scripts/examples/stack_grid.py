@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
-    from kohakumoss.train.samples import grid
+    from kohakumoss.diffusion.grid import grid
 
     out, folders = Path(argv[0]), [Path(a) for a in argv[1:]]
     rows, seeds = [], []

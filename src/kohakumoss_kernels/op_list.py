@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from . import shape_keys
+
 DENSE = ("dense",)  # the weight kinds a backend takes unless it says otherwise (stored_weight.WEIGHT_KINDS)
 
 
@@ -47,6 +49,12 @@ class OpSpec:
     # bumped when a backend changed enough that the choices stored for this op are stale: its shape keys
     # then end in `|r<revision>`, so every table (the user's, the shipped one) times them again
     revision: int = 1
+    # the dims of a call its tuning rows are keyed by (shape_keys.py): rows and width unless set
+    dims: shape_keys.Dims = shape_keys.rows
+
+    def shape_key(self, *args, **kwargs) -> str:
+        """The tuning-table row of one call of this op (`shape_keys.key`)."""
+        return shape_keys.key(self.name, self.dims, self.revision, *args, **kwargs)
 
     @property
     def reference(self) -> str:
@@ -104,12 +112,14 @@ OPS: tuple[OpSpec, ...] = (
         "rope",
         "x [T, H, D], cos [T, D/2], sin [T, D/2] -> [T, H, D]",
         "rotary embedding, half-split pairs (i, i + D/2)",
+        dims=shape_keys.heads,
     ),
     OpSpec(
         "qk_norm_rope",
         "qk_norm_rope",
         "x [T, H, D], weight [D] | None, cos, sin [T, D/2], eps -> [T, H, D]",
         "apply_rope(rms_norm(x, weight)) per head, one pass over q or k",
+        dims=shape_keys.heads,
     ),
     OpSpec(
         "situ_glu",
@@ -123,6 +133,7 @@ OPS: tuple[OpSpec, ...] = (
         "q, k, v [T, H, D], cu_seqlens [B+1] int32, max_seqlen, scale=None -> [T, H, D]",
         "softmax attention within each packed sample",
         revision=2,  # Triton's launch configs picked per sample-length bucket (were autotuned per head_dim)
+        dims=shape_keys.attention,
     ),
     OpSpec(
         "segment_attention",
@@ -130,6 +141,7 @@ OPS: tuple[OpSpec, ...] = (
         "q [Tq, H, D], k, v [Tk, H, D], cu_seqlens_q, cu_seqlens_kv [S+1] int32, max_seqlen_q, "
         "max_seqlen_kv, scale=None -> [Tq, H, D]",
         "softmax attention of query segment i over key segment i (the reference images' block mask)",
+        dims=shape_keys.segment_attention,
     ),
     OpSpec(
         "lora_linear",
@@ -138,6 +150,7 @@ OPS: tuple[OpSpec, ...] = (
         "x W^T + b + scale * (x down^T) up^T, a frozen linear with its LoRA bypass",
         variants=_LORA_VARIANTS,
         weight_arg=1,
+        dims=shape_keys.weighted,
     ),
     OpSpec(
         "lora_group",
@@ -146,6 +159,7 @@ OPS: tuple[OpSpec, ...] = (
         "lora_linear per member, the members reading one x (q, k, v)",
         variants=_LORA_VARIANTS,
         weight_arg=1,
+        dims=shape_keys.lora_group,
     ),
     OpSpec(
         "stored_linear",
@@ -154,7 +168,17 @@ OPS: tuple[OpSpec, ...] = (
         "x W^T + b over the stored weight dequantized (un-rotated where ConvRot), no LoRA",
         weight_arg=1,
         compile=False,
+        dims=shape_keys.weighted,
     ),
 )
 
 SPECS: Mapping[str, OpSpec] = MappingProxyType({spec.name: spec for spec in OPS})
+
+
+def shape_key(op: str, *args, **kwargs) -> str:
+    """The tuning-table row of one call of `op`: its spec's (`OpSpec.shape_key`); an op outside the list
+    (one a test registers) keys by rows and width."""
+    spec = SPECS.get(op)
+    if spec is None:
+        return shape_keys.key(op, shape_keys.rows, 1, *args, **kwargs)
+    return spec.shape_key(*args, **kwargs)

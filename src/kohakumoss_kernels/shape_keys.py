@@ -6,6 +6,9 @@ of a similar size shares a row. The ops over a stored (fp8 / int8 / MXFP8) weigh
 (`lora_linear|bf16|W=fp8|T=...`, `stored_linear|bf16|W=int8|T=...`): other backends race there.
 An op whose backends changed since its rows were stored ends its keys in `|r<revision>` (`OpSpec.revision`),
 so those rows are timed again. No key needs a device-to-host copy.
+
+Each op's `OpSpec.dims` (op_list.py) names the function here that reads its dims (rows and width unless it
+says otherwise); `op_list.shape_key` builds the key of a call from its spec.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from collections.abc import Callable
 
 import torch
 
-from .op_list import SPECS
 from .stored_weight import weight_kind
 
 _DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -30,11 +32,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE.get(dtype, str(dtype).removeprefix("torch."))
 
 
-def _rows(x: torch.Tensor) -> dict[str, int]:
+def rows(x: torch.Tensor, *args, **kwargs) -> dict[str, int]:
+    """A row op's dims: its bucketed rows and its width."""
     return {"T": bucket(x.shape[0]), "d": x.shape[-1]}
 
 
-def _attention(q, k, v, cu_seqlens, max_seqlen, *args, **kwargs) -> dict[str, int]:
+def attention(q, k, v, cu_seqlens, max_seqlen, *args, **kwargs) -> dict[str, int]:
     return {
         "T": bucket(q.shape[0]),
         "H": q.shape[1],
@@ -44,7 +47,8 @@ def _attention(q, k, v, cu_seqlens, max_seqlen, *args, **kwargs) -> dict[str, in
     }
 
 
-def _segment_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, *args, **kwargs) -> dict[str, int]:
+def segment_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, *args, **kwargs) -> dict[str, int]:
+    """Attention whose query and key segments differ (an edit batch's references): both token counts."""
     return {
         "T": bucket(q.shape[0]),
         "Tk": bucket(k.shape[0]),
@@ -55,7 +59,8 @@ def _segment_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, *args
     }
 
 
-def _rope(x, *args, **kwargs) -> dict[str, int]:
+def heads(x, *args, **kwargs) -> dict[str, int]:
+    """A per-head op's dims (rotary, q/k norm)."""
     return {"T": bucket(x.shape[0]), "H": x.shape[1], "D": x.shape[2]}
 
 
@@ -69,32 +74,24 @@ def _kind(weight) -> dict[str, str]:
     return {} if kind == "dense" else {"W": kind}
 
 
-def _weighted(x, weight, *args, **kwargs) -> dict[str, int | str]:
+def weighted(x, weight, *args, **kwargs) -> dict[str, int | str]:
     """A linear over a frozen weight of any kind (lora_linear, stored_linear)."""
     return {**_kind(weight), **_linear(x, weight)}
 
 
-def _lora_group(x, weights, *args, **kwargs) -> dict[str, int | str]:
+def lora_group(x, weights, *args, **kwargs) -> dict[str, int | str]:
+    """The group's members' dims: their weight kind, rows, input width and each member's outputs."""
     outs = ",".join(str(w.shape[0]) for w in weights)
     rows = bucket(x.reshape(-1, x.shape[-1]).shape[0])
     return {**_kind(weights[0]), "T": rows, "I": weights[0].shape[1], "O": outs}
 
 
-_DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
-    "varlen_attention": _attention,
-    "segment_attention": _segment_attention,
-    "apply_rope": _rope,
-    "qk_norm_rope": _rope,
-    "lora_linear": _weighted,
-    "lora_group": _lora_group,
-    "stored_linear": _weighted,
-}
+Dims = Callable[..., dict[str, int | str]]
 
 
-def shape_key(op: str, *args, **kwargs) -> str:
-    """The documented key of one call: op, dtype of the first tensor, then its bucketed dims."""
-    x = args[0]
-    dims = _DIMS.get(op, lambda x, *a, **k: _rows(x))(*args, **kwargs)
-    spec = SPECS.get(op)
-    revision = [f"r{spec.revision}"] if spec is not None and spec.revision > 1 else []
-    return "|".join([op, dtype_name(x.dtype), *(f"{k}={v}" for k, v in dims.items()), *revision])
+def key(op: str, dims: Dims, revision: int, *args, **kwargs) -> str:
+    """The documented key of one call: op, dtype of the first tensor, its bucketed dims, `r<revision>`
+    past the first."""
+    found = dims(*args, **kwargs)
+    tail = [f"r{revision}"] if revision > 1 else []
+    return "|".join([op, dtype_name(args[0].dtype), *(f"{k}={v}" for k, v in found.items()), *tail])

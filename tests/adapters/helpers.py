@@ -6,12 +6,25 @@ from dataclasses import dataclass
 
 import torch
 
+from kohakumoss.adapters.algos import ALGOS
 from kohakumoss.diffusion import flow_matching_loss, make_flow_target
 from kohakumoss.model import MossBackbone, PackedSeq, get_preset
 
 from ..model.helpers import random_model
 
 CFG = get_preset("tiny")
+# lycoris arguments that fit the tiny model's widths (LoKr's factor, DyLoRA's block size)
+TINY_ARGS = {"lokr": {"factor": 4}, "dylora": {"block_size": 4}}
+
+
+def algo_names() -> list[str]:
+    """Every algorithm of the registry once: a name whose record equals an earlier one's ('diag-oft' is
+    'oft') is left out."""
+    out: list[str] = []
+    for name, algo in ALGOS.items():
+        if all(ALGOS[seen] != algo for seen in out):
+            out.append(name)
+    return out
 
 
 @dataclass

@@ -21,7 +21,7 @@ from kohakumoss.adapters import (
     save_adapter,
 )
 
-from .helpers import flow_batch, flow_loss, forward, tiny_model
+from .helpers import algo_names, flow_batch, flow_loss, forward, tiny_model
 
 # (algo, extra lycoris args, lr, lycoris module class that reads the file back)
 CASES = [
@@ -38,6 +38,10 @@ CASES = [
     ("tlora", {}, 1e-2, "TLoraModule"),
 ]
 STEPS = 4
+
+
+def test_every_algorithm_of_the_registry_has_a_case():
+    assert sorted(c[0] for c in CASES) == sorted(algo_names())
 
 
 def _dylora_full_rank(model, net, batch):

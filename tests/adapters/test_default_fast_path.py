@@ -92,7 +92,10 @@ def test_the_shipped_lora_config_runs_every_linear_through_the_fused_ops(layer):
     assert all(g.abs().sum() > 0 for g in grads.values())
 
 
-@pytest.mark.parametrize("algo", sorted(a for a in ALGOS if a not in ("dora", "dylora")))
+@pytest.mark.parametrize(
+    "algo",
+    sorted(a for a, r in ALGOS.items() if not r.dora() and not r.bypass_refused),  # bypass allowed
+)
 def test_auto_is_the_bypass_forward_exactly_where_it_computes_the_merged_function(monkeypatch, algo):
     """'auto' takes lycoris's bypass forward for the algorithms whose bypass equals their merged forward
     (tests/adapters/test_options.py compares them), and keeps the merged one for the OFTs and IA3, whose

@@ -8,7 +8,7 @@ import torch
 from lycoris.kernels import available_backends
 
 from kohakumoss.adapters import adapter_param_groups, build_adapter, load_adapter, save_adapter
-from kohakumoss.train import build_adamw, build_full_ft_optimizer
+from kohakumoss.optim.build import build_adamw, build_full_ft_optimizer
 
 from .helpers import flow_batch, flow_loss, forward, tiny_model
 

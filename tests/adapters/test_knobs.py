@@ -9,22 +9,22 @@ import torch
 
 import kohakumoss.adapters.builder as builder
 from kohakumoss.adapters import build_adapter
-from kohakumoss.adapters.dropouts import APPLIED, KNOBS
+from kohakumoss.adapters.algos import ALGOS as RECORDS
+from kohakumoss.adapters.dropouts import KNOBS
 from kohakumoss.precision import quantize_frozen_linears
-from kohakumoss.precision.fp8_base import FP8_ALGOS
 from kohakumoss_common.errors import ConfigError
 
-from .helpers import flow_batch, forward, tiny_model
+from .helpers import TINY_ARGS as ARGS
+from .helpers import algo_names, flow_batch, forward, tiny_model
 
-ARGS = {"lokr": {"factor": 4}, "dylora": {"block_size": 4}}
-ALGOS = ["lora", "locon", "loha", "lokr", "dora", "oft", "boft", "glora", "ia3", "dylora", "tlora"]
+ALGOS = algo_names()
 MODES = ["merged", "bypass", "fp8", "int8"]  # the quantized bases run lycoris's bypass forward
 CASES = [
     (algo, knob, mode)
     for algo in ALGOS
     for knob in KNOBS
     for mode in MODES
-    if mode in ("merged", "bypass") or algo in FP8_ALGOS
+    if mode in ("merged", "bypass") or RECORDS[algo].runs_on_quantized_base({})
 ]
 
 
@@ -82,8 +82,9 @@ def test_the_table_is_what_lycoris_does(monkeypatch, algo):
     the refusals refuse nothing lycoris would apply."""
     monkeypatch.setattr(builder, "resolve_bypass", lambda a, bypass, forced, v, auto=False: bypass or forced)
     monkeypatch.setattr(builder, "_check_bypass", lambda *a: None)
-    for mode, applied in zip(("merged", "bypass"), APPLIED[algo]):
-        if mode == "bypass" and algo in ("dora", "dylora"):  # their bypass forward is refused outright
+    record = RECORDS[algo]
+    for mode, applied in zip(("merged", "bypass"), record.dropouts, strict=True):
+        if mode == "bypass" and (record.dora() or record.bypass_refused):  # refused outright
             continue
         for knob in KNOBS:
             try:
@@ -162,3 +163,32 @@ def test_auto_takes_the_merged_forward_for_a_dropout_only_it_applies():
     assert _acts(model, net)
     plain = build_adapter(tiny_model(), "lokr", rank=8, alpha=4, preset="attn", **ARGS["lokr"])
     assert all(m.bypass_mode for m in plain.loras)
+
+
+def test_the_docs_table_is_the_registry():
+    """docs/concepts/adapters.md's dropout table says what each algorithm's `Algo.dropouts` says."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[2] / "docs" / "concepts" / "adapters.md"
+    words = {"dropout": "dropout", "rank": "rank_dropout", "module": "module_dropout"}
+
+    def applied(cell: str) -> frozenset | None:
+        if "refused" in cell:
+            return None
+        return frozenset(words[w.strip()] for w in cell.split("(")[0].split(",") if w.strip() in words)
+
+    lines = docs.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| `ALGO` | merged-weight forward"))
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for name in cells[0].replace("`", "").split(","):
+            rows[name.strip()] = (applied(cells[1]), applied(cells[2]))
+    assert set(rows) == set(ALGOS)
+    for name, (merged, bypassed) in rows.items():
+        record = RECORDS[name]
+        assert merged == record.dropouts[0], name
+        refused = record.dora() or bool(record.bypass_refused)
+        assert (bypassed is None) == refused and (refused or bypassed == record.dropouts[1]), name

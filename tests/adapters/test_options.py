@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -15,13 +17,16 @@ from kohakumoss.adapters import (
     set_tlora_sigma,
     tlora_mask,
 )
+from kohakumoss.adapters.algos import ALGOS
 from kohakumoss.model import MossBackbone, get_preset
 from kohakumoss_common.errors import CheckpointError
 
-from .helpers import flow_batch, forward, tiny_model
+from .helpers import algo_names, flow_batch, forward, tiny_model
+
+UP = [a for a in algo_names() if ALGOS[a].up_params]
 
 
-@pytest.mark.parametrize("algo", ["lora", "loha", "lokr", "glora", "tlora", "dylora"])
+@pytest.mark.parametrize("algo", UP)
 def test_loraplus_puts_up_factors_in_their_own_group(monkeypatch, algo):
     monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
     net = build_adapter(
@@ -32,12 +37,14 @@ def test_loraplus_puts_up_factors_in_their_own_group(monkeypatch, algo):
     assert groups[1]["lr"] == pytest.approx(1.6e-3) and groups[0]["lr"] == 1e-4
     up_names = {n for n, p in net.named_parameters() if any(p is q for q in groups[1]["params"])}
     assert up_names and all(is_up_param(n) for n in up_names)
+    assert all(any(m in n for m in ALGOS[algo].up_params) for n in up_names)  # its own Algo.up_params
     assert sum(len(g["params"]) for g in groups) == len(list(net.parameters()))
     assert len(adapter_param_groups(net, 1e-4)) == 1  # no ratio: one group
 
 
-def test_oft_has_no_up_group():
-    net = build_adapter(tiny_model(), "oft", rank=8, preset="attn")
+@pytest.mark.parametrize("algo", [a for a in algo_names() if a not in UP])
+def test_an_algorithm_without_up_factors_has_no_up_group(algo):
+    net = build_adapter(tiny_model(), algo, rank=8, preset="attn")
     assert [g["name"] for g in adapter_param_groups(net, 1e-4, up_lr_ratio=16.0)] == ["adapter"]
 
 
@@ -102,6 +109,41 @@ def test_tlora_mask_follows_sigma(monkeypatch):
         masked = forward(model, batch)
         clear_tlora_mask()
         assert not torch.equal(full, masked) and torch.equal(forward(model, batch), full)
+
+
+def test_the_step_runner_sets_the_algorithms_step_hook_from_each_micro_steps_sigmas(monkeypatch):
+    """T-LoRA's mask reaches the generic step only through its `Algo.step_hook`: the runner calls the hook
+    the trainer builds with the micro-step's sigmas before the forward; sampling and exports reset it."""
+    from kohakumoss.adapters.algos import reset_step_hook
+    from kohakumoss.config.train import AdapterConfig
+    from kohakumoss.train.runner import StepInputs, StepResult, StepRunner
+    from kohakumoss.train.trainer import step_hook
+
+    assert step_hook(AdapterConfig(algo="lora")) is None and step_hook(AdapterConfig(algo="full")) is None
+    monkeypatch.setattr("lycoris.modules.tlora.gc.collect", lambda *a: 0)
+    batch, model = flow_batch(), tiny_model()
+    net = build_adapter(model, "tlora", rank=8, alpha=8, preset="attn")
+    _nonzero(net)
+    net.eval()
+    with torch.no_grad():
+        full = forward(model, batch)
+    outs = []
+
+    def loss(_batch, sigma, _noise):
+        outs.append(forward(model, batch).detach())
+        return sum(p.sum() for p in net.parameters()) * 0.0
+
+    params = list(net.parameters())
+    runner = StepRunner(
+        torch.optim.SGD(params, lr=0.0), loss, lambda: None, device=torch.device("cpu"), seed=0,
+        step_hook=step_hook(AdapterConfig(algo="t-lora", rank=8)),
+    )  # fmt: skip
+    stub = types.SimpleNamespace(num_samples=2, tokens=1)
+    runner.micro(StepInputs(0, stub, torch.tensor([0.9, 1.0]), None), StepResult())
+    assert not torch.equal(outs[0], full)  # high noise: fewer ranks
+    reset_step_hook("tlora")
+    with torch.no_grad():
+        assert torch.equal(forward(model, batch), full)
 
 
 def test_loading_onto_another_model_names_the_modules():

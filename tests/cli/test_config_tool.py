@@ -23,12 +23,12 @@ from kohakumoss.cli.config_gpu import resolve_gpu
 from kohakumoss.cli.config_layers import (
     GPU_SIZES,
     RESOLUTIONS,
-    SOURCES,
     compose,
     layer_path,
     layers_dir,
     list_layers,
     load_file,
+    source_kinds,
 )
 from kohakumoss.cli.config_tool import main
 from kohakumoss.config.data_scripts import DATA_SCHEMA
@@ -40,7 +40,8 @@ from kohakumoss.model.io import save_backbone
 from kohakumoss.model.presets import get_preset
 from kohakumoss_common.errors import ConfigError
 
-ALGOS = ("lora", "locon", "loha", "lokr", "dora", "oft", "boft", "glora", "ia3", "dylora", "tlora", "full")
+from ..adapters.helpers import algo_names
+
 RECIPES = ("lora_24g_bf16", "lokr_16g", "lora_8g", "lora_6g", "full_24g_host_masters")
 
 
@@ -91,14 +92,16 @@ def _knobs(path: Path) -> dict:
 
 def test_every_layer_exists_and_validates():
     assert list_layers("gpu") == sorted(f"vram_{g}g" for g in GPU_SIZES)
-    assert set(list_layers("algo")) == set(ALGOS)
-    assert set(list_layers("data")) == {f"{s}_{r}" for s in SOURCES for r in RESOLUTIONS}
+    assert set(list_layers("algo")) == {*algo_names(), "full"}  # a preset per algorithm of the registry
+    assert set(list_layers("data")) == {f"{s}_{r}" for s in source_kinds() for r in RESOLUTIONS}
     assert set(RECIPES) <= set(list_layers("recipes"))
     for kind in ("gpu", "algo", "data", "recipes"):
         for name in list_layers(kind):
             knobs, meta = load_file(layer_path(kind, name))
             assert knobs, name
             assert TRAIN_SCHEMA.problems(knobs) == [], (kind, name)
+            if kind == "algo":
+                assert knobs["ALGO"] == name
             if kind == "gpu":
                 assert meta["card_gb"] == int(name[5:-1]) and meta["memory_profile"]
                 assert {"PRECISION", "TOKENS_PER_STEP", "RANK", "GRAD_ACCUM"} <= set(knobs)

@@ -12,9 +12,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
+from kohakumoss.checkpoint.folders import verify_checkpoint
+from kohakumoss.checkpoint.read import load_checkpoint
 from kohakumoss.distributed.trainer import fsdp_plan_problem, on_devices
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.train.checkpoint import load_checkpoint, verify_checkpoint
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 

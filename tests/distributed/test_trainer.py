@@ -134,9 +134,9 @@ def test_a_rank_that_dies_mid_run_stops_the_run_naming_it(train_world, monkeypat
     error naming rank 1, and the step-1 checkpoint it wrote stays whole."""
     import os
 
+    from kohakumoss.checkpoint.folders import verify_checkpoint
     from kohakumoss.distributed import DistributedError
     from kohakumoss.distributed import trainer as dtrainer
-    from kohakumoss.train.checkpoint import verify_checkpoint
 
     totals = dtrainer.RankRun.step_totals
 

@@ -15,11 +15,12 @@ from kohakumoss.export import fuse_qkv, split_qkv, to_comfy_adapter
 from kohakumoss.export.comfy_apply import apply_comfy_adapter, comfy_entries, merge_comfy_adapter
 from kohakumoss.export.from_checkpoint import attach
 
-from ..adapters.helpers import CFG, flow_batch, forward, tiny_model
+from ..adapters.helpers import CFG, algo_names, flow_batch, forward, tiny_model
 
 # algo, lycoris args, expected format of the fused qkv, expected format of the other modules
 CASES = [
     ("lora", {}, "lora", "lora"),
+    ("locon", {}, "lora", "lora"),
     ("loha", {}, "loha", "loha"),
     ("lokr", {"factor": 8}, "diff", "lokr"),  # the exact LoRA form would be as large as the diff here
     ("lokr-4", {"factor": 4}, "lora", "lokr"),  # kron(4x4, rank-8 64x64): one rank-96 LoRA on the qkv
@@ -35,6 +36,12 @@ CASES = [
     ("ia3", {}, "diff", "diff"),
     ("tlora", {}, "diff", "diff"),
 ]
+
+
+def test_every_algorithm_of_the_registry_has_a_case():
+    assert {c[0].split("-")[0] for c in CASES} == set(algo_names())
+
+
 SPLIT = re.compile(r"\.layers\.\d+\.proj\.(q|k|v)\.")
 
 

@@ -11,22 +11,20 @@ import torch
 from safetensors.torch import load_file
 
 from kohakumoss.adapters import adapter_state_dict, build_adapter, load_adapter
+from kohakumoss.adapters.algos import ALGOS as RECORDS
 from kohakumoss.adapters.merge import _merged, dense_state_dict, dense_tensor
 from kohakumoss.export import export_all, fuse_qkv
 from kohakumoss.export.comfy_apply import apply_comfy_adapter
+from kohakumoss.optim.build import build_adamw
 from kohakumoss.precision import quantize_frozen_linears
-from kohakumoss.train import build_adamw
 
-from ..adapters.helpers import CFG, flow_batch, flow_loss, tiny_model
+from ..adapters.helpers import CFG, TINY_ARGS, algo_names, flow_batch, flow_loss, tiny_model
 from ..model.helpers import random_model
 
 pytestmark = pytest.mark.gpu
-ALGOS = [
-    ("lora", {}),
-    ("loha", {}),
-    ("lokr", {"factor": 4}),
-    ("glora", {}),
-    ("lokr-dora", {"factor": 4, "dora_wd": True}),
+# every algorithm that trains beside a quantized base (Algo.quantized_base), and LoKr's DoRA
+ALGOS = [(a, TINY_ARGS.get(a, {})) for a in algo_names() if RECORDS[a].runs_on_quantized_base({})] + [
+    ("lokr-dora", {"factor": 4, "dora_wd": True})
 ]
 BASES = ["same", "fp8", "int8"]
 CASES = [(a, args, base) for a, args in ALGOS for base in BASES]

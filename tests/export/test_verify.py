@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from kohakumoss.adapters import adapter_state_dict, build_adapter, load_adapter
+from kohakumoss.adapters.algos import ALGOS as RECORDS
 from kohakumoss.adapters.merge import _merged, dense_state_dict, merged_weights
 from kohakumoss.export import export_all, fuse_qkv
 from kohakumoss.export.comfy_apply import apply_comfy_adapter
@@ -24,24 +25,11 @@ from kohakumoss.export.verify import (
 )
 from kohakumoss.model.io import load_backbone
 from kohakumoss.precision import quantize_frozen_linears
-from kohakumoss.precision.fp8_base import FP8_ALGOS
 
-from ..adapters.helpers import tiny_model
+from ..adapters.helpers import TINY_ARGS, algo_names, tiny_model
 
-ALGOS = [
-    ("lora", {}),
-    ("locon", {}),
-    ("loha", {}),
-    ("lokr", {"factor": 4}),
-    ("dora", {}),
-    ("oft", {}),
-    ("boft", {}),
-    ("glora", {}),
-    ("ia3", {}),
-    ("dylora", {"block_size": 4}),
-    ("tlora", {}),
-]
-FP8_CASES = [(a, args) for a, args in ALGOS if a in FP8_ALGOS] + [
+ALGOS = [(a, TINY_ARGS.get(a, {})) for a in algo_names()]
+FP8_CASES = [(a, args) for a, args in ALGOS if RECORDS[a].runs_on_quantized_base(args)] + [
     ("lokr-dora", {"factor": 4, "dora_wd": True})
 ]
 BASES = ["fp8_weight", "int8_weight"]  # the quantized bases adapters train beside

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from kohakumoss_kernels import tuning
+from kohakumoss_kernels.op_list import shape_key
 from kohakumoss_kernels.ops.lora_group.addmm import lora_group
 from kohakumoss_kernels.registry import _exact_key, eager_op
-from kohakumoss_kernels.shape_keys import shape_key
 
 OUTS, RANKS = (7, 7, 5), (3, 2, 3)
 

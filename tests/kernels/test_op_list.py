@@ -13,10 +13,12 @@ import torch
 
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_kernels import OpSet, available_ops, fp8, int8, mxfp8, registry
-from kohakumoss_kernels.op_list import OPS, SPECS
+from kohakumoss_kernels.op_list import OPS, SPECS, shape_key
 from kohakumoss_kernels.registry import _exact_key, backend_fn, eager_op, resolve
-from kohakumoss_kernels.shape_keys import shape_key
+from kohakumoss_kernels.shape_keys import bucket
 from kohakumoss_kernels.stored_weight import WEIGHT_KINDS, weight_kind
+
+from .cases import make_inputs
 
 OPS_DIR = Path(registry.__file__).parent / "ops"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "internals" / "kernels.md"
@@ -176,3 +178,20 @@ def test_docs_list_every_op_and_variant():
         assert f"| `{spec.name}` |" in text, spec.name
         for name in spec.variants:
             assert f"`{name}`" in text, name
+
+
+@pytest.mark.parametrize("spec", OPS, ids=[s.name for s in OPS])
+def test_every_op_keys_its_tuning_rows_from_its_spec(spec):
+    """`OpSpec.dims` reads a real call's arguments (tests/kernels/cases.py): the key names the op and its
+    dtype, buckets the tokens, and ends in the spec's revision past the first."""
+    if spec.name == "lora_group":  # two lora_linear members reading one x
+        (x, *member), kwargs = make_inputs("lora_linear", [70, 30], torch.float32, "cpu")
+        args = (x, *([a, a] for a in member))
+    elif spec.name == "stored_linear":  # a frozen int8 weight, no LoRA
+        args, kwargs = (torch.zeros(100, 32), _weights()["int8"], None), {}
+    else:
+        args, kwargs = make_inputs(spec.name, [70, 30], torch.float32, "cpu")
+    key = spec.shape_key(*args, **kwargs)
+    assert key == shape_key(spec.name, *args, **kwargs)
+    assert key.startswith(f"{spec.name}|fp32|") and f"|T={bucket(len(args[0]))}|" in f"{key}|"
+    assert key.endswith(f"|r{spec.revision}") == (spec.revision > 1)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.op_list import shape_key
 from kohakumoss_kernels.registry import eager_op
-from kohakumoss_kernels.shape_keys import shape_key
 
 from .cases import compare, make_inputs, with_reference_row
 

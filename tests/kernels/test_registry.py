@@ -24,7 +24,8 @@ from kohakumoss_kernels import (
     resolve,
     tuning,
 )
-from kohakumoss_kernels.shape_keys import bucket, shape_key
+from kohakumoss_kernels.op_list import shape_key
+from kohakumoss_kernels.shape_keys import bucket
 
 _ids = itertools.count()
 
@@ -420,13 +421,13 @@ def test_shape_keys_bucket_tokens_and_keep_widths():
 
 
 def test_a_revised_op_ignores_the_rows_stored_before_its_revision(cache, monkeypatch):
-    from kohakumoss_kernels import op_list, shape_keys
+    from kohakumoss_kernels import op_list
 
     x = torch.zeros(100, 64)
     before = shape_key("rms_norm", x, None, 1e-6)
     tuning.table_for("cpu").put(before, "triton", {"triton": 0.1})
     revised = dataclasses.replace(op_list.SPECS["rms_norm"], revision=2)
-    monkeypatch.setattr(shape_keys, "SPECS", {**op_list.SPECS, "rms_norm": revised})
+    monkeypatch.setattr(op_list, "SPECS", {**op_list.SPECS, "rms_norm": revised})
     after = shape_key("rms_norm", x, None, 1e-6)
     assert after == before + "|r2" and tuning.table_for("cpu").get(after) is None
 

@@ -18,7 +18,7 @@ import torch
 from kohakumoss_kernels import launch_prune, register_backend, register_op, resolve, triton_utils, tuning
 from kohakumoss_kernels.compile_caches import share_compile_caches
 from kohakumoss_kernels.launch_prune import CardLimits, drop_reason, prune
-from kohakumoss_kernels.shape_keys import shape_key
+from kohakumoss_kernels.op_list import shape_key
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = (3072, torch.bfloat16, 16384, torch.device("cpu"))

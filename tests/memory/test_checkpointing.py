@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kohakumoss.memory.engines.block_runner import install_checkpointing
 from kohakumoss.memory.engines.checkpointing import CheckpointPolicy
-from kohakumoss.memory.engines.runner import install_checkpointing
 from kohakumoss.model import get_preset
 from kohakumoss_common.errors import ConfigError
 

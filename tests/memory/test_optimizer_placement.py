@@ -12,7 +12,8 @@ from torch import nn
 
 from kohakumoss.memory.engines.grad_offload import GradOffload
 from kohakumoss.memory.engines.optimizer import MASTERS_KEY, PlacedOptimizer, default_chunks
-from kohakumoss.train.optim import CombinedOptimizer, build_adamw, build_full_ft_optimizer
+from kohakumoss.optim.build import build_adamw, build_full_ft_optimizer
+from kohakumoss.optim.combined import CombinedOptimizer
 from kohakumoss_common.errors import ConfigError
 
 STEPS, ACCUM, CLIP = 4, 3, 0.5

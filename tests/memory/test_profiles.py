@@ -7,6 +7,7 @@ import torch
 
 from kohakumoss.memory import PROFILES, MemoryPlan, catalog, estimate_plan, fastest_fit, resolve_plan
 from kohakumoss.memory.calibration import GIB
+from kohakumoss.memory.plan import FIELD_KNOBS, ON_CARD
 from kohakumoss.model.presets import get_preset
 from kohakumoss_common.errors import ConfigError
 
@@ -208,3 +209,21 @@ def test_an_fsdp_rank_prices_its_shards_and_auto_picks_a_plan_fsdp_runs():
     assert shard.parts["trainable weights"] == base.parts["trainable weights"]
     assert shard.parts["grads"] == base.parts["grads"]
     assert shard.parts["DiT weights (FSDP shards)"] == pytest.approx(base.parts["DiT weights"] / 4)
+
+
+@pytest.mark.parametrize("field", [f for f, _ in ON_CARD])
+def test_every_engine_that_moves_bytes_off_the_card_refuses_graphs_by_its_knob(field):
+    moved = {"stream_blocks": 2, "activation_offload": "on", "optimizer": "host"}
+    extra = {"grad_offload": {"grad_offload": True, "optimizer": "stream"}}
+    plan = MemoryPlan(**extra.get(field, {field: moved.get(field)}))
+    knob = plan.off_card()[0]
+    assert knob == FIELD_KNOBS[field]
+    assert plan.graph_refusal().startswith(f"{knob}:")
+
+
+def test_a_profile_graphs_exactly_when_it_keeps_everything_on_the_card():
+    for name, plan in PROFILES.items():
+        assert (plan.graph_refusal() is None) == (plan.off_card() is None), name
+        if plan.checkpointing != "none" and plan.off_card() is None:
+            # with dropout the recomputation restores the RNG state: a host read
+            assert plan.graph_refusal(draws_random=True).startswith("CHECKPOINTING:")

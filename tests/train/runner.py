@@ -10,7 +10,9 @@ from torch import nn
 from kohakumoss.adapters import adapter_param_groups, build_adapter
 from kohakumoss.diffusion import TimestepConfig, draw_sigmas, flow_matching_loss, make_flow_target
 from kohakumoss.model import MossBackbone, PackedSeq
-from kohakumoss.train import EMA, CombinedOptimizer, LRSchedule, build_adamw, build_full_ft_optimizer
+from kohakumoss.optim.build import build_adamw, build_full_ft_optimizer
+from kohakumoss.optim.combined import CombinedOptimizer
+from kohakumoss.train import EMA, LRSchedule
 
 from ..adapters.helpers import CFG, tiny_model
 

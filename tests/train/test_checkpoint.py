@@ -9,14 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from kohakumoss.train import (
-    capture_rng,
-    list_checkpoints,
-    load_checkpoint,
-    resolve_checkpoint,
-    restore_rng,
-    save_checkpoint,
-)
+from kohakumoss.checkpoint.folders import list_checkpoints, resolve_checkpoint
+from kohakumoss.checkpoint.read import load_checkpoint
+from kohakumoss.checkpoint.rng import capture_rng, restore_rng
+from kohakumoss.checkpoint.write import save_checkpoint
 from kohakumoss_common.errors import CheckpointError
 
 
@@ -109,7 +105,7 @@ def test_older_five_digit_folders_still_count_by_step(tmp_path):
 
 
 def test_meta_records_every_file_and_verify_names_the_broken_one(tmp_path):
-    from kohakumoss.train.checkpoint import verify_checkpoint
+    from kohakumoss.checkpoint.folders import verify_checkpoint
 
     path = _save(
         tmp_path,
@@ -146,7 +142,7 @@ def test_a_cut_file_is_named_when_loaded_without_verifying(tmp_path):
 
 
 def test_stale_temporary_folders_are_cleaned(tmp_path):
-    from kohakumoss.train.checkpoint import clean_stale
+    from kohakumoss.checkpoint.folders import clean_stale
 
     keep = _save(tmp_path, 1)
     stale = [
@@ -165,7 +161,7 @@ def test_stale_temporary_folders_are_cleaned(tmp_path):
 def test_save_refused_when_the_disk_is_short_and_cleaned_when_it_fills(tmp_path, monkeypatch):
     import errno
 
-    from kohakumoss.train import checkpoint as ckpt_mod
+    from kohakumoss.checkpoint import write as ckpt_mod
     from kohakumoss_common import io
     from kohakumoss_common.io import DiskSpaceError
 
@@ -226,7 +222,7 @@ def test_checkpoints_are_written_with_the_umask_permissions(tmp_path, umask, fil
 
 
 def test_checkpoints_past_the_resumed_step_are_set_aside(tmp_path):
-    from kohakumoss.train.checkpoint import set_aside_later
+    from kohakumoss.checkpoint.folders import set_aside_later
 
     for step in (1, 2, 3):
         _save(tmp_path, step, keep_last=2)
@@ -244,7 +240,7 @@ def test_checkpoints_past_the_resumed_step_are_set_aside(tmp_path):
 
 
 def test_a_large_save_is_announced_before_it_writes(tmp_path, caplog, monkeypatch):
-    from kohakumoss.train import checkpoint
+    from kohakumoss.checkpoint import write as checkpoint
 
     monkeypatch.setattr(checkpoint, "ANNOUNCE_BYTES", 1)  # every save counts as large here
     with caplog.at_level("INFO", logger="kohakumoss"):
@@ -262,7 +258,8 @@ def test_a_large_save_is_announced_before_it_writes(tmp_path, caplog, monkeypatc
 def test_a_checkpoint_whose_parts_name_another_step_is_broken(tmp_path, caplog):
     """A resume takes the step, the data position and the weights from one save: a folder whose meta.json
     or data.json names another step (copied, renamed, a data.json of another save) does not verify."""
-    from kohakumoss.train.checkpoint import file_records, verify_checkpoint
+    from kohakumoss.checkpoint.folders import verify_checkpoint
+    from kohakumoss.checkpoint.write import file_records
 
     def position(step, micro, accum=2):
         return dict(data_position={"step": step, "micro_step": micro}, config={"GRAD_ACCUM": accum})

@@ -20,13 +20,15 @@ from safetensors import SafetensorError
 
 from kohakumoss.adapters import build_adapter, load_adapter
 from kohakumoss.adapters.io import save_adapter
+from kohakumoss.checkpoint import folders
+from kohakumoss.checkpoint import write as ckpt_mod
+from kohakumoss.checkpoint.folders import list_checkpoints
+from kohakumoss.checkpoint.write import save_checkpoint
 from kohakumoss.config.knobs import check_folder_knobs
 from kohakumoss.encoders.tiny import write_tiny_vae
 from kohakumoss.encoders.vae import ImageVAE
 from kohakumoss.model import get_preset
 from kohakumoss.model.io import load_backbone, save_backbone
-from kohakumoss.train import checkpoint as ckpt_mod
-from kohakumoss.train.checkpoint import list_checkpoints, save_checkpoint
 from kohakumoss.train.logbook import MetricsWriter
 from kohakumoss_common import io
 from kohakumoss_common.errors import CheckpointError, ConfigError
@@ -146,8 +148,8 @@ REAL_FULL_DISK = textwrap.dedent(
     """
     import sys, torch
     from PIL import Image
-    from kohakumoss.train import checkpoint
-    from kohakumoss.train.checkpoint import save_checkpoint
+    from kohakumoss.checkpoint import write as checkpoint
+    from kohakumoss.checkpoint.write import save_checkpoint
     from kohakumoss.train.logbook import MetricsWriter
     from kohakumoss_common.io import save_image
     root = sys.argv[1]
@@ -209,9 +211,9 @@ def test_a_resave_keeps_a_complete_copy_when_stopped_between_its_renames(tmp_pat
     # a kill there (nothing runs after it): the next start puts the set-aside copy back
     real_replace(first, tmp_path / ".step_00000002.old")
     (tmp_path / ".step_00000002.abc.tmp").mkdir()
-    ckpt_mod.clean_stale(tmp_path)
+    folders.clean_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002"]
-    assert ckpt_mod.verify_checkpoint(first) is None
+    assert folders.verify_checkpoint(first) is None
 
 
 def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path, caplog):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.optim import AdamW, Muon
 
+from kohakumoss.optim.combined import CombinedOptimizer
 from kohakumoss.train.finite import arm_skip, skips_on_device
-from kohakumoss.train.optim import CombinedOptimizer
 from kohakumoss_common.device import device_index, same_device
 
 CPU = torch.device("cpu")

@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.optim import AdamW, Muon
 
-from kohakumoss.train import LRSchedule, build_full_ft_optimizer, split_full_ft_params
-from kohakumoss.train.optim import zero_grads
+from kohakumoss.optim.build import build_full_ft_optimizer, split_full_ft_params
+from kohakumoss.optim.combined import zero_grads
+from kohakumoss.train import LRSchedule
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from ..adapters.helpers import flow_batch, flow_loss, tiny_model

@@ -12,25 +12,21 @@ import pytest
 import torch
 
 from kohakumoss.adapters import adapter_param_groups, build_adapter
+from kohakumoss.checkpoint.folders import resolve_checkpoint
+from kohakumoss.checkpoint.read import load_checkpoint
+from kohakumoss.checkpoint.rng import restore_rng
+from kohakumoss.checkpoint.state import load_trainable_state, trainable_state
+from kohakumoss.checkpoint.write import save_checkpoint
 from kohakumoss.memory.engines.optimizer import PlacedOptimizer
-from kohakumoss.train import (
-    EMA,
-    LRSchedule,
-    load_checkpoint,
-    load_trainable_state,
-    resolve_checkpoint,
-    restore_rng,
-    save_checkpoint,
-    trainable_state,
-)
-from kohakumoss.train.optim import (
+from kohakumoss.optim.build import (
     build_adapter_optimizer,
     build_full_ft_optimizer,
     eval_weights,
     has_modes,
-    optimizer_problem,
     set_train_mode,
 )
+from kohakumoss.optim.names import optimizer_problem
+from kohakumoss.train import EMA, LRSchedule
 from kohakumoss_common.errors import ConfigError
 
 from ..adapters.helpers import tiny_model

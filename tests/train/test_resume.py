@@ -13,14 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from kohakumoss.train import (
-    load_checkpoint,
-    load_trainable_state,
-    resolve_checkpoint,
-    restore_rng,
-    save_checkpoint,
-    trainable_state,
-)
+from kohakumoss.checkpoint.folders import resolve_checkpoint
+from kohakumoss.checkpoint.read import load_checkpoint
+from kohakumoss.checkpoint.rng import restore_rng
+from kohakumoss.checkpoint.state import load_trainable_state, trainable_state
+from kohakumoss.checkpoint.write import save_checkpoint
 
 from .runner import make_run, train_step
 

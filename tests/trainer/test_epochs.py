@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kohakumoss.checkpoint.folders import list_checkpoints
 from kohakumoss.config.train import TrainConfig
-from kohakumoss.train.checkpoint import list_checkpoints
 from kohakumoss.train.epochs import resolve_epochs, steps_per_epoch
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError

@@ -91,8 +91,8 @@ def _batches(model, shapes, steps):
 )
 def test_graphed_micro_steps_match_eager(accum, set_to_none, ckpt):
     """Also with checkpointed blocks (no dropout: the recomputation reads no RNG state from the host)."""
+    from kohakumoss.memory.engines.block_runner import install_checkpointing
     from kohakumoss.memory.engines.checkpointing import CheckpointPolicy
-    from kohakumoss.memory.engines.runner import install_checkpointing
     from kohakumoss.train.step import flow_loss
 
     shapes = [([5, 3], [(4, 4), (2, 6)]), ([7], [(6, 6)])]  # two batch shapes, alternating

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from kohakumoss.checkpoint.folders import list_checkpoints
 from kohakumoss.train import runner as runner_mod
-from kohakumoss.train.checkpoint import list_checkpoints
 from kohakumoss.train.interrupt import StepInterrupt, Terminated
 from kohakumoss.train.loop import train
 from kohakumoss_common.io import load_tensors

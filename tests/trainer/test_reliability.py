@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from kohakumoss.train import checkpoint as ckpt_mod
+from kohakumoss.checkpoint import write as ckpt_mod
+from kohakumoss.checkpoint.folders import list_checkpoints, verify_checkpoint
 from kohakumoss.train import trainer
-from kohakumoss.train.checkpoint import list_checkpoints, verify_checkpoint
 from kohakumoss.train.loop import train
 from kohakumoss.train.trainer import Trainer
 from kohakumoss_common import io
@@ -242,7 +242,8 @@ def test_a_run_that_failed_during_setup_may_start_again_in_its_folder(train_worl
 
 KILLED_SAVE = """
 import json, os, sys, time
-from kohakumoss.train import checkpoint, loop
+from kohakumoss.checkpoint import write as checkpoint
+from kohakumoss.train import loop
 real = checkpoint.save_rng
 def slow(state, folder):
     real(state, folder)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from kohakumoss.checkpoint.folders import list_checkpoints, verify_checkpoint
 from kohakumoss.encoders.tiny import write_tiny_text_encoder, write_tiny_vae
-from kohakumoss.train.checkpoint import list_checkpoints, verify_checkpoint
 from kohakumoss.train.loop import train
 
 from .conftest import tiny_knobs

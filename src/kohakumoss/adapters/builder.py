@@ -12,7 +12,7 @@ from kohakumoss.precision import Fp8Linear, Int8Linear, Mxfp8Linear
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 
-from .algos import resolve_algo
+from .algos import ALGOS, resolve_algo
 from .dropouts import KNOBS, resolve_bypass
 from .fast import route_through_ops
 from .spec import AdapterSpec
@@ -74,7 +74,7 @@ def build_from_spec(model: nn.Module, spec: AdapterSpec, quiet: bool = True) -> 
     network.apply_to()
     network.to(next(model.parameters()).device)
     ops = getattr(model, "ops", None)
-    if ops is not None and spec.algo in ("lora", "locon"):  # t-LoRA and the rest keep lycoris's forward
+    if ops is not None and ALGOS[spec.algo].project_kernels:  # the rest keep lycoris's forward
         route_through_ops(network, ops, model)
     network.requires_grad_(True)
     network.kohakumoss_spec = spec
@@ -96,8 +96,8 @@ def _check_bypass(spec: AdapterSpec, args: dict) -> None:
         raise ConfigError(
             "BYPASS", "lycoris ignores DoRA's weight decomposition (dora_wd) in bypass mode; use BYPASS=False"
         )
-    if spec.algo == "dylora":
-        raise ConfigError("BYPASS", "lycoris's DyLoRA bypass forward drops its scale; use BYPASS=False")
+    if why := ALGOS[spec.algo].bypass_refused:
+        raise ConfigError("BYPASS", f"{why}; use BYPASS=False")
 
 
 def build_adapter(

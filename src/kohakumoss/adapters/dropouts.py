@@ -4,34 +4,17 @@ the adapter to the bypass forward when that one applies it, and is refused by na
 lycoris-lora 4.1.3 accepts every dropout for every algorithm but applies them only in some forwards:
 its merged-weight forward (BYPASS=False) rebuilds the weight and never sees the input, so plain DROPOUT
 (on the adapter's input) has nowhere to act there; several algorithms also skip rank or module dropout,
-and diag-OFT's bypass forward fails with dropout. Measured per algorithm and forward by
-tests/adapters/test_knobs.py, which fails when lycoris changes this.
+and diag-OFT's bypass forward fails with dropout. What each forward applies is the algorithm's
+`Algo.dropouts` (adapters/algos.py), measured by tests/adapters/test_knobs.py, which fails when lycoris
+changes this.
 """
 
 from __future__ import annotations
 
 from kohakumoss_common.errors import ConfigError
 
-KNOBS = ("dropout", "rank_dropout", "module_dropout")
-_ALL = frozenset(KNOBS)
-_RANK_MODULE = frozenset({"rank_dropout", "module_dropout"})
-_MODULE = frozenset({"module_dropout"})
-
-# algorithm -> (knobs the merged forward applies, knobs the bypass forward applies)
-APPLIED: dict[str, tuple[frozenset, frozenset]] = {
-    "lora": (_RANK_MODULE, _ALL),
-    "locon": (_RANK_MODULE, _ALL),
-    "loha": (_RANK_MODULE, _ALL),
-    "lokr": (_RANK_MODULE, frozenset({"dropout", "module_dropout"})),
-    "dora": (_RANK_MODULE, frozenset()),  # bypass refused for DoRA (builder._check_bypass)
-    "oft": (frozenset({"rank_dropout"}), frozenset()),
-    "diag-oft": (frozenset({"rank_dropout"}), frozenset()),
-    "boft": (frozenset(), frozenset()),
-    "glora": (_MODULE, _ALL),
-    "ia3": (_MODULE, _MODULE),
-    "dylora": (_ALL, frozenset()),  # bypass refused for DyLoRA
-    "tlora": (_MODULE, frozenset({"dropout", "module_dropout"})),
-}
+from .algos import DROPOUT_KNOBS as KNOBS
+from .algos import resolve_algo
 
 
 def resolve_bypass(
@@ -42,7 +25,7 @@ def resolve_bypass(
     asked), the merged one when only it does and BYPASS was 'auto' (`auto`), else a ConfigError naming the
     first knob that would not act. `forced`: a quantized (fp8 / int8) base, always bypassed."""
     asked = [k for k in KNOBS if values.get(k)]
-    merged, bypassed = APPLIED[algo]
+    merged, bypassed = resolve_algo(algo)[1].dropouts
     chosen = bypass or forced
     for candidate in (chosen, not chosen if auto and not forced else True):
         if all(k in (bypassed if candidate else merged) for k in asked):
@@ -74,8 +57,6 @@ def resolve_bypass(
 def dropout_check(knobs: dict) -> tuple[str, str] | None:
     """The dropout refusal `build_adapter` would raise for a config's knobs, as (knob, message) or None,
     for a check before anything loads (next to algos.base_precision_check)."""
-    from .algos import resolve_algo
-
     if knobs.get("ALGO", "lora") == "full":
         return None
     try:

@@ -31,6 +31,7 @@ from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import tuning
 from kohakumoss_kernels.tuning import software_versions
 
+from .algos import ALGOS
 from .spec import AdapterSpec
 from .targets import matched_modules, target_patterns
 
@@ -51,7 +52,7 @@ class ProbeResult:
 
 def needs_probe(spec: AdapterSpec) -> bool:
     """LoRA and LoCon run through the kernel registry; every other algorithm through lycoris's kernels."""
-    return spec.algo not in ("lora", "locon")
+    return not ALGOS[spec.algo].project_kernels
 
 
 def probe_shapes(model: nn.Module, spec: AdapterSpec, rows_of) -> list[tuple[int, int, int]]:

@@ -1,15 +1,17 @@
 """LoRA+ parameter groups: the output-side ("up", B) factors get `up_lr_ratio` times the learning rate.
 
 LyCORIS's own kohya wrapper puts parameters named `lora_up` in its LoRA+ group; the other algorithms'
-output-side factors are added here by name (LoHa w*_a, LoKr w*_a, GLoRA b1, T-LoRA p_layer, DyLoRA
-up_list). OFT, BOFT and IA3 have no up/down split: all their parameters stay in the base group.
+output-side factors are named by their `Algo.up_params` (LoHa w*_a, LoKr w*_a, GLoRA b1, T-LoRA p_layer,
+DyLoRA up_list). OFT, BOFT and IA3 have no up/down split: all their parameters stay in the base group.
 """
 
 from __future__ import annotations
 
 from lycoris import LycorisNetwork
 
-UP_MARKERS = ("lora_up", "hada_w1_a", "hada_w2_a", "lokr_w1_a", "lokr_w2_a", "b1.", "p_layer", "up_list")
+from .algos import ALGOS
+
+UP_MARKERS = tuple(sorted({m for algo in ALGOS.values() for m in algo.up_params}))
 
 
 def is_up_param(name: str) -> bool:

@@ -96,14 +96,14 @@ def rank_problem(
     widths = {}
     for module in matched_modules(model, found, globs):
         linear = model.get_submodule(module)
-        oft = algo_record.lycoris in ("diag-oft", "boft")
-        widths[module] = linear.out_features if oft else min(linear.in_features, linear.out_features)
+        outputs = algo_record.rank_on_outputs
+        widths[module] = linear.out_features if outputs else min(linear.in_features, linear.out_features)
     if not widths:
         return None  # no target: TARGET_PRESET's own check names it
     narrowest = min(widths, key=widths.get)
     if rank <= widths[narrowest]:
         return None
-    what = "output features" if algo_record.lycoris in ("diag-oft", "boft") else "min(in, out) features"
+    what = "output features" if algo_record.rank_on_outputs else "min(in, out) features"
     return (
         f"{rank} is above the width of the narrowest targeted layer, {narrowest} ({widths[narrowest]} "
         f"{what}) of TARGET_PRESET '{preset}'; use RANK <= {widths[narrowest]} ({name})"

@@ -1,4 +1,4 @@
-"""Reading a checkpoint folder `step_XXXXXXXX/` (train/checkpoint.py writes them; its docstring lists
+"""Reading a checkpoint folder `step_XXXXXXXX/` (write.py writes them; its docstring lists
 the files): every part loaded on the CPU, a part that cannot be read a CheckpointError naming its file."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from typing import Any
 
 from kohakumoss_common.errors import KohakuMossError
 
-from .config_layers import SOURCES
+from .config_layers import source_kinds
 
 
 def guess_source(path: str | Path) -> str:
@@ -44,8 +44,8 @@ def check_dataset(spec: Any) -> str | None:
     """None when the source opens and lists at least one unit, else the problem."""
     from kohakumoss_data.sources import make_source
 
-    if isinstance(spec, dict) and spec.get("kind") not in SOURCES:
-        return f"kind {spec.get('kind')!r} is not one of {list(SOURCES)}"
+    if isinstance(spec, dict) and spec.get("kind") not in source_kinds():
+        return f"kind {spec.get('kind')!r} is not one of {list(source_kinds())}"
     if isinstance(spec, dict) and "path" in spec and not Path(str(spec["path"])).exists():
         return f"path '{spec['path']}' does not exist"
     try:

@@ -19,7 +19,6 @@ from kohakumoss_common.errors import ConfigError
 LAYER_KINDS = ("gpu", "algo", "data", "recipes")
 ORDER = ("gpu", "algo", "data")  # the user's own knobs come last
 GPU_SIZES = (6, 8, 12, 16, 24, 32, 48, 80)
-SOURCES = ("kohya", "folder", "jsonl", "parquet", "webdataset", "shards")
 RESOLUTIONS = ("1mp", "512")
 
 # named cards -> memory in GB (what `--gpu NAME` accepts without a GPU present)
@@ -93,9 +92,17 @@ def gpu_layer_name(gb: float) -> str:
     return f"vram_{(fitting[-1] if fitting else GPU_SIZES[0])}g"
 
 
+def source_kinds() -> tuple[str, ...]:
+    """The dataset kinds a config may name: the data package's SOURCE_KINDS (each has a data layer per
+    resolution)."""
+    from kohakumoss_data.sources import SOURCE_KINDS  # deferred: the data package imports torch
+
+    return tuple(SOURCE_KINDS)
+
+
 def data_layer_name(source: str, resolution: str = "1mp") -> str:
-    if source not in SOURCES:
-        raise ConfigError("source", f"unknown source {source!r}; one of {list(SOURCES)}")
+    if source not in source_kinds():
+        raise ConfigError("source", f"unknown source {source!r}; one of {list(source_kinds())}")
     if resolution not in RESOLUTIONS:
         raise ConfigError("resolution", f"unknown resolution {resolution!r}; one of {list(RESOLUTIONS)}")
     return f"{source}_{resolution}"

@@ -25,7 +25,7 @@ from typing import Any
 
 from kohakumoss_common.errors import KohakuMossError
 
-from .config_layers import RESOLUTIONS, SOURCES, data_layer_name, layer_path, list_layers
+from .config_layers import RESOLUTIONS, data_layer_name, layer_path, list_layers, source_kinds
 
 SAMPLE_USAGE = "kogine run scripts/sample/sample.py --config {p} --set PROMPT='a lighthouse at dusk'"
 
@@ -123,8 +123,8 @@ def new_config(req: NewRequest) -> list[Path]:
     spec: dict[str, Any] = {}
     if req.what in ("train", "data"):
         source = guess_source(req.data) if req.source == "auto" else req.source
-        if source not in SOURCES:
-            raise Refused(f"--source {source!r} is not one of {list(SOURCES)}")
+        if source not in source_kinds():
+            raise Refused(f"--source {source!r} is not one of {list(source_kinds())}")
         spec = dataset_spec(req.data, source)
         if msg := check_dataset(spec):
             problems.append(("DATASET", msg))
@@ -418,7 +418,10 @@ def wizard(out_dir: str = "configs/user", force: bool = False, no_check: bool = 
         if req.what in ("train", "data"):
             req.data = _ask("dataset folder or file", "", check=data_problem)
             req.source = _ask(
-                "dataset kind", guess_source(req.data), SOURCES, check=lambda a: data_problem(req.data, a)
+                "dataset kind",
+                guess_source(req.data),
+                source_kinds(),
+                check=lambda a: data_problem(req.data, a),
             )
             req.resolution = _ask("training resolution", "1mp", RESOLUTIONS)
         if req.what in ("train", "sample"):
@@ -452,7 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--weights", default="", help="ComfyUI models folder, HF folder, or a DiT checkpoint")
     n.add_argument("--data", default="", help="dataset folder or file")
     n.add_argument(
-        "--source", default="auto", choices=("auto", *SOURCES), help="dataset kind (auto: guessed)"
+        "--source",
+        default="auto",
+        help="dataset kind: auto (guessed) or a data source kind (kohya, folder, ...)",
     )
     n.add_argument("--resolution", default="1mp", choices=RESOLUTIONS, help="data layer's target area")
     n.add_argument("--algo", default="lora", help="adapter algorithm or full")

@@ -2,7 +2,7 @@
 folder appears under its final name only when every rank has written (atomic), and a checkpoint loads
 at another world size (DCP reshards FSDP2's DTensors; DDP's replicated tensors load whole).
 
-`save_sharded` / `load_sharded` own a folder; the trainer's checkpoints (train/checkpoint.py, folder
+`save_sharded` / `load_sharded` own a folder; the trainer's checkpoints (kohakumoss/checkpoint/write.py, folder
 `step_X/sharded/`) take `sharded_state` and `write_shards` into their own temporary folder instead.
 
 The state is `get_state_dict`'s: parameter names without any wrapper prefix, frozen weights left out

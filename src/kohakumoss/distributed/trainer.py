@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kohakumoss.adapters.algos import adapter_algo
 from kohakumoss.memory.plan import FSDP_CHECKPOINTING
 from kohakumoss_common.device import peak_memory_gib
 from kohakumoss_common.errors import ConfigError
@@ -205,8 +206,9 @@ def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
             "EMA",
             f"True {why}: the EMA keeps every trainable weight in one place; it is not built per stage",
         )
-    if mode == "pipeline" and (k.get("ALGO") == "dora" or (k.get("ALGO_ARGS") or {}).get("dora_wd")):
-        knob = "ALGO" if k.get("ALGO") == "dora" else "ALGO_ARGS"
+    algo = adapter_algo(k.get("ALGO", "lora"))
+    if mode == "pipeline" and algo is not None and algo.dora(k.get("ALGO_ARGS")):
+        knob = "ALGO" if algo.dora() else "ALGO_ARGS"
         return (
             knob,
             f"DoRA {why}: its magnitudes start from the frozen weights, which a rank holds for its own "
@@ -267,11 +269,9 @@ def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
         return "DISTRIBUTED", f"'{mode}' is not driven by the trainer yet; use 'ddp', 'fsdp' (or 'none')"
     if k.get("CUDA_GRAPHS") == "on" and mode in GRAPHLESS:
         return "CUDA_GRAPHS", f"'on' with DISTRIBUTED='{mode}': {GRAPHLESS[mode]}; use 'auto' or 'off'"
-    if k.get("ALGO") == "tlora":
-        return (
-            "ALGO",
-            "'tlora' masks its ranks by the step runner's sigmas, which DISTRIBUTED redraws per rank",
-        )
+    algo = adapter_algo(k.get("ALGO", "lora"))
+    if algo is not None and algo.distributed_refusal:
+        return "ALGO", f"'{k.get('ALGO')}' {algo.distributed_refusal}"
     return fsdp_problem(k) if mode == "fsdp" else None
 
 

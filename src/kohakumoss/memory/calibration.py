@@ -58,14 +58,8 @@ FIXED_PER_TOKEN_DIM = 5.42
 # after qk_norm_rope, v, the attention output, x and its rms_norm again (10 d); the [up | gate]
 # concatenation SiTU-GLU reads (2 h) and its output (h). A frozen refiner keeps nothing.
 REFINER_SAVED = (10, 3)
-# Adapters that run through lycoris's modules (every algo but LoRA / LoCon, which run the project's kernels,
-# and a full fine-tune) keep, per token and wrapped block linear, this many fan_in-wide values in the compute
-# precision for their own backward (the linear's input: a frozen base keeps none). lokr: MEASURED on the
-# H200, 2026-12-02, `user_runs.py --rows whole/lokr/2` (r32 on every linear, bypass, lycoris's torch backend
-# after its fused kernels faulted): step peak 69.5 GiB against the same plan's LoRA 54.0 GiB, i.e. 1.02 x
-# 23,552 fan_in values per token and block over 42 blocks at ~8,230 tokens. The others: PLACEHOLDER (lokr's).
-LYCORIS_SAVED_PER_FAN_IN = {"lokr": 1.0}
-LYCORIS_SAVED_DEFAULT = 1.0
+# What an adapter run by lycoris's modules keeps for its own backward is a fact of its algorithm:
+# `Algo.saved_per_fan_in` in adapters/algos.py, tagged there like the constants here.
 # The tables by PRECISION: fp16 as bf16 (the same bytes; its float32 residuals are FP16_RESIDUAL_EXTRA),
 # fp32 twice: DERIVED (the dtypes' sizes).
 ACTIVATIONS: dict[tuple[str, str], dict[str, float]] = {

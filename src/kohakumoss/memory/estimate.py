@@ -21,7 +21,7 @@ Every constant is in `calibration.py`, tagged measured, derived or placeholder. 
 - outside the blocks: FIXED_PER_TOKEN_DIM per token and dim (embedders, head, loss, rotary tables), and
   what the text refiner keeps over the text tokens when it runs a backward (REFINER_SAVED);
 - adapters run by lycoris's modules (LoKr, LoHa, ...: not LoRA / LoCon) keep their linears' inputs for
-  their own backward, LYCORIS_SAVED_PER_FAN_IN x sum(fan_in) per token and block, in the blocks that keep
+  their own backward, `Algo.saved_per_fan_in` (adapters/algos.py) x sum(fan_in) per token and block, in the blocks that keep
   activations (and once more in the block being recomputed);
 - the backward working set: the extra peak of one block's backward (a checkpointed block re-creates
   what it did not keep), ACTIVATIONS[...]['working'], counted once;
@@ -263,15 +263,17 @@ def kept_per_dim(mode: str, precision: str, offload: bool = False) -> float:
 def lycoris_saved(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
     """What an adapter run by lycoris's modules keeps for its own backward over the blocks' linears:
     every block that keeps activations on the card, plus one being recomputed or in its backward."""
-    algo = knobs.get("ALGO", "lora")
-    if algo in ("lora", "locon", "full"):
+    from kohakumoss.adapters.algos import adapter_algo  # deferred: the adapters load lycoris
+
+    algo = adapter_algo(knobs.get("ALGO", "lora"))
+    if algo is None or algo.project_kernels:  # a full fine-tune, or the project's LoRA kernels
         return 0.0
     fan_in = sum(i for i, _ in block_linears(config, knobs.get("TARGET_PRESET", "attn-mlp")))
     per_block = (
         int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
         * fan_in
         * cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
-        * cal.LYCORIS_SAVED_PER_FAN_IN.get(algo, cal.LYCORIS_SAVED_DEFAULT)
+        * algo.saved_per_fan_in
     )
     c = checkpointed_blocks(plan, config.depth)
     kept = 0 if plan.activation_offload == "on" else config.depth - c  # offloaded: they leave the card

@@ -21,8 +21,8 @@ from kohakumoss_common.log import get_logger
 from kohakumoss_kernels.fp8 import castable
 
 from .engines.activation_offload import ActivationOffload
+from .engines.block_runner import BlockRunner
 from .engines.checkpointing import CheckpointPolicy
-from .engines.runner import BlockRunner
 from .engines.streaming import WeightStreamer
 from .plan import MemoryPlan
 

@@ -111,6 +111,24 @@ class MemoryPlan:
             )
         return None
 
+    def graph_refusal(self, draws_random: bool = False) -> str | None:
+        """Why a step under this plan cannot be captured in a CUDA graph, naming the knob, or None: the
+        engines that move bytes from Python each step. `draws_random`: the adapter's forward uses dropout,
+        so a checkpointed block's recomputation restores the RNG state from the host."""
+        if self.stream_blocks != 0:
+            return "STREAM_BLOCKS: streamed weights are copied from Python each step"
+        if self.activation_offload != "none":
+            return "ACTIVATION_OFFLOAD: offloaded activations move through host memory"
+        if self.grad_offload:
+            return "GRAD_OFFLOAD: gradients leave through host hooks"
+        if self.optimizer != "gpu":
+            return f"OPTIMIZER_PLACEMENT: '{self.optimizer}' moves optimizer states through the host"
+        if self.checkpointing != "none" and draws_random:
+            return (
+                "CHECKPOINTING: with adapter dropout the recomputation restores the RNG state from the host"
+            )
+        return None
+
     def off_card(self) -> tuple[str, Any, Any] | None:
         """(knob, value, the value that keeps it on the card) of the first engine this plan sets to move
         weights, activations, grads or optimizer states off the card, or None."""

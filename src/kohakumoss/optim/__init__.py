@@ -1,3 +1,3 @@
-"""The optimizer parts below the trainer, the memory engines and the exporters: `CombinedOptimizer` (several
-torch optimizers as one), which members placed states can step, and the OPTIMIZER names with their labels.
-train/optim.py builds the optimizers from them."""
+"""The optimizers, below the trainer, the memory engines and the exporters: building them (`build.py`:
+Muon + AdamW, the adapter's LoRA+ groups, OPTIMIZER), `CombinedOptimizer` (several torch optimizers as one)
+and which members placed states can step (`combined.py`), the OPTIMIZER names with their labels (`names.py`)."""

@@ -1,5 +1,5 @@
 """Several torch optimizers stepped as one (`CombinedOptimizer`), their grads zeroed in few launches, and
-which members placed optimizer states can step (memory/engines/optimizer.py places them; train/optim.py
+which members placed optimizer states can step (memory/engines/optimizer.py places them; optim/build.py
 builds the members).
 """
 

@@ -1,5 +1,5 @@
 """OPTIMIZER names: the named optimizers, where any of them (or a dotted `package.Class`) lives, and
-kohya's `ss_optimizer` label (export/metadata.py writes it; train/optim.py builds the optimizer)."""
+kohya's `ss_optimizer` label (export/metadata.py writes it; optim/build.py builds the optimizer)."""
 
 from __future__ import annotations
 

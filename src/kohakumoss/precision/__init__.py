@@ -4,7 +4,6 @@ from .fp8_base import (
     BASE_PRECISIONS,
     Fp8Linear,
     base_dtype,
-    base_precision_problem,
     frozen_weight,
     quantize_frozen_linears,
 )
@@ -18,7 +17,6 @@ __all__ = [
     "Int8Linear",
     "Mxfp8Linear",
     "base_dtype",
-    "base_precision_problem",
     "fp32_residuals",
     "frozen_weight",
     "placed_scaled_step",

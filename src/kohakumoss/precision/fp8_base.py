@@ -33,25 +33,6 @@ BASE_PRECISIONS = ("same", "fp8", "fp8_weight", "int8", "int8_weight", "mxfp8")
 QUANTIZED = ("q", "k", "v", "o", "ffn_up_gate", "ffn_down")
 
 
-# the LyCORIS algorithms that run beside a weight-only fp8 linear (bypass, no read of the weight itself);
-# DoRA's weight norm only with LoKr (lycoris.modules.base._FP8_BYPASS_ALGOS and its checks)
-FP8_ALGOS = ("lora", "locon", "loha", "lokr", "glora")
-
-
-def base_precision_problem(mode: str, algo: str, lycoris_algo: str = "", dora: bool = False) -> str | None:
-    """Why BASE_PRECISION `mode` cannot run with ALGO `algo` (its LyCORIS algorithm, DoRA or not), or None."""
-    if mode == "same":
-        return None
-    if algo == "full":
-        return f"'{mode}' stores a frozen base; ALGO='full' trains the base: use 'same'"
-    if lycoris_algo not in FP8_ALGOS or (dora and lycoris_algo != "lokr"):
-        return (
-            f"'{mode}' with ALGO='{algo}'{' (DoRA)' if dora else ''}: the adapter reads the frozen weight, "
-            f"which LyCORIS does not do on an fp8 or int8 one; use 'same', or ALGO one of {FP8_ALGOS} without DoRA"
-        )
-    return None
-
-
 def _quantized_linears(model: nn.Module) -> list[tuple[str, nn.Linear]]:
     return [
         (f"layers.{i}.{name}", m)

@@ -6,7 +6,7 @@ row (`kohakumoss_kernels.int8`), quantized here or kept as a released int8 file 
 A ConvRot file's int8 weights (`*_int8_convrot.safetensors`, `kohakumoss_common.quant`) are kept as
 stored, with their rotation applied to the activations (`stored_int8_weights`): no second rounding.
 The linear keeps its class contract for LyCORIS (an nn.Linear subclass not named Linear: wrapped in
-bypass mode; the algorithms allowed on it are precision.fp8_base.FP8_ALGOS, which never read the weight).
+bypass mode; the algorithms allowed on it are the adapters' `Algo.quantized_base` ones (adapters/algos.py), which never read the weight).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ ones get graphs that replay. A capture during which an op still read lengths on 
 
 Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
 and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
-decide in Python per step). `graph_refusal` says which knob stops it.
+decide in Python per step). `graph_refusal` says which knob stops it (the memory plan's part: `MemoryPlan.graph_refusal`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kohakumoss.adapters.algos import adapter_algo
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
@@ -46,7 +47,6 @@ log = get_logger("kohakumoss.train.graphs")
 
 MODES = ("auto", "on", "off")
 TEXT_PAD = 128  # text tokens per batch rounded up to this: ~1.5% more tokens at 1 MP x 2, few graph shapes
-PYTHON_SIDE_ALGOS = ("tlora", "dylora")  # their forward reads Python state set per step
 
 
 def graph_refusal(
@@ -57,21 +57,13 @@ def graph_refusal(
     dtype: torch.dtype = torch.bfloat16,
     draws_random: bool = False,
 ) -> str | None:
-    """Why the step cannot be graphed (naming the knob), or None. `draws_random`: the adapter's forward
-    uses dropout, so a checkpointed block's recomputation must restore the RNG state from the host."""
+    """Why the step cannot be graphed (naming the knob), or None: the device, the memory plan's engines
+    (`MemoryPlan.graph_refusal`, with `draws_random`: the adapter uses dropout), then the adapter and dtype."""
     if device.type != "cuda":
         return f"DEVICE: CUDA graphs need a CUDA device, not {device.type}"
-    if plan.stream_blocks != 0:
-        return "STREAM_BLOCKS: streamed weights are copied from Python each step"
-    if plan.activation_offload != "none":
-        return "ACTIVATION_OFFLOAD: offloaded activations move through host memory"
-    if plan.grad_offload:
-        return "GRAD_OFFLOAD: gradients leave through host hooks"
-    if plan.optimizer != "gpu":
-        return f"OPTIMIZER_PLACEMENT: '{plan.optimizer}' moves optimizer states through the host"
-    if plan.checkpointing != "none" and draws_random:
-        return "CHECKPOINTING: with adapter dropout the recomputation restores the RNG state from the host"
-    if algo in PYTHON_SIDE_ALGOS:
+    if problem := plan.graph_refusal(draws_random):
+        return problem
+    if (record := adapter_algo(algo)) is not None and record.python_state:  # Algo.python_state
         return f"ALGO: '{algo}' sets its rank from Python each step"
     if module_dropout:
         return "MODULE_DROPOUT: whole modules are dropped by a Python decision each step"

@@ -12,11 +12,13 @@ from typing import Any
 
 # RESUME_FIXED / RESUME_SAFE and the RUN_NAME rule live in config/rules.py (the schema checks them too)
 from kohakumoss.adapters.algos import trained_forward
-from kohakumoss.config.rules import FLAT_SCHEDULES, LENGTH_KNOBS
-from kohakumoss.config.rules import RESUME_FIXED as RESUME_FIXED
-from kohakumoss.config.rules import RESUME_SAFE as RESUME_SAFE
-from kohakumoss.config.rules import allow_changes_problem as allow_changes_problem
-from kohakumoss.config.rules import run_name_problem as run_name_problem
+from kohakumoss.config.rules import (
+    FLAT_SCHEDULES,
+    LENGTH_KNOBS,
+    RESUME_FIXED,
+    RESUME_SAFE,
+    run_name_problem,
+)
 from kohakumoss.config.train import RunConfig, TrainConfig
 from kohakumoss_common.errors import ConfigError
 

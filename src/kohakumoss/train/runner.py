@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kohakumoss.adapters.tlora import set_tlora_sigma
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.precision import placed_scaled_step
 from kohakumoss_common.log import get_logger
@@ -88,7 +87,7 @@ class StepRunner:
         engines=None,
         scaler: torch.amp.GradScaler | None = None,
         tuning: Callable[[], object] | None = None,
-        tlora_rank: int | None = None,
+        step_hook: Callable[[torch.Tensor], None] | None = None,
         lengths: LengthSwitch | None = None,
     ):
         self.optimizer, self.loss_fn, self.next_batch = optimizer, loss_fn, next_batch
@@ -97,7 +96,7 @@ class StepRunner:
         self.clip = float(grad_clip) or math.inf
         self.graphs, self.engines, self.scaler = graphs, engines, scaler
         self.tuning = tuning  # the kernel registry's window, opened around the run's first micro-step
-        self.tlora_rank = tlora_rank
+        self.step_hook = step_hook  # the adapter's per-step state from the sigmas (Algo.step_hook)
         self.lengths = None if graphs is not None else lengths  # graphs keep their own
         self.on_device = scaler is None and skips_on_device(optimizer, device)
         self.ready: StepInputs | None = None
@@ -119,8 +118,8 @@ class StepRunner:
         """One micro-step's forward and backward, its loss added to `res`; False if it was read non-finite."""
         if self.engines is not None:
             self.engines.before_step()
-        if self.tlora_rank is not None:
-            set_tlora_sigma(inputs.sigma, self.tlora_rank)
+        if self.step_hook is not None:
+            self.step_hook(inputs.sigma)
         # the run's first micro-step is the kernel registry's prewarm: every op's missing shape keys
         # are timed once and the winners kept in the card's tuning table
         first = not self.started

@@ -11,14 +11,12 @@ from pathlib import Path
 import torch
 from PIL import Image, PngImagePlugin
 
+from kohakumoss.adapters.algos import adapter_algo
 from kohakumoss.config.train import SampleConfig, TrainConfig
 from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
-from kohakumoss.diffusion.grid import grid as grid  # the sample grid, beside the sampler
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
 from kohakumoss_common.io import save_image
-
-from .graphs import PYTHON_SIDE_ALGOS
 
 
 def sample_prompts(samples: SampleConfig) -> list[PromptLine]:
@@ -102,7 +100,8 @@ def sampler_config(samples: SampleConfig, depth: int) -> SamplerConfig:
 def sampler_speed(cuda_graphs: str, algo: str) -> SamplerSpeed:
     """The sampler's fast path; its steps graphed unless the run's CUDA_GRAPHS is off or its adapter
     decides in Python per call (DyLoRA draws a rank each forward: a graph would replay one draw)."""
-    eager = cuda_graphs == "off" or algo in PYTHON_SIDE_ALGOS
+    record = adapter_algo(algo)
+    eager = cuda_graphs == "off" or (record is not None and record.python_state)
     return SamplerSpeed(cuda_graphs="off" if eager else "auto")
 
 

@@ -14,8 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from kohakumoss.config.rules import LOGGERS as LOGGERS
-from kohakumoss.config.rules import loggers_problem as loggers_problem
+from kohakumoss.config.rules import loggers_problem
 from kohakumoss_common.errors import ConfigError
 
 TENSORBOARD_DIR = "tensorboard"  # under the run folder

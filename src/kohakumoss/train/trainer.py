@@ -20,10 +20,12 @@ and its estimate, the data package's settings through data_knobs.py, the distrib
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,9 +34,16 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from kohakumoss.adapters import adapter_param_groups, build_from_spec, clear_tlora_mask, kernel_probe
+from kohakumoss.adapters import adapter_param_groups, build_from_spec, kernel_probe
+from kohakumoss.adapters.algos import adapter_algo, reset_step_hook
+from kohakumoss.checkpoint.folders import clean_stale, resolve_checkpoint, set_aside_later, step_dirname
+from kohakumoss.checkpoint.read import load_checkpoint
+from kohakumoss.checkpoint.rng import restore_rng
+from kohakumoss.checkpoint.state import load_trainable_state, trainable_state
+from kohakumoss.checkpoint.write import save_checkpoint, tensor_bytes
 from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
+from kohakumoss.diffusion.grid import grid
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
 from kohakumoss.distributed.trainer import RankRun
 from kohakumoss.export import export_all
@@ -42,6 +51,13 @@ from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.run_facts import dataset_facts, write_run_facts
 from kohakumoss.export.verify import ExportMismatch
 from kohakumoss.model import linear_rows
+from kohakumoss.optim.build import (
+    build_adapter_optimizer,
+    build_full_ft_optimizer,
+    eval_weights,
+    set_train_mode,
+)
+from kohakumoss.optim.combined import CombinedOptimizer
 from kohakumoss_common.errors import CheckpointError, ConfigError, DataError, KohakuMossError
 from kohakumoss_common.io import (
     atomic_write_json,
@@ -54,15 +70,6 @@ from kohakumoss_common.log import get_logger
 from kohakumoss_common.paths import user_cache_dir
 from kohakumoss_common.progress import StepProgress
 
-from .checkpoint import (
-    clean_stale,
-    load_checkpoint,
-    resolve_checkpoint,
-    save_checkpoint,
-    set_aside_later,
-    step_dirname,
-    tensor_bytes,
-)
 from .collector import StepCollector
 from .components import Components, build_components
 from .data import (
@@ -81,22 +88,13 @@ from .graphs import TEXT_PAD, StepGraphs, graph_refusal, resolve_graphs
 from .interrupt import StepInterrupt
 from .lengths import LengthSwitch
 from .logbook import MetricsWriter, ProgressLines, loss_plot
-from .optim import (
-    CombinedOptimizer,
-    build_adapter_optimizer,
-    build_full_ft_optimizer,
-    eval_weights,
-    set_train_mode,
-)
 from .prefetch import Prefetcher
 from .preflight import RUNTIME_KEY, check_run, runtime_record
 from .profiling import StepProfiler
 from .resume import check_resume_knobs
-from .rng import restore_rng
 from .runner import StepResult, StepRunner
 from .samples import (
     draw_row,
-    grid,
     load_row,
     sample_captions,
     sample_png_info,
@@ -105,7 +103,6 @@ from .samples import (
     timeline_rows,
 )
 from .schedule import LRSchedule
-from .state import load_trainable_state, trainable_state
 from .step import draw_step_noise, flow_loss, to_device_batch
 from .tracking import Trackers
 from .validation import validation_loss
@@ -478,7 +475,7 @@ class Trainer:
         """The sample grid at this step: the base row beside this step's row, saved and logged."""
         step = self.step
         with eval_weights(self.tr.optimizer):
-            clear_tlora_mask()
+            reset_step_hook(self.cfg.adapter.algo)
             row = self.draw_row(f"samples at step {step}")
             if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
                 return self.samples_dir
@@ -609,7 +606,7 @@ class Trainer:
         the adapter files carry the run's ss_* / modelspec.* metadata at `step` (None: STEPS, the final
         export: the only one with full-difference ComfyUI files unless COMFY_DIFFS='every')."""
         export = self.cfg.export
-        clear_tlora_mask()
+        reset_step_hook(self.cfg.adapter.algo)
         knobs = {**self.knobs, "STEPS": self.steps}  # EPOCHS resolved: the files name the run's steps
         metadata = run_metadata(knobs, self.steps if step is None else step)  # written into the files
 
@@ -769,8 +766,16 @@ def build_runner(
         engines=comps.engines,
         scaler=scaler,
         tuning=lambda: comps.backbone.ops.tuning(device_time=graphs is not None),
-        tlora_rank=int(adapter.rank) if adapter.algo == "tlora" else None,
+        step_hook=step_hook(adapter),
     )
+
+
+def step_hook(adapter: AdapterConfig) -> Callable[[torch.Tensor], None] | None:
+    """What the adapter's algorithm sets from each micro-step's sigmas (T-LoRA's rank mask), or None."""
+    algo = adapter_algo(adapter.algo)
+    if algo is None or algo.step_hook is None:
+        return None
+    return functools.partial(algo.step_hook.before, rank=int(adapter.rank))
 
 
 def adapter_draws_random(adapter: AdapterConfig) -> bool:

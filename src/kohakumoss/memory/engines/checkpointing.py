@@ -1,6 +1,6 @@
 """Activation checkpointing per block: the whole block, only its attention half or only its MLP half,
 on every k-th block: what the forward did not keep is recomputed in the backward (torch.utils.checkpoint,
-non-reentrant). The block runner (runner.py) applies it per block.
+non-reentrant). The block runner (block_runner.py) applies it per block.
 
 The halves are `MossBlock.attention_half` and `MossBlock.mlp_half`, which its forward runs in turn:
     attention_half: norm1-modulate, q/k/v, attention, o, gated residual, norm2-modulate -> (x, y)

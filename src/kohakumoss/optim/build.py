@@ -20,14 +20,10 @@ import torch
 from torch import nn
 from torch.optim import AdamW, Muon, Optimizer
 
-# defined below the memory engines and the exporters; re-exported for the trainer's callers
-from kohakumoss.optim.combined import CombinedOptimizer
-from kohakumoss.optim.combined import placement_problem as placement_problem
-from kohakumoss.optim.combined import zero_grads as zero_grads
-from kohakumoss.optim.names import optimizer_label as optimizer_label
-from kohakumoss.optim.names import optimizer_location
-from kohakumoss.optim.names import optimizer_problem as optimizer_problem
 from kohakumoss_common.errors import ConfigError
+
+from .combined import CombinedOptimizer
+from .names import optimizer_location, optimizer_problem
 
 
 def optimizer_class(name: str) -> type[Optimizer]:
