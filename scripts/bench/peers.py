@@ -39,6 +39,7 @@ tokenizer and VAE files): their rows say so.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -66,8 +67,8 @@ PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
 CANNOT = {
     SIMPLETUNER: "SimpleTuner 4.10.1 is on PyPI for Python >= 3.12 only (pip on 3.11 lists 3.1.6 as the "
     "newest); its moss_image model loads the Qwen3.5 text encoder and FLUX.2 VAE from a diffusers tree and "
-    "fills its caches through them (no stand-in hook), and its ~60 required packages (spacy, librosa, "
-    "onnxruntime, faiss-cpu, ...) are past the device call's 64 MiB carry: not run",
+    "fills its caches through them (no stand-in hook), and its 66 required packages, 44 of them not in the "
+    "GPU image (spacy, librosa, demucs, faiss-cpu, ...), are past the device call's 64 MiB carry: not run",
     DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
     "released transformer/ files, recognised by their keys) but no MOSS-Image training script (that lives "
     "in the repository's examples/, not on PyPI), and its pipeline samples only through the real text "
@@ -215,7 +216,14 @@ def km010_side(a, row: str) -> Side:
     bundle = km010_bundle(Path(a.peer_root))
     config = km010_config(a, row)
     knobs = km010_knobs(a, row)
-    kogine = [sys.executable, str(PEER_PATH / "capped_run.py"), str(CAPS[row]), "-m", "kohakuengine.cli", "run"]
+    kogine = [
+        sys.executable,
+        str(PEER_PATH / "capped_run.py"),
+        str(CAPS[row]),
+        "-m",
+        "kohakuengine.cli",
+        "run",
+    ]
     device = "cpu" if a.device == "cpu" else "cuda"
     setup = [
         [*kogine, str(bundle / "scripts/data/cache_latents.py"), "--config", str(config),
@@ -274,7 +282,9 @@ def mean_caption_tokens(folder: Path) -> float:
 def read_km010(run: Path, warmup: int, caption_tokens: float) -> dict:
     """0.1.0's metrics.jsonl and log.txt as this script's columns."""
     path = run / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
     steps = [r for r in rows if "step_time" in r]
     late = [r for r in steps if r["step"] > warmup] or steps
     out: dict = {"steps": max((r["step"] for r in steps), default=0)}
@@ -336,10 +346,8 @@ class SmiPeak:
 
     def _loop(self) -> None:
         while not self._stop.wait(0.5):
-            try:
-                self.peak = max(self.peak, self._used())
-            except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-                pass
+            with contextlib.suppress(OSError, subprocess.SubprocessError, ValueError, IndexError):
+                self.peak = max(self.peak, self._used())  # a missed sample: the next one counts
 
     def __enter__(self):
         if self.on:
@@ -363,7 +371,9 @@ def run_logged(argv: list[str], env: dict, log: Path, timeout: float) -> int | s
         f.write(f"$ {' '.join(argv)}\n")
         f.flush()
         try:
-            return subprocess.run(argv, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT).returncode
+            return subprocess.run(
+                argv, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT
+            ).returncode
         except subprocess.TimeoutExpired:
             return "timeout"
 
@@ -496,7 +506,9 @@ def main(argv=None) -> dict:
     p.add_argument("--preset", default="moss-image-5b")
     p.add_argument("--device", default="cuda")
     p.add_argument("--size", type=int, default=1024)
-    p.add_argument("--text-tokens", type=int, default=256, help="our TEXT_PAD budget per image (user_runs.py)")
+    p.add_argument(
+        "--text-tokens", type=int, default=256, help="our TEXT_PAD budget per image (user_runs.py)"
+    )
     p.add_argument("--caption-words", default="3-40", help="words per synthetic caption (varied lengths)")
     p.add_argument("--images", type=int, default=16, help="synthetic images in the data set")
     p.add_argument("--steps", type=int, default=20)
@@ -506,10 +518,14 @@ def main(argv=None) -> dict:
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="a knob for our rows")
     p.add_argument("--work", default=None, help="working folder (default $OUT/peers or /tmp/peers-work)")
     p.add_argument("--out", default=None, help="every run's columns as JSON (default $OUT/peers.json)")
-    p.add_argument("--doc-json", default=None, help="the comparison rows (docs/performance/data/peers_DATE.json)")
+    p.add_argument(
+        "--doc-json", default=None, help="the comparison rows (docs/performance/data/peers_DATE.json)"
+    )
     p.add_argument("--dry-run", action="store_true", help="print each side's commands, run nothing")
     a = p.parse_args(argv)
-    a.work = a.work or (str(Path(os.environ["OUT"]) / "peers") if os.environ.get("OUT") else "/tmp/peers-work")
+    a.work = a.work or (
+        str(Path(os.environ["OUT"]) / "peers") if os.environ.get("OUT") else "/tmp/peers-work"
+    )
     rows = [r for r in a.rows.split(",") if r]
     peers = [q for q in a.peers.split(",") if q]
     if bad := sorted(set(rows) - set(ROWS)) + sorted(set(peers) - set(PEERS)):
