@@ -4,6 +4,7 @@ the same random 5B weights, the same synthetic data and the same GPU, next to ou
     python scripts/bench/peers.py --dry-run                         # every command, nothing run
     python scripts/bench/peers.py --out $OUT/peers.json --doc-json docs/performance/data/peers_DATE.json
     python scripts/bench/peers.py --rows lora/card24 --peers kohakumoss-0.1.0 --steps 12
+    python scripts/bench/peers.py --rows "" --merge a.json --merge b.json --doc-json docs/performance/data/peers_DATE.json
 
 Rows (LoRA r32 on the attention + MLP projections, 2 images of 1 MP per step, latent + text caches filled
 before the run; full: every DiT weight):
@@ -238,7 +239,8 @@ def km010_side(a, row: str) -> Side:
 
 
 def weights_dir(a) -> Path:
-    return Path(a.work) / f"weights-{a.preset}"
+    """write_weights.py's folder of the preset (user_runs.py's --weights-dir: one copy for both scripts)."""
+    return Path(a.weights_dir) / a.preset
 
 
 def data_dir(a) -> Path:
@@ -261,8 +263,9 @@ def ur_args(a):
     ur = load_script("user_runs")
     return ur, argparse.Namespace(
         preset=a.preset, device=a.device, size=a.size, text_tokens=a.text_tokens, caption_words=a.caption_words,
-        rank=RANK, steps=a.steps, warmup=a.warmup, images=a.images, row_timeout=a.row_timeout, seed_cache=None,
-        empty_table=False, set=list(a.set), logs=str(Path(a.work) / "logs"), work=a.work,
+        rank=RANK, steps=a.steps, warmup=a.warmup, images=a.images, row_timeout=a.row_timeout,
+        seed_cache=a.seed_cache, empty_table=False, set=list(a.set), logs=str(Path(a.work) / "logs"), work=a.work,
+        weights_dir=a.weights_dir,
     )  # fmt: skip
 
 
@@ -473,17 +476,30 @@ def table(results: dict) -> list[str]:
     return lines
 
 
+def options(a) -> dict:
+    """What a side ran with, kept beside its columns (and in the doc JSON)."""
+    return {"preset": a.preset, "size": a.size, "steps": a.steps, "warmup": a.warmup, "images_per_step": IMAGES,
+            "rank": RANK, "caption_words": a.caption_words, "sample_steps": a.sample_steps, "cfg": 3.0,
+            "device": a.device}  # fmt: skip
+
+
 def write_doc_json(path: Path, results: dict, a) -> None:
     """docs/performance/data/peers_<date>.json: the comparison rows, what was not measured and why."""
     doc = {
         "rows": comparison(results),
-        "not_measured": [{"peer": p, "row": r, "why": v["not_measured"]} for (p, r), v in sorted(results.items())
-                         if v.get("not_measured")],  # fmt: skip
-        "failed": [{"peer": p, "row": r, "why": v.get("stopped")} for (p, r), v in sorted(results.items())
-                   if not v.get("not_measured") and not v.get("completed")],  # fmt: skip
-        "config": {"preset": a.preset, "size": a.size, "steps": a.steps, "warmup": a.warmup, "images_per_step": IMAGES,
-                   "rank": RANK, "caption_words": a.caption_words, "sample_steps": a.sample_steps, "cfg": 3.0},
-    }  # fmt: skip
+        "not_measured": [
+            {"peer": p, "row": r, "why": v["not_measured"]}
+            for (p, r), v in sorted(results.items())
+            if v.get("not_measured")
+        ],  # fmt: skip
+        "failed": [
+            {"peer": p, "row": r, "why": v.get("stopped")}
+            for (p, r), v in sorted(results.items())
+            if not v.get("not_measured") and not v.get("completed")
+        ],  # fmt: skip
+        # the options the sides ran with (a --merge'd call's own), else this call's
+        "config": next((v["options"] for v in results.values() if v.get("options")), options(a)),
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
@@ -516,26 +532,34 @@ def main(argv=None) -> dict:
     p.add_argument("--sample-steps", type=int, default=50)
     p.add_argument("--row-timeout", type=float, default=900)
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE", help="a knob for our rows")
-    p.add_argument("--work", default=None, help="working folder (default $OUT/peers or /tmp/peers-work)")
+    p.add_argument(
+        "--work", default="/tmp/peers-work", help="working folder (runs, caches: keep it out of $OUT)"
+    )
+    p.add_argument(
+        "--weights-dir", default="/tmp/kohakumoss-weights", help="write_weights.py's folders, per preset"
+    )
+    p.add_argument("--seed-cache", default=None, help="our rows start from a copy of this kernel cache")
+    p.add_argument("--logs", default=None, help="copy every side's logs here (default $OUT/peers-logs)")
     p.add_argument("--out", default=None, help="every run's columns as JSON (default $OUT/peers.json)")
     p.add_argument(
         "--doc-json", default=None, help="the comparison rows (docs/performance/data/peers_DATE.json)"
     )
     p.add_argument("--dry-run", action="store_true", help="print each side's commands, run nothing")
+    p.add_argument("--skip-ours", action="store_true", help="the peers' sides only (ours in another call)")
+    p.add_argument("--merge", action="append", default=[], metavar="JSON",
+                   help="an earlier call's --out (same machine): its sides join this call's in the tables")  # fmt: skip
     a = p.parse_args(argv)
-    a.work = a.work or (
-        str(Path(os.environ["OUT"]) / "peers") if os.environ.get("OUT") else "/tmp/peers-work"
-    )
     rows = [r for r in a.rows.split(",") if r]
     peers = [q for q in a.peers.split(",") if q]
     if bad := sorted(set(rows) - set(ROWS)) + sorted(set(peers) - set(PEERS)):
         raise SystemExit(f"unknown rows / peers {bad}; rows {ROWS}, peers {PEERS}")
     Path(a.work).mkdir(parents=True, exist_ok=True)
     ur, ur_a = ur_args(a)
-    results: dict = {}
+    results: dict = merged(a.merge)
     plan = []
     for row in rows:
-        plan.append((OURS, row, None))
+        if not a.skip_ours:
+            plan.append((OURS, row, None))
         for peer in peers:
             plan.append((peer, row, why_not(peer, row, a)))
     if a.dry_run:
@@ -552,7 +576,8 @@ def main(argv=None) -> dict:
                 for cmd in [*side.setup, side.argv]:
                     print(f"    PYTHONPATH={side.env['PYTHONPATH']} " + " ".join(cmd))
         return {}
-    prepare(a, ur, any(peer == KM010 and why is None for peer, _, why in plan))
+    if plan:  # none with --rows "": the tables and --doc-json of --merge'd calls only
+        prepare(a, ur, any(peer == KM010 and why is None for peer, _, why in plan))
     for peer, row, why in plan:
         print(f"=== {peer} {row}", flush=True)
         if why:
@@ -561,6 +586,7 @@ def main(argv=None) -> dict:
             results[(peer, row)] = run_ours(a, row, ur, ur_a)
         else:
             results[(peer, row)] = run_peer(a, km010_side(a, row))
+        results[(peer, row)]["options"] = options(a)
         print("\n".join(table({(peer, row): results[(peer, row)]})[1:]), flush=True)
     print(f"\n{a.preset} random weights, {a.size}x{a.size}, {IMAGES} images per step, LoRA r{RANK} attn-mlp, "
           f"{a.steps} steps (medians after {a.warmup})")  # fmt: skip
@@ -573,7 +599,34 @@ def main(argv=None) -> dict:
     if a.doc_json:
         write_doc_json(Path(a.doc_json), results, a)
         print(f"wrote {a.doc_json}")
+    keep_logs(a)
     return results
+
+
+def merged(paths: list[str]) -> dict:
+    """(peer, row) -> columns of earlier calls' --out files (a device call runs a few rows at most)."""
+    out: dict = {}
+    for path in paths:
+        for side in json.loads(Path(path).read_text()):
+            out[(side.pop("peer"), side.pop("row"))] = side
+    return out
+
+
+def keep_logs(a) -> None:
+    """Every side's console log and our runs' records into --logs (or $OUT/peers-logs): the work folder
+    holds caches and runs too large to bring back."""
+    dest = a.logs or (os.path.join(os.environ["OUT"], "peers-logs") if os.environ.get("OUT") else None)
+    if not dest:
+        return
+    Path(dest).mkdir(parents=True, exist_ok=True)
+    for log in Path(a.work).glob("*.log"):
+        shutil.copy(log, Path(dest) / log.name)
+    for run in (Path(a.work) / "km010-runs").glob("*"):
+        for name in ("log.txt", "metrics.jsonl"):
+            if (run / name).exists():
+                shutil.copy(run / name, Path(dest) / f"{KM010}-{run.name}-{name}")
+    if (Path(a.work) / "logs").is_dir():
+        shutil.copytree(Path(a.work) / "logs", Path(dest) / OURS, dirs_exist_ok=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,7 @@ ENGINES = ("ddp", "fsdp", "pipeline", "threaded")
 PROFILES = ("speed", "balanced", "low_vram", "minimal")
 FORWARDS = ("legacy", "bypass", "merged")
 WEIGHT_FILES = ("bf16file", "convrot")  # WEIGHTS: scripts/bench/write_weights.py's comfy / convrot files
+WEIGHTS_DIR = "/tmp/kohakumoss-weights"  # --weights-dir's default: outside the work folder and $OUT
 BASES = ("int8", "int8_weight")  # BASE_PRECISION of the frozen base (`fp8` has its own field)
 LEGACY_RANK = 32  # the rank of the `legacy` rows (and of every adapter row before they took the layers')
 BENCH_SAMPLES = 2  # train_step.py's images per step
@@ -175,8 +176,9 @@ def layer_knobs(a, row: Row) -> dict:
 
 
 def weights_dir(a, work: Path) -> Path:
-    """The random weights of the preset as files (write_weights.py, made once per work folder)."""
-    return work / f"weights-{a.preset}"
+    """The random weights of the preset as files (write_weights.py, made once): under --weights-dir, never
+    under $OUT (a device call brings $OUT back; the 5B files are 5-10 GB each)."""
+    return Path(getattr(a, "weights_dir", None) or WEIGHTS_DIR) / a.preset
 
 
 def weights_file(a, row: Row, work: Path) -> Path | None:
@@ -456,6 +458,9 @@ def main(argv=None) -> None:
     )
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="a trainer knob for every row, as kogine's --set takes it (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--weights-dir", default=WEIGHTS_DIR, help="where the WEIGHTS rows' files are written once"
+    )
     p.add_argument(
         "--logs", default=None, help="copy each run's log.txt, metrics.jsonl, console log and profile/ here"
     )

@@ -30,7 +30,8 @@ def args(peers, tmp_path, **over):
     """peers.py's options for the 5B rows on the GPU, as its command line would give them."""
     base = dict(peer_root=str(tmp_path / "peers"), work=str(tmp_path / "work"), preset="moss-image-5b",
                 device="cuda", size=1024, images=16, caption_words="3-40", steps=20, warmup=5, row_timeout=900,
-                text_tokens=256, set=[], sample_steps=50)  # fmt: skip
+                text_tokens=256, set=[], sample_steps=50, weights_dir=str(tmp_path / "weights"),
+                seed_cache=None)  # fmt: skip
     return argparse.Namespace(**{**base, **over})
 
 
@@ -47,6 +48,7 @@ def test_dry_run_prints_every_sides_command_and_why_a_peer_does_not_run(peers, t
     monkeypatch.setattr(peers, "load_script", lambda name: ur)
     monkeypatch.setattr(ur, "card_gb", lambda device: 80.0)  # the card present, as nvidia-smi would say
     peers.main(["--dry-run", "--peer-root", str(tmp_path / "peers"), "--work", str(tmp_path / "work"),
+                "--weights-dir", str(tmp_path / "weights"),
                 "--rows", "lora/card24,sample/whole"])  # fmt: skip
     out = capsys.readouterr().out
     blocks = {b.split("\n", 1)[0]: b for b in out.split("=== ")[1:]}
@@ -84,7 +86,7 @@ def test_km010_row_config_is_its_own_layers_then_the_benchmark_knobs(peers, tmp_
         32,
         "attn-mlp",
     )
-    assert namespace["WEIGHTS"] == str(tmp_path / "work" / "weights-moss-image-5b" / "transformer")
+    assert namespace["WEIGHTS"] == str(tmp_path / "weights" / "moss-image-5b" / "transformer")
     assert (
         namespace["LATENT_CACHE"] == namespace["TEXT_CACHE"] == "offline"
         and "ARCH_OVERRIDES" not in namespace
@@ -144,12 +146,17 @@ def test_comparison_rows_pair_both_sides_and_the_doc_json_lists_what_did_not_run
     peers.write_doc_json(path, results, args(peers, tmp_path))
     doc = json.loads(path.read_text())
     assert doc["rows"] == rows and doc["config"]["rank"] == 32 and doc["config"]["images_per_step"] == 2
+    assert doc["config"]["steps"] == 20  # this call's options: no side carries its own
     assert doc["not_measured"] == [
         {"peer": "simpletuner-4.10.1", "row": "lora/card24", "why": "not installable"}
     ]
     assert doc["failed"] == [
         {"peer": "kohakumoss-0.1.0", "row": "lora/card8", "why": "exit 1: out of memory"}
     ]
+    # a later call's --merge reads an earlier call's --out back as the same sides
+    out = tmp_path / "peers.json"
+    out.write_text(json.dumps([{"peer": p, "row": r, **v} for (p, r), v in results.items()]))
+    assert peers.merged([str(out)]) == results
 
 
 def peer_install(tmp_path: Path, peer: str, wheel: str) -> Path:

@@ -219,9 +219,10 @@ def test_int8_base_rows_load_the_convrot_file_beside_the_bf16_file_of_the_same_w
         ("convrot", "int8_weight"),
     }
     a = args(ur)
+    a.weights_dir = str(tmp_path / "weights")
     int8 = ur.knobs(a, ur.parse_row("card16/lora/2/convrot/int8"), tmp_path)
     bf16 = ur.knobs(a, ur.parse_row("card16/lora/2/bf16file"), tmp_path)
-    weights = tmp_path / "weights-moss-image-5b"
+    weights = tmp_path / "weights" / "moss-image-5b"
     assert int8["WEIGHTS"] == str(weights / "moss_image_base_int8_convrot.safetensors")
     assert bf16["WEIGHTS"] == str(weights / "moss_image_base_bf16.safetensors")
     assert int8["MODEL_PRESET"] == bf16["MODEL_PRESET"] == "" and int8["BASE_PRECISION"] == "int8"
@@ -239,11 +240,12 @@ def test_an_int8_base_row_trains_from_the_convrot_file_it_wrote(ur, tmp_path):
     out = tmp_path / "rows.json"
     argv = ["--preset", "tiny", "--device", "cpu", "--rows", "whole/lora/1/convrot/int8_weight", "--steps", "2",
             "--warmup", "0", "--images", "2", "--work", str(tmp_path / "work"), "--out", str(out),
-            "--row-timeout", "300", "--caption-words", "5", "--logs", str(tmp_path / "logs")]  # fmt: skip
+            "--row-timeout", "300", "--caption-words", "5", "--logs", str(tmp_path / "logs"),
+            "--weights-dir", str(tmp_path / "weights")]  # fmt: skip
     ur.main(argv)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["completed"] and row["steps"] == 2, row
-    assert (tmp_path / "work" / "weights-tiny" / "moss_image_base_int8_convrot.safetensors").exists()
-    assert not (tmp_path / "work" / "weights-tiny" / "moss_image_base_bf16.safetensors").exists()  # not asked
+    assert (tmp_path / "weights" / "tiny" / "moss_image_base_int8_convrot.safetensors").exists()
+    assert not (tmp_path / "weights" / "tiny" / "moss_image_base_bf16.safetensors").exists()  # not asked
     log = (tmp_path / "logs" / "whole-lora-1-convrot-int8_weight" / "log.txt").read_text()
     assert "BASE_PRECISION int8_weight" in log and "moss_image_base_int8_convrot" in log
