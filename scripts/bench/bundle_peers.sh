@@ -29,6 +29,9 @@ download .whl/peers/kohakumoss-0.1.0 kohakumoss==0.1.0 kohakuvault==0.9.0 anysch
 # script: docs/performance/peers.md); ~1 MB.
 download .whl/peers/diffsynth-2.1.12 diffsynth==2.1.12
 
+# tests/bench/test_peers.py runs 0.1.0 on this machine's Python too: kohakuvault is a compiled wheel
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl/local kohakuvault==0.9.0
+
 if [[ "${1:-}" == "--simpletuner-size" ]]; then
   # SimpleTuner 4.10.1 (Python >= 3.12 only) and the five largest of the ~45 required packages the image
   # lacks; the rest of its closure (spacy's and librosa's own dependencies, fastapi, ...) comes on top.

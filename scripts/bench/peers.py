@@ -13,7 +13,11 @@ before the run; full: every DiT weight):
 - `lora/card24` a 24 GiB cap with each trainer's own 24 GB setting (ours CARD_GB=24; 0.1.0 `vram_24g`);
 - `lora/card8` an 8 GiB cap (ours CARD_GB=8; 0.1.0 `vram_8g`);
 - `full/whole` a full fine-tune on the whole card where the peer has one (0.1.0: `_base/base_full`);
-- `sample/whole` sampling 1024 x 1024, 50 steps, CFG 3.
+- `sample/whole` sampling 1024 x 1024, 50 steps, CFG 3, one image: ours scripts/bench/sample.py's `fast`
+  row; 0.1.0 its `scripts/sample/sample.py` on write_weights.py's pipeline tree (the same transformer/,
+  random stand-ins of the released text encoder, tokenizer and VAE architectures: the text encoder with 4
+  of its 32 blocks, which costs only the one prompt encoding); s/step is each sampler's own step time
+  after the first.
 Our side is scripts/bench/user_runs.py's row of the same card (its `run_row`: the trainer through kogine,
 random weights, synthetic encoders). A peer runs from its own install folder (`--peer-root`, one folder
 per peer, made by `pip install --no-index --no-deps --target` from scripts/bench/bundle_peers.sh's
@@ -33,7 +37,7 @@ metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is lis
 `not_measured` (docs/performance/peers.md). Peers that cannot run here: SimpleTuner 4.10.1 (Python 3.12+
 only; its MOSS-Image model builds the text encoder and VAE from a diffusers tree and caches through them,
 and its dependencies are past the device's 64 MiB carry) and DiffSynth-Studio 2.1.12 (its MOSS-Image
-training script is not in the PyPI package; its pipeline samples only with the real text encoder,
+training script is not in the PyPI package; its loader picks each model by the md5 of its file's keys, so it samples only with the released text encoder's shape,
 tokenizer and VAE files): their rows say so.
 """
 
@@ -72,14 +76,13 @@ CANNOT = {
     "GPU image (spacy, librosa, demucs, faiss-cpu, ...), are past the device call's 64 MiB carry: not run",
     DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
     "released transformer/ files, recognised by their keys) but no MOSS-Image training script (that lives "
-    "in the repository's examples/, not on PyPI), and its pipeline samples only through the real text "
-    "encoder, tokenizer and VAE files: not run",
+    "in the repository's examples/, not on PyPI), and its loader picks each model class by the md5 of its "
+    "file's keys and shapes, so it samples only with a text encoder of the released 9B shape (an 18 GB "
+    "random file, past what a row should write): not run",
 }
-KM010_CANNOT = {
-    "sample/whole": "0.1.0's scripts/sample/sample.py encodes its prompts with the Qwen3.5 text encoder and "
-    "tokenizer under WEIGHTS (no stand-in hook, unlike its cache scripts): no random-weight tree of those "
-    "is written here yet",
-}
+KM010_CANNOT: dict[str, str] = {}  # every row runs
+SAMPLE_PROMPT = "a lighthouse on a rocky coast at sunset"  # words of write_weights.PROMPT_WORDS
+SAMPLE_TEXT_TOKENS = 32  # our sampler benchmark's synthetic prompt tokens: the prompt under a chat template
 # ours: user_runs.py's row of the same card; rank 32 through its --rank
 OUR_ROWS = {"lora/whole": "whole/lora/2", "lora/card24": "card24/lora/2", "lora/card8": "card8/lora/2",
             "full/whole": "whole/full/2"}  # fmt: skip
@@ -273,7 +276,37 @@ def ours_sample_argv(a) -> list[str]:
     """Our sampler's benchmark at the row's settings: the shipped path (`fast`), one image, bf16 base."""
     return [sys.executable, str(BENCH / "sample.py"), "--preset", a.preset, "--device", a.device, "--rows", "fast",
             "--batches", "1", "--base-precisions", "same", "--size", str(a.size), "--steps", str(a.sample_steps),
-            "--cfg", "3.0", "--out", str(Path(a.work) / "ours-sample.json")]  # fmt: skip
+            "--cfg", "3.0", "--text-tokens", str(SAMPLE_TEXT_TOKENS),
+            "--out", str(Path(a.work) / "ours-sample.json")]  # fmt: skip
+
+
+def km010_sample_side(a) -> Side:
+    """0.1.0's sampler as its README runs it (`kogine run scripts/sample/sample.py --set PROMPT=...`) on
+    write_weights.py's pipeline tree (its transformer/ the same weights; the text encoder, tokenizer and
+    VAE random stand-ins of the released architectures), one 1024 x 1024 image, 50 steps, CFG 3."""
+    bundle = km010_bundle(Path(a.peer_root))
+    knobs = {"WEIGHTS": str(weights_dir(a) / "pipeline"), "PROMPT": SAMPLE_PROMPT, "STEPS": a.sample_steps,
+             "CFG": 3.0, "SIZES": [(a.size, a.size)], "SEEDS": [0], "BATCH": 1, "PROGRESS": False,
+             "OUT": str(Path(a.work) / "km010-sample")}  # fmt: skip
+    if a.device == "cpu":
+        knobs.update(DEVICE="cpu", PRECISION="bf16")
+    argv = [sys.executable, str(PEER_PATH / "capped_run.py"), "0", "-m", "kohakuengine.cli", "run",
+            str(bundle / "scripts/sample/sample.py"), *set_args(knobs)]  # fmt: skip
+    return Side(KM010, "sample/whole", argv, km010_env(a), Path(knobs["OUT"]), [])
+
+
+def read_km010_sample(out: Path, log: str, steps: int) -> dict:
+    """0.1.0's sampler log (`steps: first X s, then Y s/step`) and metadata JSON as this script's columns:
+    images/s over the sampler steps alone (as ours: no prompt encoding or decode)."""
+    found = re.search(r"steps: first ([\d.]+) s, then ([\d.]+) s/step", log)
+    metas = sorted(out.glob("metadata-*.json"))
+    run = json.loads(metas[-1].read_text()).get("run", {}) if metas else {}
+    if not found:
+        return {"steps": 0, "generate_s": run.get("generate_s")}
+    first, rest = float(found.group(1)), float(found.group(2))
+    return {"steps": steps, "first_step_s": first, "s_per_step": rest,
+            "images_per_s": 1.0 / (first + (steps - 1) * rest), "generate_s": run.get("generate_s"),
+            "vram": run.get("vram"), "fallbacks": fallbacks(log)}  # fmt: skip
 
 
 def mean_caption_tokens(folder: Path) -> float:
@@ -394,8 +427,12 @@ def run_peer(a, side: Side) -> dict:
     with SmiPeak(a.device) as smi:
         rc = run_logged(side.argv, side.env, log, a.row_timeout)
     out = {"rc": rc, "wall_s": time.perf_counter() - t0, "log": str(log), "peak_smi_gib": smi.gib}
-    out.update(read_km010(side.run_dir, a.warmup, mean_caption_tokens(data_dir(a))))
-    out["completed"] = rc == 0 and out["steps"] == a.steps
+    if side.row == "sample/whole":
+        out.update(read_km010_sample(side.run_dir, log.read_text(errors="replace"), a.sample_steps))
+        out["completed"] = rc == 0 and out["steps"] == a.sample_steps
+    else:
+        out.update(read_km010(side.run_dir, a.warmup, mean_caption_tokens(data_dir(a))))
+        out["completed"] = rc == 0 and out["steps"] == a.steps
     if not out["completed"]:
         out["stopped"] = f"exit {rc}: {tail(log)}"
     return out
@@ -504,14 +541,14 @@ def write_doc_json(path: Path, results: dict, a) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def prepare(a, ur, sides_need_weights: bool) -> None:
-    """The shared inputs, made once per work folder: the data set, and the hf weights a peer loads."""
+def prepare(a, ur, layouts: list[str]) -> None:
+    """The shared inputs, made once: the data set, and the weights the peers load (write_weights.py)."""
     if not data_dir(a).exists():
         subprocess.run([sys.executable, str(BENCH / "make_images.py"), str(data_dir(a)), str(a.images), str(a.size),
                         a.caption_words], check=True)  # fmt: skip
-    if sides_need_weights:
+    if layouts:
         subprocess.run([sys.executable, str(BENCH / "write_weights.py"), str(weights_dir(a)), "--preset", a.preset,
-                        "--layouts", "hf", "--seed", "0", "--device", a.device], check=True)  # fmt: skip
+                        "--layouts", ",".join(layouts), "--seed", "0", "--device", a.device], check=True)  # fmt: skip
 
 
 def main(argv=None) -> dict:
@@ -572,12 +609,13 @@ def main(argv=None) -> dict:
                     ur.knobs(ur_a, ur.parse_row(OUR_ROWS[row]), Path(a.work)))  # fmt: skip
                 print("    " + " ".join(argv))
             else:
-                side = km010_side(a, row)
+                side = km010_sample_side(a) if row == "sample/whole" else km010_side(a, row)
                 for cmd in [*side.setup, side.argv]:
                     print(f"    PYTHONPATH={side.env['PYTHONPATH']} " + " ".join(cmd))
         return {}
     if plan:  # none with --rows "": the tables and --doc-json of --merge'd calls only
-        prepare(a, ur, any(peer == KM010 and why is None for peer, _, why in plan))
+        km010 = [row for peer, row, why in plan if peer == KM010 and why is None]
+        prepare(a, ur, (["hf"] if km010 else []) + (["pipeline"] if "sample/whole" in km010 else []))
     for peer, row, why in plan:
         print(f"=== {peer} {row}", flush=True)
         if why:
@@ -585,7 +623,9 @@ def main(argv=None) -> dict:
         elif peer == OURS:
             results[(peer, row)] = run_ours(a, row, ur, ur_a)
         else:
-            results[(peer, row)] = run_peer(a, km010_side(a, row))
+            results[(peer, row)] = run_peer(
+                a, km010_sample_side(a) if row == "sample/whole" else km010_side(a, row)
+            )
         results[(peer, row)]["options"] = options(a)
         print("\n".join(table({(peer, row): results[(peer, row)]})[1:]), flush=True)
     print(f"\n{a.preset} random weights, {a.size}x{a.size}, {IMAGES} images per step, LoRA r{RANK} attn-mlp, "

@@ -19,6 +19,7 @@ from .scripts import load_bench
 
 REPO = Path(__file__).resolve().parents[2]
 PEER_WHEELS = REPO / ".whl" / "peers"
+LOCAL_WHEELS = REPO / ".whl" / "local"
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +70,9 @@ def test_dry_run_prints_every_sides_command_and_why_a_peer_does_not_run(peers, t
         and "not run: " in blocks["diffsynth-2.1.12 sample/whole"]
     )
     assert "scripts/bench/sample.py" in blocks["kohakumoss sample/whole"] and "--steps 50" in out
-    assert "not run: 0.1.0's scripts/sample/sample.py" in blocks["kohakumoss-0.1.0 sample/whole"]
+    sample = blocks["kohakumoss-0.1.0 sample/whole"]
+    assert "bundle/scripts/sample/sample.py" in sample and "STEPS=50" in sample and "CFG=3.0" in sample
+    assert "SIZES=[(1024, 1024)]" in sample and "weights/moss-image-5b/pipeline" in sample
 
 
 def test_km010_row_config_is_its_own_layers_then_the_benchmark_knobs(peers, tmp_path):
@@ -121,6 +124,15 @@ def test_a_km010_run_folder_reads_back_as_the_columns(peers, tmp_path):
     assert ours["joint_tokens_per_s"] == 17000.0 and ours["peak_torch_gib"] == 30.0
 
 
+def test_a_km010_sampler_log_reads_back_as_the_columns(peers, tmp_path):
+    (tmp_path / "metadata-0000.json").write_text(json.dumps({"run": {"generate_s": 30.0}}))
+    log = "[02:00:01] [inference.steplog] [INFO] steps: first 3.00 s, then 0.500 s/step\n"
+    got = peers.read_km010_sample(tmp_path, log, steps=50)
+    assert (got["steps"], got["first_step_s"], got["s_per_step"], got["generate_s"]) == (50, 3.0, 0.5, 30.0)
+    assert got["images_per_s"] == 1 / (3.0 + 49 * 0.5)  # the sampler steps alone, as ours
+    assert peers.read_km010_sample(tmp_path, "no step line", steps=50)["steps"] == 0  # not completed
+
+
 def test_comparison_rows_pair_both_sides_and_the_doc_json_lists_what_did_not_run(peers, tmp_path):
     done = {"completed": True, "s_per_step": 1.0, "images_per_s": 2.0, "peak_torch_gib": None}
     results = {
@@ -159,14 +171,19 @@ def test_comparison_rows_pair_both_sides_and_the_doc_json_lists_what_did_not_run
     assert peers.merged([str(out)]) == results
 
 
-def peer_install(tmp_path: Path, peer: str, wheel: str) -> Path:
-    """`peer`'s wheel (bundle_peers.sh's) installed into a folder of its own, as the GPU call does."""
-    wheels = sorted((PEER_WHEELS / peer).glob(wheel))
-    if not wheels:
-        pytest.skip(f"no {wheel} under {PEER_WHEELS / peer}: run scripts/bench/bundle_peers.sh")
+def peer_install(tmp_path: Path, peer: str, wheel: str, *extra: str) -> Path:
+    """`peer`'s wheel (bundle_peers.sh's) installed into a folder of its own, as the GPU call does, with
+    `extra` wheels built for this Python (bundle_peers.sh's .whl/local/)."""
+    wheels = sorted((PEER_WHEELS / peer).glob(wheel))[:1] + [
+        w for e in extra for w in sorted(LOCAL_WHEELS.glob(e))[:1]
+    ]
+    if len(wheels) < 1 + len(extra):
+        pytest.skip(
+            f"no {wheel} {extra} under {PEER_WHEELS}, {LOCAL_WHEELS}: run scripts/bench/bundle_peers.sh"
+        )
     target = tmp_path / peer
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target),
-                    str(wheels[0])], check=True)  # fmt: skip
+                    *map(str, wheels)], check=True)  # fmt: skip
     return target
 
 
@@ -216,3 +233,25 @@ def test_our_hf_layout_is_the_file_diffsynth_recognises_as_the_moss_image_dit(tm
     assert f'"model_hash": "{digest}",\n        "model_name": "moss_image_dit"' in registered
     del state["rope.bands"]  # a file without the derived constant would not be recognised
     assert loader.hash_state_dict_keys(state) not in registered
+
+
+def test_kohakumoss_010_samples_from_the_pipeline_tree_written_for_it(peers, tmp_path):
+    """write_weights.py's pipeline tree (tiny: transformer/, tokenizer/, text_encoder/, vae/) is what 0.1.0's
+    own sampler loads: its sample.py, in its own process, runs the steps and logs their times."""
+    target = peer_install(
+        tmp_path / "peers", "kohakumoss-0.1.0", "kohakumoss-0.1.0-*.whl", "kohakuvault-0.9.0-*.whl"
+    )
+    a = args(
+        peers, tmp_path, peer_root=str(target.parent), preset="tiny", device="cpu", size=64, sample_steps=2
+    )
+    peers.load_script("write_weights").write(
+        tmp_path / "weights" / "tiny", "tiny", ["pipeline"], device="cpu"
+    )
+    Path(a.work).mkdir(parents=True)
+    got = peers.run_peer(a, peers.km010_sample_side(a))
+    assert got["completed"], got
+    assert (
+        got["steps"] == 2
+        and got["s_per_step"] > 0
+        and len(list(Path(a.work, "km010-sample").glob("*.png"))) == 1
+    )
