@@ -123,11 +123,14 @@ def km010_bundle(peer_root: Path) -> Path:
     return peer_root / KM010 / "kohakumoss" / "bundle"
 
 
-def km010_env(a) -> dict:
-    """0.1.0's process: its install folder and the stand-in encoders' folder, nothing of this project."""
+def km010_env(a, row: str) -> dict:
+    """0.1.0's process: its install folder and the stand-in encoders' folder, nothing of this project; its
+    kernel cache empty per row, as each of our rows starts from an empty tuning cache (user_runs.py)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(a.peer_root) / KM010), str(PEER_PATH)])
-    env["KOHAKUMOSS_CACHE"] = str(Path(a.work) / "km010-user-cache")  # its tuning tables, from empty
+    cache = Path(a.work) / "km010-kernel-cache" / row.replace("/", "-")
+    shutil.rmtree(cache, ignore_errors=True)
+    env["KOHAKUMOSS_KERNEL_CACHE"] = str(cache)
     return env
 
 
@@ -238,7 +241,7 @@ def km010_side(a, row: str) -> Side:
     ]  # fmt: skip
     argv = [*kogine, str(bundle / "scripts/train/moss.py"), "--config", str(config)]
     run_dir = Path(knobs["OUTPUT_DIR"]) / knobs["RUN_NAME"]
-    return Side(KM010, row, argv, km010_env(a), run_dir, setup)
+    return Side(KM010, row, argv, km010_env(a, row), run_dir, setup)
 
 
 def weights_dir(a) -> Path:
@@ -292,7 +295,7 @@ def km010_sample_side(a) -> Side:
         knobs.update(DEVICE="cpu", PRECISION="bf16")
     argv = [sys.executable, str(PEER_PATH / "capped_run.py"), "0", "-m", "kohakuengine.cli", "run",
             str(bundle / "scripts/sample/sample.py"), *set_args(knobs)]  # fmt: skip
-    return Side(KM010, "sample/whole", argv, km010_env(a), Path(knobs["OUT"]), [])
+    return Side(KM010, "sample/whole", argv, km010_env(a, "sample/whole"), Path(knobs["OUT"]), [])
 
 
 def read_km010_sample(out: Path, log: str, steps: int) -> dict:
@@ -541,7 +544,7 @@ def write_doc_json(path: Path, results: dict, a) -> None:
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def prepare(a, ur, layouts: list[str]) -> None:
+def prepare(a, layouts: list[str]) -> None:
     """The shared inputs, made once: the data set, and the weights the peers load (write_weights.py)."""
     if not data_dir(a).exists():
         subprocess.run([sys.executable, str(BENCH / "make_images.py"), str(data_dir(a)), str(a.images), str(a.size),
@@ -615,7 +618,7 @@ def main(argv=None) -> dict:
         return {}
     if plan:  # none with --rows "": the tables and --doc-json of --merge'd calls only
         km010 = [row for peer, row, why in plan if peer == KM010 and why is None]
-        prepare(a, ur, (["hf"] if km010 else []) + (["pipeline"] if "sample/whole" in km010 else []))
+        prepare(a, (["hf"] if km010 else []) + (["pipeline"] if "sample/whole" in km010 else []))
     for peer, row, why in plan:
         print(f"=== {peer} {row}", flush=True)
         if why:

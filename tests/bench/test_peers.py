@@ -174,9 +174,10 @@ def test_comparison_rows_pair_both_sides_and_the_doc_json_lists_what_did_not_run
 def peer_install(tmp_path: Path, peer: str, wheel: str, *extra: str) -> Path:
     """`peer`'s wheel (bundle_peers.sh's) installed into a folder of its own, as the GPU call does, with
     `extra` wheels built for this Python (bundle_peers.sh's .whl/local/)."""
-    wheels = sorted((PEER_WHEELS / peer).glob(wheel))[:1] + [
-        w for e in extra for w in sorted(LOCAL_WHEELS.glob(e))[:1]
-    ]
+    found = [sorted((PEER_WHEELS / peer).glob(wheel))[:1]]
+    for name in extra:  # this Python's build first (a compiled wheel), else the GPU bundle's pure one
+        found.append((sorted(LOCAL_WHEELS.glob(name)) or sorted((PEER_WHEELS / peer).glob(name)))[:1])
+    wheels = [w for ws in found for w in ws]
     if len(wheels) < 1 + len(extra):
         pytest.skip(
             f"no {wheel} {extra} under {PEER_WHEELS}, {LOCAL_WHEELS}: run scripts/bench/bundle_peers.sh"
@@ -255,3 +256,19 @@ def test_kohakumoss_010_samples_from_the_pipeline_tree_written_for_it(peers, tmp
         and got["s_per_step"] > 0
         and len(list(Path(a.work, "km010-sample").glob("*.png"))) == 1
     )
+
+
+def test_kohakumoss_010_trains_on_its_own_caches_of_our_data_and_weights(peers, tmp_path):
+    """The whole 0.1.0 side on the CPU (tiny preset): its cache scripts fill its vaults through the stand-in
+    encoders, then its trainer runs LoRA r32 on 2 images per step from write_weights.py's hf folder."""
+    target = peer_install(tmp_path / "peers", "kohakumoss-0.1.0", "kohakumoss-0.1.0-*.whl", "kohakuvault-0.9.0-*.whl",
+                          "anyschedule-*.whl")  # fmt: skip
+    a = args(peers, tmp_path, peer_root=str(target.parent), preset="tiny", device="cpu", size=128, images=2,
+             caption_words="5", steps=2, warmup=0)  # fmt: skip
+    peers.prepare(a, ["hf"])
+    got = peers.run_peer(a, peers.km010_side(a, "lora/whole"))
+    assert got["completed"], got
+    assert got["steps"] == 2 and got["s_per_step"] > 0 and got["images_per_s"] > 0
+    assert got["joint_tokens_per_s"] > got["image_tokens_per_s"]  # the captions' 5 tokens per image on top
+    config = json.loads((Path(a.work) / "km010-runs" / "lora-whole" / "config.json").read_text())
+    assert (config["DIM"], config["BATCH_SIZE"], config["TEXT_ENCODER_ID"]) == (32, 2, "random-qwen3.5")
