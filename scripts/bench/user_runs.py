@@ -15,7 +15,7 @@ A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE][/FORWARD][/WEIGHT
 - FORWARD (adapter rows) `legacy`: the adapter these rows ran before, LoRA r32 (--rank) on every DiT linear
   (TARGET_PRESET 'full') with BYPASS=True; `bypass` / `merged`: the shipped adapter with BYPASS=True / False;
 - WEIGHTS `bf16file` / `convrot`: WEIGHTS is Comfy-Org's bf16 / ConvRot int8 DiT file of the preset's random
-  weights (scripts/bench/write_weights.py writes them once into the work folder, the same values as
+  weights (scripts/bench/write_weights.py writes them once under --weights-dir, the same values as
   MODEL_PRESET's), loaded as a user's file is; BASE `int8` / `int8_weight`: BASE_PRECISION, which keeps
   the ConvRot file's int8 bytes (int8 forward GEMMs / dequantized per call);
 - IMAGES per step at 1 MP (TOKENS_PER_STEP = IMAGES x (4096 + 256));
@@ -175,18 +175,18 @@ def layer_knobs(a, row: Row) -> dict:
     return {k: v for k, v in knobs.items() if k not in ("TEXT_ENCODE", "VAE_ENCODE")}
 
 
-def weights_dir(a, work: Path) -> Path:
+def weights_dir(a) -> Path:
     """The random weights of the preset as files (write_weights.py, made once): under --weights-dir, never
     under $OUT (a device call brings $OUT back; the 5B files are 5-10 GB each)."""
     return Path(getattr(a, "weights_dir", None) or WEIGHTS_DIR) / a.preset
 
 
-def weights_file(a, row: Row, work: Path) -> Path | None:
+def weights_file(a, row: Row) -> Path | None:
     """The WEIGHTS file of a row with a WEIGHT_FILES part, else None (MODEL_PRESET)."""
     if not row.weights:
         return None
     write_weights = load_script("write_weights")
-    return write_weights.layout_path(weights_dir(a, work), "convrot" if row.weights == "convrot" else "comfy")
+    return write_weights.layout_path(weights_dir(a), "convrot" if row.weights == "convrot" else "comfy")
 
 
 def load_script(name: str):
@@ -199,18 +199,18 @@ def load_script(name: str):
     return module
 
 
-def write_weight_files(a, rows: list[Row], work: Path) -> None:
+def write_weight_files(a, rows: list[Row]) -> None:
     """Write the weights files the rows load, in a process of its own (this one keeps no CUDA context)."""
     layouts = sorted({"convrot" if r.weights == "convrot" else "comfy" for r in rows if r.weights})
     if layouts:
-        subprocess.run([sys.executable, str(ROOT / "scripts/bench/write_weights.py"), str(weights_dir(a, work)),
+        subprocess.run([sys.executable, str(ROOT / "scripts/bench/write_weights.py"), str(weights_dir(a)),
                         "--preset", a.preset, "--layouts", ",".join(layouts), "--seed", "0",
                         "--device", a.device], check=True)  # fmt: skip
 
 
 def knobs(a, row: Row, work: Path) -> dict:
     side = a.size // 16
-    weights = weights_file(a, row, work)
+    weights = weights_file(a, row)
     k = {
         **layer_knobs(a, row),
         "MODEL_PRESET": "" if weights else a.preset,
@@ -476,7 +476,7 @@ def main(argv=None) -> None:
     if not data_dir(a, work).exists():
         subprocess.run([sys.executable, str(ROOT / "scripts/bench/make_images.py"), str(data_dir(a, work)),
                         str(a.images), str(a.size), a.caption_words], check=True)  # fmt: skip
-    write_weight_files(a, rows, work)
+    write_weight_files(a, rows)
     bench = json.loads(Path(a.bench).read_text()) if a.bench and Path(a.bench).exists() else None
     results = []
     for row in rows:
