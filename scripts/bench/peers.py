@@ -37,8 +37,8 @@ metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is lis
 `not_measured` (docs/performance/peers.md). Peers that cannot run here: SimpleTuner 4.10.1 (Python 3.12+
 only; its MOSS-Image model builds the text encoder and VAE from a diffusers tree and caches through them,
 and its dependencies are past the device's 64 MiB carry) and DiffSynth-Studio 2.1.12 (its MOSS-Image
-training script is not in the PyPI package; its loader picks each model by the md5 of its file's keys, so it samples only with the released text encoder's shape,
-tokenizer and VAE files): their rows say so.
+training script is not in the PyPI package; its loader picks each model by the md5 of its file's keys,
+so it samples only with a text encoder of the released 9B shape): their rows say so.
 """
 
 from __future__ import annotations
