@@ -21,11 +21,11 @@ from transformers.models.qwen3_5 import Qwen3_5TextModel
 from kohakumoss.encoders.text_layouts import model_to_comfy
 from kohakumoss.encoders.tiny import tiny_text_model, tiny_vae, write_word_tokenizer
 from kohakumoss.model.backbone import MossBackbone
+from kohakumoss.model.convrot_file import save_convrot_dit
 from kohakumoss.model.io import save_backbone
-from kohakumoss.model.layouts import LAYOUTS
 from kohakumoss.model.presets import get_preset
 from kohakumoss_common.io import save_safetensors
-from kohakumoss_common.quant import convrot_hadamard
+from kohakumoss_common.quant import convrot_marker, convrot_quantize
 
 WALLPAPERS = Path("/usr/share/backgrounds/gnome")
 PHOTOS = ("adwaita-l.webp", "grid-l.webp", "truchet-l.webp", "wood-l.webp")
@@ -34,40 +34,20 @@ TEXT_FILE = "qwen3.5_9b_int8_convrot.safetensors"
 VAE_FILE = "flux2-vae_small.safetensors"
 
 
-def _marker(conf: dict) -> torch.Tensor:
-    return torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)
-
-
-def convrot_quantize(weight: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The published ConvRot int8 form of `weight` [O, I]: W @ H^T per `group` input columns, then
-    symmetric per-row int8 (scale = amax / 127). Returns (int8 [O, I], float32 scale [O, 1])."""
-    out_f, in_f = weight.shape
-    h = convrot_hadamard(group).double()
-    rotated = (weight.double().reshape(out_f, in_f // group, group) @ h.T).reshape(out_f, in_f).float()
-    scale = (rotated.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-30)
-    return rotated.div(scale).round().clamp(-128, 127).to(torch.int8), scale
-
-
 def _convrot_tensors(state: dict[str, torch.Tensor], keys: list[str], group: int) -> dict[str, torch.Tensor]:
     """`state` with `keys` stored ConvRot int8 (a scale and a `comfy_quant` marker each)."""
     out = dict(state)
-    conf = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": group}
     for key in keys:
         stem = key.removesuffix(".weight")
         out[key], out[stem + ".weight_scale"] = convrot_quantize(state[key], group)
-        out[stem + ".comfy_quant"] = _marker(conf)
+        out[stem + ".comfy_quant"] = convrot_marker(group)
     return out
 
 
 def write_convrot_dit(folder: Path, seed: int = 0, group: int = 256) -> Path:
-    """The tiny DiT as Comfy-Org ships the base model: comfy layout, block linears ConvRot int8."""
+    """The tiny DiT as Comfy-Org ships the base model (`model.convrot_file`): block linears ConvRot int8."""
     torch.manual_seed(seed)
-    state = LAYOUTS["comfy"].from_native(MossBackbone(get_preset("tiny")).state_dict())
-    blocks = [k for k in state if k.startswith("layers.") and k.endswith(".weight") and state[k].dim() == 2]
-    state = _convrot_tensors(state, [k for k in blocks if state[k].shape[1] % group == 0], group)
-    path = Path(folder) / DIT_FILE
-    save_safetensors({"model.diffusion_model." + k: v.contiguous() for k, v in state.items()}, path)
-    return path
+    return save_convrot_dit(MossBackbone(get_preset("tiny")), Path(folder) / DIT_FILE, group)
 
 
 def write_convrot_text_encoder(path: Path, model: Qwen3_5TextModel, group: int = 16) -> Path:

@@ -5,8 +5,9 @@
     python scripts/bench/user_runs.py --rows fastpath --seed-cache .cache/kohakumoss   # defaults vs legacy
     python scripts/bench/user_runs.py --preset tiny --device cpu --rows cpu      # CPU smoke (CI)
     python scripts/bench/user_runs.py --rows card24/lora/2 --first-step --steps 3 --warmup 1   # step 1: cold/warm
+    python scripts/bench/user_runs.py --rows int8_base --out $OUT/int8_base.json  # ConvRot int8 vs bf16 file
 
-A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE][/FORWARD]:
+A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE][/FORWARD][/WEIGHTS][/BASE]:
 - CARD `whole` (the GPU as it is) or `cardN` (CARD_GB=N: MEMORY_PROFILE 'auto' plans for an N GiB card and
   the process is capped to N GiB, so a smaller card is emulated honestly);
 - ADAPTER `lora`, `lokr` or `full`, with the knobs `kohakumoss-config new train` writes for the card: its GPU
@@ -14,6 +15,10 @@ A row is CARD/ADAPTER/IMAGES[/online][/fp8][/PROFILE][/ENGINE][/FORWARD]:
   adapter is the shipped one (TARGET_PRESET 'attn-mlp', BYPASS 'auto', the layer's rank; --rank overrides);
 - FORWARD (adapter rows) `legacy`: the adapter these rows ran before, LoRA r32 (--rank) on every DiT linear
   (TARGET_PRESET 'full') with BYPASS=True; `bypass` / `merged`: the shipped adapter with BYPASS=True / False;
+- WEIGHTS `bf16file` / `convrot`: WEIGHTS is Comfy-Org's bf16 / ConvRot int8 DiT file of the preset's random
+  weights (scripts/bench/write_weights.py writes them once under --weights-dir, the same values as
+  MODEL_PRESET's), loaded as a user's file is; BASE `int8` / `int8_weight`: BASE_PRECISION, which keeps
+  the ConvRot file's int8 bytes (int8 forward GEMMs / dequantized per call);
 - IMAGES per step at 1 MP (TOKENS_PER_STEP = IMAGES x (4096 + 256));
 - `online`: VAE_ENCODE / TEXT_ENCODE online (the encoders run every step) instead of the caches the
   trainer fills before its first step (VAE_ENCODE 'auto'), with TEXT_ENCODER / VAE 'random': the real
@@ -74,10 +79,20 @@ GROUPS = {
     # several GPUs against one, the trainer's own tokens/s (a machine with 2 GPUs)
     "scaling": "whole/lora/2/speed,whole/lora/2/speed/ddp2,whole/lora/2/low_vram,whole/lora/2/low_vram/ddp2,"
     "whole/full/2,whole/full/2/fsdp2,whole/lora/2/speed/pipeline2",
+    # the int8 base users run (Comfy-Org's ConvRot int8 file, kept int8) against the bf16 file of the same
+    # random weights, on the whole card and under 24 / 16 / 12 GiB caps
+    "int8_base": ",".join(
+        f"{card}/lora/2/{base}"
+        for card in ("whole", "card24", "card16", "card12")
+        for base in ("bf16file", "convrot/int8", "convrot/int8_weight")
+    ),
 }
 ENGINES = ("ddp", "fsdp", "pipeline", "threaded")
 PROFILES = ("speed", "balanced", "low_vram", "minimal")
 FORWARDS = ("legacy", "bypass", "merged")
+WEIGHT_FILES = ("bf16file", "convrot")  # WEIGHTS: scripts/bench/write_weights.py's comfy / convrot files
+WEIGHTS_DIR = "/tmp/kohakumoss-weights"  # --weights-dir's default: outside the work folder and $OUT
+BASES = ("int8", "int8_weight")  # BASE_PRECISION of the frozen base (`fp8` has its own field)
 LEGACY_RANK = 32  # the rank of the `legacy` rows (and of every adapter row before they took the layers')
 PHASES = ("cold", "warm", "shipped")  # --first-step's runs of a row, in this order
 # the compilers' cache variables (kohakumoss_kernels/compile_caches.py): a phase's run sets its own
@@ -100,6 +115,8 @@ class Row:
     engine: str = ""  # '': one GPU; else DISTRIBUTED
     gpus: int = 1
     forward: str = ""  # '': the shipped adapter; legacy, bypass or merged (FORWARDS)
+    weights: str = ""  # '': MODEL_PRESET; a WEIGHT_FILES part: that file of the same random weights
+    base: str = ""  # '': BASE_PRECISION 'same' (or fp8); a BASES part
 
 
 def parse_row(name: str) -> Row:
@@ -114,7 +131,7 @@ def parse_row(name: str) -> Row:
         (m.group(1), int(m.group(2))) for e in extra if (m := re.fullmatch(rf"({'|'.join(ENGINES)})(\d+)", e))
     ]
     extra -= {f"{e}{n}" for e, n in engines}
-    if unknown := sorted(extra - {"online", "fp8", *PROFILES, *FORWARDS}):
+    if unknown := sorted(extra - {"online", "fp8", *PROFILES, *FORWARDS, *WEIGHT_FILES, *BASES}):
         raise SystemExit(f"row '{name}': unknown parts {unknown}")
     forwards = sorted(extra & set(FORWARDS))
     if len(forwards) > 1 or (forwards and parts[1] == "full"):
@@ -125,9 +142,22 @@ def parse_row(name: str) -> Row:
     if len(engines) > 1 or any(n < 2 for _, n in engines):
         raise SystemExit(f"row '{name}': one engine over 2 or more GPUs (e.g. ddp2), not {sorted(engines)}")
     engine, gpus = engines[0] if engines else ("", 1)
+    files, bases = (
+        sorted(extra & set(WEIGHT_FILES)),
+        sorted(extra & set(BASES)) + (["fp8"] if "fp8" in extra else []),
+    )
+    if len(files) > 1 or len(bases) > 1:
+        raise SystemExit(
+            f"row '{name}': one weights file {WEIGHT_FILES} and one base precision, not {files + bases}"
+        )
+    if bases and bases[0] != "fp8" and (not files or parts[1] == "full"):
+        raise SystemExit(
+            f"row '{name}': '{bases[0]}' keeps a file's int8 base: add 'convrot' (or bf16file), on an adapter row"
+        )
     return Row(name, 0.0 if card == "whole" else float(card[4:]), parts[1], int(parts[2]),
                "online" in extra, "fp8" in extra, profiles[0] if profiles else "", engine, gpus,
-               forwards[0] if forwards else "")  # fmt: skip
+               forwards[0] if forwards else "", files[0] if files else "",
+               bases[0] if bases and bases[0] != "fp8" else "")  # fmt: skip
 
 
 def single_gpu_row(name: str) -> str:
@@ -168,11 +198,45 @@ def run_name(row: Row, phase: str | None = None) -> str:
     return row.name.replace("/", "-") + (f"-{phase}" if phase else "")
 
 
+def weights_dir(a) -> Path:
+    """The random weights of the preset as files (write_weights.py, made once): under --weights-dir, never
+    under $OUT (a device call brings $OUT back; the 5B files are 5-10 GB each)."""
+    return Path(getattr(a, "weights_dir", None) or WEIGHTS_DIR) / a.preset
+
+
+def weights_file(a, row: Row) -> Path | None:
+    """The WEIGHTS file of a row with a WEIGHT_FILES part, else None (MODEL_PRESET)."""
+    if not row.weights:
+        return None
+    write_weights = load_script("write_weights")
+    return write_weights.layout_path(weights_dir(a), "convrot" if row.weights == "convrot" else "comfy")
+
+
+def load_script(name: str):
+    """A sibling bench script as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_bench", Path(__file__).with_name(f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_weight_files(a, rows: list[Row]) -> None:
+    """Write the weights files the rows load, in a process of its own (this one keeps no CUDA context)."""
+    layouts = sorted({"convrot" if r.weights == "convrot" else "comfy" for r in rows if r.weights})
+    if layouts:
+        subprocess.run([sys.executable, str(ROOT / "scripts/bench/write_weights.py"), str(weights_dir(a)),
+                        "--preset", a.preset, "--layouts", ",".join(layouts), "--seed", "0",
+                        "--device", a.device], check=True)  # fmt: skip
+
+
 def knobs(a, row: Row, work: Path, phase: str | None = None) -> dict:
     side = a.size // 16
+    weights = weights_file(a, row)
     k = {
         **layer_knobs(a, row),
-        "MODEL_PRESET": a.preset,
+        "MODEL_PRESET": "" if weights else a.preset,
         "DEVICE": a.device,
         "TEXT_ENCODER": "synthetic",
         "VAE": "synthetic",
@@ -203,6 +267,10 @@ def knobs(a, row: Row, work: Path, phase: str | None = None) -> dict:
         k.update(TEXT_ENCODER="random", VAE="random", VAE_ENCODE="online", TEXT_ENCODE="online")
     if row.fp8:
         k["BASE_PRECISION"] = "fp8"
+    if weights:  # the same random values as MODEL_PRESET's with SEED 0, loaded from the file
+        k["WEIGHTS"] = str(weights)
+    if row.base:
+        k["BASE_PRECISION"] = row.base
     if row.profile:
         k["MEMORY_PROFILE"] = row.profile
     if row.engine:
@@ -356,6 +424,7 @@ def bench_row(row: Row, plan: str | None) -> str | None:
         or row.online
         or row.fp8
         or row.engine
+        or row.weights
     ):
         return None
     picked = re.search(r"profile '(\w+)'", plan or "")
@@ -475,6 +544,9 @@ def main(argv=None) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KNOB=VALUE",
                    help="a trainer knob for every row, as kogine's --set takes it (repeatable)")  # fmt: skip
     p.add_argument(
+        "--weights-dir", default=WEIGHTS_DIR, help="where the WEIGHTS rows' files are written once"
+    )
+    p.add_argument(
         "--logs", default=None, help="copy each run's log.txt, metrics.jsonl, console log and profile/ here"
     )
     a = p.parse_args(argv)
@@ -489,6 +561,7 @@ def main(argv=None) -> None:
     if not data_dir(a, work).exists():
         subprocess.run([sys.executable, str(ROOT / "scripts/bench/make_images.py"), str(data_dir(a, work)),
                         str(a.images), str(a.size), a.caption_words], check=True)  # fmt: skip
+    write_weight_files(a, rows)
     bench = json.loads(Path(a.bench).read_text()) if a.bench and Path(a.bench).exists() else None
     if a.first_step:
         first_step(a, rows, work)

@@ -154,6 +154,24 @@ def unrotate(weight: torch.Tensor, group_size: int) -> torch.Tensor:
     return (weight.float().reshape(out_f, in_f // group_size, group_size) @ h.T).reshape(out_f, in_f)
 
 
+def convrot_quantize(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The published ConvRot int8 form of `weight` [O, I]: `W @ H^T` per `group_size` input columns, then
+    symmetric int8 per row (scale = amax / 127), computed in float64 on the CPU and float32 elsewhere.
+    Returns (int8 [O, I], float32 scale [O, 1]); `unrotate(q * scale)` gives the weight back."""
+    out_f, in_f = weight.shape
+    wide = torch.float64 if weight.device.type == "cpu" else torch.float32
+    h = convrot_hadamard(group_size, weight.device).to(wide)
+    rotated = (weight.to(wide).reshape(out_f, in_f // group_size, group_size) @ h.T).reshape(out_f, in_f)
+    scale = (rotated.abs().amax(dim=1, keepdim=True) / 127.0).clamp(min=1e-30)
+    return rotated.div(scale).round().clamp(-128, 127).to(torch.int8), scale.float()
+
+
+def convrot_marker(group_size: int) -> torch.Tensor:
+    """The `<layer>.comfy_quant` tensor of a ConvRot int8 weight (uint8 bytes of its JSON)."""
+    conf = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": group_size}
+    return torch.tensor(list(json.dumps(conf).encode()), dtype=torch.uint8)
+
+
 def _read_markers(path: Path, header: Header, metadata: dict[str, str] | None = None) -> dict[str, object]:
     """`<layer>.comfy_quant` -> its parsed marker: the marker tensors, then the header's
     `_quantization_metadata` layers (ComfyUI's `comfy/utils.py` `convert_old_quants` turns those into

@@ -270,3 +270,45 @@ def test_first_step_runs_each_phase_as_its_own_process(ur, tmp_path):
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["whole-lora-1-cold", "whole-lora-1-warm"]
     with pytest.raises(SystemExit):
         ur.main([*argv, "--phases", "cold,lukewarm"])
+
+
+def test_int8_base_rows_load_the_convrot_file_beside_the_bf16_file_of_the_same_weights(ur, tmp_path):
+    names = ur.GROUPS["int8_base"].split(",")
+    rows = [ur.parse_row(n) for n in names]
+    assert {r.card_gb for r in rows} == {0.0, 24.0, 16.0, 12.0}
+    assert {(r.weights, r.base) for r in rows} == {
+        ("bf16file", ""),
+        ("convrot", "int8"),
+        ("convrot", "int8_weight"),
+    }
+    a = args(ur)
+    a.weights_dir = str(tmp_path / "weights")
+    int8 = ur.knobs(a, ur.parse_row("card16/lora/2/convrot/int8"), tmp_path)
+    bf16 = ur.knobs(a, ur.parse_row("card16/lora/2/bf16file"), tmp_path)
+    weights = tmp_path / "weights" / "moss-image-5b"
+    assert int8["WEIGHTS"] == str(weights / "moss_image_base_int8_convrot.safetensors")
+    assert bf16["WEIGHTS"] == str(weights / "moss_image_base_bf16.safetensors")
+    assert int8["MODEL_PRESET"] == bf16["MODEL_PRESET"] == "" and int8["BASE_PRECISION"] == "int8"
+    assert "BASE_PRECISION" not in bf16 and int8["CARD_GB"] == 16.0
+    assert ur.bench_row(ur.parse_row("whole/lora/2/bf16file"), None) is None  # train_step.py has no such row
+    for bad in ("whole/lora/2/int8", "whole/full/2/convrot/int8", "whole/lora/2/convrot/bf16file",
+                "whole/lora/2/convrot/int8/int8_weight"):  # fmt: skip
+        with pytest.raises(SystemExit):
+            ur.parse_row(bad)
+
+
+def test_an_int8_base_row_trains_from_the_convrot_file_it_wrote(ur, tmp_path):
+    """write_weights.py writes the tiny preset's ConvRot file once; the trainer loads it with its int8
+    bytes kept (BASE_PRECISION int8_weight, which runs on the CPU) and logs so."""
+    out = tmp_path / "rows.json"
+    argv = ["--preset", "tiny", "--device", "cpu", "--rows", "whole/lora/1/convrot/int8_weight", "--steps", "2",
+            "--warmup", "0", "--images", "2", "--work", str(tmp_path / "work"), "--out", str(out),
+            "--row-timeout", "300", "--caption-words", "5", "--logs", str(tmp_path / "logs"),
+            "--weights-dir", str(tmp_path / "weights")]  # fmt: skip
+    ur.main(argv)
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["completed"] and row["steps"] == 2, row
+    assert (tmp_path / "weights" / "tiny" / "moss_image_base_int8_convrot.safetensors").exists()
+    assert not (tmp_path / "weights" / "tiny" / "moss_image_base_bf16.safetensors").exists()  # not asked
+    log = (tmp_path / "logs" / "whole-lora-1-convrot-int8_weight" / "log.txt").read_text()
+    assert "BASE_PRECISION int8_weight" in log and "moss_image_base_int8_convrot" in log

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The peer trainers' wheels for the GPU machine (Python 3.12, x86-64), into .whl/peers/<peer>/ (ignored by
+# git, carried with the call beside .whl/). scripts/bench/peers.py runs a peer from its own install folder:
+#   for p in .whl/peers/*/; do python3 -m pip install -q --no-index --no-deps --target /tmp/peers/$(basename $p) $p*.whl .whl/*.whl; done
+# (the project's .whl/ wheels from ../shared/device/bundle-wheels.sh give a peer kohaku-engine, lycoris-lora
+# and diffusers; the image has torch, transformers, accelerate, safetensors, numpy, pillow, tqdm).
+# Usage (from the project's root):  bash scripts/bench/bundle_peers.sh [--simpletuner-size]
+#   --simpletuner-size: also download SimpleTuner 4.10.1's largest required packages the image lacks into a
+#   scratch folder (never carried) and print their size: why it is not carried.
+set -euo pipefail
+root=$(git rev-parse --show-toplevel)
+cd "$root"
+
+download() {  # download DIR PKG...: binary wheels for the GPU machine's Python, no dependency resolution
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dir" "$@"
+}
+
+# KohakuMoss 0.1.0 (its import name is this project's: installed into a folder of its own); kohakuvault 0.9.0,
+# because 1.x lacks a function 0.1.0 calls and its requirement has no bound; anyschedule, its LR schedules.
+# Its torch>=2.13 pin is not installed: --no-deps, and it runs on the image's torch (2.11).
+download .whl/peers/kohakumoss-0.1.0 kohakumoss==0.1.0 kohakuvault==0.9.0 anyschedule==0.1.0
+
+# DiffSynth-Studio 2.1.12: carried for its DiT key check only (its wheel has no MOSS-Image training
+# script: docs/performance/peers.md); ~1 MB.
+download .whl/peers/diffsynth-2.1.12 diffsynth==2.1.12
+
+# tests/bench/test_peers.py runs 0.1.0 on this machine's Python too: kohakuvault is a compiled wheel
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl/local kohakuvault==0.9.0
+
+if [[ "${1:-}" == "--simpletuner-size" ]]; then
+  # SimpleTuner 4.10.1 (Python >= 3.12 only) and the five largest of the ~45 required packages the image
+  # lacks; the rest of its closure (spacy's and librosa's own dependencies, fastapi, ...) comes on top.
+  scratch=$(mktemp -d)
+  download "$scratch" simpletuner==4.10.1 faiss-cpu av spacy datasets torchcodec
+  echo "SimpleTuner 4.10.1 and five of its missing requirements (not carried):"
+  du -ch "$scratch"/*.whl | tail -n 1
+  rm -rf "$scratch"
+fi
+
+du -sh .whl/peers/*
+echo "carry total with the project's wheels (the limit is 64 MiB a call, the tree included):"
+du -ch .whl/*.whl .whl/peers/*/*.whl | tail -n 1

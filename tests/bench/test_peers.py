@@ -1,0 +1,274 @@
+"""scripts/bench/peers.py: each side's command, what it reads back, the comparison rows, and that the peers
+read the weights written for them (their packages from scripts/bench/bundle_peers.sh's wheels)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from .scripts import load_bench
+
+REPO = Path(__file__).resolve().parents[2]
+PEER_WHEELS = REPO / ".whl" / "peers"
+LOCAL_WHEELS = REPO / ".whl" / "local"
+
+
+@pytest.fixture(scope="module")
+def peers():
+    return load_bench("peers")
+
+
+def args(peers, tmp_path, **over):
+    """peers.py's options for the 5B rows on the GPU, as its command line would give them."""
+    base = dict(peer_root=str(tmp_path / "peers"), work=str(tmp_path / "work"), preset="moss-image-5b",
+                device="cuda", size=1024, images=16, caption_words="3-40", steps=20, warmup=5, row_timeout=900,
+                text_tokens=256, set=[], sample_steps=50, weights_dir=str(tmp_path / "weights"),
+                seed_cache=None)  # fmt: skip
+    return argparse.Namespace(**{**base, **over})
+
+
+def fake_km010_install(tmp_path: Path) -> None:
+    """The folder layout of 0.1.0's install (its bundle), so peers.py counts it as installed."""
+    (tmp_path / "peers" / "kohakumoss-0.1.0" / "kohakumoss" / "bundle" / "configs" / "moss").mkdir(
+        parents=True
+    )
+
+
+def test_dry_run_prints_every_sides_command_and_why_a_peer_does_not_run(peers, tmp_path, capsys, monkeypatch):
+    fake_km010_install(tmp_path)
+    ur = peers.load_script("user_runs")
+    monkeypatch.setattr(peers, "load_script", lambda name: ur)
+    monkeypatch.setattr(ur, "card_gb", lambda device: 80.0)  # the card present, as nvidia-smi would say
+    peers.main(["--dry-run", "--peer-root", str(tmp_path / "peers"), "--work", str(tmp_path / "work"),
+                "--weights-dir", str(tmp_path / "weights"),
+                "--rows", "lora/card24,sample/whole"])  # fmt: skip
+    out = capsys.readouterr().out
+    blocks = {b.split("\n", 1)[0]: b for b in out.split("=== ")[1:]}
+    assert set(blocks) == {
+        f"{p} {r}" for p in ("kohakumoss", *peers.PEERS) for r in ("lora/card24", "sample/whole")
+    }
+    ours = blocks["kohakumoss lora/card24"]
+    assert "scripts/train/moss.py" in ours and "CARD_GB=24.0" in ours and "RANK=32" in ours
+    km = blocks["kohakumoss-0.1.0 lora/card24"].splitlines()[1:]
+    assert len(km) == 3  # its two cache scripts, then its trainer
+    assert all("capped_run.py 24.0 -m kohakuengine.cli run" in line for line in km)
+    assert "cache_latents.py" in km[0] and "IMAGE_ENCODER=peer_encoders.random_latents" in km[0]
+    assert "cache_text.py" in km[1] and "TEXT_ENCODER=peer_encoders.random_text" in km[1]
+    assert km[2].split()[0].startswith("PYTHONPATH=") and "/src" not in km[2].split()[0]  # none of ours
+    assert "bundle/scripts/train/moss.py" in km[2]
+    assert (
+        "not run: " in blocks["simpletuner-4.10.1 lora/card24"]
+        and "not run: " in blocks["diffsynth-2.1.12 sample/whole"]
+    )
+    assert "scripts/bench/sample.py" in blocks["kohakumoss sample/whole"] and "--steps 50" in out
+    sample = blocks["kohakumoss-0.1.0 sample/whole"]
+    assert "bundle/scripts/sample/sample.py" in sample and "STEPS=50" in sample and "CFG=3.0" in sample
+    assert "SIZES=[(1024, 1024)]" in sample and "weights/moss-image-5b/pipeline" in sample
+
+
+def test_km010_row_config_is_its_own_layers_then_the_benchmark_knobs(peers, tmp_path):
+    fake_km010_install(tmp_path)
+    a = args(peers, tmp_path)
+    text = peers.km010_config(a, "lora/card8").read_text()
+    namespace: dict = {}
+    body = text.split("\n\n", 2)[-1]
+    assert 'use_config("' in text and "vram/vram_8g.py" in text and "_base/base_lora.py" in text
+    exec(body.split("\n\n", 1)[1], namespace)  # the knobs after the layers: plain Python values
+    assert (namespace["BATCHING"], namespace["BATCH_SIZE"], namespace["DIM"], namespace["PRESET"]) == (
+        "count",
+        2,
+        32,
+        "attn-mlp",
+    )
+    assert namespace["WEIGHTS"] == str(tmp_path / "weights" / "moss-image-5b" / "transformer")
+    assert (
+        namespace["LATENT_CACHE"] == namespace["TEXT_CACHE"] == "offline"
+        and "ARCH_OVERRIDES" not in namespace
+    )
+    full = peers.km010_config(a, "full/whole").read_text()
+    assert "_base/base_full.py" in full and "DIM = " not in full  # its full fine-tune keeps its own settings
+    tiny = peers.km010_knobs(args(peers, tmp_path, preset="tiny"), "lora/whole")
+    assert tiny["ARCH_OVERRIDES"]["dim"] == 256 and tiny["ARCH_OVERRIDES"]["depth"] == 4
+
+
+def test_a_km010_run_folder_reads_back_as_the_columns(peers, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"step": s, "time": 0.0, "loss": 1.0, "tokens_per_s": 8192 / t, "samples_per_s": 2 / t, "step_time": t,
+             "vram_peak_alloc": p} for s, t, p in ((1, 90.0, 7.0), (2, 2.0, 6.0), (3, 1.0, 6.5), (4, 3.0, 6.1))]  # fmt: skip
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (run / "log.txt").write_text(
+        "[01:02:03] [ops] [INFO] attention_varlen: triton failed, falling back to compile\n"
+        "[01:02:03] [ops] [INFO] attention_varlen: triton failed, falling back to compile\n"
+        "[01:02:04] [train] [INFO] step 1\n"
+    )
+    got = peers.read_km010(run, warmup=1, caption_tokens=20.0)
+    assert got["steps"] == 4 and got["first_step_s"] == 90.0 and got["s_per_step"] == 2.0
+    assert got["images_per_s"] == 1.0 and got["image_tokens_per_s"] == 4096.0
+    assert got["joint_tokens_per_s"] == 4096.0 + 1.0 * 20.0  # image tokens/s + images/s x caption tokens
+    assert (
+        got["peak_torch_gib"] == 7.0 and len(got["fallbacks"]) == 1 and "falling back" in got["fallbacks"][0]
+    )
+    ours = peers.from_user_run({"steps": 20, "step_s": 0.5, "tokens_per_s": 17000.0, "peak_gib": 30.0,
+                                "first_step_s": 100.0}, 20.0, 1024)  # fmt: skip
+    assert ours["images_per_s"] == 4.0 and ours["image_tokens_per_s"] == 2 * 4096 / 0.5
+    assert ours["joint_tokens_per_s"] == 17000.0 and ours["peak_torch_gib"] == 30.0
+
+
+def test_a_km010_sampler_log_reads_back_as_the_columns(peers, tmp_path):
+    (tmp_path / "metadata-0000.json").write_text(json.dumps({"run": {"generate_s": 30.0}}))
+    log = "[02:00:01] [inference.steplog] [INFO] steps: first 3.00 s, then 0.500 s/step\n"
+    got = peers.read_km010_sample(tmp_path, log, steps=50)
+    assert (got["steps"], got["first_step_s"], got["s_per_step"], got["generate_s"]) == (50, 3.0, 0.5, 30.0)
+    assert got["images_per_s"] == 1 / (3.0 + 49 * 0.5)  # the sampler steps alone, as ours
+    assert peers.read_km010_sample(tmp_path, "no step line", steps=50)["steps"] == 0  # not completed
+
+
+def test_comparison_rows_pair_both_sides_and_the_doc_json_lists_what_did_not_run(peers, tmp_path):
+    done = {"completed": True, "s_per_step": 1.0, "images_per_s": 2.0, "peak_torch_gib": None}
+    results = {
+        ("kohakumoss", "lora/card24"): {
+            **done,
+            "s_per_step": 0.5,
+            "images_per_s": 4.0,
+            "peak_torch_gib": 20.0,
+        },
+        ("kohakumoss-0.1.0", "lora/card24"): {**done, "peak_torch_gib": 9.0},
+        ("kohakumoss", "lora/card8"): {**done},
+        ("kohakumoss-0.1.0", "lora/card8"): {"completed": False, "stopped": "exit 1: out of memory"},
+        ("simpletuner-4.10.1", "lora/card24"): {"completed": False, "not_measured": "not installable"},
+    }
+    rows = peers.comparison(results)
+    assert {(r["row"], r["metric"]) for r in rows} == {("lora/card24", m) for m in ("s_per_step", "images_per_s",
+                                                                                      "peak_torch_gib")}  # fmt: skip
+    speed = next(r for r in rows if r["metric"] == "images_per_s")
+    assert speed == {"peer": "kohakumoss-0.1.0", "row": "lora/card24", "metric": "images_per_s", "ours": 4.0,
+                     "theirs": 2.0, "unit": "images/s", "higher_is_better": True}  # fmt: skip
+    assert next(r for r in rows if r["metric"] == "s_per_step")["higher_is_better"] is False
+    path = tmp_path / "peers_2026-12-07.json"
+    peers.write_doc_json(path, results, args(peers, tmp_path))
+    doc = json.loads(path.read_text())
+    assert doc["rows"] == rows and doc["config"]["rank"] == 32 and doc["config"]["images_per_step"] == 2
+    assert doc["config"]["steps"] == 20  # this call's options: no side carries its own
+    assert doc["not_measured"] == [
+        {"peer": "simpletuner-4.10.1", "row": "lora/card24", "why": "not installable"}
+    ]
+    assert doc["failed"] == [
+        {"peer": "kohakumoss-0.1.0", "row": "lora/card8", "why": "exit 1: out of memory"}
+    ]
+    # a later call's --merge reads an earlier call's --out back as the same sides
+    out = tmp_path / "peers.json"
+    out.write_text(json.dumps([{"peer": p, "row": r, **v} for (p, r), v in results.items()]))
+    assert peers.merged([str(out)]) == results
+
+
+def peer_install(tmp_path: Path, peer: str, wheel: str, *extra: str) -> Path:
+    """`peer`'s wheel (bundle_peers.sh's) installed into a folder of its own, as the GPU call does, with
+    `extra` wheels built for this Python (bundle_peers.sh's .whl/local/)."""
+    found = [sorted((PEER_WHEELS / peer).glob(wheel))[:1]]
+    for name in extra:  # this Python's build first (a compiled wheel), else the GPU bundle's pure one
+        found.append((sorted(LOCAL_WHEELS.glob(name)) or sorted((PEER_WHEELS / peer).glob(name)))[:1])
+    wheels = [w for ws in found for w in ws]
+    if len(wheels) < 1 + len(extra):
+        pytest.skip(
+            f"no {wheel} {extra} under {PEER_WHEELS}, {LOCAL_WHEELS}: run scripts/bench/bundle_peers.sh"
+        )
+    target = tmp_path / peer
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--target", str(target),
+                    *map(str, wheels)], check=True)  # fmt: skip
+    return target
+
+
+def test_kohakumoss_010_loads_the_hf_weights_written_for_it_as_written(peers, tmp_path):
+    """0.1.0's own loader (in its own process, its install folder alone on PYTHONPATH) reads
+    write_weights.py's hf folder of the tiny preset: every tensor equals ours."""
+    target = peer_install(tmp_path, "kohakumoss-0.1.0", "kohakumoss-0.1.0-*.whl")
+    write_weights = peers.load_script("write_weights")
+    folder = write_weights.write(tmp_path / "weights", "tiny", ["hf"], seed=0, device="cpu")["hf"]
+    out = tmp_path / "theirs.safetensors"
+    code = (
+        "import torch, sys\nfrom safetensors.torch import save_file\nimport kohakumoss\n"
+        "assert kohakumoss.__file__.startswith(sys.argv[3]), kohakumoss.__file__\n"
+        "from kohakumoss.model.io.load import load_backbone\n"
+        "m, report = load_backbone(sys.argv[1], device='cpu', dtype=torch.float32, keep_fp32=())\n"
+        "assert report.ok, report\n"
+        "save_file({k: v.contiguous() for k, v in m.state_dict().items()}, sys.argv[2])\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    subprocess.run([sys.executable, "-c", code, str(folder), str(out), str(target)], env=env, check=True)
+    theirs = load_file(str(out))
+    ours = {}
+    for f in folder.glob("*.safetensors"):
+        ours.update(load_file(str(f)))
+    assert set(theirs) - {"rope.bands"} == set(ours) - {"rope.bands"}
+    for key, value in ours.items():
+        if key != "rope.bands":
+            assert torch.equal(theirs[key], value.float()), key
+
+
+def test_our_hf_layout_is_the_file_diffsynth_recognises_as_the_moss_image_dit(tmp_path):
+    """DiffSynth-Studio picks a model class by the md5 of a file's keys and shapes: the 5B preset's hf
+    layout (as save_backbone writes it, rope.bands included) hashes to its registered moss_image_dit."""
+    from kohakumoss.model.backbone import MossBackbone
+    from kohakumoss.model.layouts import LAYOUTS
+    from kohakumoss.model.presets import get_preset
+
+    target = peer_install(tmp_path, "diffsynth-2.1.12", "diffsynth-2.1.12-*.whl")
+    # its key hash alone (its package's __init__ imports modelscope, imageio, ...: not needed for this)
+    spec = importlib.util.spec_from_file_location("diffsynth_file", target / "diffsynth/core/loader/file.py")
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    registered = (target / "diffsynth/configs/model_configs.py").read_text()
+    with torch.device("meta"):
+        state = LAYOUTS["hf"].from_native(MossBackbone(get_preset("moss-image-5b")).state_dict())
+    digest = loader.hash_state_dict_keys(state)
+    assert f'"model_hash": "{digest}",\n        "model_name": "moss_image_dit"' in registered
+    del state["rope.bands"]  # a file without the derived constant would not be recognised
+    assert loader.hash_state_dict_keys(state) not in registered
+
+
+def test_kohakumoss_010_samples_from_the_pipeline_tree_written_for_it(peers, tmp_path):
+    """write_weights.py's pipeline tree (tiny: transformer/, tokenizer/, text_encoder/, vae/) is what 0.1.0's
+    own sampler loads: its sample.py, in its own process, runs the steps and logs their times."""
+    target = peer_install(
+        tmp_path / "peers", "kohakumoss-0.1.0", "kohakumoss-0.1.0-*.whl", "kohakuvault-0.9.0-*.whl"
+    )
+    a = args(
+        peers, tmp_path, peer_root=str(target.parent), preset="tiny", device="cpu", size=64, sample_steps=2
+    )
+    peers.load_script("write_weights").write(
+        tmp_path / "weights" / "tiny", "tiny", ["pipeline"], device="cpu"
+    )
+    Path(a.work).mkdir(parents=True)
+    got = peers.run_peer(a, peers.km010_sample_side(a))
+    assert got["completed"], got
+    assert (
+        got["steps"] == 2
+        and got["s_per_step"] > 0
+        and len(list(Path(a.work, "km010-sample").glob("*.png"))) == 1
+    )
+
+
+def test_kohakumoss_010_trains_on_its_own_caches_of_our_data_and_weights(peers, tmp_path):
+    """The whole 0.1.0 side on the CPU (tiny preset): its cache scripts fill its vaults through the stand-in
+    encoders, then its trainer runs LoRA r32 on 2 images per step from write_weights.py's hf folder."""
+    target = peer_install(tmp_path / "peers", "kohakumoss-0.1.0", "kohakumoss-0.1.0-*.whl", "kohakuvault-0.9.0-*.whl",
+                          "anyschedule-*.whl")  # fmt: skip
+    a = args(peers, tmp_path, peer_root=str(target.parent), preset="tiny", device="cpu", size=128, images=2,
+             caption_words="5", steps=2, warmup=0)  # fmt: skip
+    peers.prepare(a, ["hf"])
+    got = peers.run_peer(a, peers.km010_side(a, "lora/whole"))
+    assert got["completed"], got
+    assert got["steps"] == 2 and got["s_per_step"] > 0 and got["images_per_s"] > 0
+    assert got["joint_tokens_per_s"] > got["image_tokens_per_s"]  # the captions' 5 tokens per image on top
+    config = json.loads((Path(a.work) / "km010-runs" / "lora-whole" / "config.json").read_text())
+    assert (config["DIM"], config["BATCH_SIZE"], config["TEXT_ENCODER_ID"]) == (32, 2, "random-qwen3.5")
