@@ -114,5 +114,5 @@ def test_the_demo_runs_on_the_gpu_with_its_default_device(demo, tmp_path):
     log = (tmp_path / knobs["RUN_NAME"] / "log.txt").read_text()
     assert "device cuda" in log, log[:2000]
     # the GPU's float sums differ from the CPU run's: the figure there is only a trained LoRA's (an
-    # untrained one gives ratio 1.0; over SEED 0, 1, 2 on the CPU the ratio came 0.69 to 0.83)
+    # untrained one gives ratio 1.0; assets/demo/README.md has the CPU's ratios over seeds)
     assert near["lora"]["hist"] < 0.9 * near["base"]["hist"], near
