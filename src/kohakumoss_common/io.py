@@ -273,8 +273,9 @@ def save_sharded(
     split = split_torch_state_dict_into_shards(
         tensors, filename_pattern=f"{prefix}{{suffix}}.safetensors", max_shard_size=max_shard_bytes
     )
+    files = split.filename_to_tensors or {f"{prefix}.safetensors": []}  # no tensors: one empty file, as ever
     paths = []
-    for name, keys in split.filename_to_tensors.items():
+    for name, keys in files.items():
         save_safetensors({k: tensors[k] for k in keys}, directory / name, metadata)
         paths.append(directory / name)
     written = set(paths)
