@@ -53,7 +53,7 @@ def safetensors_data_sha256(path: str | Path) -> str:
     """sha256 of a safetensors file's tensor data (the bytes after its header), as `sshs_model_hash`."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        f.seek(8 + int.from_bytes(f.read(8), "little"))
+        f.seek(8 + int.from_bytes(f.read(8), "little"))  # the data's start: no safetensors call says it
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
