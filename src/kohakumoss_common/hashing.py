@@ -41,6 +41,8 @@ def safetensors_hashes(tensors: dict, metadata: dict[str, str] | None = None) ->
     cpu = {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
     kept = {k: v for k, v in (metadata or {}).items() if k.startswith("ss_")}  # sd-scripts hashes these only
     blob = save(cpu, kept or None)
+    # the hash is defined over the bytes after the header (sd-scripts' `addnet_hash_safetensors`), so only
+    # the header's length is read here; safetensors has no call that says where its data starts
     start = 8 + int.from_bytes(blob[:8], "little")
     data = hashlib.sha256(memoryview(blob)[start:]).hexdigest()
     legacy = hashlib.sha256(memoryview(blob)[0x100000 : 0x100000 + 0x10000]).hexdigest()[:8]
@@ -51,7 +53,7 @@ def safetensors_data_sha256(path: str | Path) -> str:
     """sha256 of a safetensors file's tensor data (the bytes after its header), as `sshs_model_hash`."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
-        f.seek(8 + int.from_bytes(f.read(8), "little"))
+        f.seek(8 + int.from_bytes(f.read(8), "little"))  # the data's start: no safetensors call says it
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
     return digest.hexdigest()

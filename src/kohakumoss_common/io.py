@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
@@ -223,21 +224,34 @@ def save_safetensors(
 
 
 def _check_written_size(tmp: Path, path: str | Path) -> None:
-    """A safetensors file must be as long as its header says (a full disk can cut it without an error)."""
-    with open(tmp, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n) or b"{}")
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    expected, size = 8 + n + max(ends, default=0), tmp.stat().st_size
-    if size != expected:
-        raise DiskSpaceError(
-            path,
-            f"written file is {size} bytes, its header says {expected} (disk full?): {_size(free_bytes(path))} free",
-        )
+    """A written file must be whole (a full disk can cut it without an error): safetensors' own check."""
+    try:
+        with safe_open(str(tmp), framework="pt"):
+            return
+    except SafetensorError:
+        pass
+    expected, size = _header_span(tmp), tmp.stat().st_size
+    raise DiskSpaceError(
+        path,
+        f"written file is {size} bytes, its header says {expected} (disk full?): {_size(free_bytes(path))} free",
+    )
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def _header_span(file: Path) -> int | None:
+    """The length `file`'s header describes, None where unreadable. Only to name the lengths in an error:
+    safetensors refuses a cut file ("incomplete metadata, file not fully covered") without saying them."""
+    try:
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or n > 100 << 20:
+                return None
+            header = json.loads(f.read(n))
+        ends = [
+            v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)
+        ]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
+    return 8 + n + max(ends, default=0)
 
 
 def save_sharded(
@@ -249,36 +263,30 @@ def save_sharded(
 ) -> list[Path]:
     """Write `prefix.safetensors`, or `prefix-0000i-of-0000n.safetensors` shards plus the HF index file.
 
-    Each file is written atomically; files of an earlier save under the same prefix that this one did
-    not write (other shard counts, a stale index) are removed afterwards, so the folder reads as this save.
+    huggingface_hub splits the tensors and names the files (its `save_torch_state_dict` is not used: it
+    writes in place, and a kill mid-save would leave a half-written shard). Each file is written
+    atomically; files of an earlier save under the same prefix that this one did not write (other shard
+    counts, a stale index) are removed afterwards, so the folder reads as this save.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for key, tensor in tensors.items():
-        if shards[-1] and size + _nbytes(tensor) > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][key] = tensor
-        size += _nbytes(tensor)
-    if len(shards) == 1:
-        path = directory / f"{prefix}.safetensors"
-        save_safetensors(shards[0], path, metadata)
-        _remove_stale(directory, prefix, {path})
-        return [path]
-    paths, weight_map = [], {}
-    for i, shard in enumerate(shards):
-        name = f"{prefix}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_safetensors(shard, directory / name, metadata)
-        paths.append(directory / name)
-        weight_map.update({k: name for k in shard})
-    total = sum(_nbytes(t) for t in tensors.values())
-    atomic_write_json(
-        directory / f"{prefix}{INDEX_SUFFIX}",
-        {"metadata": {"total_size": total, **(metadata or {})}, "weight_map": weight_map},
+    split = split_torch_state_dict_into_shards(
+        tensors, filename_pattern=f"{prefix}{{suffix}}.safetensors", max_shard_size=max_shard_bytes
     )
-    _remove_stale(directory, prefix, {*paths, directory / f"{prefix}{INDEX_SUFFIX}"})
+    files = split.filename_to_tensors or {f"{prefix}.safetensors": []}  # no tensors: one empty file, as ever
+    paths = []
+    for name, keys in files.items():
+        save_safetensors({k: tensors[k] for k in keys}, directory / name, metadata)
+        paths.append(directory / name)
+    written = set(paths)
+    if split.is_sharded:
+        index = directory / f"{prefix}{INDEX_SUFFIX}"
+        atomic_write_json(
+            index,
+            {"metadata": {**split.metadata, **(metadata or {})}, "weight_map": split.tensor_to_filename},
+        )
+        written.add(index)
+    _remove_stale(directory, prefix, written)
     return paths
 
 
@@ -348,38 +356,31 @@ def foreign_weights(path: str | Path, expected: str, keys: Iterable[str]) -> Che
     return CheckpointError(path, f"expected {expected}; {holds}")
 
 
-def _check_length(file: Path, header: dict, header_bytes: int) -> None:
-    """A file shorter than its header says (an interrupted download or copy) is named with both lengths."""
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
-    expected, size = 8 + header_bytes + max(ends, default=0), file.stat().st_size
-    if size < expected:
-        raise CheckpointError(
-            file,
-            f"cut short: {size} bytes, its header describes {expected} (an interrupted download or copy?)",
-        )
-
-
 def read_header(path: str | Path) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str]]:
-    """{key: (dtype, shape)} and the metadata of every file behind `path`, reading no tensor data; a file
-    cut short is refused here, naming it."""
+    """{key: (dtype, shape)} and the metadata of every file behind `path`, reading no tensor data
+    (safetensors' `safe_open`: header only, the file mapped, never read); a file cut short is refused
+    here, naming it and both lengths."""
     entries: dict[str, tuple[str, list[int]]] = {}
     metadata: dict[str, str] = {}
     for file in resolve_files(path):
         try:
-            with open(file, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                if n <= 0 or n > 100 << 20:
-                    raise ValueError(f"header length {n} is implausible")
-                header = json.loads(f.read(n))
-            if not isinstance(header, dict):
-                raise ValueError("the header is not a JSON object")
-            _check_length(file, header, n)
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-            raise CheckpointError(file, f"not a readable safetensors file ({e})") from e
-        metadata.update(header.pop("__metadata__", None) or {})
-        for key, info in header.items():
-            entries[key] = (info["dtype"], list(info["shape"]))
+            with safe_open(str(file), framework="pt") as f:
+                metadata.update(f.metadata() or {})
+                for key in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+                    part = f.get_slice(key)
+                    entries[key] = (part.get_dtype(), list(part.get_shape()))
+        except (SafetensorError, OSError) as e:
+            raise CheckpointError(file, _unreadable(file, e)) from e
     return entries, metadata
+
+
+def _unreadable(file: Path, error: Exception) -> str:
+    """Why safetensors refused `file`: a cut file with both lengths (an interrupted download), else its words."""
+    expected = _header_span(file)
+    size = file.stat().st_size if file.exists() else 0
+    if expected is not None and size < expected:
+        return f"cut short: {size} bytes, its header describes {expected} (an interrupted download or copy?)"
+    return f"not a readable safetensors file ({error})"
 
 
 def iter_tensors(

@@ -1,6 +1,10 @@
 """Progress wherever a user waits: a tqdm bar in a terminal; elsewhere (a pipe, a job log) a log line
 with the count, percentage, elapsed time and ETA at the start, every `every_s` seconds and at the end;
-nothing at all when there is nothing to do."""
+nothing at all when there is nothing to do.
+
+The bar is tqdm's. The lines off a terminal are not: there tqdm either draws nothing (`disable=None`)
+or writes its `\r` redraws into one ever-growing line (seen piping a 3-step bar through `od -c`), and a
+log file or job log needs whole lines at an interval."""
 
 from __future__ import annotations
 

@@ -40,21 +40,6 @@ def entry_sum(tensor: torch.Tensor) -> str:
     return hashlib.sha256(raw).hexdigest()[:16]
 
 
-def shard_problem(file: Path) -> str | None:
-    """Why `file` cannot be a whole safetensors shard (None: its size matches its header)."""
-    try:
-        with open(file, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if n <= 0 or n > 100 << 20:
-                return f"header length {n} is implausible"
-            header = json.loads(f.read(n))
-        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        return f"header unreadable ({type(e).__name__}: {e})"
-    expected, size = 8 + n + max(ends, default=0), file.stat().st_size
-    return None if size == expected else f"{size} bytes, its header says {expected} (cut short)"
-
-
 class TensorCache:
     def __init__(self, root: str | Path, identity: dict[str, str], shard_items: int = 512):
         self.root = Path(root)
@@ -77,14 +62,10 @@ class TensorCache:
         index: dict[str, str] = {}
         self._sums: dict[str, dict[str, str]] = {}
         for file in sorted(self.dir.glob("*.safetensors")) if self.dir.is_dir() else []:
-            problem = shard_problem(file)
-            if problem is None:
-                try:
-                    entries, metadata = read_header(file)
-                except KohakuMossError as e:
-                    problem = str(e)
-            if problem is not None:
-                self.set_aside(file.name, problem)
+            try:  # safetensors refuses a shard cut short or with a garbled header: named, set aside
+                entries, metadata = read_header(file)
+            except KohakuMossError as e:
+                self.set_aside(file.name, str(e))
                 continue
             if metadata.get(IDENTITY_KEY) != self._identity_text():
                 log.warning("%s: written by another encoder (identity differs), ignored", file)

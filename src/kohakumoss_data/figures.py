@@ -1,29 +1,36 @@
-"""PNG figures for inspect_data, drawn with Pillow: a bar histogram and a contact sheet of planned crops."""
+"""PNG figures for inspect_data: a bar histogram (matplotlib) and a contact sheet of planned crops (Pillow)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from PIL import Image, ImageDraw
 
 _BG, _FG, _BAR = (255, 255, 255), (20, 20, 20), (70, 110, 200)
 
 
 def histogram_png(title: str, counts: dict[str, int], width: int = 800, bar_h: int = 22) -> Image.Image:
-    """Horizontal bars, one per label, with counts."""
+    """Horizontal bars, one per label, with counts: matplotlib's (Agg canvas: no display, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     rows = list(counts.items()) or [("(none)", 0)]
-    height = 40 + bar_h * len(rows)
-    image = Image.new("RGB", (width, height), _BG)
-    draw = ImageDraw.Draw(image)
-    draw.text((10, 10), title, fill=_FG)
-    top = max(n for _, n in rows) or 1
-    for i, (label, n) in enumerate(rows):
-        y = 34 + i * bar_h
-        draw.text((10, y + 4), label, fill=_FG)
-        length = int((width - 220) * n / top)
-        draw.rectangle((140, y + 2, 140 + length, y + bar_h - 4), fill=_BAR)
-        draw.text((150 + length, y + 4), str(n), fill=_FG)
-    return image
+    dpi = 100
+    fig = Figure(figsize=(width / dpi, (90 + bar_h * len(rows)) / dpi), dpi=dpi, layout="constrained")
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    labels, values = [label for label, _ in rows][::-1], [n for _, n in rows][::-1]  # first row on top
+    bars = ax.barh(labels, values, color=[c / 255 for c in _BAR])
+    ax.bar_label(bars, padding=3, fontsize="small")
+    ax.set_title(title, fontsize="medium", loc="left")
+    ax.set_xlabel("items")
+    ax.set_xlim(0, max(values + [1]) * 1.12)  # room for the count beside the longest bar
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts
+    ax.tick_params(axis="y", labelsize="small")
+    canvas.draw()
+    return Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy())
 
 
 def contact_sheet(tiles: Sequence[tuple[Image.Image, str]], tile: int = 192, columns: int = 4) -> Image.Image:

@@ -3,6 +3,8 @@
 Every image is scaled by one factor (the widest one fills `cell` px), so a tall sample stays as wide as
 a square one of its width and sizes compare as drawn; a column is as wide as its widest image (at
 least `cell / 2`, room for its caption), and images narrower than their column sit at its left.
+Drawn with Pillow: torchvision's `make_grid` stacks equal-sized tensors (every cell one size) and
+writes no text, so it can keep neither the relative sizes nor the captions.
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ WINDOW = 64 << 10
 def _sampled_hash(path: Path, size: int) -> str:
     digest = hashlib.sha256(str(size).encode())
     with open(path, "rb") as f:
+        # the header's raw bytes are hashed, not parsed (safe_open gives them parsed only; a re-serialized
+        # header would change every cache key already written)
         header_len = int.from_bytes(f.read(8), "little")
         digest.update(f.read(min(header_len, 100 << 20)))
         step = max(1, (size - WINDOW) // SAMPLES)

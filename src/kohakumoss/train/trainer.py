@@ -663,6 +663,9 @@ def build_trainable(cfg: TrainConfig, comps: Components) -> Trainable:
         module, network = model, None
     else:
         probe_adapter_kernels(cfg, comps)
+        # lycoris draws the initial weights from the global generator: seeded here, they are a function of
+        # SEED alone (a backbone build that stopped drawing once changed every run's adapter, and the demo's)
+        torch.manual_seed(int(cfg.run.seed))
         network = build_from_spec(model, cfg.adapter.spec())
         network.to(device=comps.device, dtype=torch.float32)  # adapter weights train in fp32
         if model.block_runner is not None:  # recomputation restores the RNG state only for dropout
