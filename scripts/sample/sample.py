@@ -15,6 +15,7 @@ TOKENIZER = ""  # tokenizer folder (empty: the one beside the text encoder, e.g.
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder
 TEXT_ENCODER_QUANT = "none"  # text encoder linears: none, fp8, fp8_weight, int8, int8_weight
+REFERENCES_IN_PROMPT = "picture"  # references in the prompt: picture (Picture N:, the vision tower) or none (ComfyUI Moss-Image-Edit format)
 ENCODER_PRECISION = "auto"  # text encoder and VAE dtype: auto, bf16, fp16, fp32
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file
 ADAPTERS = []  # adapter files or checkpoint folders; an entry may be [path, multiplier]

@@ -15,7 +15,9 @@ from transformers.models.qwen3_5 import Qwen3_5ForConditionalGeneration
 from kohakumoss.encoders import TextEncoder
 from kohakumoss.encoders.text_vision import IMAGE_PAD, VISION_END, VISION_START, downscale
 from kohakumoss.encoders.tiny import write_tiny_text_encoder
-from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.errors import ConfigError, DataError
+from kohakumoss_data.cache_keys import text_key
+from kohakumoss_data.encode import caption_embeddings
 
 CAPTIONS = ["make the cat blue", "a red cat"]
 
@@ -140,3 +142,45 @@ def test_vision_tokens_over_the_cap_refused(vision_config):
         encoder.encode(["a red cat"], [[picture(128, 128)]])
     hidden, lengths = encoder.encode(["a red cat"], [[picture(32, 32)]])  # the caption is cut, not a picture
     assert lengths.tolist() == [12]
+
+
+class _Cache(dict):
+    def get(self, key):  # TensorCache's get / put
+        return super().get(key)
+
+    def put(self, key, value):
+        self[key] = value
+
+
+def test_text_cache_keyed_by_the_references_in_the_prompt(encoder):
+    reads = []
+
+    def ref(digest: str, seed: int):
+        return (digest, lambda: reads.append(digest) or picture(64, 64, seed))
+
+    cache = _Cache()
+    captions = ["a red cat"] * 3
+    hidden, lengths, hits = caption_embeddings(
+        captions, encoder, cache, references=[[ref("h1", 1)], [ref("h2", 2)], [ref("h1", 1)]]
+    )
+    assert hits == 0 and len(cache) == 2 and reads == ["h1", "h2"]  # one entry per distinct reference
+    a, b, c = torch.split(hidden, lengths.tolist())
+    torch.testing.assert_close(a, c)
+    assert not torch.allclose(a, b)
+    again, lengths, hits = caption_embeddings(
+        captions, encoder, cache, references=[[ref("h1", 1)], [ref("h2", 2)], []]
+    )
+    assert hits == 2 and reads == ["h1", "h2"]  # a hit never reads its image
+    assert len(cache) == 3  # no references: the text-to-image prompt, an entry of its own
+    torch.testing.assert_close(torch.split(again, lengths.tolist())[2], encoder.encode(["a red cat"])[0])
+    with pytest.raises(DataError, match="puts reference images in the prompt"):
+        caption_embeddings(captions, encoder, cache)  # an edit run's batch must hand them over
+
+
+def test_text_only_keys_unchanged():
+    """Existing text caches stay valid: no references, the key of before."""
+    from kohakumoss_common.hashing import sha256_json
+
+    old = sha256_json({"caption": "c", "template": "t", "encoder": "e", "layer": [-1]})
+    assert text_key("c", "t", "e", [-1]) == text_key("c", "t", "e", [-1], ()) == old
+    assert text_key("c", "t", "e", [-1], ["h"]) != old
