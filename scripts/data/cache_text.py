@@ -18,8 +18,9 @@ from typing import Any
 
 from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
+from kohakumoss.encoders.text_cap import cut_captions, report_cut_captions
 from kohakumoss_data.loader import open_caches
-from kohakumoss_data.offline import fill_text_cache, planned_captions
+from kohakumoss_data.offline import captions_by_item, fill_text_cache, planned_captions
 
 if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
     from kohakumoss.config.data_scripts import CacheTextConfig
@@ -44,6 +45,7 @@ CAPTION_DROPOUT = 0.0
 SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
+CAPTION_FORMAT = "plain"  # plain | auto-json | json
 EPOCHS = 1
 MICRO_STEPS = 0  # the training run's STEPS x GRAD_ACCUM: at least the epochs they span (0: EPOCHS alone)
 CACHE_DIR = "cache"  # the training run's CACHE_DIR
@@ -71,6 +73,11 @@ def run(cfg: CacheTextConfig) -> None:
         encoder = call_factory(load_factory(ref, "TEXT_FACTORY"), cfg.text.text_kwargs, "TEXT_KWARGS")
     else:
         encoder = real_text_encoder(cfg.text.text_kwargs, cfg.plan.max_text_tokens)
+    prompts = getattr(encoder, "prompts", None)  # a TEXT_FACTORY encoder may have no tokenizer to count with
+    if prompts is not None:  # a caption whose prompt is over the cap: named (an error with JSON captions)
+        cap = min(int(prompts.max_length), cfg.plan.max_text_tokens)
+        cuts = cut_captions(prompts, captions_by_item(plan, catalog), cap)
+        report_cut_captions(cuts, "MAX_TEXT_TOKENS", cfg.plan.caption_format)
     _, cache = open_caches(cfg.cache.cache_dir, None, encoder, cfg.cache.shard_items)  # as the trainer does
     report = fill_text_cache(planned_captions(plan), encoder, cache, cfg.cache.batch_size)
     print(report.summary("text"))

@@ -46,6 +46,7 @@ CAPTION_DROPOUT = 0.0
 SHUFFLE_CAPTION = False
 KEEP_TOKENS = 0
 TAG_DROPOUT = 0.0
+CAPTION_FORMAT = "plain"  # plain | auto-json | json
 EPOCHS = 1
 MICRO_STEPS = 0  # the training run's STEPS x GRAD_ACCUM: at least the epochs they span (0: EPOCHS alone)
 RUN_DIR = "runs/inspect"

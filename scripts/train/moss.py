@@ -84,6 +84,7 @@ CAPTION_DROPOUT = 0.0  # probability of an empty caption (trains the uncondition
 SHUFFLE_CAPTION = False  # shuffle comma-separated tags
 KEEP_TOKENS = 0  # leading tags kept in place when shuffling
 TAG_DROPOUT = 0.0  # drop each tag after the KEEP_TOKENS kept ones with this probability
+CAPTION_FORMAT = "plain"  # plain, auto-json (wrap plain captions in MOSS's layout JSON) or json (captions must be layout JSON)
 WORKERS = 2  # loader worker processes
 PREFETCH_STEPS = 2  # steps prepared ahead
 VAL_ITEMS = 0  # items held out of training for the validation loss (0: none)

@@ -47,6 +47,7 @@ PLAN_KNOBS = {
     "KEEP_TOKENS": "keep_tokens",
     "CAPTION_SEPARATOR": "caption_separator",
     "TAG_DROPOUT": "tag_dropout",
+    "CAPTION_FORMAT": "caption_format",
     "EPOCHS": "epochs",
     "SHUFFLE": "shuffle",
     "DROP_LAST": "drop_last",

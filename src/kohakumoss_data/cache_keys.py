@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from kohakumoss_common.hashing import canonical_json, sha256_json
 
-from .plan import PlannedItem
+from .plan import PlannedItem, reference_item
 
 
 def latent_key(item: PlannedItem, vae_identity: str) -> str:
@@ -23,6 +23,17 @@ def latent_key(item: PlannedItem, vae_identity: str) -> str:
             "vae": vae_identity,
         }
     )
+
+
+def reference_keys(item: PlannedItem, vae_identity: str) -> list[str]:
+    """The latent keys of an item's references, in order: each is keyed like an image of its own (its
+    content, resize, crop, size and the item's flip), so a reference changed on disk is encoded again."""
+    return [latent_key(reference_item(item, ref), vae_identity) for ref in item.references]
+
+
+def item_latent_keys(item: PlannedItem, vae_identity: str) -> list[str]:
+    """Every latent one planned item reads: its own, then its references'."""
+    return [latent_key(item, vae_identity), *reference_keys(item, vae_identity)]
 
 
 def text_key(

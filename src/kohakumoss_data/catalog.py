@@ -26,8 +26,17 @@ from kohakumoss_common.progress import Progress
 
 from .captions import MAX_CAPTION_BYTES, TOO_LARGE, apply_missing_policy, check_policy, decode_captions
 from .ordered_map import bounded_map
-from .probe import CAPTION_NOT_UTF8, CAPTION_TOO_LARGE, MISSING_CAPTION, TOO_SMALL, Probe, probe_bytes
-from .records import OK, CatalogItem, RawItem
+from .probe import (
+    BAD_REFERENCE,
+    CAPTION_NOT_UTF8,
+    CAPTION_TOO_LARGE,
+    MISSING_CAPTION,
+    MISSING_REFERENCE,
+    TOO_SMALL,
+    Probe,
+    probe_bytes,
+)
+from .records import OK, CatalogItem, RawItem, RawReference
 from .sources.base import Source
 
 CACHE_VERSION = 2  # 2: pixels decoded before the EXIF read (v1 let a PNG with a broken IDAT pass)
@@ -75,8 +84,16 @@ class Catalog:
     def fingerprint(self) -> str:
         """Changes when any usable item's content, size or captions change."""
         return sha256_json(
-            [[it.key, it.hash, it.width, it.height, it.captions, it.repeats] for it in self.usable]
+            [
+                [it.key, it.hash, it.width, it.height, it.captions, it.repeats, *ref_rows(it)]
+                for it in self.usable
+            ]
         )
+
+
+def ref_rows(item: CatalogItem) -> list[list[Any]]:
+    """An item's references as they enter the fingerprint (none: nothing, so older fingerprints stay)."""
+    return [[r["hash"], r["width"], r["height"]] for r in item.references]
 
 
 def default_cache_path(source: Source, cache_dir: str | Path | None = None) -> Path:
@@ -116,6 +133,9 @@ def probe_raw(raw: RawItem, unit: str, max_pixels: int) -> CatalogItem:
     else:
         probe = probe_bytes(raw.data, max_pixels)
     captions, caption_status = decode_captions(raw.captions)
+    references: list[dict[str, Any]] = []
+    if probe.status == OK:
+        probe, references = probe_references(raw.references, probe, max_pixels)
     return CatalogItem(
         key=raw.key,
         unit=unit,
@@ -130,7 +150,35 @@ def probe_raw(raw: RawItem, unit: str, max_pixels: int) -> CatalogItem:
         status=probe.status,
         reason=probe.reason,
         extra=raw.extra,
+        references=references,
     )
+
+
+def probe_references(
+    refs: list[RawReference], probe: Probe, max_pixels: int
+) -> tuple[Probe, list[dict[str, Any]]]:
+    """Decode-check each reference: the item's probe turns into a named drop at the first one that is
+    missing or unusable; else the references' sizes and hashes, in order."""
+    out = []
+    for i, ref in enumerate(refs, 1):
+        if ref.fault:
+            return Probe(0, 0, "", BAD_REFERENCE, f"reference {i} {ref.name}: {ref.fault}"), []
+        if ref.data is None:
+            return Probe(0, 0, "", MISSING_REFERENCE, f"reference {i} {ref.name} does not exist"), []
+        checked = probe_bytes(ref.data, max_pixels)
+        if checked.status != OK:
+            reason = f"reference {i} {ref.name}: {checked.status}: {checked.reason}"
+            return Probe(0, 0, "", BAD_REFERENCE, reason), []
+        out.append(
+            {
+                "locator": ref.locator,
+                "name": ref.name,
+                "width": checked.width,
+                "height": checked.height,
+                "hash": checked.hash,
+            }
+        )
+    return probe, out
 
 
 def too_large(caption: str) -> bool:

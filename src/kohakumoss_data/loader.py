@@ -34,7 +34,7 @@ from .cache_keys import latent_cache_identity, latent_key, text_cache_identity
 from .catalog import Catalog
 from .encode import caption_embeddings, encode_images
 from .masks import missing_masks
-from .plan import Plan
+from .plan import Plan, reference_item
 from .protocols import ImageEncoder, TextEncoder
 from .sources.base import Source
 from .transform import to_chw
@@ -210,6 +210,7 @@ class Loader:
             raise DataError(f"dataset mask: {len(missing)} mask file(s) missing: {shown}")
         self.plan, self.source = plan, source
         self.locators = {it.key: it.locator for it in catalog.usable}
+        self.reference_locators = {it.key: [r["locator"] for r in it.references] for it in catalog.usable}
         self.image_encoder, self.text_encoder = image_encoder, text_encoder
         self.latent_cache, self.text_cache = latent_cache, text_cache
         self.knobs = knobs or LoaderKnobs()
@@ -229,10 +230,25 @@ class Loader:
             for it in self.plan.steps[step]
         ]
 
+    def reference_tasks(self, step: int) -> list[tuple[int, ItemTask]]:
+        """(owner's place in the step, task) of every reference of the step's items, in order."""
+        vae = self.image_encoder.identity if self.image_encoder is not None else None
+        out = []
+        for i, it in enumerate(self.plan.steps[step]):
+            for ref, locator in zip(it.references, self.reference_locators[it.key]):
+                as_item = reference_item(it, ref)
+                key = latent_key(as_item, vae) if vae and self.latent_cache is not None else None
+                out.append((i, ItemTask(locator, as_item, key, self.plan.knobs.patch_px, reference=True)))
+        return out
+
+    def all_tasks(self, step: int) -> list[ItemTask]:
+        """The step's items, then their references (the order `build` reads results in)."""
+        return self.tasks(step) + [t for _, t in self.reference_tasks(step)]
+
     def _submit(self, pool: Executor | None, step: int) -> list[Future[ItemResult] | ItemResult]:
         if pool is None:
-            return [run_task(t, self.source, self.latent_cache) for t in self.tasks(step)]
-        return [pool.submit(run_task, t) for t in self.tasks(step)]
+            return [run_task(t, self.source, self.latent_cache) for t in self.all_tasks(step)]
+        return [pool.submit(run_task, t) for t in self.all_tasks(step)]
 
     def _latents(self, tasks: list[ItemTask], results: list[ItemResult]) -> tuple[list[torch.Tensor], int]:
         """Worker hits, then hits written since the workers' index was read, then the encoder."""
@@ -254,9 +270,12 @@ class Loader:
         return out, hits  # type: ignore[return-value]
 
     def build(self, step: int, results: list[ItemResult]) -> HostBatch:
-        """Assemble one step from its item results (main process: the encoders live here)."""
+        """Assemble one step from its item results, then its references' (`all_tasks`; main process: the
+        encoders live here)."""
         items = self.plan.steps[step]
-        tasks = self.tasks(step)
+        tasks, owners = self.tasks(step), self.reference_tasks(step)
+        all_tasks, all_results = tasks + [t for _, t in owners], results
+        results = all_results[: len(tasks)]
         batch = HostBatch(
             step, [it.key for it in items], [it.caption for it in items], [it.target for it in items]
         )
@@ -268,9 +287,20 @@ class Loader:
         if any(it.loss_weight != 1.0 for it in items):
             batch.loss_weights = [it.loss_weight for it in items]
         if self.image_encoder is not None:
-            batch.latents, batch.hits["latent"] = self._latents(tasks, results)
+            latents, batch.hits["latent"] = self._latents(all_tasks, all_results)
+            batch.latents = latents[: len(tasks)]
         else:
-            batch.pixels = [to_chw(r.pixels) for r in results]
+            latents = [to_chw(r.pixels) for r in all_results]
+            batch.pixels = latents[: len(tasks)]
+        if owners:
+            per_sample: list[list[torch.Tensor]] = [[] for _ in items]
+            for (owner, _), tensor in zip(owners, latents[len(tasks) :]):
+                per_sample[owner].append(tensor)
+            batch.reference_sizes = [[r.target for r in it.references] for it in items]
+            if self.image_encoder is not None:
+                batch.references = per_sample
+            else:
+                batch.reference_pixels = per_sample
         if self.text_encoder is not None:
             batch.text_hidden, batch.text_lengths, batch.hits["text"] = caption_embeddings(
                 batch.captions,

@@ -14,7 +14,7 @@ from .catalog import Catalog
 from .encode import encode_images, encode_texts
 from .loader import stop_pool, worker_pool
 from .ordered_map import bounded_map
-from .plan import Plan, PlannedItem
+from .plan import Plan, PlannedItem, item_where, reference_item
 from .protocols import ImageEncoder, TextEncoder
 from .sources.base import Source
 from .transform import to_chw
@@ -31,12 +31,16 @@ class FillReport:
         return f"{kind}: {self.total} planned, {self.skipped} already cached, {self.encoded} encoded"
 
 
-def planned_latents(plan: Plan, vae_identity: str) -> dict[str, PlannedItem]:
-    """Every distinct latent the plan asks for, by cache key, in plan order."""
-    out: dict[str, PlannedItem] = {}
+def planned_latents(plan: Plan, vae_identity: str) -> dict[str, tuple[PlannedItem, int | None]]:
+    """Every distinct latent the plan asks for, by cache key, in plan order: (the planned image, None) for
+    an item, (the reference as an image, its place in the item's references) for a reference."""
+    out: dict[str, tuple[PlannedItem, int | None]] = {}
     for step in plan.steps:
         for item in step:
-            out.setdefault(latent_key(item, vae_identity), item)
+            out.setdefault(latent_key(item, vae_identity), (item, None))
+            for k, ref in enumerate(item.references):
+                as_item = reference_item(item, ref)
+                out.setdefault(latent_key(as_item, vae_identity), (as_item, k))
     return out
 
 
@@ -56,10 +60,17 @@ def fill_latent_cache(
 ) -> FillReport:
     """Encode every planned latent not yet in `cache`; shards are written as they fill (resumable)."""
     wanted = planned_latents(plan, encoder.identity)
-    todo = [(k, it) for k, it in wanted.items() if k not in cache]
-    locators = {it.key: it.locator for it in catalog.usable}
+    todo = [(k, it, ref) for k, (it, ref) in wanted.items() if k not in cache]
+    by_key = {it.key: it for it in catalog.usable}
+
+    def locator(key: str, ref: int | None) -> object:
+        return by_key[key].locator if ref is None else by_key[key].references[ref]["locator"]
+
     # the latents only: loss masks are the trainer's, so a cache fill neither reads nor needs them
-    tasks = [ItemTask(locators[it.key], replace(it, mask=""), k) for k, it in todo]
+    tasks = [
+        ItemTask(locator(it.key, ref), replace(it, mask=""), k, reference=ref is not None)
+        for k, it, ref in todo
+    ]
     pool = worker_pool(workers, source, None)
     pending: dict[tuple[int, int], list[tuple[str, object]]] = defaultdict(list)
     results: Iterator = (
@@ -90,6 +101,17 @@ def _encode_group(group: list[tuple[str, object]], encoder: ImageEncoder, cache:
     for (key, _), latent in zip(group, latents):
         cache.put(key, latent)
     group.clear()
+
+
+def captions_by_item(plan: Plan, catalog: Catalog) -> Iterator[tuple[str, str]]:
+    """(the item as an error names it, its caption) of every planned occurrence."""
+    several = catalog.source.get("kind") == "concat"
+    where: dict[str, str] = {}
+    for step in plan.steps:
+        for it in step:
+            if it.key not in where:
+                where[it.key] = item_where(catalog, it.key, several)
+            yield where[it.key], it.caption
 
 
 def planned_captions(plan: Plan) -> list[str]:

@@ -1,10 +1,16 @@
 """The plan: a pure function of (catalog, seed, knobs) giving every step's items, sizes, crops and flips.
 
+An item with reference images (edit training) plans each reference too: resized to about its target's
+area at the reference's own aspect (SimpleTuner's `reference_loose`; its sampler's rule: each side
+scaled by sqrt(target area / reference area), rounded to the nearest `multiple` px), centre-cropped by
+the rounding only, flipped with its target; its tokens count in the step budget.
+
 Same inputs, same bytes: `Plan.sha256` is printed so two runs (or a resumed run) can be compared.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import random
@@ -17,6 +23,7 @@ from kohakumoss_common.hashing import canonical_json, sha256_bytes
 
 from .buckets import nearest_bucket
 from .caption_aug import augment_caption
+from .caption_format import check_caption, check_caption_format, format_caption, is_json_caption
 from .catalog import Catalog
 from .dataset_options import DatasetOptions
 from .packing import pack_steps
@@ -46,6 +53,7 @@ class PlanKnobs:
     keep_tokens: int = 0  # ... keeping this many leading tags in place
     caption_separator: str = ","
     tag_dropout: float = 0.0  # kohya: drop each tag after the kept ones with this probability
+    caption_format: str = "plain"  # plain | auto-json | json (caption_format.py)
     datasets: tuple[DatasetOptions, ...] = ()  # per-dataset options, in the datasets' order (() : defaults)
     epochs: int = 1
     shuffle: bool = True
@@ -60,6 +68,7 @@ class PlanKnobs:
             )
         if not 0 < self.min_aspect <= 1 <= self.max_aspect:
             raise ConfigError("min_aspect/max_aspect", "need 0 < min_aspect <= 1 <= max_aspect")
+        check_caption_format(self.caption_format)
         if not 0 <= self.tag_dropout <= 1:
             raise ConfigError("tag_dropout", f"must be a probability in [0, 1], got {self.tag_dropout}")
         if self.max_text_tokens < 1 or self.template_tokens < 0:
@@ -70,6 +79,18 @@ class PlanKnobs:
             if bucket[0] % self.multiple or bucket[1] % self.multiple:
                 raise ConfigError("buckets", f"{bucket} is not a multiple of {self.multiple} px")
         return self
+
+
+@dataclass(frozen=True)
+class PlannedReference:
+    """One reference image of a planned item: its content and exactly how its pixels are made (the
+    item's `flip` applies to it too)."""
+
+    hash: str
+    target: tuple[int, int]
+    resize: tuple[int, int]
+    crop: tuple[int, int]
+    tokens: int  # image tokens it adds to the sequence
 
 
 @dataclass(frozen=True)
@@ -88,10 +109,15 @@ class PlannedItem:
     epoch: int
     loss_weight: float = 1.0  # the dataset's (regularization images: their own weight)
     mask: str = ""  # "": none; "alpha": the image's alpha channel; else the mask file's path
+    references: tuple[PlannedReference, ...] = ()  # edit training: the item's references, in order
+
+    @property
+    def reference_tokens(self) -> int:
+        return sum(r.tokens for r in self.references)
 
     @property
     def tokens(self) -> int:
-        return self.image_tokens + self.text_tokens
+        return self.image_tokens + self.text_tokens + self.reference_tokens
 
 
 @dataclass
@@ -152,12 +178,54 @@ def item_target(item: CatalogItem, knobs: PlanKnobs) -> tuple[int, int]:
     )
 
 
+def reference_size(width: int, height: int, area: int, multiple: int) -> tuple[int, int]:
+    """SimpleTuner's rule for a reference: scaled by sqrt(area / its own area), each side rounded to the
+    nearest multiple (at least one)."""
+    scale = math.sqrt(area / (width * height))
+    return tuple(max(multiple, round(side * scale / multiple) * multiple) for side in (width, height))  # type: ignore[return-value]
+
+
+def plan_reference(ref: dict[str, Any], target: tuple[int, int], knobs: PlanKnobs) -> PlannedReference:
+    """A reference at about `target`'s area at its own aspect: resized to cover that size, centre-cropped
+    by the rounding only."""
+    w, h = int(ref["width"]), int(ref["height"])
+    size = reference_size(w, h, target[0] * target[1], knobs.multiple)
+    resize = cover_size(w, h, size)
+    tokens = (size[0] // knobs.patch_px) * (size[1] // knobs.patch_px)
+    return PlannedReference(
+        ref["hash"], size, resize, crop_offset(resize, size, "center", (0.0, 0.0)), tokens
+    )
+
+
+def reference_item(item: PlannedItem, ref: PlannedReference) -> PlannedItem:
+    """A reference as a planned image of its own (what the loader's workers and the latent cache take)."""
+    return dataclasses.replace(
+        item,
+        hash=ref.hash,
+        caption="",
+        target=ref.target,
+        resize=ref.resize,
+        crop=ref.crop,
+        image_tokens=ref.tokens,
+        text_tokens=0,
+        mask="",
+        references=(),
+    )
+
+
 def dataset_of(key: str, several: bool) -> tuple[int, str]:
     """(dataset index, key inside that dataset): several datasets prefix their keys with 'i/'."""
     if not several:
         return 0, key
     head, _, rest = key.partition("/")
     return int(head), rest
+
+
+def item_where(catalog: Catalog, key: str, several: bool) -> str:
+    """An item as an error names it: its dataset's path and its key there."""
+    i, rel = dataset_of(key, several)
+    source = catalog.source["sources"][i] if several else catalog.source
+    return f"{source.get('path', '?')}: {rel}"
 
 
 def options_for(key: str, knobs: PlanKnobs, several: bool) -> tuple[DatasetOptions, str]:
@@ -195,15 +263,17 @@ def plan_item(
         value = getattr(options, name)
         return getattr(knobs, name) if value is None else value
 
+    layout = knobs.caption_format != "plain" and is_json_caption(caption)  # JSON has no tags to shuffle
     caption = augment_caption(
         caption,
         rng,
         pick("caption_dropout"),
-        pick("shuffle_caption"),
+        pick("shuffle_caption") and not layout,
         pick("keep_tokens"),
         pick("caption_separator"),
-        pick("tag_dropout"),
+        0.0 if layout else pick("tag_dropout"),
     )
+    caption = format_caption(caption, knobs.caption_format)
     image_tokens = (target[0] // knobs.patch_px) * (target[1] // knobs.patch_px)
     return PlannedItem(
         item.key,
@@ -218,6 +288,7 @@ def plan_item(
         epoch,
         float(options.loss_weight),
         mask_ref(options, item.key if rel is None else rel),
+        tuple(plan_reference(ref, target, knobs) for ref in item.references),
     )
 
 
@@ -260,6 +331,10 @@ def build_plan(catalog: Catalog, seed: int, knobs: PlanKnobs) -> Plan:
             "dataset", f"{catalog.source.get('path')}: no usable image ({catalog.report.summary()})"
         )
     several = catalog.source.get("kind") == "concat"
+    if knobs.caption_format != "plain":  # a caption the format cannot train is named before any work
+        for it in items:
+            for caption in it.captions:
+                check_caption(caption, knobs.caption_format, item_where(catalog, it.key, several))
     scoped = [options_for(it.key, knobs, several) for it in items]
     repeats = [max(1, it.repeats) * opts.repeats for it, (opts, _) in zip(items, scoped)]
     reg = [opts.reg for opts, _ in scoped]

@@ -20,6 +20,8 @@ TOO_SMALL = "too_small"
 CAPTION_NOT_UTF8 = "caption_not_utf8"
 CAPTION_TOO_LARGE = "caption_too_large"
 MISSING_CAPTION = "missing_caption"
+MISSING_REFERENCE = "missing_reference"  # the dataset's `references` names no file (or field) for it
+BAD_REFERENCE = "bad_reference"  # a reference file exists but cannot be read or decoded
 DROP_REASONS = (
     ZERO_BYTE,
     CORRUPT,
@@ -30,6 +32,8 @@ DROP_REASONS = (
     CAPTION_NOT_UTF8,
     CAPTION_TOO_LARGE,
     MISSING_CAPTION,
+    MISSING_REFERENCE,
+    BAD_REFERENCE,
 )
 
 # JPEG draft mode decodes at 1/8 scale: every byte is still read, so truncation is still caught.

@@ -17,6 +17,16 @@ class Unit:
 
 
 @dataclass
+class RawReference:
+    """One reference image of an item (edit training), as a source yields it while scanning."""
+
+    locator: Any  # JSON-able; handed back to Source.read_reference
+    data: Any  # bytes, or None when the file named for it does not exist
+    name: str  # the file or member, as a report names it
+    fault: str = ""  # why it cannot be read (a permission, a FIFO): a named drop of its item
+
+
+@dataclass
 class RawItem:
     """One image as a source yields it while scanning: its bytes (or pixels) and raw caption bytes."""
 
@@ -30,6 +40,7 @@ class RawItem:
     extra: dict[str, Any] = field(default_factory=dict)
     probed: dict[str, Any] | None = None  # width/height/hash already known (pre-decoded shards)
     fault: tuple[str, str] | None = None  # (status, reason): found unusable before decoding
+    references: list[RawReference] = field(default_factory=list)  # in order (a dataset's `references`)
 
 
 @dataclass
@@ -49,6 +60,8 @@ class CatalogItem:
     status: str = OK
     reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # reference images in order, each {"locator", "name", "width", "height", "hash"} (edit training)
+    references: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -23,7 +23,7 @@ def _draft(image: Image.Image, resize: tuple[int, int]) -> None:
 
 
 def planned_pixels(data: bytes | Image.Image, item: PlannedItem) -> np.ndarray:
-    """uint8 [H, W, 3] of exactly `item.target`, as the plan says."""
+    """uint8 [H, W, 3] of exactly `item.target`, as the plan says (a reference: `plan.reference_item`)."""
     image = open_image(data)
     _draft(image, item.resize)
     image = to_rgb(image)

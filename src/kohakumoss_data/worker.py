@@ -29,6 +29,7 @@ class ItemTask:
     item: PlannedItem
     latent_key: str | None  # None: no latent cache to look in
     patch_px: int = 16  # pixels per image token side (the mask's grid)
+    reference: bool = False  # a reference image (`plan.reference_item`): read by Source.read_reference
 
 
 @dataclass
@@ -84,7 +85,8 @@ def run_task(task: ItemTask, source: Source | None = None, cache: TensorCache | 
     if cache is not None and task.latent_key is not None:
         result.latent = cache.get(task.latent_key)
     try:
-        data = source.read(task.locator) if result.latent is None or task.item.mask == "alpha" else None
+        read = source.read_reference if task.reference else source.read
+        data = read(task.locator) if result.latent is None or task.item.mask == "alpha" else None
         if result.latent is None:
             result.pixels = planned_pixels(data, task.item)
         if task.item.mask:
@@ -92,7 +94,6 @@ def run_task(task: ItemTask, source: Source | None = None, cache: TensorCache | 
     except DataError:
         raise
     except Exception as e:  # the file changed since the scan; name it
-        raise DataError(
-            f"{task.item.key}: cannot read or decode since the scan ({type(e).__name__}: {e})"
-        ) from e
+        what = f"{task.item.key} reference {task.locator}" if task.reference else task.item.key
+        raise DataError(f"{what}: cannot read or decode since the scan ({type(e).__name__}: {e})") from e
     return result

@@ -125,6 +125,13 @@ OPS: tuple[OpSpec, ...] = (
         revision=2,  # Triton's launch configs picked per sample-length bucket (were autotuned per head_dim)
     ),
     OpSpec(
+        "segment_attention",
+        "segment_attention",
+        "q [Tq, H, D], k, v [Tk, H, D], cu_seqlens_q, cu_seqlens_kv [S+1] int32, max_seqlen_q, "
+        "max_seqlen_kv, scale=None -> [Tq, H, D]",
+        "softmax attention of query segment i over key segment i (the reference images' block mask)",
+    ),
+    OpSpec(
         "lora_linear",
         "lora_linear",
         "x [..., I], weight [O, I] | stored, bias [O] | None, down [r, I], up [O, r], scale -> [..., O]",

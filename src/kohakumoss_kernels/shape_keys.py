@@ -44,6 +44,17 @@ def _attention(q, k, v, cu_seqlens, max_seqlen, *args, **kwargs) -> dict[str, in
     }
 
 
+def _segment_attention(q, k, v, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, *args, **kwargs) -> dict[str, int]:
+    return {
+        "T": bucket(q.shape[0]),
+        "Tk": bucket(k.shape[0]),
+        "H": q.shape[1],
+        "D": q.shape[2],
+        "L": bucket(max_seqlen_q),
+        "S": cu_seqlens_q.numel() - 1,
+    }
+
+
 def _rope(x, *args, **kwargs) -> dict[str, int]:
     return {"T": bucket(x.shape[0]), "H": x.shape[1], "D": x.shape[2]}
 
@@ -71,6 +82,7 @@ def _lora_group(x, weights, *args, **kwargs) -> dict[str, int | str]:
 
 _DIMS: dict[str, Callable[..., dict[str, int | str]]] = {
     "varlen_attention": _attention,
+    "segment_attention": _segment_attention,
     "apply_rope": _rope,
     "qk_norm_rope": _rope,
     "lora_linear": _weighted,

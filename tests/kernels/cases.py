@@ -70,6 +70,14 @@ def make_inputs(
         return (rnd(T, 2 * d, scale=spread),), {}
     if op == "varlen_attention":
         return (rnd(T, heads, head_dim), rnd(T, heads, head_dim), rnd(T, heads, head_dim), cu, max_len), {}
+    if op == "segment_attention":  # the reference-image layout: per sample [live n, refs n // 2] queries
+        q_lens = [n for length in lengths for n in (length, length // 2)]
+        kv_lens = [n for length in lengths for n in (length + length // 2, length // 2)]
+        cu_q, _, _ = cu_seqlens(q_lens, device)
+        cu_kv, _, _ = cu_seqlens(kv_lens, device)
+        Tq, Tk = sum(q_lens), sum(kv_lens)
+        qkv = (rnd(Tq, heads, head_dim), rnd(Tk, heads, head_dim), rnd(Tk, heads, head_dim))
+        return (*qkv, cu_q, cu_kv, max(q_lens), max(kv_lens)), {}
     if op == "lora_linear":
         w = rnd(d + 8, d, grad=False, scale=d**-0.5)  # unit-scale outputs, as in a real layer
         return (rnd(T, d), w, rnd(d + 8, grad=False), rnd(4, d, scale=d**-0.5), rnd(d + 8, 4), 0.5), {}
@@ -108,6 +116,22 @@ def shuffle_samples(args: tuple, seed: int = 3) -> tuple:
     return tuple(one(a) for a in args)
 
 
+def with_reference_row(op: str, args: tuple, seed: int = 4) -> tuple:
+    """The edit layout's modulation: each per-sample parameter gains a row B (the t = 0 one), and about a
+    third of the tokens, in runs between the samples' own, read it (model/seq.py)."""
+    rows = PER_SAMPLE_PARAMS[op].values()
+    args = list(args)
+    for i in rows:
+        extra = torch.randn((1, args[i].shape[1]), generator=torch.Generator().manual_seed(seed + i))
+        args[i] = torch.cat([args[i].detach(), extra.to(args[i])]).requires_grad_(args[i].requires_grad)
+    B = args[next(iter(rows))].shape[0] - 1
+    ts = next(i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype == torch.long)
+    token_sample = args[ts].clone()
+    token_sample[(torch.arange(token_sample.numel(), device=token_sample.device) // 4) % 3 == 2] = B
+    args[ts] = token_sample
+    return tuple(args)
+
+
 def compare_shuffled(op: str, backend: str, lengths: list[int], dtype, device, **dims) -> None:
     compare(op, backend, lengths, dtype, device, shuffle=True, **dims)
 
@@ -124,14 +148,25 @@ def _poisoned_forward_acc(*args, **kwargs):
 
 
 def compare(
-    op: str, backend: str, lengths: list[int], dtype, device, shuffle: bool = False, op_kwargs=None, **dims
+    op: str,
+    backend: str,
+    lengths: list[int],
+    dtype,
+    device,
+    shuffle: bool = False,
+    op_kwargs=None,
+    reference_row: bool = False,
+    **dims,
 ) -> None:
     """Assert backend == eager (computed in float32 from the same inputs) on outputs and gradients;
-    op_kwargs go to both calls (for example norm_modulate's fork=True)."""
+    op_kwargs go to both calls (for example norm_modulate's fork=True); reference_row: the AdaLN ops'
+    edit layout (`with_reference_row`)."""
     args, kwargs = make_inputs(op, lengths, dtype, device, **dims)
     kwargs = {**kwargs, **(op_kwargs or {})}
     if shuffle:
         args = shuffle_samples(args)
+    if reference_row:
+        args = with_reference_row(op, args)
     ref_args = tuple(
         a.detach().float().requires_grad_(a.requires_grad)
         if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != torch.float32

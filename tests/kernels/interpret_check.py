@@ -58,6 +58,8 @@ if __name__ == "__main__":
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40)
             backward_twice(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=40)
             compare(op, "triton", [4, 9, 3], torch.float32, "cpu", shuffle=True, d=40)
+            # the edit layout: a t = 0 row B that runs of tokens between the samples' own read
+            compare(op, "triton", [4, 9, 3], torch.float32, "cpu", reference_row=True, d=40)
         if op == "norm_modulate":  # x's other use's gradient added in the backward's own pass
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", op_kwargs={"fork": True}, d=40)
             compare(op, "triton", [3, 0, 2, 6, 1], torch.float32, "cpu", d=32)  # one chunk (row_chunks)

@@ -165,6 +165,25 @@ def test_rows_not_grouped_by_sample():
         compare_shuffled(op, "triton", [300, 1, 77, 500], torch.bfloat16, "cuda", d=3072)
 
 
+def test_rows_of_the_reference_layout():
+    """The edit layout: runs of tokens read a t = 0 row B between the samples' own rows."""
+    for op in ("norm_modulate", "gated_residual", "residual_norm_modulate"):
+        compare(op, "triton", [300, 1, 77, 500], torch.bfloat16, "cuda", reference_row=True, d=3072)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lengths", [[1, 5, 19], [4096 + 90, 4096 + 40]], ids=str)
+@pytest.mark.parametrize("backend", ["torch_varlen", "flex"])
+def test_segment_attention_backends(backend, lengths, dtype):
+    """Reference queries over reference keys alone, target and text over the whole sample."""
+    if registry.load_backend("segment_attention", backend, "sm90", dtype) is None:
+        pytest.skip(f"{backend} not available here")
+    if backend == "flex" and lengths != [1, 5, 19]:
+        pytest.skip("flex recompiles per token count; one mixed-length case is enough")
+    heads = 2 if sum(lengths) > 4000 else 4
+    compare("segment_attention", backend, lengths, dtype, "cuda", heads=heads, head_dim=128)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 # the last: the trainer's layout, two 1 MP samples with captions of 40 and 90 tokens and the pad segment
 @pytest.mark.parametrize(

@@ -26,6 +26,7 @@ from kohakumoss.memory.plan import (
 from kohakumoss.memory.profiles import profile_problem
 from kohakumoss.precision import BASE_PRECISIONS
 from kohakumoss_data import LoaderKnobs, PlanKnobs, ScanKnobs
+from kohakumoss_data.caption_format import CAPTION_FORMATS
 
 from .bounds import SEED_MAX, SEED_MIN, device_problem, seeds_problem
 from .knobs import Schema
@@ -360,6 +361,11 @@ class PlanConfig:
         "drop each tag after the KEEP_TOKENS kept ones with this probability",
         min=0.0,
         max=1.0,
+    )
+    caption_format: str = knob(
+        PlanKnobs.caption_format,
+        "plain, auto-json (wrap plain captions in MOSS's layout JSON) or json (captions must be layout JSON)",
+        choices=CAPTION_FORMATS,
     )
 
 

@@ -442,6 +442,8 @@ class PipelineEngine:
 
     def run(self, batch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """One micro-step's forward and backward through the schedule; its loss (every rank's copy)."""
+        if getattr(batch, "refs", None) is not None:  # its stages split the joint axis without them
+            raise ConfigError("DISTRIBUTED", "the pipeline engines do not train on reference images yet")
         self.state.chunks = cut_chunks(batch, sigma, noise, self.chunks, self.accum, self.reduction)
         self.state.losses = []
         index = torch.arange(self.chunks)

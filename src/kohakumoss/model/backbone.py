@@ -13,11 +13,15 @@ the HF one. No data loading, loss or sampler in here; attention stays within eac
             the leading samples still run them)
     shift, scale = video_head_modulation(time)
     v     = final_linear_video(final_norm_video(x_img) * (1 + scale) + shift)
+
+With reference images (`refs`, edit training; ../shared/spec/moss-image-edit-facts.md 1.3) the joint axis is
+[target | text | references] per sample: the references through video_embedder too, modulated at t = 0
+(row B of `mod`, appended here), their queries attending to references alone (PackedSeq), no output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 
 import torch
 from torch import nn
@@ -31,14 +35,17 @@ from .rope import RotaryBands, rope_cos_sin
 from .seq import PackedSeq
 
 
-def linear_rows(name: str, image_tokens: int, text_tokens: int, samples: int) -> int:
+def linear_rows(name: str, image_tokens: int, text_tokens: int, samples: int, ref_tokens: int = 0) -> int:
     """Rows the linear `name` multiplies in one forward (the diagram above): the blocks see every token,
-    the refiner the text, the embedder and the head the image tokens, the time path one row per sample."""
+    the refiner the text, the embedder the image and reference tokens, the head the image tokens, the
+    time path one row per sample."""
     if name.startswith("layers."):
-        return image_tokens + text_tokens
+        return image_tokens + text_tokens + ref_tokens
     if name.startswith("text_embedder."):
         return text_tokens
-    if name in ("video_embedder", "final_linear_video"):
+    if name == "video_embedder":
+        return image_tokens + ref_tokens
+    if name == "final_linear_video":
         return image_tokens
     if name.startswith("time_embedding.") or name.endswith("_modulation"):
         return samples
@@ -78,14 +85,25 @@ class MossBackbone(nn.Module):
         ).contiguous()
 
     def embed(
-        self, img: torch.Tensor, text: torch.Tensor, seq: PackedSeq, rope: tuple[torch.Tensor, torch.Tensor]
+        self,
+        img: torch.Tensor,
+        text: torch.Tensor,
+        seq: PackedSeq,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        refs: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Both streams embedded (the text through its refiner) and laid out on the joint axis."""
+        """The streams embedded (the text through its refiner, the references through the image
+        embedder) and laid out on the joint axis."""
         text_rope = (rope[0][seq.text_index], rope[1][seq.text_index])
         txt = self.text_embedder(text, seq, text_rope, self.ops, self.residual_dtype)
-        vid = self.video_embedder(img.to(self.video_embedder.weight.dtype))
-        dtype = self.residual_dtype or vid.dtype
-        return torch.cat([vid.to(dtype), txt.to(dtype)], dim=0)[seq.joint_gather]
+        if refs is None:
+            vid = self.video_embedder(img.to(self.video_embedder.weight.dtype))
+            dtype = self.residual_dtype or vid.dtype
+            return torch.cat([vid.to(dtype), txt.to(dtype)], dim=0)[seq.joint_gather]
+        both = self.video_embedder(torch.cat([img, refs.to(img.dtype)]).to(self.video_embedder.weight.dtype))
+        dtype = self.residual_dtype or both.dtype
+        vid, ref = both.split([img.shape[0], refs.shape[0]])
+        return torch.cat([vid.to(dtype), txt.to(dtype), ref.to(dtype)], dim=0)[seq.joint_gather]
 
     def forward(
         self,
@@ -95,14 +113,22 @@ class MossBackbone(nn.Module):
         seq: PackedSeq,
         skip_layers: Collection[int] = (),
         keep_lead: PackedSeq | None = None,
+        refs: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """keep_lead: the layout of the batch's leading samples, which then run every block (skip_layers
         leave the blocks out of the other samples only): the sampler's conditional branch packed before
-        its skip-layer-guided unconditional one, one forward for both."""
+        its skip-layer-guided unconditional one, one forward for both.
+        refs: [T_ref, in_channels] the reference images' clean latent tokens, packed as `seq.ref_sizes`
+        says (`pack_references`); required exactly when seq has references."""
         cfg, ops = self.config, self.ops
-        mod, head = self.modulations(sigma)
+        check_references(seq, refs)
+        if seq.has_references:  # row B of the modulation table: t = 0, the references'
+            mod, head = self.modulations(torch.cat([sigma, sigma.new_zeros(1)]))
+            head = head[:, : sigma.shape[0]]
+        else:
+            mod, head = self.modulations(sigma)
         rope = rope_cos_sin(seq.positions, cfg.head_dim, cfg.rope_theta)
-        x = self.embed(img, text, seq, rope)
+        x = self.embed(img, text, seq, rope, refs)
         run = self.block_runner
         lead = _lead_inputs(keep_lead, seq, mod, rope) if keep_lead is not None and skip_layers else None
 
@@ -142,12 +168,40 @@ class MossBackbone(nn.Module):
         return self
 
 
+def check_references(seq: PackedSeq, refs: torch.Tensor | None) -> None:
+    """refs must be given exactly when the layout has references, with one row per reference token."""
+    if refs is None and seq.has_references:
+        raise ValueError(f"the layout has {seq.ref_tokens} reference tokens but no refs were given")
+    if refs is not None and refs.shape[0] != seq.ref_tokens:
+        raise ValueError(f"refs has {refs.shape[0]} tokens, the layout {seq.ref_tokens} (ref_sizes)")
+
+
+def pack_references(
+    reference_latents: Sequence[Sequence[torch.Tensor]],
+) -> tuple[torch.Tensor | None, list[list[tuple[int, int]]]]:
+    """Per sample a list of [in_channels, rows, cols] token grids (patchified latents) -> the packed
+    reference tokens [T_ref, in_channels] (sample-major, references in order, each row-major) and
+    their grids, the `ref_sizes` of `PackedSeq.build`. None when no sample has a reference."""
+    sizes = [[(int(r.shape[-2]), int(r.shape[-1])) for r in refs] for refs in reference_latents]
+    tokens = [r.flatten(1).t() for refs in reference_latents for r in refs]
+    return (torch.cat(tokens) if tokens else None), sizes
+
+
 def _lead_inputs(lead: PackedSeq, seq: PackedSeq, mod: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]):
-    """(tokens, modulation [6, b, d], rope) of the first `lead.num_samples` samples of `seq`."""
+    """(tokens, modulation [6, b (+1), d], rope) of the first `lead.num_samples` samples of `seq`
+    (with references, the t = 0 row after theirs, where the lead's reference tokens read it)."""
     b, n = lead.num_samples, lead.total_tokens
-    if lead.text_lens != seq.text_lens[:b] or lead.img_sizes != seq.img_sizes[:b] or b >= seq.num_samples:
+    lead_refs = lead.ref_sizes or ((),) * b
+    seq_refs = seq.ref_sizes[:b] if seq.ref_sizes else ((),) * b
+    if (
+        lead.text_lens != seq.text_lens[:b]
+        or lead.img_sizes != seq.img_sizes[:b]
+        or lead_refs != seq_refs
+        or b >= seq.num_samples
+    ):
         raise ValueError(
-            f"keep_lead {lead.text_lens}/{lead.img_sizes} is not a proper prefix of the batch "
-            f"{seq.text_lens}/{seq.img_sizes}"
+            f"keep_lead {lead.text_lens}/{lead.img_sizes}/{lead.ref_sizes} is not a proper prefix of the batch "
+            f"{seq.text_lens}/{seq.img_sizes}/{seq.ref_sizes}"
         )
-    return n, mod[:, :b].contiguous(), (rope[0][:n], rope[1][:n])
+    lead_mod = torch.cat([mod[:, :b], mod[:, -1:]], 1) if lead.has_references else mod[:, :b].contiguous()
+    return n, lead_mod, (rope[0][:n], rope[1][:n])

@@ -1,7 +1,7 @@
 """The transformer blocks of MOSS-Image, on the packed token axis. Parameter names are the released ones.
 
 MossBlock (`layers.N`), modulated by the one shared block modulation (shift_a, scale_a, gate_a, shift_f,
-scale_f, gate_f, each per sample):
+scale_f, gate_f, each a row per sample, plus the t = 0 row reference tokens read: `seq.token_sample`):
 
     y = norm1(x) * (1 + scale_a) + shift_a            norm1, norm2: RMSNorm with weight, eps 1e-6
     x = x + gate_a * o(attn(q_norm(q(y)), k_norm(k(y)), v(y)))      q_norm, k_norm per head, then RoPE
@@ -44,14 +44,22 @@ def attention(
     num_heads: int,
     eps: float,
     ops,
+    segments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """[T, d] q, k, v -> per-head QK-norm and RoPE -> attention within each cu_seqlens run -> [T, d]."""
+    """[T, d] q, k, v -> per-head QK-norm and RoPE -> attention within each cu_seqlens run -> [T, d].
+    segments: (kv_index, cu_seqlens_q, cu_seqlens_kv) with reference images (PackedSeq.attention_segments):
+    the keys and values gathered to the key segments, reference queries seeing references alone."""
     shape = (q.shape[0], num_heads, q.shape[-1] // num_heads)
     q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
     cos, sin = rope
     q = ops.qk_norm_rope(q, q_norm.weight, cos, sin, eps)
     k = ops.qk_norm_rope(k, k_norm.weight, cos, sin, eps)
-    return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen).reshape(q.shape[0], -1)
+    if segments is None:
+        return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen).reshape(q.shape[0], -1)
+    kv_index, cu_q, cu_kv = segments
+    k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
+    out = ops.segment_attention(q, k, v, cu_q, cu_kv, max_seqlen, max_seqlen)
+    return out.reshape(q.shape[0], -1)
 
 
 class _NormedBlock(nn.Module):
@@ -93,6 +101,7 @@ class MossBlock(_NormedBlock):
         q, k, v = self.project_qkv(y)
         out = attention(
             q, k, v, self.q_norm, self.k_norm, rope, seq.cu_seqlens, seq.max_seqlen, self.num_heads, eps, ops,
+            seq.attention_segments,
         )  # fmt: skip
         return ops.residual_norm_modulate(x, self.proj["o"](out), gate_a, shift_f, scale_f, ts, eps)
 

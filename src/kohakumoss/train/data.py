@@ -12,13 +12,14 @@ from typing import Any
 
 from kohakumoss.config.train import TrainConfig
 from kohakumoss.data_knobs import knob_errors, loader_knobs, plan_knobs, scan_knobs
+from kohakumoss.encoders.text_cap import cut_captions, report_cut_captions
 from kohakumoss_common.errors import ConfigError, DataError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_data import Catalog, Loader, Plan, build_plan, open_caches
-from kohakumoss_data.cache_keys import latent_key, text_key
+from kohakumoss_data.cache_keys import item_latent_keys, text_key
 from kohakumoss_data.catalog import scan
-from kohakumoss_data.offline import fill_latent_cache, fill_text_cache, planned_captions
+from kohakumoss_data.offline import captions_by_item, fill_latent_cache, fill_text_cache, planned_captions
 from kohakumoss_data.sources import make_source
 
 from .epochs import resolve_epochs, steps_per_epoch
@@ -51,15 +52,30 @@ def split_validation(catalog: Catalog, n: int, seed: int) -> tuple[Catalog, Cata
     return train, val
 
 
-def template_token_count(text_encoder: Any) -> int:
-    """Tokens the encoder's prompt template adds to a caption (the template alone, as an empty caption
-    encodes); 0 for encoders without a tokenizer (synthetic) or none."""
+def prompt_tokenizer(text_encoder: Any) -> Any:
+    """The encoder's PromptTokenizer (None: an encoder without a tokenizer, synthetic, or none)."""
     prompts = getattr(text_encoder, "prompts", None)
     if prompts is None:  # CacheOnly wraps the placed encoder
         prompts = getattr(getattr(text_encoder, "encoder", None), "prompts", None)
+    return prompts
+
+
+def template_token_count(text_encoder: Any) -> int:
+    """Tokens the encoder's prompt template adds to a caption (the template alone, as an empty caption
+    encodes); 0 for encoders without a tokenizer (synthetic) or none."""
+    prompts = prompt_tokenizer(text_encoder)
+    return 0 if prompts is None else len(prompts(""))
+
+
+def check_caption_cuts(text_encoder: Any, plans: list[tuple[Plan, Catalog]], cfg: TrainConfig) -> None:
+    """Name each planned caption whose templated prompt is over MAX_TEXT_TOKENS (`encoders/text_cap.py`):
+    a warning, or an error with a layout-JSON CAPTION_FORMAT."""
+    prompts = prompt_tokenizer(text_encoder)
     if prompts is None:
-        return 0
-    return len(prompts(""))
+        return
+    cap = min(int(prompts.max_length), int(cfg.data.max_text_tokens))
+    pairs = (pair for plan, catalog in plans for pair in captions_by_item(plan, catalog))
+    report_cut_captions(cut_captions(prompts, pairs, cap), "MAX_TEXT_TOKENS", cfg.data.caption_format)
 
 
 def run_plan_knobs(cfg: TrainConfig):
@@ -165,6 +181,10 @@ def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder, source: Any, c
     micro = int(cfg.optim.steps) * int(cfg.optim.grad_accum)
     plan = plan_for_steps(train_catalog, cfg, micro, template, one=one)
     val_plan = validation_plan(val_catalog, cfg, template) if val_catalog is not None else None
+    # one epoch holds every item's captions (later epochs draw the same ones, shuffled or dropped)
+    check_caption_cuts(
+        text_encoder, [(one, train_catalog), *([(val_plan, val_catalog)] if val_plan else [])], cfg
+    )
     cache_dir = data.cache_dir or None
     latent_cache, text_cache = open_caches(cache_dir, image_encoder, text_encoder)
     return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache, epoch_steps)
@@ -216,7 +236,8 @@ def check_cached(data: RunData, encoder, cache, knob: str, micro_steps: int) -> 
     steps = data.plan.steps[:micro_steps] + (data.val_plan.steps if data.val_plan else [])
     items = [it for step in steps for it in step]
     if knob == "VAE_ENCODE":
-        kind, wanted = "latent", dict.fromkeys(latent_key(it, encoder.identity) for it in items)
+        keys = (k for it in items for k in item_latent_keys(it, encoder.identity))  # references too
+        kind, wanted = "latent", dict.fromkeys(keys)
     else:
         keys = (
             text_key(it.caption, encoder.template, encoder.identity, encoder.layer_choice) for it in items

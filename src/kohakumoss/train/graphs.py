@@ -95,7 +95,7 @@ def batch_signature(
     """Everything a captured graph depends on besides tensor values: shapes and the length bounds the
     kernels' grids are sized by; `exact` adds the lengths themselves (ops that read them on the host)."""
     seq = batch.seq
-    tensors = (batch.x0, batch.text, sigma, noise, *seq.tensors())
+    tensors = (batch.x0, batch.text, sigma, noise, *_optional(batch), *seq.tensors())
     shapes = tuple((tuple(t.shape), t.dtype) for t in tensors)
     key = (
         shapes,
@@ -103,8 +103,9 @@ def batch_signature(
         seq.text_max_seqlen,
         str(batch.x0.device),
         batch.weight is not None,
+        batch.refs is not None,
     )
-    return (*key, seq.text_lens, seq.img_sizes) if exact else key
+    return (*key, seq.text_lens, seq.img_sizes, seq.ref_sizes) if exact else key
 
 
 def _memory(device: torch.device) -> str:
@@ -113,15 +114,26 @@ def _memory(device: torch.device) -> str:
     return f"{allocated / gib:.1f} GiB allocated, {reserved / gib:.1f} GiB reserved"
 
 
-def _weight(batch: DeviceBatch) -> tuple[torch.Tensor, ...]:
-    """The per-token loss weight as a fifth static input, when the batch has one (masks, reg weights)."""
-    return () if batch.weight is None else (batch.weight,)
+def _optional(batch: DeviceBatch) -> tuple[torch.Tensor, ...]:
+    """The static inputs after x0, text, sigma and noise, those the batch has: the per-token loss weight
+    (masks, reg weights), then the reference tokens (edit training)."""
+    return tuple(t for t in (batch.weight, batch.refs) if t is not None)
+
+
+def _static_batch(batch: DeviceBatch, inputs: tuple[torch.Tensor, ...]) -> DeviceBatch:
+    """The batch the graph reads: `inputs` (x0, text, sigma, noise, then `_optional`) in place of its own."""
+    rest = list(inputs[4:])
+    weight = rest.pop(0) if batch.weight is not None else None
+    refs = rest.pop(0) if batch.refs is not None else None
+    return DeviceBatch(inputs[0], inputs[1], batch.seq, weight, refs)
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    inputs: tuple[torch.Tensor, ...]  # static x0, text, sigma, noise (, weight): each replay copies into them
+    inputs: tuple[
+        torch.Tensor, ...
+    ]  # static x0, text, sigma, noise (, weight, refs): each replay copies into them
     loss: torch.Tensor
     batch: DeviceBatch  # holds the PackedSeq the graph read (its device tensors must stay alive)
 
@@ -216,8 +228,8 @@ class StepGraphs:
         device, t0 = batch.x0.device, time.perf_counter()
         self._use_shared_grads()
         torch.cuda.empty_cache()  # the eager steps' cached blocks, or they sit beside the graph's pool
-        inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise, *_weight(batch)))
-        static_batch = DeviceBatch(inputs[0], inputs[1], batch.seq, inputs[4] if len(inputs) > 4 else None)
+        inputs = tuple(t.clone() for t in (batch.x0, batch.text, sigma, noise, *_optional(batch)))
+        static_batch = _static_batch(batch, inputs)
         if self.side is None:
             self.side = torch.cuda.Stream(device)
         side = self.side
@@ -277,7 +289,9 @@ class StepGraphs:
         return loss
 
     def _replay(self, entry: _Graph, batch: DeviceBatch, sigma, noise) -> torch.Tensor:
-        for dst, src in zip(entry.inputs, (batch.x0, batch.text, sigma, noise, *_weight(batch))):
+        for dst, src in zip(
+            entry.inputs, (batch.x0, batch.text, sigma, noise, *_optional(batch)), strict=True
+        ):
             dst.copy_(src, non_blocking=True)
         if entry.batch.seq is not batch.seq:  # this batch's lengths, where the kernels read them
             for dst, src in zip(entry.batch.seq.tensors(), batch.seq.tensors()):

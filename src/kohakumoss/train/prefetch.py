@@ -98,6 +98,9 @@ class Prefetcher:
         # allocated on the copy stream, used on this one: the allocator must not reuse them before it is done
         for t in (batch.x0, batch.text, *batch.seq.tensors()):
             t.record_stream(current)
+        for t in (batch.weight, batch.refs):
+            if t is not None:
+                t.record_stream(current)
         return batch
 
     def close(self) -> None:

@@ -22,6 +22,7 @@ class DeviceBatch:
     text: torch.Tensor  # [T_text, text_dim]
     seq: PackedSeq
     weight: torch.Tensor | None = None  # [T_img] float32 loss weight per image token (masks, reg weights)
+    refs: torch.Tensor | None = None  # [T_ref, 128] clean reference latent tokens (edit training)
 
     @property
     def num_samples(self) -> int:
@@ -40,6 +41,24 @@ class HostReady:
     text: torch.Tensor  # [T_text, text_dim] in the compute dtype
     seq: PackedSeq  # on the host
     weight: torch.Tensor | None = None  # [T_img] float32 (HostBatch.token_weights), None: all 1
+    refs: torch.Tensor | None = None  # [T_ref, 128] reference latent tokens in the compute dtype
+
+
+def reference_tokens(
+    batch, dtype: torch.dtype
+) -> tuple[torch.Tensor | None, list[list[tuple[int, int]]] | None]:
+    """The batch's reference latents (`reference_latents`: per sample a list of [32, h, w]) patchified and
+    packed (sample-major, references in order) with their token grids; (None, None) without any."""
+    per_sample = getattr(batch, "reference_latents", None)
+    if per_sample is None or not any(len(refs) for refs in per_sample):
+        return None, None
+    if len(per_sample) != len(batch.latents):
+        raise DataError(
+            f"step {batch.step}: {len(per_sample)} reference lists for {len(batch.latents)} images"
+        )
+    tokens = [patchify(r.float()) for refs in per_sample for r in refs]
+    grids = [[(r.shape[-2] // 2, r.shape[-1] // 2) for r in refs] for refs in per_sample]
+    return torch.cat(tokens).to(dtype), grids
 
 
 def host_ready(batch, dtype: torch.dtype, pin: bool = False, pad_to: int = 0) -> HostReady:
@@ -52,14 +71,16 @@ def host_ready(batch, dtype: torch.dtype, pin: bool = False, pad_to: int = 0) ->
     x0 = torch.cat([patchify(lat.float()) for lat in batch.latents]).to(dtype)
     text = batch.text_hidden.to(dtype)
     grids = [(lat.shape[-2] // 2, lat.shape[-1] // 2) for lat in batch.latents]
-    seq = PackedSeq.build(batch.text_lengths.tolist(), grids, pad_to=pad_to)
+    refs, ref_grids = reference_tokens(batch, dtype)
+    seq = PackedSeq.build(batch.text_lengths.tolist(), grids, pad_to=pad_to, ref_sizes=ref_grids)
     if seq.text_pad:
         text = torch.cat([text, text.new_zeros(seq.text_pad, text.shape[1])])
     weight = batch.token_weights() if hasattr(batch, "token_weights") else None
     if pin:
         x0, text, seq = x0.pin_memory(), text.pin_memory(), seq.pin_memory()
         weight = weight.pin_memory() if weight is not None else None
-    return HostReady(x0, text, seq, weight)
+        refs = refs.pin_memory() if refs is not None else None
+    return HostReady(x0, text, seq, weight, refs)
 
 
 def ready_to_device(ready: HostReady, device: torch.device) -> DeviceBatch:
@@ -69,6 +90,7 @@ def ready_to_device(ready: HostReady, device: torch.device) -> DeviceBatch:
         ready.text.to(device, non_blocking=True),
         ready.seq.to(device),
         ready.weight.to(device, non_blocking=True) if ready.weight is not None else None,
+        ready.refs.to(device, non_blocking=True) if ready.refs is not None else None,
     )
 
 
@@ -118,11 +140,13 @@ def flow_loss(
     **loss_options,
 ) -> torch.Tensor:
     """Forward the backbone on the noised batch (autocast to `dtype`) and return the flow-matching loss
-    (`loss_options`: flow_matching_loss's loss_type, huber_c, min_snr_gamma)."""
+    (`loss_options`: flow_matching_loss's loss_type, huber_c, min_snr_gamma). Reference tokens (edit
+    training) go in clean and give no output, so the loss covers the target tokens alone."""
     target = make_flow_target(batch.x0, sigma, batch.seq.img_token_sample, noise)
     device_type = batch.x0.device.type
+    refs = {} if batch.refs is None else {"refs": batch.refs}  # text-to-image calls the model as before
     with torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
-        pred = model(target.x_t, batch.text, sigma, batch.seq)
+        pred = model(target.x_t, batch.text, sigma, batch.seq, **refs)
     return flow_matching_loss(
         pred,
         target.target,

@@ -23,7 +23,8 @@ def validation_loss(
             sigma = torch.full((batch.num_samples,), float(s), device=batch.x0.device)
             target = make_flow_target(batch.x0, sigma, batch.seq.img_token_sample, noise)
             with torch.autocast(batch.x0.device.type, dtype=dtype, enabled=dtype != torch.float32):
-                pred = model(target.x_t, batch.text, sigma, batch.seq)
+                refs = {} if batch.refs is None else {"refs": batch.refs}
+                pred = model(target.x_t, batch.text, sigma, batch.seq, **refs)
             losses = per_sample_loss(pred, target.target, batch.seq.img_token_sample, batch.num_samples)
             total, count = total + losses.sum().item(), count + batch.num_samples
     return total / count

@@ -37,6 +37,10 @@ class Source(ABC):
     def read(self, locator: Any) -> bytes | Image.Image:
         """The bytes (or pixels) of one image, as located by the scan."""
 
+    def read_reference(self, locator: Any) -> bytes | Image.Image:
+        """The bytes of one reference image, as located by the scan (`CatalogItem.references`)."""
+        return self.read(locator)
+
     def catalog_home(self) -> Path | None:
         """The folder that holds this dataset's catalog cache by default (None: the user cache)."""
         return self.path if self.path.is_dir() else self.path.parent

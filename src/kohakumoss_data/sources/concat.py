@@ -49,11 +49,17 @@ class ConcatSource(Source):
         for i in sorted(by_source):
             for raw in self.sources[i].expand_units(by_source[i]):
                 raw.key, raw.unit, raw.locator = f"{i}/{raw.key}", f"{i}/{raw.unit}", [i, raw.locator]
+                for ref in raw.references:
+                    ref.locator = [i, ref.locator]
                 yield raw
 
     def read(self, locator: list) -> bytes | Image.Image:
         i, inner = locator
         return self.sources[i].read(inner)
+
+    def read_reference(self, locator: list) -> bytes | Image.Image:
+        i, inner = locator
+        return self.sources[i].read_reference(inner)
 
     def spec(self) -> dict[str, Any]:
         return {"kind": self.kind, "sources": [s.spec() for s in self.sources]}

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from kohakumoss_common.errors import DataError
+
 from ..catalog import Catalog
 from ..decode import decode_rgb
 from .base import Source
@@ -44,6 +46,11 @@ def convert_to_shards(
     items_per_shard: int = 256,
 ) -> list[Path]:
     """Write every usable item of `catalog` as shards under `out_dir`; returns the shard paths."""
+    if any(it.references for it in catalog.usable):  # the shard format holds no reference images
+        raise DataError(
+            f"{source.path}: the dataset has reference images (option references), which shards do not hold: "
+            "train it from its own files"
+        )
     writer = ShardWriter(out_dir, items_per_shard)
     for key, image, captions, repeats, name in convert_items(source, catalog, max_area):
         writer.add(key, image, captions, repeats, name)

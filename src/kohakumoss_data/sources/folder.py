@@ -8,7 +8,8 @@ from pathlib import Path
 
 from kohakumoss_common.errors import DataError
 
-from ..records import RawItem, Unit
+from ..probe import MISSING_REFERENCE
+from ..records import RawItem, RawReference, Unit
 from .base import Source
 from .files import (
     CAPTION_LIKE,
@@ -26,6 +27,7 @@ from .files import (
     stat_signature,
     walk_images,
 )
+from .references import ReferenceFolder, check_reference_folder, read_reference_file
 
 
 class FolderSource(Source):
@@ -38,6 +40,7 @@ class FolderSource(Source):
         extensions: Iterable[str] = DEFAULT_EXTENSIONS,
         recursive: bool = True,
         repeats: int = 1,
+        references: str | Path | None = None,
     ):
         super().__init__(path)
         if not self.path.is_dir():
@@ -50,6 +53,31 @@ class FolderSource(Source):
         self.extensions = normalize_extensions(extensions)
         self.recursive = recursive
         self.repeats = int(repeats)
+        # edit training: a folder of reference images mirroring this one (sources/references.py)
+        self.references = (
+            ReferenceFolder(check_reference_folder(references, self.path).resolve(), self.extensions)
+            if references
+            else None
+        )
+        self._stems: dict[Path, set[str]] = {}
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_stems": {}}
+
+    def _sibling_stems(self, folder: Path) -> set[str]:
+        """Stems of this dataset's images in `folder` (a `<stem>_<n>` among them is no one's reference)."""
+        if folder not in self._stems:
+            try:
+                entries = sorted_entries(folder)
+            except OSError:
+                entries = []
+            self._stems[folder] = {e.stem for e in entries if e.suffix.lower() in self.extensions}
+        return self._stems[folder]
+
+    def _reference_files(self, rel: str) -> tuple[list[Path], str]:
+        assert self.references is not None
+        folder = (self.path / rel).parent
+        return self.references.files_for(rel, lambda: self._sibling_stems(folder))
 
     def _images(self) -> Iterator[tuple[Path, str]]:
         """(image, fault) pairs; a fault is a recorded drop (see `files.walk_images`)."""
@@ -67,7 +95,11 @@ class FolderSource(Source):
             sidecar = find_sidecar(image, self.caption_extensions)
             captioned = captioned or sidecar is not None
             stems.add((image.parent, image.stem))
-            yield Unit(rel, f"{stat_signature(image, sidecar)}|{sidecar.suffix if sidecar else ''}")
+            signature = f"{stat_signature(image, sidecar)}|{sidecar.suffix if sidecar else ''}"
+            if self.references is not None:  # a reference added, edited or removed re-reads the image
+                refs, problem = self._reference_files(rel)
+                signature += f"|refs:{problem or [p.name for p in refs]}|{stat_signature(*refs)}"
+            yield Unit(rel, signature)
         if stems and not captioned:
             self._check_caption_extension(stems)
 
@@ -107,7 +139,22 @@ class FolderSource(Source):
         except OSError as e:  # vanished or unreadable since listing
             yield replace(item, fault=(UNREADABLE, f"{type(e).__name__}: {e}"))
             return
-        yield replace(item, data=data, captions=captions, repeats=self.repeats_for(unit_id))
+        item = replace(item, data=data, captions=captions, repeats=self.repeats_for(unit_id))
+        if self.references is not None:
+            refs, problem = self._reference_files(unit_id)
+            if problem:
+                item = replace(item, fault=(MISSING_REFERENCE, problem))
+            else:
+                item.references = [self._read_reference(p) for p in refs]
+        yield item
+
+    @staticmethod
+    def _read_reference(path: Path) -> RawReference:
+        """A reference file's bytes (None: it vanished); one that cannot be read is the probe's `bad_reference`."""
+        return read_reference_file(path, str(path), readable_name(path))
+
+    def read_reference(self, locator: str) -> bytes:
+        return read_regular(Path(locator))
 
     def read(self, locator: str) -> bytes:
         return read_regular(self.path / locator)
@@ -119,4 +166,5 @@ class FolderSource(Source):
             "extensions": self.extensions,
             "recursive": self.recursive,
             "repeats": self.repeats,
+            **({"references": str(self.references.root)} if self.references is not None else {}),
         }

@@ -10,9 +10,11 @@ from typing import Any
 from kohakumoss_common.errors import DataError
 from kohakumoss_common.hashing import sha256_bytes
 
+from ..probe import MISSING_REFERENCE
 from ..records import RawItem, Unit
 from .base import Source
 from .files import NOT_A_FILE, UNREADABLE, entry_fault, fault_reason, read_regular, stat_signature
+from .references import read_reference_file, references_of
 
 
 def caption_blobs(value: Any) -> list[bytes] | None:
@@ -32,12 +34,14 @@ class JsonlSource(Source):
         image_key: str = "image",
         caption_key: str = "caption",
         image_root: str | Path | None = None,
+        references: str | None = None,
     ):
         super().__init__(path)
         if not self.path.is_file():
             raise DataError(f"{self.path}: jsonl manifest does not exist")
         self.image_key = image_key
         self.caption_key = caption_key
+        self.references = references or None  # edit training: the key of each line's reference path(s)
         self.image_root = Path(image_root) if image_root else self.path.parent
 
     def _records(self) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
@@ -64,6 +68,12 @@ class JsonlSource(Source):
             raise DataError(f"{self.path}: '{rel}' is a URL; jsonl images must be local relative paths")
         return self.image_root / rel
 
+    def _reference_paths(self, record: dict[str, Any]) -> list[tuple[str, Path]]:
+        """(as written, the file) of each reference of a line, relative to image_root."""
+        if self.references is None:
+            return []
+        return [(str(v), self.image_root / str(v)) for v in references_of(record.get(self.references))]
+
     def units(self) -> Iterator[Unit]:
         """One unit per line; a manifest in which no line has the caption key is refused once listed."""
         keys: set[str] = set()
@@ -73,6 +83,8 @@ class JsonlSource(Source):
             captioned = captioned or self.caption_key in record
             image = self._image_path(record)
             sig = stat_signature(image) if image.is_file() else "missing"
+            for _, ref in self._reference_paths(record):  # an edited reference re-reads the line
+                sig += f"|{stat_signature(ref) if ref.is_file() else 'missing'}"
             yield Unit(f"{lineno}:{record[self.image_key]}", f"{sha256_bytes(line)}|{sig}")
         if keys and self.caption_key and not captioned:
             raise DataError(
@@ -89,7 +101,8 @@ class JsonlSource(Source):
             if lineno not in wanted:
                 continue
             image = self._image_path(record)
-            extra = {k: v for k, v in record.items() if k not in (self.image_key, self.caption_key)}
+            own = (self.image_key, self.caption_key, self.references)
+            extra = {k: v for k, v in record.items() if k not in own}
             rel = str(record[self.image_key])
             fault = None
             try:
@@ -98,6 +111,12 @@ class JsonlSource(Source):
                 data, fault = None, (UNREADABLE, f"{image}: {type(e).__name__}: {e}")
             if data is None and fault is None and entry_fault(image) == NOT_A_FILE:  # a FIFO: never opened
                 fault = (NOT_A_FILE, f"{image}: {fault_reason(image, NOT_A_FILE)}")
+            refs = self._reference_paths(record)
+            if self.references is not None and not refs and fault is None:
+                fault = (
+                    MISSING_REFERENCE,
+                    f"{self.path}:{lineno}: no '{self.references}' field (option references)",
+                )
             yield RawItem(
                 key=wanted[lineno],
                 unit=wanted[lineno],
@@ -107,9 +126,13 @@ class JsonlSource(Source):
                 name=Path(rel).stem,
                 extra=extra,
                 fault=fault,
+                references=[read_reference_file(p, rel, str(p)) for rel, p in refs],
             )
 
     def read(self, locator: str) -> bytes:
+        return read_regular(self.image_root / locator)
+
+    def read_reference(self, locator: str) -> bytes:
         return read_regular(self.image_root / locator)
 
     def spec(self) -> dict:
@@ -118,4 +141,5 @@ class JsonlSource(Source):
             "image_key": self.image_key,
             "caption_key": self.caption_key,
             "image_root": str(self.image_root.resolve()),
+            **({"references": self.references} if self.references else {}),
         }

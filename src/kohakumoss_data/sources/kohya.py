@@ -31,8 +31,9 @@ class KohyaSource(FolderSource):
         caption_extension: str | Iterable[str] = DEFAULT_CAPTION_EXTENSIONS,
         extensions: Iterable[str] = DEFAULT_EXTENSIONS,
         recursive: bool = False,
+        references: str | Path | None = None,
     ):
-        super().__init__(path, caption_extension, extensions, recursive, repeats=1)
+        super().__init__(path, caption_extension, extensions, recursive, repeats=1, references=references)
         self._subdirs = self._repeat_dirs()
         if not self._subdirs:
             raise DataError(f"{self.path}: no '<repeats>_<name>' subfolder (kohya layout), e.g. '10_cat'")

@@ -12,10 +12,12 @@ import pyarrow.parquet as pq
 
 from kohakumoss_common.errors import DataError
 
-from ..records import RawItem, Unit
+from ..probe import MISSING_REFERENCE
+from ..records import RawItem, RawReference, Unit
 from .base import Source
 from .files import read_regular, stat_signature
 from .jsonl import caption_blobs
+from .references import references_of
 
 
 def parquet_files(path: Path) -> list[Path]:
@@ -48,10 +50,12 @@ class ParquetSource(Source):
         image_column: str = "image",
         caption_column: str = "caption",
         image_root: str | Path | None = None,
+        references: str | None = None,
     ):
         super().__init__(path)
         self.image_column = image_column
         self.caption_column = caption_column
+        self.references = references or None  # edit training: the column of each row's reference image(s)
         self.image_root = (
             Path(image_root) if image_root else (self.path if self.path.is_dir() else self.path.parent)
         )
@@ -63,10 +67,11 @@ class ParquetSource(Source):
                 continue  # a broken file is the scan's named drop (expand), not a refusal of the rest
             check_columns(file, schema, self._columns())
         self._handle: dict[str, tuple[pq.ParquetFile, list[int]]] = {}
-        self._group: tuple[str, int, pa.Table] | None = None
+        self._group: tuple[str, int, str, pa.Table] | None = None
 
     def _columns(self) -> dict[str, str]:
-        return {"image_column": self.image_column, "caption_column": self.caption_column}
+        columns = {"image_column": self.image_column, "caption_column": self.caption_column}
+        return columns | ({"references": self.references} if self.references else {})
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -108,9 +113,10 @@ class ParquetSource(Source):
         captions = (
             table.column(self.caption_column).to_pylist() if self.caption_column else [None] * len(images)
         )
-        for row, (image, caption) in enumerate(zip(images, captions)):
+        refs = table.column(self.references).to_pylist() if self.references else [None] * len(images)
+        for row, (image, caption, ref) in enumerate(zip(images, captions, refs)):
             name = image if isinstance(image, str) else f"{file.stem}_{row}"
-            yield RawItem(
+            item = RawItem(
                 key=f"{unit_id}:{row}",
                 unit=unit_id,
                 locator=[unit_id, row],
@@ -118,8 +124,28 @@ class ParquetSource(Source):
                 captions=caption_blobs(caption),
                 name=Path(str(name)).stem,
             )
+            if self.references:
+                item.references = [
+                    self._reference(
+                        v, [unit_id, row, k], f"{file}: row {row} column '{self.references}'[{k}]"
+                    )
+                    for k, v in enumerate(references_of(ref))
+                ]
+                if not item.references:
+                    why = f"{file}: row {row} has no reference in column '{self.references}' (option references)"
+                    item.fault = (MISSING_REFERENCE, why)
+            yield item
 
-    def _row_table(self, rel: str, row: int) -> tuple[pa.Table, int]:
+    def _reference(self, value: Any, locator: list, where: str) -> RawReference:
+        """One reference cell entry (bytes, a path under image_root, or a {bytes, path} struct)."""
+        path = value.get("path") if isinstance(value, dict) and not value.get("bytes") else value
+        name = f"{where} ({self.image_root / path})" if isinstance(path, str) else where
+        try:
+            return RawReference(locator, self._image_value(value), name)
+        except (OSError, DataError) as e:
+            return RawReference(locator, None, name, f"cannot be read ({type(e).__name__}: {e})")
+
+    def _row_table(self, rel: str, row: int, column: str | None = None) -> tuple[pa.Table, int]:
         if rel not in self._handle:
             pf = pq.ParquetFile(self._file(rel))
             starts = [0]
@@ -128,9 +154,10 @@ class ParquetSource(Source):
             self._handle[rel] = (pf, starts)
         pf, starts = self._handle[rel]
         group = bisect.bisect_right(starts, row) - 1
-        if self._group is None or self._group[:2] != (rel, group):
-            self._group = (rel, group, pf.read_row_group(group, columns=[self.image_column]))
-        return self._group[2], row - starts[group]
+        column = column or self.image_column
+        if self._group is None or self._group[:3] != (rel, group, column):
+            self._group = (rel, group, column, pf.read_row_group(group, columns=[column]))
+        return self._group[3], row - starts[group]
 
     def read(self, locator: list) -> bytes:
         rel, row = locator
@@ -138,6 +165,16 @@ class ParquetSource(Source):
         data = self._image_value(table.column(self.image_column)[offset].as_py())
         if data is None:
             raise DataError(f"{self._file(rel)}: row {row} has no image")
+        return data
+
+    def read_reference(self, locator: list) -> bytes:
+        rel, row, k = locator
+        assert self.references is not None
+        table, offset = self._row_table(rel, int(row), self.references)
+        values = references_of(table.column(self.references)[offset].as_py())
+        data = self._image_value(values[int(k)]) if int(k) < len(values) else None
+        if data is None:
+            raise DataError(f"{self._file(rel)}: row {row} has no reference {int(k) + 1} since the scan")
         return data
 
     def spec(self) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tarfile
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -12,9 +13,11 @@ from webdataset import tariterators
 
 from kohakumoss_common.errors import DataError
 
-from ..records import RawItem, Unit
+from ..probe import MISSING_REFERENCE
+from ..records import RawItem, RawReference, Unit
 from .base import Source
 from .files import NAME_NOT_UTF8, name_is_utf8, readable_name, stat_signature
+from .references import references_of
 
 TRUNCATED_TAR = "truncated_tar"
 COMPRESSED_TAR = "compressed_tar"
@@ -75,10 +78,13 @@ class WebDatasetSource(Source):
         path: str | Path,
         image_exts: Iterable[str] = DEFAULT_IMAGE_EXTS,
         caption_ext: str = "txt",
+        references: str | None = None,
     ):
         super().__init__(path)
         self.image_exts = tuple(e.lstrip(".").lower() for e in image_exts)
         self.caption_ext = caption_ext.lstrip(".")
+        # edit training: the field of each sample's .json member naming its reference members (extensions)
+        self.references = references or None
         self._tars = tar_files(self.path)
         self._offsets: dict[str, dict[str, tuple[int, int]]] = {}
 
@@ -166,7 +172,7 @@ class WebDatasetSource(Source):
                 name=name,
                 fault=(NAME_NOT_UTF8, reason),
             )
-        return RawItem(
+        item = RawItem(
             key=f"{unit_id}:{key}",
             unit=unit_id,
             locator=[unit_id, f"{key}.{ext}"],
@@ -174,6 +180,29 @@ class WebDatasetSource(Source):
             captions=[caption] if caption is not None else None,
             name=Path(key).name,
         )
+        if self.references:
+            self._attach_references(item, unit_id, sample)
+        return item
+
+    def _attach_references(self, item: RawItem, unit_id: str, sample: dict[str, Any]) -> None:
+        """The members the sample's .json names in its references field (extensions), or a named drop."""
+        key, where = sample["__key__"], f"{self._tar(unit_id)}: {sample['__key__']}.json"
+        try:
+            meta = json.loads(sample["json"]) if "json" in sample else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            item.fault = (
+                MISSING_REFERENCE,
+                f"{where} is not JSON ({e}): its '{self.references}' cannot be read",
+            )
+            return
+        exts = references_of(meta.get(self.references)) if isinstance(meta, dict) else []
+        if not exts:
+            item.fault = (MISSING_REFERENCE, f"{where}: no '{self.references}' field (option references)")
+            return
+        item.references = [
+            RawReference([unit_id, f"{key}.{ext}"], sample.get(str(ext)), f"{self._tar(unit_id)}/{key}.{ext}")
+            for ext in exts
+        ]
 
     @staticmethod
     def _cut_key(last: list[str]) -> str:
@@ -203,4 +232,5 @@ class WebDatasetSource(Source):
             return f.read(size)
 
     def spec(self) -> dict:
-        return {**super().spec(), "image_exts": self.image_exts, "caption_ext": self.caption_ext}
+        spec = {**super().spec(), "image_exts": self.image_exts, "caption_ext": self.caption_ext}
+        return spec | ({"references": self.references} if self.references else {})

@@ -1,0 +1,1 @@
+"""The segment_attention op."""
