@@ -12,6 +12,7 @@ from kohakumoss_common.errors import DataError
 
 from .cache import TensorCache
 from .cache_keys import text_key
+from .decode import open_image, to_rgb
 from .protocols import ImageEncoder, TextEncoder
 from .transform import to_model_range
 
@@ -42,6 +43,18 @@ PromptReference = tuple[str, Callable[[], Any]]
 def references_in_prompt(encoder: TextEncoder) -> bool:
     """Whether `encoder` puts reference images before the caption (then they are part of each key)."""
     return bool(getattr(encoder, "references_in_prompt", False))
+
+
+def prompt_text_key(caption: str, encoder: TextEncoder, reference_hashes: Sequence[str] = ()) -> str:
+    """The text-cache key of a caption as `encoder` encodes it: with its references' hashes when the
+    encoder puts them in the prompt."""
+    refs = list(reference_hashes) if references_in_prompt(encoder) else []
+    return text_key(caption, encoder.template, encoder.identity, encoder.layer_choice, refs)
+
+
+def reference_reader(source: Any, locator: Any) -> Callable[[], Any]:
+    """A reader of one whole reference image (upright RGB) from its dataset's source."""
+    return lambda: to_rgb(open_image(source.read_reference(locator)))
 
 
 @torch.no_grad()
@@ -81,10 +94,7 @@ def caption_embeddings(
             "(an edit run's loader hands each caption's references)"
         )
     refs = [list(r) for r in references] if in_prompt and references is not None else [[] for _ in captions]
-    keys = [
-        text_key(c, encoder.template, encoder.identity, encoder.layer_choice, [h for h, _ in r])
-        for c, r in zip(captions, refs, strict=True)
-    ]
+    keys = [prompt_text_key(c, encoder, [h for h, _ in r]) for c, r in zip(captions, refs, strict=True)]
     found: dict[str, torch.Tensor] = {}
     if cache is not None:
         for k in set(keys):

@@ -17,9 +17,10 @@ from kohakumoss_common.errors import ConfigError, DataError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_data import Catalog, Loader, Plan, build_plan, open_caches
-from kohakumoss_data.cache_keys import item_latent_keys, text_key
+from kohakumoss_data.cache_keys import item_latent_keys
 from kohakumoss_data.catalog import scan
-from kohakumoss_data.offline import captions_by_item, fill_latent_cache, fill_text_cache, planned_captions
+from kohakumoss_data.encode import prompt_text_key
+from kohakumoss_data.offline import captions_by_item, fill_latent_cache, fill_text_cache, planned_prompts
 from kohakumoss_data.sources import make_source
 
 from .epochs import resolve_epochs, steps_per_epoch
@@ -222,7 +223,8 @@ def fill_caches_first(data: RunData, cfg: TrainConfig, vae, text_encoder, fill: 
                 if encoder.kind == "vae":
                     report = fill_latent_cache(plan, catalog, data.source, encoder, cache, cfg.data.workers)
                 else:
-                    report = fill_text_cache(planned_captions(plan), encoder, cache)
+                    captions, references = planned_prompts(plan, catalog, data.source)
+                    report = fill_text_cache(captions, encoder, cache, references=references)
                 log.info(f"{knob}='auto': cache filled before the first step: {report.summary(encoder.kind)}")
     return filled
 
@@ -239,9 +241,7 @@ def check_cached(data: RunData, encoder, cache, knob: str, micro_steps: int) -> 
         keys = (k for it in items for k in item_latent_keys(it, encoder.identity))  # references too
         kind, wanted = "latent", dict.fromkeys(keys)
     else:
-        keys = (
-            text_key(it.caption, encoder.template, encoder.identity, encoder.layer_choice) for it in items
-        )
+        keys = (prompt_text_key(it.caption, encoder, [r.hash for r in it.references]) for it in items)
         kind, wanted = "text", dict.fromkeys(keys)
     missing = [k for k in wanted if cache is None or k not in cache]
     if missing:
