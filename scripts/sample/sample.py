@@ -20,10 +20,9 @@ ENCODER_PRECISION = "auto"  # text encoder and VAE dtype: auto, bf16, fp16, fp32
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file
 ADAPTERS = []  # adapter files or checkpoint folders; an entry may be [path, multiplier]
 PROMPT = ""  # the prompt (or use PROMPT_FILE); kohya flags as in PROMPT_FILE
-PROMPT_FILE = (
-    ""  # one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps (# comments)
-)
+PROMPT_FILE = ""  # one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps --ri reference (# comments)
 NEGATIVE = ""  # negative prompt (the unconditional side of CFG)
+REFERENCE_IMAGES = []  # reference image paths (edit models) for every prompt without its own --ri
 CFG = 3.0  # classifier-free guidance scale (1: no guidance; released 3, 3-6 works)
 STEPS = 50  # sampler steps (released 50; duplicate sigmas on the grid are dropped)
 SEED = 0  # first seed; image i of a prompt uses SEED + i
@@ -65,6 +64,7 @@ def run(k: dict) -> None:
         sample_images,
         sampler_config,
         sampler_speed,
+        uses_references,
     )
     from kohakumoss.diffusion.sampler import use_graphs
     from kohakumoss.encoders.text import load_prompt_tokenizer
@@ -80,18 +80,27 @@ def run(k: dict) -> None:
         build_vae,
         dit_preset,
         model_config,
+        references_problem,
         resolve_device,
         text_encoder_config,
     )
+    from kohakumoss_common.errors import ConfigError
 
     cfg = SampleScriptConfig.from_knobs(k)  # the builders shared with the trainer take its sections
     encoders, precision, max_length = cfg.encoders, cfg.device.precision, cfg.sampler.max_text_tokens
     sampler_config(k, model_config(cfg.model).depth)  # bad sampler knobs stop here, before anything loads
     read_prompts(k)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
+    references = uses_references(
+        k
+    )  # an edit model's input: the text encoder may show them (REFERENCES_IN_PROMPT)
+    if problem := references_problem(encoders, references):
+        raise ConfigError("REFERENCES_IN_PROMPT", problem)  # before anything loads
     device, dtype = resolve_device(cfg.device.device), PRECISION_DTYPES[precision]
     text_tokens = None  # priced at MAX_TEXT_TOKENS unless the prompts can be counted (a real tokenizer)
     if encoders.text_encoder and encoders.text_encoder not in ("synthetic", "random"):
-        te_config = text_encoder_config(encoders, torch.device("cpu"), device, precision, max_length)
+        te_config = text_encoder_config(
+            encoders, torch.device("cpu"), device, precision, max_length, references
+        )
         tokenizer = load_prompt_tokenizer(te_config)
         text_tokens = longest_prompt_tokens(k, tokenizer)
     plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens)
@@ -122,6 +131,7 @@ def run(k: dict) -> None:
         seed=cfg.sampler.seed,
         max_length=max_length,
         preset=dit_preset(cfg.model),
+        references=references,
     )
     vae_where = device if plan.vae == "resident" else host
     vae = build_vae(

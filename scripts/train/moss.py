@@ -158,9 +158,7 @@ LOGGERS = ["tensorboard"]  # trackers: tensorboard (events in RUN/tensorboard/),
 SAMPLE_EVERY = 0  # sample grid every N steps (0: only at the end, if prompts are set)
 SAMPLE_EVERY_EPOCHS = 0  # sample grid every N epochs instead of SAMPLE_EVERY (0: SAMPLE_EVERY decides)
 SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE
-SAMPLE_PROMPTS_FILE = (
-    ""  # more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)
-)
+SAMPLE_PROMPTS_FILE = ""  # more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps --ri reference (# comments)
 SAMPLE_SEEDS = []  # one seed per prompt (default: 0, 1, 2, ...)
 SAMPLE_NEGATIVE = ""  # negative prompt of the samples
 SAMPLE_STEPS = 20  # sampler steps

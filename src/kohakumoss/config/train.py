@@ -563,7 +563,7 @@ class SampleConfig:
     )
     sample_prompts_file: str = knob(
         "",
-        "more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)",
+        "more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps --ri reference (# comments)",
         path="file",
         check=lambda v: prompt_file_problem(v, "SAMPLE_PROMPTS_FILE"),
     )
