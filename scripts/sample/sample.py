@@ -37,6 +37,9 @@ SLG_STOP = 1.0  # end of that window (fraction of the steps, exclusive)
 MAX_TEXT_TOKENS = 4096  # tokens of the templated prompt kept (the rest truncated)
 BATCH = 4  # images per packed sampler call
 CUDA_GRAPHS = "auto"  # replay each denoising step from a CUDA graph: auto (resident DiT on CUDA), on (refuse otherwise), off
+REFERENCE_KV_CACHE = (
+    True  # reference images: their keys and values computed once per CFG branch (exact), False: every step
+)
 OUT_DIR = "samples"  # where PNGs and the grid are written
 GRID = True  # also write grid.png of every image
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu

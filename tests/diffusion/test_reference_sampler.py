@@ -92,3 +92,37 @@ def test_live_forward_on_cached_reference_kv_equals_the_full_forward(model):
     torch.testing.assert_close(first, want)  # recording changes nothing
     torch.testing.assert_close(got, again, rtol=1e-5, atol=1e-5)
     assert record.reference_kv.nbytes > 0 and len(record.reference_kv.kv) == CFG.depth
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_graphed_steps_with_cached_reference_kv_replay_the_eager_sampler(monkeypatch):
+    """CUDA graphs kept: each kind's first step records the references eagerly, its second is captured
+    on the live layout; the graphed run equals the eager uncached one."""
+    import kohakumoss.diffusion.sampler as sampler
+
+    made = []
+
+    class Spy(sampler._Steps):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(sampler, "_Steps", Spy)
+    device = torch.device("cuda")
+    model = random_model(CFG).to(device)
+    model.ops.set_timing("device")
+    config = SamplerConfig(steps=8, cfg_scale=4.0, uncond_skip_layers=(1,), slg_start=0.25, slg_stop=0.75)
+    cond, uncond = texts()
+    refs = references()
+
+    def run(speed):
+        return euler_sample(
+            model, cond, uncond, SIZES, SEEDS, config, CFG.in_channels, device, speed=speed, references=refs
+        )
+
+    graphed = run(SamplerSpeed(cuda_graphs="on"))
+    assert len(made[0].captured) == 2 and made[0].replays == 8 - 4 and made[0].failed is None
+    eager = run(SamplerSpeed(cuda_graphs="off", reference_cache=False))
+    for got, want in zip(graphed, eager, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -120,6 +120,10 @@ def test_sample_script_with_reference_images(world, tmp_path, capsys):
     png = tmp_path / "edit" / "0000_seed0.png"
     info = json.loads(Image.open(png).text["kohakumoss"])
     assert info["references"] == [world["ref"]] and info["references_in_prompt"] == "picture"
+    fresh = {**edit, "REFERENCE_KV_CACHE": False, "OUT_DIR": str(tmp_path / "fresh")}  # every step recomputes
+    assert run_checked(SAMPLE_SCHEMA, fresh, ns["run"], "sample.py") == 0
+    pixels = lambda p: torch.from_numpy(np.asarray(Image.open(p), dtype=np.int16))  # noqa: E731
+    assert (pixels(png) - pixels(tmp_path / "fresh" / png.name)).abs().max() <= 1
     bare = {
         **edit,
         "TEXT_ENCODER": world["bare"],

@@ -97,6 +97,10 @@ class SamplerConfig:
         "replay each denoising step from a CUDA graph: auto (resident DiT on CUDA), on (refuse otherwise), off",
         choices=("auto", "on", "off"),
     )
+    reference_kv_cache: bool = knob(
+        True,
+        "reference images: their keys and values computed once per CFG branch (exact), False: every step",
+    )
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ def requests_for(k: dict[str, Any], prompts: list[PromptLine]) -> list[Generatio
             negative=k["NEGATIVE"],
             width=int(k["WIDTH"]),
             height=int(k["HEIGHT"]),
-            references=tuple(k.get("REFERENCE_IMAGES", ())),
+            references=tuple(k.get("REFERENCE_IMAGES", [])),
         )
         for s in line_seeds:
             out.append(
@@ -137,8 +137,8 @@ def sampler_speed(k: dict[str, Any], networks: Sequence = ()) -> SamplerSpeed:
             raise ConfigError(
                 "CUDA_GRAPHS", "'on' with a DyLoRA adapter, which draws its rank per call: use auto or off"
             )
-        return SamplerSpeed(cuda_graphs="off")
-    return SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"])
+        return SamplerSpeed(cuda_graphs="off", reference_cache=bool(k.get("REFERENCE_KV_CACHE", True)))
+    return SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"], reference_cache=bool(k.get("REFERENCE_KV_CACHE", True)))
 
 
 def sample_images(
