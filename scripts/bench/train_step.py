@@ -5,6 +5,7 @@
     python scripts/bench/train_step.py --row lora/speed/latent_text   # one row, in this process
     python scripts/bench/train_step.py --preset tiny --device cpu --steps 2   # CPU smoke (CI)
     python scripts/bench/train_step.py --rows lora/speed/latent_text --profile-steps 3  # + a kernel table
+    python scripts/bench/train_step.py --rows lora/speed/latent_text --references 1   # an edit step
 
 A row is `MODE/PROFILE/CACHE[/capN][/FORWARD][/field=value...]` or `baseline/eager|compiled`:
 - MODE `lora` (LoRA rank RANK on TARGET_PRESET's linears, BYPASS as the trainer's: the shipped adapter,
@@ -66,6 +67,7 @@ DEVICE = "cuda"  # cuda | cpu (cpu: rows in this process, no caps, no nvidia-smi
 SAMPLES = 2  # samples packed per step
 IMAGE_TOKENS = 0  # image tokens per sample (a square grid); 0: 4096 (1024 x 1024 px), 64 for the tiny preset
 TEXT_TOKENS = 0  # text tokens per sample; 0: 256, 8 for the tiny preset
+REFERENCES = 0  # reference images per sample (an edit step, model/seq.py), each at the target's size; 0: none
 RANK = 32  # LoRA rank (alpha = rank)
 TARGET_PRESET = "attn-mlp"  # the LoRA's modules: attn-mlp (the six block linears, the trainer's default) | full (every DiT linear)
 BYPASS = "auto"  # the LoRA's forward, as the trainer's BYPASS: auto (its default) | True | False
@@ -213,13 +215,19 @@ def row_adapter(a, spec: RowSpec) -> tuple[str, bool | str]:
     return a.target_preset, {"bypass": True, "merged": False}.get(spec.forward, bypass)
 
 
+def reference_tokens(a) -> int:
+    """Reference-image tokens per sample: REFERENCES grids of the target's size."""
+    return a.references * token_layout(a)[1]
+
+
 def row_flops(a, cfg, seq_lens: list[int], full: bool, target_preset: str | None = None) -> float:
-    """The step's FLOPs (FLOP_FORMULA) for samples of seq_lens tokens, each with the row's text tokens."""
-    n_text = token_layout(a)[2]
-    text = [n_text] * len(seq_lens)
-    image = [n - n_text for n in seq_lens]
+    """The step's FLOPs (FLOP_FORMULA) for samples of seq_lens tokens, each with the row's text tokens
+    and its references' tokens."""
+    n_text, n_ref = token_layout(a)[2], reference_tokens(a)
+    text, refs = [n_text] * len(seq_lens), [n_ref] * len(seq_lens)
+    image = [n - n_text - n_ref for n in seq_lens]
     outside = (target_preset or a.target_preset) == "full"
-    return step_flops(cfg, image, text, full, outside_trains=outside)
+    return step_flops(cfg, image, text, full, outside_trains=outside, ref_lens=refs)
 
 
 class SmiPoller:
@@ -384,7 +392,7 @@ def row_config(a, spec: RowSpec):
         "BASE_PRECISION": "same" if full else a.base_precision,
         "MEMORY_PROFILE": spec.profile,
         "CARD_GB": float(spec.cap_gb or 0.0),  # build_components caps the process to it
-        "TOKENS_PER_STEP": a.samples * (n_img + n_text),
+        "TOKENS_PER_STEP": a.samples * (n_img + n_text + reference_tokens(a)),
         # the encoders are the script's random architectures (below), not a file: '' for the components
         "TEXT_ENCODER": "",
         "VAE": "",
@@ -757,7 +765,10 @@ def summarize(a, spec: RowSpec, cfg, seq_lens, times, done, asked, error, warmup
         "steps_asked": asked,
         "warmup": warmup,
         **rates,
-        "image_tokens_per_s": (sum(seq_lens) - a.samples * token_layout(a)[2]) / med if med else None,
+        "image_tokens_per_s": (
+            (sum(seq_lens) - a.samples * (token_layout(a)[2] + reference_tokens(a))) / med if med else None
+        ),
+        "reference_tokens_per_step": a.samples * reference_tokens(a),
         "flops_per_step": flops,
         "error": error,
     }
@@ -815,7 +826,8 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         torch.cuda.empty_cache()  # what the build left cached is not the step's
 
     g = torch.Generator().manual_seed(a.seed)
-    seq = PackedSeq.build([n_text] * a.samples, [(side, side)] * a.samples, device)
+    ref_grids = [[(side, side)] * a.references] * a.samples if a.references else None
+    seq = PackedSeq.build([n_text] * a.samples, [(side, side)] * a.samples, device, ref_sizes=ref_grids)
     pixels = ids = None
     if vae is not None:
         pixels = torch.rand(a.samples, 3, 16 * side, 16 * side, generator=g).mul_(2).sub_(1)
@@ -826,6 +838,13 @@ def run_moss_row(a, spec: RowSpec) -> dict:
     text_hidden = torch.randn(a.samples * n_text, cfg.text_dim, generator=g)
     host = HostBatch(0, [], [], [(16 * side, 16 * side)] * a.samples, latents, None, text_hidden,
                      torch.full((a.samples,), n_text))  # fmt: skip
+    if a.references:  # cached reference latents in every row (a 'none' row does not VAE-encode them)
+        host.references = [
+            [torch.randn(cfg.in_channels // 4, 2 * side, 2 * side, generator=g) for _ in range(a.references)]
+            for _ in range(a.samples)
+        ]
+        refs = torch.cat([patchify(r) for rs in host.references for r in rs]).to(device, dtype)
+        notes.append(f"references: {a.references} per sample at the target's size, cached latents")
     prefetch = None
     if vae is None and text_enc is None:  # caches hit: host batches through the trainer's prefetcher
         prefetch = Prefetcher(itertools.repeat(host), device, dtype)
@@ -841,7 +860,7 @@ def run_moss_row(a, spec: RowSpec) -> dict:
         if text_enc is not None:
             with text_enc.on_device():  # one load per step when streamed
                 text = text_enc.encode_ids(ids).to(dtype)
-        return DeviceBatch(x0, text, seq)
+        return DeviceBatch(x0, text, seq, refs=refs if a.references else None)
 
     model.train()
     runner = build_runner(
@@ -900,6 +919,8 @@ def run_baseline_row(a, spec: RowSpec) -> dict:
     dtype = compute_dtype(device)
     lora_dtype = getattr(torch, a.baseline_lora_dtype)
     cfg = get_preset(a.preset)
+    if a.references:
+        raise SystemExit("the baseline rows take no --references (plain text-to-image torch)")
     side, n_img, n_text = token_layout(a)
     t0 = time.perf_counter()
     with torch.device(device):
@@ -989,7 +1010,7 @@ def run_row(a, name: str) -> dict:
 
 
 COMMON = (
-    "preset", "device", "samples", "image_tokens", "text_tokens", "rank", "target_preset", "bypass", "lr", "grad_clip", "full_optimizer", "warmup",
+    "preset", "device", "samples", "image_tokens", "text_tokens", "references", "rank", "target_preset", "bypass", "lr", "grad_clip", "full_optimizer", "warmup",
     "steps", "cap_steps", "peak_tflops", "text_encoder", "cuda_graphs", "build_device", "baseline_lora_dtype",
     "plan_knobs", "base_precision", "smi_interval", "seed", "profile_steps", "stack_every", "gc_every", "timing",
 )  # fmt: skip
@@ -1078,6 +1099,12 @@ def parse_args(argv=None):
     p.add_argument("--samples", type=int, default=SAMPLES)
     p.add_argument("--image-tokens", type=int, default=IMAGE_TOKENS)
     p.add_argument("--text-tokens", type=int, default=TEXT_TOKENS)
+    p.add_argument(
+        "--references",
+        type=int,
+        default=REFERENCES,
+        help="reference images per sample (an edit step), each at the target's size",
+    )
     p.add_argument("--rank", type=int, default=RANK)
     p.add_argument(
         "--target-preset",

@@ -473,3 +473,43 @@ def test_a_capped_row_on_the_gpu_is_the_components_cap_and_plan(tmp_path, name):
     assert row["notes"][0] == f"plan: {build_plan(k, torch.device('cuda'))[1]}"
     assert any("build device: host" in note for note in row["notes"])
     assert row["predicted_gib"] is not None and row["step_peak_gib"] <= row["cap_gib"]
+
+
+def test_an_edit_row_on_the_cpu(tmp_path):
+    """--references 1: every sample brings one reference of the target's size; the row counts its
+    tokens, the FLOPs are the edit layout's, and the cache 'none' row runs too."""
+    from kohakumoss.memory.flops import step_flops
+    from kohakumoss.model import get_preset
+
+    out = tmp_path / "train_step.json"
+    rows = ["lora/speed/latent_text", "lora/minimal/none"]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--preset",
+        "tiny",
+        "--device",
+        "cpu",
+        "--steps",
+        "1",
+        "--warmup",
+        "1",
+    ]
+    cmd += ["--references", "1", "--rows", ",".join(rows), "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    for r in data["rows"]:
+        assert r["error"] == "" and r["steps_done"] == 2 and r["reference_tokens_per_step"] == 2 * 64, r
+        assert r["samples_per_s"] == pytest.approx(r["tokens_per_s"] * 2 / (2 * (64 + 8 + 64)))
+        assert r["image_tokens_per_s"] == pytest.approx(r["tokens_per_s"] * 64 / (64 + 8 + 64))
+        assert any("references: 1 per sample" in n for n in r["notes"])
+    ts = load_script()
+    a = ts.parse_args(["--preset", "tiny", "--references", "1"])
+    tiny = get_preset("tiny")
+    assert ts.row_flops(a, tiny, [136, 136], False) == step_flops(
+        tiny, [64, 64], [8, 8], False, outside_trains=False, ref_lens=[64, 64]
+    )
+    with pytest.raises(SystemExit, match="no --references"):
+        ts.run_baseline_row(a, ts.parse_row("baseline/eager"))

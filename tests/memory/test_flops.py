@@ -45,3 +45,17 @@ def test_step_flops_of_the_5b_preset():
     # the blocks dominate: the refiner, embedders and modulations are ~1% of a 2 x 1 MP step
     blocks_only = 2 * L * block * 8704 * 2 + 14 * L * d * 2 * 4352**2
     assert blocks_only < step_flops(MOSS, img, txt, False, True) < 1.02 * blocks_only
+
+
+def test_step_flops_with_reference_images():
+    """An edit step: the blocks and video_embedder see the reference tokens too; their queries score
+    the references alone, the target and text queries the whole sample; the head reads the target only."""
+    d, c, L = 3072, 128, 42
+    img, txt, refs = [4096, 4096], [256, 256], [4096, 1024]
+    plain = step_flops(MOSS, img, txt, False, False)
+    assert step_flops(MOSS, img, txt, False, False, ref_lens=[0, 0]) == plain
+    block = block_macs(MOSS)
+    extra = 2 * L * block * sum(refs) * 2  # forward and input gradient
+    extra += (4 + 10) * L * d * sum(4352 * r + r * r for r in refs)  # scores added by the references
+    extra += 2 * c * d * sum(refs)  # video_embedder, forward only (no gradient into the data)
+    assert step_flops(MOSS, img, txt, False, False, ref_lens=refs) == pytest.approx(plain + extra, rel=1e-12)

@@ -197,12 +197,13 @@ def test_shapes_that_keep_evicting_each_other_turn_graphs_off(monkeypatch):
     assert "capture" not in calls[-30:] and "eager" in calls[-30:]  # cached shapes may still replay
 
 
-def _padded_batch(text_lens, grids, pad_to, device="cpu", seed=0, cfg=None):
+def _padded_batch(text_lens, grids, pad_to, device="cpu", seed=0, cfg=None, ref_grids=None):
+    """ref_grids: per sample, its references' token grids (an edit batch)."""
     from kohakumoss.model import PackedSeq, get_preset
     from kohakumoss.train.step import DeviceBatch
 
     cfg = cfg or get_preset("tiny")
-    seq = PackedSeq.build(text_lens, grids, device, pad_to=pad_to)
+    seq = PackedSeq.build(text_lens, grids, device, pad_to=pad_to, ref_sizes=ref_grids)
     g = torch.Generator(device=device).manual_seed(seed)
     n_img = sum(h * w for h, w in grids)
     x0 = torch.randn(n_img, cfg.in_channels, device=device, generator=g)
@@ -210,7 +211,8 @@ def _padded_batch(text_lens, grids, pad_to, device="cpu", seed=0, cfg=None):
     text = torch.cat([text, text.new_zeros(seq.text_pad, cfg.text_dim)])
     sigma = torch.rand(len(text_lens), device=device, generator=g)
     noise = torch.randn(n_img, cfg.in_channels, device=device, generator=g)
-    return DeviceBatch(x0, text, seq), sigma, noise
+    refs = torch.randn(seq.ref_tokens, cfg.in_channels, device=device, generator=g) if ref_grids else None
+    return DeviceBatch(x0, text, seq, refs=refs), sigma, noise
 
 
 def test_other_captions_share_a_graph_key_unless_lengths_are_read_on_the_host():
@@ -278,6 +280,42 @@ def test_one_graph_replays_batches_with_other_captions(backend, exact):
     assert graphs.failed is None and graphs.exact_lengths is exact
     assert graphs.replays == (0 if exact else len(captions) - 2)  # exact: [5, 3] is seen twice, never thrice
     # the same kernels either way; the graph's LoRA gradients add atomically (grad_sink): bf16-close
+    torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-3, atol=1e-5)
+    for a, b in zip(graph_g, eager_g, strict=True):
+        assert ((a - b).norm() / b.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@cuda
+def test_edit_batches_replay_one_graph_with_their_references():
+    """Reference images: the references are static inputs copied in per replay, the segment attention
+    reads its lengths on the device; other captions replay one graph with the eager step's losses."""
+    from kohakumoss.train.step import flow_loss
+    from kohakumoss_kernels import OpSet
+
+    captions = [[5, 3], [2, 9], [7, 1], [4, 4]]
+    refs = [[(4, 4), (2, 3)], [(2, 6)]]
+    results = []
+    for graphed in (False, True):
+        ops = OpSet("auto", tune="off")
+        ops.set_timing("device")
+        ops.set_lengths("device")
+        model, net = _lora_model(ops=ops)
+        params = list(net.parameters())
+        graphs = StepGraphs(lambda b, s, n, m=model: flow_loss(m, b, s, n, torch.bfloat16), params)
+        losses, grads = [], []
+        for i, lens in enumerate(captions):
+            batch = _padded_batch(
+                lens, [(4, 4), (2, 6)], pad_to=16, device=GPU, seed=i, cfg=model.config, ref_grids=refs
+            )
+            run = graphs.run if graphed else graphs._eager
+            losses.append(run(*batch).item())
+            grads.append(torch.cat([p.grad.flatten() for p in params]).clone())
+            for p in params:
+                p.grad.zero_()
+        results.append((losses, grads, graphs))
+    (eager_l, eager_g, _), (graph_l, graph_g, graphs) = results
+    assert graphs.failed is None and not graphs.exact_lengths and graphs.replays == len(captions) - 2
     torch.testing.assert_close(torch.tensor(graph_l), torch.tensor(eager_l), rtol=1e-3, atol=1e-5)
     for a, b in zip(graph_g, eager_g, strict=True):
         assert ((a - b).norm() / b.norm()).item() < 1e-2

@@ -179,6 +179,12 @@ class Chunk:
         return self.placed[key]
 
 
+REFERENCES_UNSUPPORTED = (
+    "the pipeline engines (pipeline, threaded) cut the joint axis into stages without reference images: "
+    "train an edit dataset (a 'references' option) with none, ddp or fsdp"
+)
+
+
 def cut_chunks(
     batch, sigma: torch.Tensor, noise: torch.Tensor, chunks: int, accum: int, reduction: str
 ) -> list[Chunk]:
@@ -186,6 +192,8 @@ def cut_chunks(
     `chunks` micro-batches of whole samples, each with its share of the loss."""
     seq = batch.seq
     img, text = list(seq.img_lens), list(seq.text_lens)
+    if seq.has_references:  # preflight refuses this first (`REFERENCES_UNSUPPORTED`): a data change mid-run
+        raise ConfigError("DISTRIBUTED", REFERENCES_UNSUPPORTED)
     if seq.text_pad:
         raise ConfigError("CUDA_GRAPHS", "padded captions reached the pipeline; CUDA graphs stay off there")
     img_start, text_start = _starts(img), _starts(text)
@@ -442,8 +450,6 @@ class PipelineEngine:
 
     def run(self, batch, sigma: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         """One micro-step's forward and backward through the schedule; its loss (every rank's copy)."""
-        if getattr(batch, "refs", None) is not None:  # its stages split the joint axis without them
-            raise ConfigError("DISTRIBUTED", "the pipeline engines do not train on reference images yet")
         self.state.chunks = cut_chunks(batch, sigma, noise, self.chunks, self.accum, self.reduction)
         self.state.losses = []
         index = torch.arange(self.chunks)

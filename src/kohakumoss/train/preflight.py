@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kohakumoss.config.train import TrainConfig
+from kohakumoss.distributed.pipeline import REFERENCES_UNSUPPORTED
 from kohakumoss.model import MossConfig
 
 from .components import Problem, component_problems, refuse
@@ -32,7 +33,15 @@ def run_problems(cfg: TrainConfig, model: MossConfig | None = None) -> list[Prob
                     "set a path, or 'synthetic' / 'random' for a benchmark",
                 )
             )
+    if cfg.runtime.distributed in ("pipeline", "threaded") and has_references(cfg.data.dataset):
+        out.append(("DISTRIBUTED", REFERENCES_UNSUPPORTED))
     return out + component_problems(cfg, model)
+
+
+def has_references(dataset: dict | list) -> bool:
+    """Whether a DATASET entry (or one of its list) asks for reference images (edit training)."""
+    entries = dataset if isinstance(dataset, list) else [dataset]
+    return any(isinstance(e, dict) and e.get("references") for e in entries)
 
 
 def check_run(cfg: TrainConfig) -> None:

@@ -47,9 +47,9 @@ class HostReady:
 def reference_tokens(
     batch, dtype: torch.dtype
 ) -> tuple[torch.Tensor | None, list[list[tuple[int, int]]] | None]:
-    """The batch's reference latents (`reference_latents`: per sample a list of [32, h, w]) patchified and
+    """The batch's reference latents (`references`: per sample a list of [32, h, w]) patchified and
     packed (sample-major, references in order) with their token grids; (None, None) without any."""
-    per_sample = getattr(batch, "reference_latents", None)
+    per_sample = getattr(batch, "references", None)
     if per_sample is None or not any(len(refs) for refs in per_sample):
         return None, None
     if len(per_sample) != len(batch.latents):

@@ -1,0 +1,98 @@
+"""An edit (reference-image) run end to end: kohya targets with a references folder, the tiny model,
+the trainer; the batch's references reach the model, the loss covers the target tokens, resume is exact."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageOps
+
+from kohakumoss.train.loop import train
+from kohakumoss_common.errors import ConfigError
+
+from .conftest import SIZE, tiny_knobs
+from .test_loop import losses
+
+
+@pytest.fixture(scope="module")
+def edit_world(train_world, tmp_path_factory) -> dict:
+    """The training world's pictures as targets, each with its mirror image as the reference (one of
+    them with a second, smaller reference)."""
+    root = tmp_path_factory.mktemp("edit")
+    data, refs = root / "data", root / "refs" / "2_style"
+    shutil.copytree(Path(train_world["DATASET"]["path"]), data)
+    refs.mkdir(parents=True)
+    for i, target in enumerate(sorted((data / "2_style").glob("*.png"))):
+        im = Image.open(target)
+        ImageOps.mirror(im).save(refs / target.name)
+        if i == 0:
+            im.resize((SIZE // 2, SIZE)).save(refs / f"{target.stem}_1.png")
+    return {**train_world, "DATASET": {"kind": "kohya", "path": str(data), "references": str(refs.parent)}}
+
+
+def edit_knobs(world: dict, name: str, **overrides) -> dict:
+    # two targets of 16 tokens, up to 24 reference tokens each, the captions
+    return tiny_knobs(world, name, STEPS=4, TOKENS_PER_STEP=2 * (3 * SIZE * SIZE // 256 + 16), **overrides)
+
+
+@pytest.fixture(scope="module")
+def straight(edit_world) -> tuple[Path, list]:
+    """The plain edit run, and what each step's loss saw: (ref_sizes, refs' shape)."""
+    from kohakumoss.train import trainer
+
+    real, seen = trainer.flow_loss, []
+
+    def spy(model, batch, *args, **kwargs):
+        seen.append((batch.seq.ref_sizes, None if batch.refs is None else tuple(batch.refs.shape)))
+        return real(model, batch, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trainer, "flow_loss", spy)
+        run = train(edit_knobs(edit_world, "edit-straight", MEMORY_PROFILE="speed"))
+    return run, seen
+
+
+def test_edit_run_trains_on_references_and_resumes_exactly(edit_world, straight):
+    straight, seen = straight
+    assert len(seen) == 4 and all(refs is not None for _, refs in seen)
+    assert all(all(len(r) >= 1 for r in sizes) for sizes, _ in seen)  # every sample brought its reference
+    assert any(len(r) == 2 for sizes, _ in seen for r in sizes)  # the target with two, in order
+    for sizes, shape in seen:
+        assert shape == (sum(h * w for refs in sizes for h, w in refs), 128)
+    train(edit_knobs(edit_world, "edit-halves", MEMORY_PROFILE="speed", STOP_AT=2))
+    resumed = train(edit_knobs(edit_world, "edit-halves", MEMORY_PROFILE="speed", RESUME="latest"))
+    assert len(losses(straight)) == 4
+    assert losses(straight) == losses(resumed)  # bit for bit at every step
+
+
+@pytest.mark.parametrize(
+    "profile, extra",
+    [
+        ("minimal", {}),
+        ("low_vram", {"STREAM_BLOCKS": 3, "OPTIMIZER_PLACEMENT": "stream", "CHECKPOINTING": "full"}),
+    ],
+    ids=["minimal", "low_vram-streamed"],
+)
+def test_memory_profiles_train_the_same_edit_model(edit_world, straight, profile, extra):
+    """Checkpointing, weight streaming and offload run the blocks on the edit layout: the plain run's losses."""
+    run = train(edit_knobs(edit_world, f"edit-{profile}", MEMORY_PROFILE=profile, **extra))
+    log = (run / "log.txt").read_text()
+    assert f"memory plan: profile '{profile}'" in log and "weight streaming:" in log  # the engines ran
+    for a, b in zip(losses(straight[0]), losses(run), strict=True):
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+@pytest.mark.parametrize("engine", ["pipeline", "threaded"])
+def test_pipeline_engines_refuse_an_edit_dataset_before_anything_loads(edit_world, monkeypatch, engine):
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.train import trainer
+    from kohakumoss.train.preflight import run_problems
+
+    monkeypatch.setattr(trainer, "build_components", lambda *a, **k: pytest.fail("components were built"))
+    with pytest.raises(ConfigError, match="DISTRIBUTED: the pipeline engines .* without reference images"):
+        train(edit_knobs(edit_world, f"edit-{engine}", DISTRIBUTED=engine, DEVICES=["cpu", "cpu"]))
+    plain = {**edit_knobs(edit_world, "plain"), "DISTRIBUTED": engine, "DEVICES": ["cpu", "cpu"]}
+    plain["DATASET"] = {k: v for k, v in plain["DATASET"].items() if k != "references"}
+    assert not [k for k, _ in run_problems(TrainConfig.from_knobs(plain)) if k == "DISTRIBUTED"]
