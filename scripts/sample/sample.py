@@ -98,6 +98,8 @@ def run(k: dict) -> None:
     )  # an edit model's input: the text encoder may show them (REFERENCES_IN_PROMPT)
     if problem := references_problem(encoders, references):
         raise ConfigError("REFERENCES_IN_PROMPT", problem)  # before anything loads
+    if references and not encoders.vae:
+        raise ConfigError("REFERENCE_IMAGES", "reference images are VAE-encoded: set VAE")
     device, dtype = resolve_device(cfg.device.device), PRECISION_DTYPES[precision]
     text_tokens = None  # priced at MAX_TEXT_TOKENS unless the prompts can be counted (a real tokenizer)
     if encoders.text_encoder and encoders.text_encoder not in ("synthetic", "random"):

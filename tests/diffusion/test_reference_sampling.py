@@ -133,6 +133,8 @@ def test_sample_script_with_reference_images(world, tmp_path, capsys):
     assert run_checked(SAMPLE_SCHEMA, bare, ns["run"], "sample.py") == 2
     err = capsys.readouterr().err
     assert "REFERENCES_IN_PROMPT" in err and "no vision tower" in err and world["bare"] in err
+    assert run_checked(SAMPLE_SCHEMA, {**edit, "VAE": ""}, ns["run"], "sample.py") == 2
+    assert "REFERENCE_IMAGES: reference images are VAE-encoded: set VAE" in capsys.readouterr().err
     comfy = {**bare, "REFERENCES_IN_PROMPT": "none"}  # the ComfyUI Moss-Image-Edit format needs none
     assert run_checked(SAMPLE_SCHEMA, comfy, ns["run"], "sample.py") == 0
     assert (tmp_path / "bare" / "0000_seed0.png").exists()
