@@ -63,11 +63,11 @@ def run(k: dict) -> None:
     from kohakumoss.diffusion.sample_run import (
         attach_adapters,
         longest_prompt_tokens,
+        most_references,
         read_prompts,
         sample_images,
         sampler_config,
         sampler_speed,
-        uses_references,
     )
     from kohakumoss.diffusion.sampler import use_graphs
     from kohakumoss.encoders.text import load_prompt_tokenizer
@@ -93,9 +93,8 @@ def run(k: dict) -> None:
     encoders, precision, max_length = cfg.encoders, cfg.device.precision, cfg.sampler.max_text_tokens
     sampler_config(k, model_config(cfg.model).depth)  # bad sampler knobs stop here, before anything loads
     read_prompts(k)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
-    references = uses_references(
-        k
-    )  # an edit model's input: the text encoder may show them (REFERENCES_IN_PROMPT)
+    most_refs = most_references(k)  # an edit model's input; the text encoder may show them too
+    references = most_refs > 0
     if problem := references_problem(encoders, references):
         raise ConfigError("REFERENCES_IN_PROMPT", problem)  # before anything loads
     if references and not encoders.vae:
@@ -108,7 +107,7 @@ def run(k: dict) -> None:
         )
         tokenizer = load_prompt_tokenizer(te_config)
         text_tokens = longest_prompt_tokens(k, tokenizer)
-    plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens)
+    plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens, most_refs)
     print(f"memory: {why}")
     host = torch.device("cpu")
     streamed = plan.stream_blocks != 0

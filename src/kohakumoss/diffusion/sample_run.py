@@ -53,9 +53,9 @@ def requests_for(k: dict[str, Any], prompts: list[PromptLine]) -> list[Generatio
     return out
 
 
-def uses_references(k: dict[str, Any]) -> bool:
-    """Whether any request has reference images (REFERENCE_IMAGES, or a line's --ri)."""
-    return any(r.references for r in requests_for(k, read_prompts(k)))
+def most_references(k: dict[str, Any]) -> int:
+    """The most reference images a request has (REFERENCE_IMAGES, or a line's --ri); 0: none has any."""
+    return max(len(r.references) for r in requests_for(k, read_prompts(k)))
 
 
 def longest_prompt_tokens(k: dict[str, Any], prompt_tokenizer) -> int:
