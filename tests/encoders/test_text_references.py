@@ -184,3 +184,22 @@ def test_text_only_keys_unchanged():
     old = sha256_json({"caption": "c", "template": "t", "encoder": "e", "layer": [-1]})
     assert text_key("c", "t", "e", [-1]) == text_key("c", "t", "e", [-1], ()) == old
     assert text_key("c", "t", "e", [-1], ["h"]) != old
+
+
+def test_token_count_and_span_without_reading_the_images(encoder):
+    """The processor's counts from sizes alone (large ones downscaled to 384^2 first), and the prompt
+    span the encoder refuses past MAX_TEXT_TOKENS: what the trainer checks before its first step."""
+    sizes = [(64, 96), (1000, 600), (33, 47), (384, 384)]
+    _, _, counts = encoder.vision.prepare([picture(h, w) for w, h in sizes])
+    assert [encoder.vision.token_count(w, h) for w, h in sizes] == counts
+    assert counts[3] == 144  # patch 16, merge 2: 12 x 12
+    seen = []
+    real = encoder._multimodal.forward
+    encoder._multimodal.forward = lambda **kw: seen.append(kw["input_ids"][0].tolist()) or real(**kw)
+    try:
+        encoder.encode(["a red cat"], [[picture(96, 64), picture(47, 33)]])
+    finally:
+        del encoder._multimodal.forward
+    pad = encoder.vision.token_ids[IMAGE_PAD]
+    last = max(i for i, t in enumerate(seen[0]) if t == pad)
+    assert encoder.reference_span([(64, 96), (33, 47)]) == last + 1

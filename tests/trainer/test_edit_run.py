@@ -136,3 +136,12 @@ def test_pipeline_engines_refuse_an_edit_dataset_before_anything_loads(edit_worl
     plain = {**edit_knobs(edit_world, "plain"), "DISTRIBUTED": engine, "DEVICES": ["cpu", "cpu"]}
     plain["DATASET"] = {k: v for k, v in plain["DATASET"].items() if k != "references"}
     assert not [k for k, _ in run_problems(TrainConfig.from_knobs(plain)) if k == "DISTRIBUTED"]
+
+
+def test_references_over_the_token_cap_refused_before_the_first_step(edit_world):
+    """REFERENCES_IN_PROMPT='picture' with MAX_TEXT_TOKENS too small for the references' vision tokens:
+    named per item before any step (the 64 px mirrors take 9 tokens up to their last vision token)."""
+    with pytest.raises(
+        ConfigError, match=r"MAX_TEXT_TOKENS: .*reference images take more prompt tokens than the 8"
+    ):
+        train(edit_knobs(edit_world, "edit-cap", MAX_TEXT_TOKENS=8))

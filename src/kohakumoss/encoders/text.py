@@ -38,6 +38,7 @@ from .text_config import (
 )
 from .text_template import PromptTokenizer
 from .text_vision import (
+    IMAGE_PAD,
     ReferenceImage,
     VisionTower,
     image_digest,
@@ -245,12 +246,24 @@ class TextEncoder(QwenTextModelHolder):
             capture.close()
         return self._combine([capture.states[i] for i in self.layer_indices])[0]
 
+    def reference_span(self, sizes: Sequence[tuple[int, int]]) -> int:
+        """Tokens a prompt needs up to its last reference's vision tokens, for references of these
+        (width, height): over `max_length` the encoder refuses the prompt (images not read)."""
+        if self.vision is None or not sizes:
+            return 0
+        counts = [self.vision.token_count(w, h) for w, h in sizes]
+        ids = self.prompts.tokenizer(self.prompts.format(reference_prefix(counts)), truncation=False)[
+            "input_ids"
+        ]
+        pad = self.vision.token_ids[IMAGE_PAD]
+        return max(i for i, t in enumerate(ids) if t == pad) + 1
+
     def _with_references(self, caption: str, images: Sequence[ReferenceImage]) -> torch.Tensor:
         """One prompt with its references before the caption: hidden states [len, hidden_size]."""
         pixel_values, grid, counts = self.vision.prepare(images)
         text = self.prompts.format(reference_prefix(counts) + caption)
         ids = self.prompts.tokenizer(text, truncation=False)["input_ids"]
-        pad = self.vision.token_ids["<|image_pad|>"]
+        pad = self.vision.token_ids[IMAGE_PAD]
         last_vision = max(i for i, t in enumerate(ids) if t == pad)
         if last_vision >= self.config.max_length:  # right truncation may cut the caption, never a picture
             raise ConfigError(

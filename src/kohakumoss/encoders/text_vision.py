@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 from transformers.models.qwen3_5 import Qwen3_5Config, Qwen3_5Model, Qwen3_5TextConfig
 from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
@@ -85,14 +85,18 @@ def vision_tower_problem(path: str | Path) -> str | None:
     )
 
 
+def downscaled_size(width: int, height: int, max_pixels: int) -> tuple[int, int]:
+    """(w, h) at most `max_pixels` in total, aspect kept, never upscaled."""
+    if width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
+
 def downscale(image: Image.Image, max_pixels: int) -> Image.Image:
     """LANCZOS-downscaled to at most `max_pixels` in total, aspect kept, never upscaled."""
-    w, h = image.size
-    if w * h <= max_pixels:
-        return image
-    scale = (max_pixels / (w * h)) ** 0.5
-    size = (max(1, int(w * scale)), max(1, int(h * scale)))
-    return image.resize(size, Image.Resampling.LANCZOS)
+    size = downscaled_size(*image.size, max_pixels)
+    return image if size == image.size else image.resize(size, Image.Resampling.LANCZOS)
 
 
 def as_pil(image: ReferenceImage) -> Image.Image:
@@ -200,6 +204,14 @@ class VisionTower:
             "processor": {"min_pixels": PROCESSOR_MIN_PIXELS, "mean": IMAGE_MEAN, "std": IMAGE_STD},
             "vision": model_config,
         }
+
+    def token_count(self, width: int, height: int) -> int:
+        """Vision tokens of a `width` x `height` reference (the processor's resize, without the pixels)."""
+        w, h = downscaled_size(width, height, self.max_pixels)
+        patch, merge = self.config.patch_size, self.config.spatial_merge_size
+        longest = self.processor.size["longest_edge"]
+        rh, rw = smart_resize(h, w, patch * merge, PROCESSOR_MIN_PIXELS, longest)
+        return (rh // patch) * (rw // patch) // merge**2
 
     def prepare(self, images: Sequence[ReferenceImage]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """References -> (pixel_values [patches, C*T*P*P], image_grid_thw [M, 3], vision tokens per image)."""
