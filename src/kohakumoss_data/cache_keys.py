@@ -25,17 +25,6 @@ def latent_key(item: PlannedItem, vae_identity: str) -> str:
     )
 
 
-def reference_keys(item: PlannedItem, vae_identity: str) -> list[str]:
-    """The latent keys of an item's references, in order: each is keyed like an image of its own (its
-    content, resize, crop, size and the item's flip), so a reference changed on disk is encoded again."""
-    return [latent_key(reference_item(item, ref), vae_identity) for ref in item.references]
-
-
-def item_latent_keys(item: PlannedItem, vae_identity: str) -> list[str]:
-    """Every latent one planned item reads: its own, then its references'."""
-    return [latent_key(item, vae_identity), *reference_keys(item, vae_identity)]
-
-
 def text_key(
     caption: str, template: str, encoder_identity: str, layer_choice: object, references: Sequence[str] = ()
 ) -> str:
@@ -58,3 +47,14 @@ def text_cache_identity(encoder_identity: str, template: str, layer_choice: obje
         "template": template,
         "layer": canonical_json(layer_choice),
     }
+
+
+def reference_keys(item: PlannedItem, vae_identity: str) -> list[str]:
+    """The latent keys of an item's references, in order: each is keyed like an image of its own (its
+    content, resize, crop, size and the item's flip), so a reference changed on disk is encoded again."""
+    return [latent_key(reference_item(item, ref), vae_identity) for ref in item.references]
+
+
+def item_latent_keys(item: PlannedItem, vae_identity: str) -> list[str]:
+    """Every latent one planned item reads: its own, then its references'."""
+    return [latent_key(item, vae_identity), *reference_keys(item, vae_identity)]
