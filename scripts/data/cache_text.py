@@ -20,7 +20,7 @@ from kohakumoss.config.data_scripts import call_factory
 from kohakumoss.data_knobs import load_factory, open_dataset, plan_dataset
 from kohakumoss.encoders.text_cap import cut_captions, report_cut_captions
 from kohakumoss_data.loader import open_caches
-from kohakumoss_data.offline import captions_by_item, fill_text_cache, planned_captions
+from kohakumoss_data.offline import captions_by_item, fill_text_cache, planned_prompts
 
 if typing.TYPE_CHECKING:  # a module-level TYPE_CHECKING would read as a knob
     from kohakumoss.config.data_scripts import CacheTextConfig
@@ -66,7 +66,7 @@ def real_text_encoder(kwargs: dict[str, Any], max_text_tokens: int) -> Any:
 
 def run(cfg: CacheTextConfig) -> None:
     knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
-    _, catalog = open_dataset(knobs)
+    source, catalog = open_dataset(knobs)
     plan = plan_dataset(knobs, catalog)
     ref = cfg.text.text_factory
     if ref:
@@ -79,7 +79,9 @@ def run(cfg: CacheTextConfig) -> None:
         cuts = cut_captions(prompts, captions_by_item(plan, catalog), cap)
         report_cut_captions(cuts, "MAX_TEXT_TOKENS", cfg.plan.caption_format)
     _, cache = open_caches(cfg.cache.cache_dir, None, encoder, cfg.cache.shard_items)  # as the trainer does
-    report = fill_text_cache(planned_captions(plan), encoder, cache, cfg.cache.batch_size)
+    # an edit run's encoder reads the reference images it puts in the prompt
+    captions, references = planned_prompts(plan, catalog, source)
+    report = fill_text_cache(captions, encoder, cache, cfg.cache.batch_size, references=references)
     print(report.summary("text"))
     print(f"cache {cache.dir}")
 

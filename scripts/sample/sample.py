@@ -15,14 +15,14 @@ TOKENIZER = ""  # tokenizer folder (empty: the one beside the text encoder, e.g.
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder
 TEXT_ENCODER_QUANT = "none"  # text encoder linears: none, fp8, fp8_weight, int8, int8_weight
+REFERENCES_IN_PROMPT = "picture"  # references in the prompt: picture (Picture N:, the vision tower) or none (ComfyUI Moss-Image-Edit format)
 ENCODER_PRECISION = "auto"  # text encoder and VAE dtype: auto, bf16, fp16, fp32
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file
 ADAPTERS = []  # adapter files or checkpoint folders; an entry may be [path, multiplier]
 PROMPT = ""  # the prompt (or use PROMPT_FILE); kohya flags as in PROMPT_FILE
-PROMPT_FILE = (
-    ""  # one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps (# comments)
-)
+PROMPT_FILE = ""  # one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps --ri reference (# comments)
 NEGATIVE = ""  # negative prompt (the unconditional side of CFG)
+REFERENCE_IMAGES = []  # reference image paths (edit models) for every prompt without its own --ri
 CFG = 3.0  # classifier-free guidance scale (1: no guidance; released 3, 3-6 works)
 STEPS = 50  # sampler steps (released 50; duplicate sigmas on the grid are dropped)
 SEED = 0  # first seed; image i of a prompt uses SEED + i
@@ -37,6 +37,9 @@ SLG_STOP = 1.0  # end of that window (fraction of the steps, exclusive)
 MAX_TEXT_TOKENS = 4096  # tokens of the templated prompt kept (the rest truncated)
 BATCH = 4  # images per packed sampler call
 CUDA_GRAPHS = "auto"  # replay each denoising step from a CUDA graph: auto (resident DiT on CUDA), on (refuse otherwise), off
+REFERENCE_KV_CACHE = (
+    True  # reference images: their keys and values computed once per CFG branch (exact), False: every step
+)
 OUT_DIR = "samples"  # where PNGs and the grid are written
 GRID = True  # also write grid.png of every image
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
@@ -60,6 +63,7 @@ def run(k: dict) -> None:
     from kohakumoss.diffusion.sample_run import (
         attach_adapters,
         longest_prompt_tokens,
+        most_references,
         read_prompts,
         sample_images,
         sampler_config,
@@ -79,21 +83,31 @@ def run(k: dict) -> None:
         build_vae,
         dit_preset,
         model_config,
+        references_problem,
         resolve_device,
         text_encoder_config,
     )
+    from kohakumoss_common.errors import ConfigError
 
     cfg = SampleScriptConfig.from_knobs(k)  # the builders shared with the trainer take its sections
     encoders, precision, max_length = cfg.encoders, cfg.device.precision, cfg.sampler.max_text_tokens
     sampler_config(k, model_config(cfg.model).depth)  # bad sampler knobs stop here, before anything loads
     read_prompts(k)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
+    most_refs = most_references(k)  # an edit model's input; the text encoder may show them too
+    references = most_refs > 0
+    if problem := references_problem(encoders, references):
+        raise ConfigError("REFERENCES_IN_PROMPT", problem)  # before anything loads
+    if references and not encoders.vae:
+        raise ConfigError("REFERENCE_IMAGES", "reference images are VAE-encoded: set VAE")
     device, dtype = resolve_device(cfg.device.device), PRECISION_DTYPES[precision]
     text_tokens = None  # priced at MAX_TEXT_TOKENS unless the prompts can be counted (a real tokenizer)
     if encoders.text_encoder and encoders.text_encoder not in ("synthetic", "random"):
-        te_config = text_encoder_config(encoders, torch.device("cpu"), device, precision, max_length)
+        te_config = text_encoder_config(
+            encoders, torch.device("cpu"), device, precision, max_length, references
+        )
         tokenizer = load_prompt_tokenizer(te_config)
         text_tokens = longest_prompt_tokens(k, tokenizer)
-    plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens)
+    plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens, most_refs)
     print(f"memory: {why}")
     host = torch.device("cpu")
     streamed = plan.stream_blocks != 0
@@ -121,6 +135,7 @@ def run(k: dict) -> None:
         seed=cfg.sampler.seed,
         max_length=max_length,
         preset=dit_preset(cfg.model),
+        references=references,
     )
     vae_where = device if plan.vae == "resident" else host
     vae = build_vae(

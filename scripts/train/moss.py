@@ -22,6 +22,7 @@ TOKENIZER = ""  # tokenizer folder (empty: the one beside the text encoder, e.g.
 TEXT_TEMPLATE = ""  # prompt template with {caption}; empty: the encoder's default
 TEXT_LAYERS = [-1]  # hidden-state layer(s) of the text encoder (HF numbering)
 TEXT_ENCODER_QUANT = "none"  # text encoder linears: none, fp8, fp8_weight, int8, int8_weight
+REFERENCES_IN_PROMPT = "picture"  # edit runs: picture (references before the caption, Picture N:) or none (ComfyUI Moss-Image-Edit format)
 ENCODER_PRECISION = "auto"  # text encoder and VAE dtype: auto, bf16, fp16, fp32
 VAE = ""  # FLUX.2 VAE: diffusers folder or single file ("synthetic"/"random": benchmarks)
 DEVICE = "auto"  # auto, cpu, cuda, cuda:N or xpu
@@ -157,9 +158,7 @@ LOGGERS = ["tensorboard"]  # trackers: tensorboard (events in RUN/tensorboard/),
 SAMPLE_EVERY = 0  # sample grid every N steps (0: only at the end, if prompts are set)
 SAMPLE_EVERY_EPOCHS = 0  # sample grid every N epochs instead of SAMPLE_EVERY (0: SAMPLE_EVERY decides)
 SAMPLE_PROMPTS = []  # prompts of the sample grid (one column each); kohya flags as in SAMPLE_PROMPTS_FILE
-SAMPLE_PROMPTS_FILE = (
-    ""  # more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)
-)
+SAMPLE_PROMPTS_FILE = ""  # more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps --ri reference (# comments)
 SAMPLE_SEEDS = []  # one seed per prompt (default: 0, 1, 2, ...)
 SAMPLE_NEGATIVE = ""  # negative prompt of the samples
 SAMPLE_STEPS = 20  # sampler steps

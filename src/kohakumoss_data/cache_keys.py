@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kohakumoss_common.hashing import canonical_json, sha256_json
 
 from .plan import PlannedItem, reference_item
@@ -23,11 +25,15 @@ def latent_key(item: PlannedItem, vae_identity: str) -> str:
     )
 
 
-def text_key(caption: str, template: str, encoder_identity: str, layer_choice: object) -> str:
-    """(caption, template, encoder identity, layer choice)."""
-    return sha256_json(
-        {"caption": caption, "template": template, "encoder": encoder_identity, "layer": layer_choice}
-    )
+def text_key(
+    caption: str, template: str, encoder_identity: str, layer_choice: object, references: Sequence[str] = ()
+) -> str:
+    """(caption, template, encoder identity, layer choice), and the content hashes of the reference
+    images the encoder put in the prompt (in order), when it put any."""
+    key = {"caption": caption, "template": template, "encoder": encoder_identity, "layer": layer_choice}
+    if references:
+        key["references"] = list(references)
+    return sha256_json(key)
 
 
 def latent_cache_identity(vae_identity: str) -> dict[str, str]:

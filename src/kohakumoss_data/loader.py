@@ -32,7 +32,13 @@ from .batch import HostBatch
 from .cache import TensorCache
 from .cache_keys import latent_cache_identity, latent_key, text_cache_identity
 from .catalog import Catalog
-from .encode import caption_embeddings, encode_images
+from .encode import (
+    PromptReference,
+    caption_embeddings,
+    encode_images,
+    reference_reader,
+    references_in_prompt,
+)
 from .masks import missing_masks
 from .plan import Plan, reference_item
 from .protocols import ImageEncoder, TextEncoder
@@ -308,8 +314,21 @@ class Loader:
                 self.text_cache,
                 self.knobs.write_back,
                 self.plan.knobs.max_text_tokens,
+                self.prompt_references(items) if references_in_prompt(self.text_encoder) else None,
             )
         return batch.pin_memory() if self.pin else batch
+
+    def prompt_references(self, items: list) -> list[list[PromptReference]]:
+        """Per item, its references as the text encoder's prompt takes them: (content hash, a reader of the
+        whole image, called only on a text-cache miss)."""
+
+        return [
+            [
+                (ref.hash, reference_reader(self.source, loc))
+                for ref, loc in zip(it.references, self.reference_locators[it.key])
+            ]
+            for it in items
+        ]
 
     def _produce(self, out: queue.Queue, stop: threading.Event, pool: Executor | None) -> None:
         """Feeder thread: keep steps in flight in the workers, assemble them in order, queue them."""

@@ -9,9 +9,16 @@ from dataclasses import dataclass, replace
 from kohakumoss_common.progress import Progress
 
 from .cache import TensorCache
-from .cache_keys import latent_key, text_key
+from .cache_keys import latent_key
 from .catalog import Catalog
-from .encode import encode_images, encode_texts
+from .encode import (
+    PromptReference,
+    encode_images,
+    encode_texts,
+    prompt_text_key,
+    reference_reader,
+    references_in_prompt,
+)
 from .loader import stop_pool, worker_pool
 from .ordered_map import bounded_map
 from .plan import Plan, PlannedItem, item_where, reference_item
@@ -118,17 +125,43 @@ def planned_captions(plan: Plan) -> list[str]:
     return list(dict.fromkeys(it.caption for step in plan.steps for it in step))
 
 
+def planned_prompts(
+    plan: Plan, catalog: Catalog, source: Source
+) -> tuple[list[str], list[list[PromptReference]]]:
+    """Every distinct (caption, references) of the plan, in plan order: the prompts a text encoder that
+    puts references in its prompt encodes (each reference with a reader of its image)."""
+    locators = {it.key: [r["locator"] for r in it.references] for it in catalog.usable}
+    out: dict[tuple[str, tuple[str, ...]], list[PromptReference]] = {}
+    for step in plan.steps:
+        for it in step:
+            key = (it.caption, tuple(r.hash for r in it.references))
+            if key not in out:
+                pairs = zip(it.references, locators.get(it.key, []))
+                out[key] = [(r.hash, reference_reader(source, loc)) for r, loc in pairs]
+    return [caption for caption, _ in out], list(out.values())
+
+
 def fill_text_cache(
-    captions: list[str], encoder: TextEncoder, cache: TensorCache, batch_size: int = 16, progress: bool = True
+    captions: list[str],
+    encoder: TextEncoder,
+    cache: TensorCache,
+    batch_size: int = 16,
+    progress: bool = True,
+    references: list[list[PromptReference]] | None = None,
 ) -> FillReport:
-    """Encode every caption whose (caption, template, encoder, layer) key is not in `cache` yet."""
-    keyed = {text_key(c, encoder.template, encoder.identity, encoder.layer_choice): c for c in captions}
-    todo = [(k, c) for k, c in keyed.items() if k not in cache]
+    """Encode every caption whose (caption, template, encoder, layer) key is not in `cache` yet;
+    references: per caption (`planned_prompts`), put in the prompt and the key by an encoder that
+    takes them."""
+    in_prompt = references_in_prompt(encoder) and references is not None
+    refs = references if in_prompt else [[] for _ in captions]
+    keyed = {prompt_text_key(c, encoder, [h for h, _ in r]): (c, r) for c, r in zip(captions, refs)}
+    todo = [(k, c, r) for k, (c, r) in keyed.items() if k not in cache]
     bar = Progress(len(todo) if progress else 0, "text", "caption")
     try:
         for start in range(0, len(todo), batch_size):
             chunk = todo[start : start + batch_size]
-            for (key, _), hidden in zip(chunk, encode_texts(encoder, [c for _, c in chunk])):
+            images = [[read() for _, read in r] for _, _, r in chunk] if in_prompt else None
+            for (key, _, _), hidden in zip(chunk, encode_texts(encoder, [c for _, c, _ in chunk], images)):
                 cache.put(key, hidden)
             bar.update(len(chunk))
     finally:

@@ -49,3 +49,19 @@ def test_cpu_and_explicit_knob():
     assert inference_plan(knobs(), MOSS, torch.device("cpu"))[0].stream_blocks == 0
     plan, why = inference_plan(knobs(STREAM_BLOCKS=10), MOSS, torch.device("cpu"))
     assert plan.stream_blocks == 10 and "STREAM_BLOCKS=10" in why
+
+
+def test_reference_images_are_priced_with_their_kv_cache():
+    """An edit request's references: their tokens in the working set and the reference K/V cache, two
+    skip sets when the skip window covers part of the steps, none when REFERENCE_KV_CACHE is off."""
+    from kohakumoss.memory.inference import reference_kv_bytes
+
+    k = knobs(BATCH=1)
+    assert sampler_tokens(k, PROMPT, references=1) == 2 * (2 * 4096 + PROMPT)
+    one = reference_kv_bytes(k, MOSS, 1)
+    assert one == 2 * MOSS.depth * (2 * 4096) * MOSS.dim * 2  # K and V, 42 blocks, both branches, bf16
+    assert reference_kv_bytes(knobs(BATCH=1, SLG_STOP=0.5), MOSS, 1) == 2 * one
+    assert reference_kv_bytes(knobs(BATCH=1, REFERENCE_KV_CACHE=False), MOSS, 1) == 0
+    assert inference_peak(k, MOSS, 0, PROMPT, references=1) > inference_peak(k, MOSS, 0, PROMPT) + one
+    plan, _ = inference_plan(knobs(CARD_GB=16, BATCH=4), MOSS, torch.device("cuda"), PROMPT, references=2)
+    assert plan.stream_blocks == -1  # a 16 GiB card holds the DiT for text-to-image, not for two references

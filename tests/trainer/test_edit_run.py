@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image, ImageOps
 
+from kohakumoss.encoders.tiny import write_tiny_text_encoder
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 
@@ -19,7 +20,8 @@ from .test_loop import losses
 @pytest.fixture(scope="module")
 def edit_world(train_world, tmp_path_factory) -> dict:
     """The training world's pictures as targets, each with its mirror image as the reference (one of
-    them with a second, smaller reference)."""
+    them with a second, smaller reference); the tiny text encoder with a vision tower, so the references
+    go into the prompt too (REFERENCES_IN_PROMPT's default)."""
     root = tmp_path_factory.mktemp("edit")
     data, refs = root / "data", root / "refs" / "2_style"
     shutil.copytree(Path(train_world["DATASET"]["path"]), data)
@@ -29,7 +31,17 @@ def edit_world(train_world, tmp_path_factory) -> dict:
         ImageOps.mirror(im).save(refs / target.name)
         if i == 0:
             im.resize((SIZE // 2, SIZE)).save(refs / f"{target.stem}_1.png")
-    return {**train_world, "DATASET": {"kind": "kohya", "path": str(data), "references": str(refs.parent)}}
+    captions = [p.read_text() for p in sorted((data / "2_style").glob("*.txt"))]
+    text = write_tiny_text_encoder(root / "text", captions, vision=True)
+    return {
+        **train_world,
+        "DATASET": {"kind": "kohya", "path": str(data), "references": str(refs.parent)},
+        "TEXT_ENCODER": text.path,
+        "TOKENIZER": text.tokenizer_path,
+    }
+
+
+TEXT_LENS: list[tuple[int, ...]] = []  # the straight run's text tokens per sample, per step
 
 
 def edit_knobs(world: dict, name: str, **overrides) -> dict:
@@ -46,6 +58,7 @@ def straight(edit_world) -> tuple[Path, list]:
 
     def spy(model, batch, *args, **kwargs):
         seen.append((batch.seq.ref_sizes, None if batch.refs is None else tuple(batch.refs.shape)))
+        TEXT_LENS.append(batch.seq.text_lens)
         return real(model, batch, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
@@ -65,6 +78,33 @@ def test_edit_run_trains_on_references_and_resumes_exactly(edit_world, straight)
     resumed = train(edit_knobs(edit_world, "edit-halves", MEMORY_PROFILE="speed", RESUME="latest"))
     assert len(losses(straight)) == 4
     assert losses(straight) == losses(resumed)  # bit for bit at every step
+
+
+def test_the_text_encoder_saw_each_samples_references(edit_world, straight):
+    """REFERENCES_IN_PROMPT='picture': every caption's prompt held `Picture N:` and its references'
+    vision tokens, so each sample's text is its caption's prompt plus, per reference, 4 tokens
+    ("picture", "n:", vision start and end) and the reference's vision tokens, cut at MAX_TEXT_TOKENS."""
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.encoders import TextEncoder
+    from kohakumoss.train.cache_identity import text_settings
+
+    knobs = edit_knobs(edit_world, "lens")
+    cap = knobs["MAX_TEXT_TOKENS"]  # the prompt is cut on the right there, references and all
+    settings = text_settings(TrainConfig.from_knobs(knobs))
+    assert settings.reference_prompt == "picture"
+    encoder = TextEncoder.load(settings)
+    data = Path(edit_world["DATASET"]["path"]) / "2_style"
+    refs = Path(edit_world["DATASET"]["references"]) / "2_style"
+    plain, want = set(), set()
+    for target in sorted(data.glob("*.png")):
+        n = len(encoder.prompts((data / f"{target.stem}.txt").read_text()))
+        images = [Image.open(p) for p in sorted(refs.glob(f"{target.stem}*.png"))]
+        _, _, counts = encoder.vision.prepare(images)
+        plain.add(min(n, cap))
+        want.add(min(n + sum(4 + c for c in counts), cap))
+    _, seen = straight
+    lens = [n for step in TEXT_LENS[: len(seen)] for n in step]
+    assert lens and all(n in want and n not in plain for n in lens), (lens, want, plain)
 
 
 @pytest.mark.parametrize(
@@ -96,3 +136,12 @@ def test_pipeline_engines_refuse_an_edit_dataset_before_anything_loads(edit_worl
     plain = {**edit_knobs(edit_world, "plain"), "DISTRIBUTED": engine, "DEVICES": ["cpu", "cpu"]}
     plain["DATASET"] = {k: v for k, v in plain["DATASET"].items() if k != "references"}
     assert not [k for k, _ in run_problems(TrainConfig.from_knobs(plain)) if k == "DISTRIBUTED"]
+
+
+def test_references_over_the_token_cap_refused_before_the_first_step(edit_world):
+    """REFERENCES_IN_PROMPT='picture' with MAX_TEXT_TOKENS too small for the references' vision tokens:
+    named per item before any step (the 64 px mirrors take 9 tokens up to their last vision token)."""
+    with pytest.raises(
+        ConfigError, match=r"MAX_TEXT_TOKENS: .*reference images take more prompt tokens than the 8"
+    ):
+        train(edit_knobs(edit_world, "edit-cap", MAX_TEXT_TOKENS=8))

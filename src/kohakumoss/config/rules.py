@@ -38,6 +38,7 @@ RESUME_FIXED = (
     "TEXT_TEMPLATE",
     "TEXT_LAYERS",
     "TEXT_ENCODER_QUANT",
+    "REFERENCES_IN_PROMPT",  # an edit run's text tokens (vision tokens before the caption, or none)
     "ENCODER_PRECISION",  # the text embeddings and latents a step trains on
     "PRECISION",
     "BASE_PRECISION",

@@ -18,6 +18,15 @@ def _prompt_file(value: str) -> str | None:
     return prompt_file_problem(value, "PROMPT_FILE")
 
 
+def _reference_images(value: list) -> str | None:
+    from pathlib import Path
+
+    for i, path in enumerate(value):
+        if not isinstance(path, str) or not Path(path).expanduser().is_file():
+            return f"REFERENCE_IMAGES[{i}] {path!r} is not an image file"
+    return None
+
+
 def _block_indices(value: list) -> str | None:
     if all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
         return None
@@ -46,11 +55,16 @@ class PromptConfig:
     prompt: str = knob("", "the prompt (or use PROMPT_FILE); kohya flags as in PROMPT_FILE")
     prompt_file: str = knob(
         "",
-        "one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps (# comments)",
+        "one prompt per line, kohya flags: --n negative --w --h --d seed --l cfg --s steps --ri reference (# comments)",
         path="file",
         check=_prompt_file,
     )
     negative: str = knob("", "negative prompt (the unconditional side of CFG)")
+    reference_images: list = knob(
+        [],
+        "reference image paths (edit models) for every prompt without its own --ri; both CFG branches get them",
+        check=_reference_images,
+    )
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,10 @@ class SamplerConfig:
         "auto",
         "replay each denoising step from a CUDA graph: auto (resident DiT on CUDA), on (refuse otherwise), off",
         choices=("auto", "on", "off"),
+    )
+    reference_kv_cache: bool = knob(
+        True,
+        "reference images: their keys and values computed once per CFG branch (exact), False: every step",
     )
 
 

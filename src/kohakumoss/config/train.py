@@ -157,6 +157,12 @@ class EncoderConfig:
         "text encoder's block linears: none, fp8 (GEMMs sm89+), fp8_weight, int8 (GEMMs sm80+), int8_weight",
         choices=("none", "fp8", "fp8_weight", "int8", "int8_weight"),
     )
+    references_in_prompt: str = knob(
+        "picture",
+        "edit runs' reference images: picture (shown to the text encoder's vision tower before the caption, "
+        "`Picture N:`, as SimpleTuner and ai-toolkit train) or none (not in the prompt: ComfyUI's Moss-Image-Edit LoRA format)",
+        choices=("picture", "none"),
+    )
     encoder_precision: str = knob(
         "auto",
         "text encoder and VAE dtype: auto (fp32 on a CPU, fp16 with PRECISION fp16, else bf16), bf16, fp16, fp32",
@@ -557,7 +563,7 @@ class SampleConfig:
     )
     sample_prompts_file: str = knob(
         "",
-        "more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps (# comments)",
+        "more sample prompts, one a line: prompt --n neg --w W --h H --d seed --l cfg --s steps --ri reference (# comments)",
         path="file",
         check=lambda v: prompt_file_problem(v, "SAMPLE_PROMPTS_FILE"),
     )

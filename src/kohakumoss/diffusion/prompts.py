@@ -1,7 +1,8 @@
 """Prompt files in the kohya line format: `prompt --n negative --w 1024 --h 768 --d 42 --l 3.5 --s 30`.
 
 Any subset of the flags, in any order; `#` lines and blank lines are skipped. A flag left out takes
-the knobs' default (`None` here).
+the knobs' default (`None` here). `--ri path` gives the line a reference image (edit models), once per
+reference, in order; a line without one takes the knobs' (REFERENCE_IMAGES).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from kohakumoss_common.errors import ConfigError
 
 # flag -> (field, type); kohya's names
 FLAGS = {"n": ("negative", str), "w": ("width", int), "h": ("height", int), "d": ("seed", int),
-         "l": ("cfg", float), "s": ("steps", int)}  # fmt: skip
+         "l": ("cfg", float), "s": ("steps", int), "ri": ("references", str)}  # fmt: skip
+REPEATED = ("ri",)  # flags given once per value, their values kept in order
 _SPLIT = re.compile(r"(?:^|\s)--(?=\S)")
 
 
@@ -29,6 +31,7 @@ class PromptLine:
     seed: int | None = None
     cfg: float | None = None
     steps: int | None = None
+    references: tuple[str, ...] | None = None  # reference image paths (--ri, in order)
 
     def with_defaults(self, **defaults) -> PromptLine:
         """Fields the line left out set from `defaults` (same names)."""
@@ -48,6 +51,13 @@ def parse_prompt_line(text: str, where: str = "PROMPT", knob: str = "PROMPT") ->
         name, kind = FLAGS[flag]
         if kind is not str and not value:
             raise ConfigError(knob, f"{where}: --{flag} needs a value")
+        if flag in REPEATED:
+            if not value:
+                raise ConfigError(knob, f"{where}: --{flag} needs a path")
+            if not Path(value).expanduser().is_file():
+                raise ConfigError(knob, f"{where}: --{flag} reference image '{value}' does not exist")
+            fields[name] = (*fields.get(name, ()), value)
+            continue
         try:
             fields[name] = kind(value)
         except ValueError:

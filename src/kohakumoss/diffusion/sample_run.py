@@ -34,15 +34,28 @@ def read_prompts(k: dict[str, Any]) -> list[PromptLine]:
 
 
 def requests_for(k: dict[str, Any], prompts: list[PromptLine]) -> list[GenerationRequest]:
-    """COUNT (or len(SEEDS)) requests per prompt; a line's own settings override the knobs'."""
+    """COUNT (or len(SEEDS)) requests per prompt; a line's own settings override the knobs' (its --ri
+    references REFERENCE_IMAGES)."""
     seeds = [int(s) for s in k["SEEDS"]] or [int(k["SEED"]) + i for i in range(int(k["COUNT"]))]
     out = []
     for p in prompts:
         line_seeds = seeds if p.seed is None else [p.seed + i for i in range(len(seeds))]
-        p = p.with_defaults(negative=k["NEGATIVE"], width=int(k["WIDTH"]), height=int(k["HEIGHT"]))
+        p = p.with_defaults(
+            negative=k["NEGATIVE"],
+            width=int(k["WIDTH"]),
+            height=int(k["HEIGHT"]),
+            references=tuple(k.get("REFERENCE_IMAGES", [])),
+        )
         for s in line_seeds:
-            out.append(GenerationRequest(p.prompt, s, p.width, p.height, p.negative, p.steps, p.cfg))
+            out.append(
+                GenerationRequest(p.prompt, s, p.width, p.height, p.negative, p.steps, p.cfg, p.references)
+            )
     return out
+
+
+def most_references(k: dict[str, Any]) -> int:
+    """The most reference images a request has (REFERENCE_IMAGES, or a line's --ri); 0: none has any."""
+    return max(len(r.references) for r in requests_for(k, read_prompts(k)))
 
 
 def longest_prompt_tokens(k: dict[str, Any], prompt_tokenizer) -> int:
@@ -75,6 +88,8 @@ def png_info(
         cfg=k["CFG"] if request.cfg is None else request.cfg,
         shift=k["SHIFT"],
         uncond_skip_layers=list(k["UNCOND_SKIP_LAYERS"]),
+        **({"references": list(request.references)} if request.references else {}),
+        **({"references_in_prompt": k["REFERENCES_IN_PROMPT"]} if request.references else {}),
         slg_window=[k["SLG_START"], k["SLG_STOP"]],
         max_text_tokens=k["MAX_TEXT_TOKENS"],
         weights=k["WEIGHTS"] or k["MODEL_PRESET"],
@@ -122,8 +137,8 @@ def sampler_speed(k: dict[str, Any], networks: Sequence = ()) -> SamplerSpeed:
             raise ConfigError(
                 "CUDA_GRAPHS", "'on' with a DyLoRA adapter, which draws its rank per call: use auto or off"
             )
-        return SamplerSpeed(cuda_graphs="off")
-    return SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"])
+        return SamplerSpeed(cuda_graphs="off", reference_cache=bool(k.get("REFERENCE_KV_CACHE", True)))
+    return SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"], reference_cache=bool(k.get("REFERENCE_KV_CACHE", True)))
 
 
 def sample_images(

@@ -15,6 +15,9 @@ How it runs (`SamplerSpeed`; never what it computes):
 - batch_cfg: both branches in one packed forward at every step, the conditional samples first; a block
   the unconditional branch skips runs on the conditional tokens alone (`MossBackbone`'s `keep_lead`).
   Off: one forward per branch (the plain path the batched one is tested against).
+- reference_cache: with reference images, each kind of step (its skip set) runs the full layout
+  once, recording every block's reference keys and values; its later steps run the target and text
+  tokens alone against them (model/reference_kv.py: exact, the references never see the live tokens).
 - cuda_graphs: on a CUDA backbone without a memory-plan block runner, each kind of step (with or without
   the skip) is captured the second time it runs and replayed after: the state x, sigma_i and
   sigma_{i+1} live in fixed device buffers the graph reads. The first step of each kind runs eagerly in
@@ -31,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kohakumoss.model.backbone import pack_references
+from kohakumoss.model.reference_kv import ReferenceKVSeq, recording, replaying
 from kohakumoss.model.seq import PackedSeq
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
@@ -119,6 +124,7 @@ class SamplerSpeed:
 
     batch_cfg: bool = True  # both CFG branches in one packed forward per step
     cuda_graphs: str = "auto"  # auto: graph the steps where possible; on: refuse where not; off: eager
+    reference_cache: bool = True  # reference K/V recorded by each kind's first step, read after it
 
     def __post_init__(self) -> None:
         if self.cuda_graphs not in GRAPH_MODES:
@@ -145,38 +151,83 @@ def use_graphs(speed: SamplerSpeed, backbone: Callable[..., torch.Tensor], devic
     return speed.cuda_graphs != "off" and refusal is None
 
 
-class _Velocity:
-    """v (float32, guided) of the image tokens at one step; the texts and layouts fixed for the run."""
+class _Layout:
+    """One forward's packed texts, images and reference tokens. With the reference cache, the first
+    forward of each kind (a skip set) runs the full layout and records the references' K/V, the later
+    ones run the live tokens alone (model/reference_kv.py)."""
 
-    def __init__(self, backbone, cond, uncond, img_sizes, config: SamplerConfig, device, dtype, batch_cfg):
+    def __init__(self, texts, img_sizes, references, device, dtype, cache: bool):
+        self.text = torch.cat([t.to(device, dtype) for t in texts])
+        tokens, ref_sizes = pack_references(references) if references is not None else (None, None)
+        self.seq = PackedSeq.build([t.shape[0] for t in texts], img_sizes, device, ref_sizes=ref_sizes)
+        self.refs = tokens.to(device, dtype) if tokens is not None and self.seq.has_references else None
+        self.cache = cache and self.refs is not None
+        self.kinds: dict[object, ReferenceKVSeq] = {}
+
+    def inputs(self, kind: object = ()) -> tuple[PackedSeq, dict]:
+        """(layout, backbone keywords) of this kind's next forward."""
+        if self.refs is None:
+            return self.seq, {}
+        if not self.cache:
+            return self.seq, {"refs": self.refs}
+        seen = self.kinds.get(kind)
+        if seen is None:  # the kind's first forward: the full layout, recording
+            self.kinds[kind] = recording(self.seq)
+            return self.kinds[kind], {"refs": self.refs}
+        if seen.live_segments is None:
+            self.kinds[kind] = seen = replaying(seen)
+        return seen, {}
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(seq.reference_kv.nbytes for seq in self.kinds.values())
+
+
+class _Velocity:
+    """v (float32, guided) of the image tokens at one step; the texts, layouts and references fixed for
+    the run (both branches get the references: facts 1.3)."""
+
+    def __init__(
+        self, backbone, cond, uncond, img_sizes, config: SamplerConfig, device, dtype, batch_cfg,
+        references=None, reference_cache: bool = True,
+    ):  # fmt: skip
         self.backbone, self.config, self.dtype = backbone, config, dtype
         self.guided = uncond is not None and config.guided
         self.batch = batch_cfg and self.guided
         self.B = len(cond)
-        self.seq_c = PackedSeq.build([t.shape[0] for t in cond], img_sizes, device)
-        self.text_c = torch.cat([t.to(device, dtype) for t in cond])
-        if self.guided:
-            self.seq_u = PackedSeq.build([t.shape[0] for t in uncond], img_sizes, device)
-            self.text_u = torch.cat([t.to(device, dtype) for t in uncond])
+        cache = reference_cache and isinstance(backbone, torch.nn.Module)
+        self.cond = _Layout(cond, img_sizes, references, device, dtype, cache)
+        if self.guided and not self.batch:
+            self.uncond = _Layout(uncond, img_sizes, references, device, dtype, cache)
         if self.batch:
-            lens = [t.shape[0] for t in [*cond, *uncond]]
-            self.seq_both = PackedSeq.build(lens, [*img_sizes, *img_sizes], device)
-            self.text_both = torch.cat([self.text_c, self.text_u])
+            both_refs = None if references is None else [*references, *references]
+            self.both = _Layout([*cond, *uncond], [*img_sizes, *img_sizes], both_refs, device, dtype, cache)
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, skip: tuple[int, ...]) -> torch.Tensor:
         """x [T, C] float32, sigma a 0-dim float32 tensor; skip: the blocks the uncond branch leaves out."""
         img, B, net = x.to(self.dtype), self.B, self.backbone
         if not self.guided:
-            return net(img, self.text_c, sigma.expand(B), self.seq_c).float()
+            seq, kw = self.cond.inputs()
+            return net(img, self.cond.text, sigma.expand(B), seq, **kw).float()
         if self.batch:
-            kw = {"skip_layers": frozenset(skip), "keep_lead": self.seq_c} if skip else {}
-            both = net(torch.cat([img, img]), self.text_both, sigma.expand(2 * B), self.seq_both, **kw)
+            seq, kw = self.both.inputs(skip)
+            if skip:  # the leading (conditional) samples run the skipped blocks on their own layout
+                lead, _ = self.cond.inputs(("lead", skip))
+                kw = {**kw, "skip_layers": frozenset(skip), "keep_lead": lead}
+            both = net(torch.cat([img, img]), self.both.text, sigma.expand(2 * B), seq, **kw)
             v_c, v_u = both.float().split(x.shape[0])
         else:
-            v_c = net(img, self.text_c, sigma.expand(B), self.seq_c).float()
-            kw = {"skip_layers": frozenset(skip)} if skip else {}
-            v_u = net(img, self.text_u, sigma.expand(B), self.seq_u, **kw).float()
+            seq, kw = self.cond.inputs()
+            v_c = net(img, self.cond.text, sigma.expand(B), seq, **kw).float()
+            seq, kw = self.uncond.inputs(skip)
+            kw = {**kw, "skip_layers": frozenset(skip)} if skip else kw
+            v_u = net(img, self.uncond.text, sigma.expand(B), seq, **kw).float()
         return v_u + self.config.cfg_scale * (v_c - v_u)
+
+    @property
+    def cached_bytes(self) -> int:
+        layouts = [getattr(self, name, None) for name in ("cond", "uncond", "both")]
+        return sum(layout.cached_bytes for layout in layouts if layout is not None)
 
     def step(self, x: torch.Tensor, now: torch.Tensor, nxt: torch.Tensor, skip: tuple[int, ...]) -> None:
         """One Euler step, in place on x (what a graph replays)."""
@@ -272,14 +323,21 @@ def euler_sample(
     dtype: torch.dtype = torch.float32,
     progress: Callable[[int, int], None] | None = None,
     speed: SamplerSpeed = DEFAULT_SPEED,
+    references: Sequence[Sequence[torch.Tensor]] | None = None,
 ) -> list[torch.Tensor]:
     """cond / uncond: per-image text hidden states; returns the clean latent tokens [h*w, C] per image.
 
     The uncond branch runs when `uncond` is given and CFG != 1. A backbone with a `config.depth` has
     its skip indices checked against it first (ConfigError naming UNCOND_SKIP_LAYERS). With
     speed.batch_cfg the backbone takes `keep_lead` (MossBackbone does).
+    references: per image, its reference images' clean token grids [C, rows, cols] (an edit model's
+    input; `model.pack_references`), after its text in both branches; with speed.reference_cache
+    their keys and values are computed by the first step of each kind and read by the others.
     """
-    velocity = _Velocity(backbone, cond, uncond, img_sizes, config, device, dtype, speed.batch_cfg)
+    velocity = _Velocity(
+        backbone, cond, uncond, img_sizes, config, device, dtype, speed.batch_cfg,
+        references, speed.reference_cache,
+    )  # fmt: skip
     depth = backbone_depth(backbone)
     if velocity.guided and depth is not None:
         config.check_depth(depth)
@@ -294,4 +352,9 @@ def euler_sample(
             progress(i + 1, n)
     if graphs:
         log.info(f"sampler: {steps.replays} of {n} steps replayed from {len(steps.captured)} CUDA graphs")
+    cached = velocity.cached_bytes
+    if cached:
+        log.info(
+            f"sampler: reference K/V computed once per branch and skip set ({cached / 2**20:.1f} MiB kept)"
+        )
     return list(torch.split(x, [h * w for h, w in img_sizes]))

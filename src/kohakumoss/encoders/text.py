@@ -3,11 +3,14 @@
 `encode(captions) -> (hidden [sum_len, D'], lengths [B])`, one row per token of the templated prompt
 (template tokens included), samples one after another. As the released pipeline: one prompt per
 forward, unpadded (no padding ever enters the Gated DeltaNet state), `last_hidden_state` by default.
-A caption that occurs more than once in a call is encoded once.
+A caption that occurs more than once in a call is encoded once. With `reference_prompt='picture'` the
+checkpoint's vision tower is loaded too, and `encode(captions, references)` puts each caption's
+reference images before it (`Picture N:`, text_vision.py); the rows then include the vision tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -34,6 +37,15 @@ from .text_config import (
     with_overrides,
 )
 from .text_template import PromptTokenizer
+from .text_vision import (
+    IMAGE_PAD,
+    ReferenceImage,
+    VisionTower,
+    image_digest,
+    load_vision_tower,
+    reference_prefix,
+    vision_tower_problem,
+)
 from .tokenizer_folder import TOKENIZER_MARKERS, find_tokenizer
 
 log = get_logger(__name__)
@@ -108,7 +120,13 @@ class TextEncoder(QwenTextModelHolder):
         full_config: Qwen3_5TextConfig,
         weights_identity: str | None = None,
         tokenizer_identity: str = "unknown",
+        vision: VisionTower | None = None,
     ):
+        if config.reference_prompt == "picture" and vision is None:
+            raise ConfigError(
+                "text_encoder.reference_prompt",
+                "'picture' needs the checkpoint's vision tower, none was given",
+            )
         self.model = model.eval().requires_grad_(False)
         self.config = config
         self.full_config = full_config
@@ -117,7 +135,13 @@ class TextEncoder(QwenTextModelHolder):
         if deepest > len(model.layers) and deepest != full_config.num_hidden_layers:
             raise ConfigError("text_encoder.layers", f"layer {deepest} was pruned from the loaded model")
         self.prompts = PromptTokenizer(tokenizer, config.template, config.max_length)
-        self._weights_identity = weights_identity or module_identity(model)
+        self.vision = vision if config.reference_prompt == "picture" else None
+        self._multimodal = self.vision.multimodal(model, model.config) if self.vision is not None else None
+        if weights_identity is None:
+            weights_identity = module_identity(model)
+            if self.vision is not None:
+                weights_identity += module_identity(self.vision.model)
+        self._weights_identity = weights_identity
         self._tokenizer_identity = tokenizer_identity
 
     @classmethod
@@ -128,8 +152,17 @@ class TextEncoder(QwenTextModelHolder):
         tok_path = _tokenizer_path(path, config)
         tokenizer = _load_tokenizer(tok_path)
         tok_files = sorted({f for pattern in TOKENIZER_FILES for f in tok_path.glob(pattern) if f.is_file()})
+        if config.reference_prompt == "picture" and (problem := vision_tower_problem(path)):
+            raise ConfigError("text_encoder.reference_prompt", problem)  # before any weight is read
         model, full = _load_model(path, config)
-        return cls(model, tokenizer, config, full, files_identity(files), files_identity(tok_files))
+        vision = _load_vision(path, config, tokenizer) if config.reference_prompt == "picture" else None
+        identity = files_identity(files)
+        return cls(model, tokenizer, config, full, identity, files_identity(tok_files), vision)
+
+    @property
+    def references_in_prompt(self) -> bool:
+        """Whether `encode` puts reference images before the caption (their images then key the cache)."""
+        return self.vision is not None
 
     @property
     def layer_choice(self) -> tuple[int, ...]:
@@ -163,27 +196,41 @@ class TextEncoder(QwenTextModelHolder):
                 "max_length": self.config.max_length,
                 "dtype": str(self.dtype),
                 **({"quant": self.config.quant} if self.config.quant != "none" else {}),
+                **({"references": self.vision.settings} if self.vision is not None else {}),
             }
         )
 
     def to(self, device: str | torch.device) -> TextEncoder:
         self.model.to(device)
+        if self.vision is not None:
+            self.vision.model.to(device)
         return self
 
     def tokenize(self, captions: list[str]) -> list[list[int]]:
         return [self.prompts(c) for c in captions]
 
     @torch.no_grad()
-    def encode(self, captions: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Captions -> (hidden [sum(lengths), hidden_size] packed in caption order, lengths [B] long)."""
+    def encode(
+        self, captions: list[str], references: Sequence[Sequence[ReferenceImage]] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Captions -> (hidden [sum(lengths), hidden_size] packed in caption order, lengths [B] long).
+
+        references: per caption, its reference images (PIL, or uint8 [3, H, W]); put before the caption
+        when `references_in_prompt`, else not read (the ComfyUI Moss-Image-Edit format)."""
         if isinstance(captions, str):
             raise TypeError("encode takes a list of captions, not one string")
         captions = list(captions)
-        done: dict[str, torch.Tensor] = {}
-        for caption in captions:
-            if caption not in done:
-                done[caption] = self._forward(self.prompts(caption))
-        pieces = [done[c] for c in captions]
+        refs = [()] * len(captions) if references is None or self.vision is None else list(references)
+        if len(refs) != len(captions):
+            raise ValueError(f"{len(captions)} captions but {len(refs)} reference lists")
+        done: dict[tuple[str, tuple[str, ...]], torch.Tensor] = {}
+        keys = [(c, tuple(image_digest(im) for im in r)) for c, r in zip(captions, refs)]
+        for key, images in zip(keys, refs):
+            if key not in done:
+                done[key] = (
+                    self._with_references(key[0], images) if images else self._forward(self.prompts(key[0]))
+                )
+        pieces = [done[k] for k in keys]
         lengths = torch.tensor([p.shape[0] for p in pieces], dtype=torch.long)
         if not pieces:
             return torch.zeros(0, self.hidden_size, dtype=self.dtype, device=self.device), lengths
@@ -195,6 +242,46 @@ class TextEncoder(QwenTextModelHolder):
         capture = _Capture(self.model, self.layer_indices, self.full_config.num_hidden_layers)
         try:
             self.model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False)
+        finally:
+            capture.close()
+        return self._combine([capture.states[i] for i in self.layer_indices])[0]
+
+    def reference_span(self, sizes: Sequence[tuple[int, int]]) -> int:
+        """Tokens a prompt needs up to its last reference's vision tokens, for references of these
+        (width, height): over `max_length` the encoder refuses the prompt (images not read)."""
+        if self.vision is None or not sizes:
+            return 0
+        counts = [self.vision.token_count(w, h) for w, h in sizes]
+        ids = self.prompts.tokenizer(self.prompts.format(reference_prefix(counts)), truncation=False)[
+            "input_ids"
+        ]
+        pad = self.vision.token_ids[IMAGE_PAD]
+        return max(i for i, t in enumerate(ids) if t == pad) + 1
+
+    def _with_references(self, caption: str, images: Sequence[ReferenceImage]) -> torch.Tensor:
+        """One prompt with its references before the caption: hidden states [len, hidden_size]."""
+        pixel_values, grid, counts = self.vision.prepare(images)
+        text = self.prompts.format(reference_prefix(counts) + caption)
+        ids = self.prompts.tokenizer(text, truncation=False)["input_ids"]
+        pad = self.vision.token_ids[IMAGE_PAD]
+        last_vision = max(i for i, t in enumerate(ids) if t == pad)
+        if last_vision >= self.config.max_length:  # right truncation may cut the caption, never a picture
+            raise ConfigError(
+                "text_encoder.max_length",
+                f"{len(images)} reference images take {last_vision + 1} tokens of the prompt, over the "
+                f"{self.config.max_length}-token cap (MAX_TEXT_TOKENS): raise it, or use fewer / smaller references",
+            )
+        input_ids = torch.tensor([ids[: self.config.max_length]], dtype=torch.long, device=self.device)
+        capture = _Capture(self.model, self.layer_indices, self.full_config.num_hidden_layers)
+        try:
+            self._multimodal(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                pixel_values=pixel_values.to(self.device),
+                image_grid_thw=grid.to(self.device),
+                mm_token_type_ids=(input_ids == pad).int(),
+                use_cache=False,
+            )
         finally:
             capture.close()
         return self._combine([capture.states[i] for i in self.layer_indices])[0]
@@ -238,6 +325,18 @@ def _load_tokenizer(path: Path):
         return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise ConfigError("text_encoder.tokenizer_path", f"{path}: no usable tokenizer ({e})") from e
+
+
+def _load_vision(path: Path, config: TextEncoderConfig, tokenizer) -> VisionTower:
+    header, metadata = read_header(path)
+    quant = plan_quantization(path, header, rotations=True, packed=True, metadata=metadata)
+    tower = load_vision_tower(
+        path, header, quant, tokenizer, config.torch_dtype, config.device, config.reference_max_pixels
+    )
+    log.info(
+        "vision tower loaded from %s (%d blocks): references go into the prompt", path, tower.config.depth
+    )
+    return tower
 
 
 def _model_config(path: Path, config: TextEncoderConfig, shapes: dict) -> Qwen3_5TextConfig:

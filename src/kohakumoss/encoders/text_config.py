@@ -20,6 +20,7 @@ from transformers.models.qwen3_5 import Qwen3_5TextConfig
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 from .text_template import CHAT_TEMPLATE, MAX_TEXT_TOKENS, check_template
+from .text_vision import REFERENCE_MAX_PIXELS, REFERENCE_PROMPTS
 
 COMBINE = ("mean", "concat")
 TEXT_QUANTS = ("none", "fp8", "fp8_weight", "int8", "int8_weight")  # text_quant.py's modes
@@ -74,6 +75,9 @@ class TextEncoderConfig:
     quant: the decoder blocks' linears: "none" (dtype), "fp8" / "int8" (stored and multiplied in 8 bits),
         "fp8_weight" / "int8_weight" (stored in 8 bits, dequantized per call); an int8 file's (ConvRot
         included) int8 bytes are kept as stored in the int8 modes (`text_quant.py`).
+    reference_prompt: "picture" loads the checkpoint's vision tower and puts the reference images an
+        `encode` call is given before the caption (`Picture N:`, text_vision.py); "none" leaves them out.
+    reference_max_pixels: each reference's size for the vision tower (downscaled, never upscaled).
     """
 
     path: str
@@ -89,6 +93,8 @@ class TextEncoderConfig:
     prune_unused_layers: bool = True
     model_overrides: dict[str, Any] | None = None
     quant: str = "none"
+    reference_prompt: str = "none"
+    reference_max_pixels: int = REFERENCE_MAX_PIXELS
 
     def __post_init__(self) -> None:
         self.layers = (self.layers,) if isinstance(self.layers, int) else tuple(self.layers)
@@ -109,6 +115,19 @@ class TextEncoderConfig:
             raise ConfigError("text_encoder.layout", f"{self.layout!r} is not auto, hf or comfy")
         if self.quant not in TEXT_QUANTS:
             raise ConfigError("text_encoder.quant", f"{self.quant!r} is not one of {TEXT_QUANTS}")
+        if self.reference_prompt not in REFERENCE_PROMPTS:
+            raise ConfigError(
+                "text_encoder.reference_prompt",
+                f"{self.reference_prompt!r} is not one of {REFERENCE_PROMPTS}",
+            )
+        bad_pixels = isinstance(self.reference_max_pixels, bool) or not isinstance(
+            self.reference_max_pixels, int
+        )
+        if bad_pixels or self.reference_max_pixels < 1024:
+            raise ConfigError(
+                "text_encoder.reference_max_pixels",
+                f"must be a whole number >= 1024, got {self.reference_max_pixels!r}",
+            )
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -5,6 +5,7 @@ For tests and the embedded demo: nothing is downloaded, every file is written he
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable
@@ -14,11 +15,14 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 from transformers.models.qwen3_5 import Qwen3_5TextModel
+from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5VisionConfig
+from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
 from kohakumoss_common.io import save_safetensors
 
 from .text import TextEncoder
 from .text_config import TextEncoderConfig, tiny_text_encoder_config
+from .text_vision import IMAGE_PAD, VISION_END, VISION_START
 from .vae import ImageVAE
 from .vae_config import tiny_vae_config
 
@@ -36,16 +40,21 @@ TINY_CHAT_TEMPLATE = (
 )
 
 
+VISION_TOKENS = (VISION_START, IMAGE_PAD, VISION_END)  # after the chat tail: earlier ids stay as they were
+PICTURE_WORDS = ("picture", *(f"{n}:" for n in range(1, 9)))  # the `Picture N:` labels of references
+
+
 def words_of(texts: Iterable[str]) -> list[str]:
     return sorted({w for t in texts for w in re.findall(r"\S+", t.lower())} | {"user"})
 
 
-def write_word_tokenizer(folder: str | Path, texts: Iterable[str]) -> Path:
-    """A whitespace word-level tokenizer over the words of `texts`, saved as a fast tokenizer folder."""
+def write_word_tokenizer(folder: str | Path, texts: Iterable[str], vision: bool = False) -> Path:
+    """A whitespace word-level tokenizer over the words of `texts`, saved as a fast tokenizer folder;
+    vision: also the `Picture N:` words and Qwen's vision tokens (references in the prompt)."""
     folder = Path(folder)
-    words = words_of(texts)
+    words = words_of([*texts, *(PICTURE_WORDS if vision else ())])
     tail = [t for t in CHAT_TAIL if t not in words]
-    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *words, *tail])}
+    vocab = {tok: i for i, tok in enumerate([*SPECIALS, *words, *tail, *(VISION_TOKENS if vision else ())])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     from tokenizers import normalizers
@@ -56,7 +65,12 @@ def write_word_tokenizer(folder: str | Path, texts: Iterable[str]) -> Path:
         unk_token="[UNK]",
         pad_token="[PAD]",
         eos_token="[EOS]",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>", *CHAT_TAIL[1:]],
+        additional_special_tokens=[
+            "<|im_start|>",
+            "<|im_end|>",
+            *CHAT_TAIL[1:],
+            *(VISION_TOKENS if vision else ()),
+        ],
     )
     fast.chat_template = TINY_CHAT_TEMPLATE
     fast.save_pretrained(str(folder))
@@ -74,25 +88,61 @@ def tiny_text_model(vocab: int, seed: int = 0) -> Qwen3_5TextModel:
     return model
 
 
-def write_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int = 0) -> TextEncoderConfig:
-    """Write `folder/tokenizer` and `folder/model` (HF layout, random weights); return the config to load it."""
+def tiny_vision_config(out_hidden_size: int = 32) -> Qwen3_5VisionConfig:
+    """A one-block Qwen3.5 vision tower (patch 16, merge 2 as released), width 16."""
+    return Qwen3_5VisionConfig(
+        depth=1,
+        hidden_size=16,
+        intermediate_size=32,
+        num_heads=2,
+        patch_size=16,
+        spatial_merge_size=2,
+        temporal_patch_size=2,
+        out_hidden_size=out_hidden_size,
+        num_position_embeddings=16,
+    )
+
+
+def tiny_vision_model(out_hidden_size: int = 32, seed: int = 0) -> Qwen3_5VisionModel:
+    """A tiny Qwen3.5 vision tower with random weights, its output as wide as the tiny text model."""
+    torch.manual_seed(seed + 1)
+    model = Qwen3_5VisionModel(tiny_vision_config(out_hidden_size)).eval()
+    with torch.no_grad():  # transformers' init leaves some tensors at zero: every weight should matter
+        for p in model.parameters():
+            p.normal_(0, 0.2)
+    return model
+
+
+def write_tiny_text_encoder(
+    folder: str | Path, texts: Iterable[str], seed: int = 0, vision: bool = False
+) -> TextEncoderConfig:
+    """Write `folder/tokenizer` and `folder/model` (HF layout, random weights); return the config to load it.
+    vision: the checkpoint holds a tiny vision tower (`model.visual.*`, as the released text_encoder/ does)."""
     folder = Path(folder)
-    tokenizer = write_word_tokenizer(folder / "tokenizer", texts)
+    tokenizer = write_word_tokenizer(folder / "tokenizer", texts, vision=vision)
     vocab = len(json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"])
     model = tiny_text_model(vocab, seed)
     model_dir = folder / "model"
     model_dir.mkdir(parents=True, exist_ok=True)
     config = {"model_type": "qwen3_5", "text_config": model.config.to_dict()}
+    tensors = {f"model.language_model.{k}": v for k, v in model.state_dict().items()}
+    if vision:
+        tower = tiny_vision_model(model.config.hidden_size, seed)
+        config["vision_config"] = tower.config.to_dict()
+        tensors.update({f"model.visual.{k}": v for k, v in tower.state_dict().items()})
     (model_dir / "config.json").write_text(json.dumps(config))
-    save_safetensors(
-        {f"model.language_model.{k}": v for k, v in model.state_dict().items()},
-        model_dir / "model.safetensors",
-    )
+    save_safetensors(tensors, model_dir / "model.safetensors")
     return TextEncoderConfig(path=str(model_dir), tokenizer_path=str(tokenizer), dtype="float32")
 
 
-def load_tiny_text_encoder(folder: str | Path, texts: Iterable[str], seed: int = 0) -> TextEncoder:
-    return TextEncoder.load(write_tiny_text_encoder(folder, texts, seed))
+def load_tiny_text_encoder(
+    folder: str | Path, texts: Iterable[str], seed: int = 0, vision: bool = False
+) -> TextEncoder:
+    """The tiny encoder; vision: with its tower, references in the prompt."""
+    config = write_tiny_text_encoder(folder, texts, seed, vision)
+    if vision:
+        config = dataclasses.replace(config, reference_prompt="picture")
+    return TextEncoder.load(config)
 
 
 def tiny_vae(

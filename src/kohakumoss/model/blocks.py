@@ -18,6 +18,9 @@ so the fused norm_modulate ops serve the weighted norms unchanged. Every element
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import nn
 
@@ -45,15 +48,19 @@ def attention(
     eps: float,
     ops,
     segments: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    kv_hook: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """[T, d] q, k, v -> per-head QK-norm and RoPE -> attention within each cu_seqlens run -> [T, d].
     segments: (kv_index, cu_seqlens_q, cu_seqlens_kv) with reference images (PackedSeq.attention_segments):
-    the keys and values gathered to the key segments, reference queries seeing references alone."""
+    the keys and values gathered to the key segments, reference queries seeing references alone.
+    kv_hook: sees (and may extend) the keys and values after RoPE: the sampler's reference K/V cache."""
     shape = (q.shape[0], num_heads, q.shape[-1] // num_heads)
     q, k, v = q.reshape(shape), k.reshape(shape), v.reshape(shape)
     cos, sin = rope
     q = ops.qk_norm_rope(q, q_norm.weight, cos, sin, eps)
     k = ops.qk_norm_rope(k, k_norm.weight, cos, sin, eps)
+    if kv_hook is not None:
+        k, v = kv_hook(k, v)
     if segments is None:
         return ops.varlen_attention(q, k, v, cu_seqlens, max_seqlen).reshape(q.shape[0], -1)
     kv_index, cu_q, cu_kv = segments
@@ -99,9 +106,10 @@ class MossBlock(_NormedBlock):
         scale_f = fold_norm_weight(self.norm2.weight, scale_f)
         y, x = ops.norm_modulate(x, shift_a, scale_a, ts, eps, fork=True)  # x's two gradients in one pass
         q, k, v = self.project_qkv(y)
+        cache = getattr(seq, "reference_kv", None)  # the sampler's reference K/V (model/reference_kv.py)
         out = attention(
             q, k, v, self.q_norm, self.k_norm, rope, seq.cu_seqlens, seq.max_seqlen, self.num_heads, eps, ops,
-            seq.attention_segments,
+            seq.attention_segments, None if cache is None else partial(cache, self),
         )  # fmt: skip
         return ops.residual_norm_modulate(x, self.proj["o"](out), gate_a, shift_f, scale_f, ts, eps)
 

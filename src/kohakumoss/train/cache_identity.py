@@ -22,7 +22,7 @@ from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 from kohakumoss.encoders import TextEncoderConfig
 from kohakumoss_common.errors import ConfigError
 
-from .components import resolve_device, text_encoder_config
+from .components import dataset_has_references, resolve_device, text_encoder_config
 
 STAND_INS = ("", "synthetic", "random")  # encoders built from no file: nothing for a data script to cache
 # TextEncoderConfig fields an encoder's identity depends on (`device` and `prune_unused_layers` do not)
@@ -38,18 +38,22 @@ TEXT_IDENTITY_FIELDS = (
     "layout",
     "model_overrides",
     "quant",
+    "reference_prompt",
+    "reference_max_pixels",
 )
 DEFAULT_VAE_FACTORY = "kohakumoss.encoders.vae:ImageVAE.load"
 
 
 def text_settings(cfg: TrainConfig) -> TextEncoderConfig | None:
     """The text encoder config the training run `cfg` builds (None: TEXT_ENCODER empty or a stand-in):
-    on the run's device, in its encoder dtype, cut at MAX_TEXT_TOKENS."""
+    on the run's device, in its encoder dtype, cut at MAX_TEXT_TOKENS; an edit run's with its
+    REFERENCES_IN_PROMPT (the vision settings then enter the identity, the references each key)."""
     if cfg.encoders.text_encoder in STAND_INS:
         return None
     device = _compute_device(cfg.device.device)
+    references = dataset_has_references(cfg.data.dataset)
     return text_encoder_config(
-        cfg.encoders, device, device, cfg.device.precision, int(cfg.data.max_text_tokens)
+        cfg.encoders, device, device, cfg.device.precision, int(cfg.data.max_text_tokens), references
     )
 
 

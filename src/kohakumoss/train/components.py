@@ -30,6 +30,7 @@ from kohakumoss.encoders.random_weights import (
     random_text_config,
 )
 from kohakumoss.encoders.synthetic import SyntheticTextEncoder, SyntheticVAE
+from kohakumoss.encoders.text_vision import vision_tower_problem
 from kohakumoss.memory.engines.encoders import place_encoder
 from kohakumoss.memory.estimate import estimate_peak, file_bytes
 from kohakumoss.memory.install import MemoryEngines, install_memory_plan
@@ -214,15 +215,24 @@ def build_backbone(
     return backbone
 
 
+def dataset_has_references(dataset: dict | list) -> bool:
+    """Whether a DATASET entry (or one of a list) gives reference images: an edit run."""
+    entries = dataset if isinstance(dataset, list) else [dataset]
+    return any(isinstance(e, dict) and bool(e.get("references")) for e in entries)
+
+
 def text_encoder_config(
     encoders: EncoderConfig,
     device: torch.device,
     compute: torch.device,
     precision: str,
     max_length: int | None = None,
+    references: bool = False,
 ) -> TextEncoderConfig:
     """The config's real text encoder (TEXT_ENCODER a path): loaded on `device`, in `compute`'s dtype
-    (ENCODER_PRECISION, PRECISION); max_length: MAX_TEXT_TOKENS (None: the encoder's default, 4096)."""
+    (ENCODER_PRECISION, PRECISION); max_length: MAX_TEXT_TOKENS (None: the encoder's default, 4096);
+    references: the run has reference images (REFERENCES_IN_PROMPT then decides whether the encoder
+    loads its vision tower and puts them before the caption)."""
     dtype = encoder_dtype(encoders, precision, compute)
     kwargs: dict[str, Any] = dict(
         path=encoders.text_encoder,
@@ -237,7 +247,22 @@ def text_encoder_config(
         kwargs["template"] = encoders.text_template
     if max_length is not None:
         kwargs["max_length"] = int(max_length)
+    if references and encoders.references_in_prompt != "none":
+        kwargs["reference_prompt"] = encoders.references_in_prompt
     return TextEncoderConfig(**kwargs)
+
+
+def references_problem(encoders: EncoderConfig, references: bool) -> str | None:
+    """REFERENCES_IN_PROMPT='picture' on a run with references whose text encoder has no vision tower
+    (read from the header alone), or None."""
+    if not references or encoders.references_in_prompt == "none":
+        return None
+    if encoders.text_encoder in ("", "synthetic", "random"):
+        return None  # stand-ins: the prompt holds no references (a benchmark's encoder)
+    try:
+        return vision_tower_problem(encoders.text_encoder)
+    except (KohakuMossError, OSError):
+        return None  # a missing or unreadable file: TEXT_ENCODER's own check names it
 
 
 def build_text_encoder(
@@ -251,6 +276,7 @@ def build_text_encoder(
     max_length: int | None = None,
     preset: str = "",
     draw: torch.device | None = None,
+    references: bool = False,
 ) -> TextEncoder | None:
     """Loaded on `device`; its dtype follows `compute` (where it will run: bf16 on a GPU, fp32 on a CPU).
     'random': sized by the DiT `preset` (`dit_preset`), its weights drawn on `draw` (default `device`)."""
@@ -268,7 +294,7 @@ def build_text_encoder(
         )
         kwargs = {"max_length": int(max_length)} if max_length is not None else {}
         return build_random_text_encoder(size, int(seed), device, dtype, draw=draw, **kwargs)
-    return TextEncoder.load(text_encoder_config(encoders, device, compute, precision, max_length))
+    return TextEncoder.load(text_encoder_config(encoders, device, compute, precision, max_length, references))
 
 
 def build_vae(
@@ -355,6 +381,8 @@ def component_problems(cfg: TrainConfig, model: MossConfig | None = None) -> lis
                 out.append(("RANK", problem))
         except KohakuMossError as e:  # TARGET_PRESET / TARGET_PATTERNS: named by their knob
             out.append(_named(e, "TARGET_PRESET"))
+    if problem := references_problem(cfg.encoders, dataset_has_references(cfg.data.dataset)):
+        out.append(("REFERENCES_IN_PROMPT", problem))
     try:
         check_random_text(cfg.encoders, dit_preset(cfg.model), model.text_dim)
     except KohakuMossError as e:
@@ -429,6 +457,7 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
         max_length=max_length,
         preset=preset,
         draw=draw,
+        references=dataset_has_references(cfg.data.dataset),
     )
     vae = build_vae(cfg.encoders, vae_device, device, precision=dev.precision, seed=seed, preset=preset)
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)

@@ -17,9 +17,11 @@ from kohakumoss_common.errors import ConfigError, DataError
 from kohakumoss_common.hashing import sha256_json
 from kohakumoss_common.log import get_logger
 from kohakumoss_data import Catalog, Loader, Plan, build_plan, open_caches
-from kohakumoss_data.cache_keys import item_latent_keys, text_key
+from kohakumoss_data.cache_keys import item_latent_keys
 from kohakumoss_data.catalog import scan
-from kohakumoss_data.offline import captions_by_item, fill_latent_cache, fill_text_cache, planned_captions
+from kohakumoss_data.encode import prompt_text_key
+from kohakumoss_data.offline import captions_by_item, fill_latent_cache, fill_text_cache, planned_prompts
+from kohakumoss_data.plan import item_where
 from kohakumoss_data.sources import make_source
 
 from .epochs import resolve_epochs, steps_per_epoch
@@ -76,6 +78,34 @@ def check_caption_cuts(text_encoder: Any, plans: list[tuple[Plan, Catalog]], cfg
     cap = min(int(prompts.max_length), int(cfg.data.max_text_tokens))
     pairs = (pair for plan, catalog in plans for pair in captions_by_item(plan, catalog))
     report_cut_captions(cut_captions(prompts, pairs, cap), "MAX_TEXT_TOKENS", cfg.data.caption_format)
+
+
+def check_reference_prompts(text_encoder: Any, plans: list[tuple[Plan, Catalog]], cfg: TrainConfig) -> None:
+    """An edit run whose text encoder puts references in the prompt: an item whose references' vision
+    tokens reach past MAX_TEXT_TOKENS is refused by name before the first step (the encoder would stop
+    there; sizes from the catalog, no image read)."""
+    inner = getattr(text_encoder, "encoder", text_encoder)  # CacheOnly wraps the placed encoder
+    span = getattr(inner, "reference_span", None)
+    if span is None or not getattr(inner, "references_in_prompt", False):
+        return
+    cap = min(int(prompt_tokenizer(text_encoder).max_length), int(cfg.data.max_text_tokens))
+    over: dict[str, int] = {}
+    for plan, catalog in plans:
+        sizes = {
+            it.key: [(int(r["width"]), int(r["height"])) for r in it.references] for it in catalog.usable
+        }
+        several = catalog.source.get("kind") == "concat"
+        for key in dict.fromkeys(it.key for step in plan.steps for it in step):
+            if sizes.get(key) and (need := span(sizes[key])) > cap:
+                over[item_where(catalog, key, several)] = need
+    if over:
+        shown = "; ".join(f"{where} needs {n}" for where, n in list(over.items())[:5])
+        raise ConfigError(
+            "MAX_TEXT_TOKENS",
+            f"{len(over)} item(s) whose reference images take more prompt tokens than the {cap} kept "
+            f"(REFERENCES_IN_PROMPT='picture': `Picture N:` and up to ~150 vision tokens each): {shown}; "
+            "raise MAX_TEXT_TOKENS, or set REFERENCES_IN_PROMPT='none'",
+        )
 
 
 def run_plan_knobs(cfg: TrainConfig):
@@ -182,9 +212,9 @@ def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder, source: Any, c
     plan = plan_for_steps(train_catalog, cfg, micro, template, one=one)
     val_plan = validation_plan(val_catalog, cfg, template) if val_catalog is not None else None
     # one epoch holds every item's captions (later epochs draw the same ones, shuffled or dropped)
-    check_caption_cuts(
-        text_encoder, [(one, train_catalog), *([(val_plan, val_catalog)] if val_plan else [])], cfg
-    )
+    planned = [(one, train_catalog), *([(val_plan, val_catalog)] if val_plan else [])]
+    check_caption_cuts(text_encoder, planned, cfg)
+    check_reference_prompts(text_encoder, planned, cfg)
     cache_dir = data.cache_dir or None
     latent_cache, text_cache = open_caches(cache_dir, image_encoder, text_encoder)
     return RunData(source, train_catalog, val_catalog, plan, val_plan, latent_cache, text_cache, epoch_steps)
@@ -222,7 +252,8 @@ def fill_caches_first(data: RunData, cfg: TrainConfig, vae, text_encoder, fill: 
                 if encoder.kind == "vae":
                     report = fill_latent_cache(plan, catalog, data.source, encoder, cache, cfg.data.workers)
                 else:
-                    report = fill_text_cache(planned_captions(plan), encoder, cache)
+                    captions, references = planned_prompts(plan, catalog, data.source)
+                    report = fill_text_cache(captions, encoder, cache, references=references)
                 log.info(f"{knob}='auto': cache filled before the first step: {report.summary(encoder.kind)}")
     return filled
 
@@ -239,9 +270,7 @@ def check_cached(data: RunData, encoder, cache, knob: str, micro_steps: int) -> 
         keys = (k for it in items for k in item_latent_keys(it, encoder.identity))  # references too
         kind, wanted = "latent", dict.fromkeys(keys)
     else:
-        keys = (
-            text_key(it.caption, encoder.template, encoder.identity, encoder.layer_choice) for it in items
-        )
+        keys = (prompt_text_key(it.caption, encoder, [r.hash for r in it.references]) for it in items)
         kind, wanted = "text", dict.fromkeys(keys)
     missing = [k for k in wanted if cache is None or k not in cache]
     if missing:

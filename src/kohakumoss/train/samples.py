@@ -51,6 +51,7 @@ def sample_settings(request: GenerationRequest, samples: SampleConfig) -> dict:
         cfg=float(samples.sample_cfg if request.cfg is None else request.cfg),
         shift=float(samples.sample_shift),
         sampler="euler (flow velocity), CFG with skip-layer guidance",
+        **({"references": list(request.references)} if request.references else {}),
     )
 
 
@@ -82,7 +83,8 @@ def sample_requests(samples: SampleConfig) -> list[GenerationRequest]:
             height=int(samples.sample_height),
             seed=int(seeds[i % len(seeds)]),
         )
-        out.append(GenerationRequest(p.prompt, p.seed, p.width, p.height, p.negative, p.steps, p.cfg))
+        refs = p.references or ()  # a line's --ri: an edit model's references
+        out.append(GenerationRequest(p.prompt, p.seed, p.width, p.height, p.negative, p.steps, p.cfg, refs))
     return out
 
 

@@ -130,7 +130,7 @@ class CacheOnly:
     def __init__(self, encoder, knob: str, script: str):
         self.encoder, self.knob, self.script = encoder, knob, script
         self.identity = encoder.identity
-        for attr in ("template", "layer_choice"):
+        for attr in ("template", "layer_choice", "references_in_prompt"):  # what the cache keys read
             if hasattr(encoder, attr):
                 setattr(self, attr, getattr(encoder, attr))
 
