@@ -133,8 +133,8 @@ def run(k: dict) -> None:
 
 
 def main() -> None:
-    from kohakumoss.config.knobs import run_checked
     from kohakumoss.config.sample import SAMPLE_SCHEMA
+    from kohakumoss_common.knobs import run_checked
 
     sys.exit(run_checked(SAMPLE_SCHEMA, globals(), run, "scripts/sample/sample.py"))
 

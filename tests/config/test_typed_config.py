@@ -11,8 +11,8 @@ from kohakumoss.config.export import EXPORT_SCHEMA, ExportScriptConfig
 from kohakumoss.config.reference import reference
 from kohakumoss.config.sample import SAMPLE_SCHEMA, SampleScriptConfig
 from kohakumoss.config.train import ENCODER_KNOBS, TRAIN_SCHEMA, EncoderConfig, TrainConfig
-from kohakumoss.config.typed import config_knobs, config_sections, from_knobs, knob, section, to_knobs
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.typed_config import config_knobs, config_sections, from_knobs, knob, section, to_knobs
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -118,7 +118,7 @@ def test_sample_script_refuses_a_bad_prompt_before_loading(capsys):
     import runpy
     from pathlib import Path
 
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss_common.knobs import run_checked
 
     ns = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts/sample/sample.py"), run_name="t")
     knobs = {**ns, "PROMPT": "a cat --ar 16:9", "MODEL_PRESET": "tiny", "UNCOND_SKIP_LAYERS": [1]}

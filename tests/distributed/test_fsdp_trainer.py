@@ -37,7 +37,7 @@ def same_losses(a: list[dict], b: list[dict], rel: float = 1e-4, grad_rel: float
 def export_script(ckpt: Path, out: Path) -> Path:
     """scripts/export/export.py on a checkpoint folder, in this process (as test_scripts runs it)."""
     from kohakumoss.config.export import EXPORT_SCHEMA
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss_common.knobs import run_checked
 
     from ..trainer.test_scripts import load_script
 

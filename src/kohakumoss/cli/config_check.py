@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kohakumoss.config.knobs import Schema
 from kohakumoss.distributed.trainer import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
+from kohakumoss_common.knobs import Schema
 
 from .config_cache_check import cache_pair_problems
 from .config_dataset import check_dataset

@@ -1,7 +1,7 @@
 """The knobs of scripts/train/moss.py as one typed config: `TrainConfig`, a frozen dataclass of sections.
 
 Each field is one knob (its name upper-cased) with its type, its one default, its help and its bounds
-(config/typed.py). The schema that validates the script's knobs before any work starts, what
+(kohakumoss_common/typed_config.py). The schema that validates the script's knobs before any work starts, what
 `kohakumoss-config` writes and checks, and the knob reference (docs/guides/train-knobs.md,
 `python -m kohakumoss.config.reference`) are generated from it. The script lists the same knobs with
 the same defaults (tests/trainer/test_scripts.py checks it).
@@ -25,12 +25,12 @@ from kohakumoss.memory.plan import (
 )
 from kohakumoss.memory.profiles import profile_problem
 from kohakumoss.precision import BASE_PRECISIONS
+from kohakumoss_common.knobs import Schema
+from kohakumoss_common.typed_config import ScriptConfig, config_knobs, knob, section
 from kohakumoss_data import LoaderKnobs, PlanKnobs, ScanKnobs
 
 from .bounds import SEED_MAX, SEED_MIN, device_problem, seeds_problem
-from .knobs import Schema
 from .rules import SCHEDULES
-from .typed import ScriptConfig, config_knobs, knob, section
 
 ENCODE_PLACEMENTS = (
     "auto",

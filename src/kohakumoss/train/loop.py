@@ -16,10 +16,10 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from kohakumoss.config.knobs import check_folder_knobs
 from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 from kohakumoss.distributed.trainer import RankRun
 from kohakumoss_common.errors import ConfigError, KohakuMossError
+from kohakumoss_common.knobs import check_folder_knobs
 from kohakumoss_common.lock import FolderLock
 from kohakumoss_common.log import add_file_log, get_logger
 from kohakumoss_common.paths import folder_problem

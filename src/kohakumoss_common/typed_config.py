@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .knobs import Knob
+from kohakumoss_common.knobs import Knob
 
 _C = typing.TypeVar("_C", bound="ScriptConfig")
 _KNOB = "kohakumoss.knob"  # the field metadata key that marks a knob (a field without it is a section)
