@@ -12,7 +12,7 @@ threaded.ThreadedEngine       threaded: one process, a thread per stage on its o
 trainer.RankRun               what the trainer asks of a ddp / fsdp / pipeline / threaded run
 """
 
-from .knobs import BUILT, MODES, check_knobs, devices_problem, mode_problem
+from .config import BUILT, MODES, check_knobs, devices_problem, mode_problem
 from .launch import current, run
 from .world import SINGLE, DistributedError, World
 

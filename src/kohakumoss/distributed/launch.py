@@ -30,7 +30,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 from kohakumoss_common.errors import KohakuMossError
 from kohakumoss_common.log import get_logger
 
-from .knobs import check_knobs, worker_devices
+from .config import check_knobs, worker_devices
 from .world import (
     DEFAULT_TIMEOUT_S,
     SINGLE,

@@ -41,10 +41,10 @@ from kohakumoss_common.log import get_logger
 
 from .checkpoint import write_shards
 from .collectives import barrier, host_group
+from .config import devices_problem, mode_problem, worker_devices
 from .gather import any_sharded, full_weights
 from .host_grads import attach, broadcast_trainable
 from .host_share import share_on_node
-from .knobs import devices_problem, mode_problem, worker_devices
 from .launch import current, run
 from .pipeline import (
     SCHEDULES,
