@@ -175,7 +175,7 @@ TRIGGER_PHRASE = ""  # the adapter files' modelspec.trigger_phrase (empty: none)
 
 def main() -> None:
     from kohakumoss.config.train import TRAIN_SCHEMA
-    from kohakumoss.distributed.trainer import on_devices
+    from kohakumoss.distributed.rank_run import on_devices
     from kohakumoss.train.loop import train
     from kohakumoss_common.knobs import run_checked
 

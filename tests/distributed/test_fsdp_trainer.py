@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from kohakumoss.distributed.trainer import fsdp_plan_problem, on_devices
+from kohakumoss.distributed.rank_run import fsdp_plan_problem, on_devices
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.train.checkpoint import load_checkpoint, verify_checkpoint
 from kohakumoss.train.loop import train

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kohakumoss.distributed import DistributedError, run
-from kohakumoss.distributed.trainer import on_devices
+from kohakumoss.distributed.rank_run import on_devices
 from kohakumoss.train.loop import train
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kohakumoss.distributed.trainer import on_devices
+from kohakumoss.distributed.rank_run import on_devices
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError
 

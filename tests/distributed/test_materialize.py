@@ -24,7 +24,7 @@ from kohakumoss.distributed.materialize import (
     reset_peak_rss,
     sharded_backbone,
 )
-from kohakumoss.distributed.trainer import on_devices
+from kohakumoss.distributed.rank_run import on_devices
 from kohakumoss.distributed.wrap import wrap_fsdp
 from kohakumoss.model import MossBackbone, get_preset
 from kohakumoss.model.io import load_backbone, save_backbone

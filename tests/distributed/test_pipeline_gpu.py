@@ -8,8 +8,8 @@ import torch
 
 from kohakumoss.distributed import run
 from kohakumoss.distributed.pipeline import stage_starts
+from kohakumoss.distributed.rank_run import on_devices
 from kohakumoss.distributed.threaded import ThreadedEngine
-from kohakumoss.distributed.trainer import on_devices
 from kohakumoss.train.loop import train
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)

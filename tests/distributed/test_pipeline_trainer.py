@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from kohakumoss.cli.config_check import check_config
-from kohakumoss.distributed.trainer import on_devices, pipeline_plan_problem
+from kohakumoss.distributed.rank_run import on_devices, pipeline_plan_problem
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError

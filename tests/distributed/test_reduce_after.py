@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from kohakumoss.distributed import current, run
 from kohakumoss.distributed.collectives import host_group
-from kohakumoss.distributed.trainer import RankRun, on_devices
+from kohakumoss.distributed.rank_run import RankRun, on_devices
 from kohakumoss.distributed.wrap import average_grads, broadcast_params
 from kohakumoss.train.loop import train
 

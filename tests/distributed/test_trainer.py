@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from kohakumoss.distributed import World
-from kohakumoss.distributed.trainer import RankRun, on_devices
+from kohakumoss.distributed.rank_run import RankRun, on_devices
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.train.loop import train
 from kohakumoss_common.errors import ConfigError

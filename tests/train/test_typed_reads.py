@@ -69,7 +69,7 @@ NOT_YET_TYPED: dict[str, int] = {
     "diffusion/sample_run.py": 33,
     "distributed/launch.py": 4,
     "distributed/materialize.py": 9,
-    "distributed/trainer.py": 56,
+    "distributed/rank_run.py": 56,
     "memory/catalog.py": 10,
     "memory/estimate.py": 38,
     "memory/inference.py": 12,

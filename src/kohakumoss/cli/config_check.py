@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kohakumoss.distributed.trainer import refusals as distributed_refusals
+from kohakumoss.distributed.rank_run import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
 from kohakumoss_common.knobs import Schema
@@ -187,7 +187,7 @@ def encoder_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
 
 def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
     """Resolve the memory plan as the trainer will, estimate its peak, and compare it with the card."""
-    from kohakumoss.distributed.trainer import device_count
+    from kohakumoss.distributed.rank_run import device_count
     from kohakumoss.memory import catalog, estimate_plan, fastest_fit, resolve_plan
     from kohakumoss.memory.profiles import rank_share_knobs
 

@@ -99,7 +99,7 @@ def worker_devices(devices: int | list, device_knob: str, visible_gpus: int) -> 
 
 
 def _trainer_mode_problem(value: str) -> str | None:
-    from .trainer import TRAINER_MODES  # imported when checked: the rank helper imports torch.distributed
+    from .rank_run import TRAINER_MODES  # imported when checked: the rank helper imports torch.distributed
 
     if problem := mode_problem(value):
         return problem

@@ -241,7 +241,7 @@ def sharded_backbone(
         return None
     from kohakumoss_kernels import OpSet
 
-    from .trainer import fsdp_plan_problem
+    from .rank_run import fsdp_plan_problem
 
     if plan is not None and (problem := fsdp_plan_problem(plan)):
         raise ConfigError(*problem)
@@ -328,7 +328,7 @@ def staged_backbone(
     from kohakumoss_kernels import OpSet
 
     from .pipeline import owner_stage
-    from .trainer import pipeline_plan_problem, pipeline_starts, threaded_devices
+    from .rank_run import pipeline_plan_problem, pipeline_starts, threaded_devices
 
     mode, world = k["DISTRIBUTED"], current()
     if plan is not None and (problem := pipeline_plan_problem(plan, mode)):

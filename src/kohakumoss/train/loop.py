@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
-from kohakumoss.distributed.trainer import RankRun
+from kohakumoss.distributed.rank_run import RankRun
 from kohakumoss_common.errors import ConfigError, KohakuMossError
 from kohakumoss_common.knobs import check_folder_knobs
 from kohakumoss_common.lock import FolderLock
