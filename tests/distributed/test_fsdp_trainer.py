@@ -12,16 +12,15 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from kohakumoss.distributed.rank_run import fsdp_plan_problem, on_devices
+from kohakumoss.distributed.rank_run import fsdp_plan_problem
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.train.checkpoint import load_checkpoint, verify_checkpoint
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 from kohakumoss_common.errors import ConfigError
 
 from .test_trainer import records
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
-train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_EVERY=2)
 FSDP = dict(DISTRIBUTED="fsdp", DEVICES=2, DIST_TIMEOUT=120.0)
 

@@ -220,13 +220,12 @@ def test_fp8_linears_are_lycoris_weight_only_fp8_linears_and_survive_a_model_cas
 
 def test_adapters_that_read_the_frozen_weight_are_refused_on_an_fp8_base():
     from kohakumoss.adapters.algos import base_precision_check
+    from kohakumoss.adapters.config import AdapterConfig as A
 
-    ok = [{"ALGO": a, "BASE_PRECISION": "fp8"} for a in ("lora", "locon", "loha", "lokr", "glora")]
-    ok += [{"ALGO": "lokr", "ALGO_ARGS": {"dora_wd": True}, "BASE_PRECISION": "fp8"}]
-    ok += [{"ALGO": a, "BASE_PRECISION": "same"} for a in ("dora", "oft", "full")]
-    assert all(base_precision_check(k) is None for k in ok)
-    bad = [
-        {"ALGO": a, "BASE_PRECISION": "fp8_weight"} for a in ("dora", "oft", "boft", "ia3", "tlora", "full")
-    ]
-    bad += [{"ALGO": "lora", "ALGO_ARGS": {"dora_wd": True}, "BASE_PRECISION": "fp8"}]
-    assert all(base_precision_check(k) is not None for k in bad)
+    ok = [(A(algo=a), "fp8") for a in ("lora", "locon", "loha", "lokr", "glora")]
+    ok += [(A(algo="lokr", algo_args={"dora_wd": True}), "fp8")]
+    ok += [(A(algo=a), "same") for a in ("dora", "oft", "full")]
+    assert all(base_precision_check(*k) is None for k in ok)
+    bad = [(A(algo=a), "fp8_weight") for a in ("dora", "oft", "boft", "ia3", "tlora", "full")]
+    bad += [(A(algo="lora", algo_args={"dora_wd": True}), "fp8")]
+    assert all(base_precision_check(*k) is not None for k in bad)

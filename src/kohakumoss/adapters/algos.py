@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kohakumoss_common.errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import AdapterConfig
 
 
 @dataclass(frozen=True)
@@ -53,18 +57,18 @@ def resolve_algo(name: str) -> tuple[str, Algo]:
     return key, ALGOS[key]
 
 
-def base_precision_check(knobs: dict) -> str | None:
-    """precision.base_precision_problem for a config's BASE_PRECISION, ALGO and ALGO_ARGS."""
+def base_precision_check(adapter: AdapterConfig, mode: str) -> str | None:
+    """precision.base_precision_problem for BASE_PRECISION=`mode` under this adapter (ALGO, ALGO_ARGS)."""
     from kohakumoss.precision import base_precision_problem
 
-    mode, name = knobs.get("BASE_PRECISION", "same"), knobs.get("ALGO", "lora")
+    name = adapter.algo
     if mode == "same" or name == "full":
         return base_precision_problem(mode, name)
     try:
         _, algo = resolve_algo(str(name))
     except ConfigError:
         return None  # an unknown ALGO is named by its own check
-    dora = bool({**algo.fixed, **(knobs.get("ALGO_ARGS") or {})}.get("dora_wd"))
+    dora = bool({**algo.fixed, **(adapter.algo_args or {})}.get("dora_wd"))
     return base_precision_problem(mode, name, algo.lycoris, dora)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.distributed.rank_run import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
@@ -128,7 +129,12 @@ def trainer_refusals(knobs: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)"))
     if knobs.get("PRECISION") == "fp16" and str(knobs.get("DEVICE")) == "cpu":
         out.append(("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU"))
-    out += distributed_refusals(knobs)  # DISTRIBUTED / DEVICES together, and what DDP cannot run with
+    try:
+        cfg = TrainConfig.from_knobs(knobs)
+    except (TypeError, ValueError):  # a value of the wrong type: the schema named it already
+        cfg = None
+    if cfg is not None:  # DISTRIBUTED / DEVICES together, and what DDP cannot run with
+        out += distributed_refusals(cfg)
     resume = knobs.get("RESUME")
     if isinstance(resume, str) and resume not in ("", "latest") and not Path(resume).exists():
         out.append(("RESUME", f"no checkpoint at '{resume}'"))
@@ -167,7 +173,6 @@ def _run_checks(knobs: dict[str, Any], res: CheckResult) -> None:
     """The trainer's own refusals before it loads anything (train/preflight.run_problems: the encoders,
     BASE_PRECISION and the dropouts with the adapter, ALGO_ARGS for ALGO, RANK against the targeted
     layers), each knob named once."""
-    from kohakumoss.config.train import TrainConfig
     from kohakumoss.train.preflight import run_problems
 
     try:

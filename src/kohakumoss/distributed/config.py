@@ -13,6 +13,7 @@ from typing import Any
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.typed_config import knob
 
+DEFAULT_TIMEOUT_S = 1800.0  # DIST_TIMEOUT's default: what a collective waits for a missing rank
 # every engine the issue names; only BUILT ones are accepted, the others are refused by name
 MODES = ("none", "ddp", "fsdp", "pipeline", "threaded")
 BUILT = MODES
@@ -133,7 +134,9 @@ class DistributedConfig:
         check=_trainer_devices_problem,
     )
     dist_timeout: float = knob(
-        1800.0, "seconds a collective waits for a missing rank before the run stops, naming it", min=1.0
+        DEFAULT_TIMEOUT_S,
+        "seconds a collective waits for a missing rank before the run stops, naming it",
+        min=1.0,
     )
     pipeline_split: list = knob(
         [],

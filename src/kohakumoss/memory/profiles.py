@@ -20,6 +20,7 @@ from typing import Any
 
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
+from kohakumoss_common.typed_config import from_knobs
 from kohakumoss_data import PlanKnobs
 
 from . import calibration as cal
@@ -131,8 +132,9 @@ def _halvings(value: int, floor: int) -> list[int]:
 
 def _base_precision_ok(knobs: dict[str, Any]) -> bool:
     from kohakumoss.adapters.algos import base_precision_check
+    from kohakumoss.adapters.config import AdapterConfig
 
-    return base_precision_check({**knobs, "BASE_PRECISION": "fp8"}) is None
+    return base_precision_check(from_knobs(AdapterConfig, knobs), "fp8") is None
 
 
 CACHE_TEXT = "TEXT_ENCODE='cache' (encode the captions first: scripts/data/cache_text.py)"

@@ -332,11 +332,11 @@ def component_problems(cfg: TrainConfig, model: MossConfig | None = None) -> lis
     """What `build_components` refuses before it loads anything: BASE_PRECISION with the adapter, the
     dropouts, ALGO_ARGS for this ALGO, RANK against the targeted layers, TEXT_ENCODER='random''s width.
     `model`: the DiT's config when the caller read it already (None: from WEIGHTS' headers or the preset)."""
-    knobs, adapter = cfg.knobs(), cfg.adapter
+    adapter, base_precision = cfg.adapter, cfg.device.base_precision
     out: list[Problem] = []
-    if problem := base_precision_check(knobs):
+    if problem := base_precision_check(adapter, base_precision):
         out.append(("BASE_PRECISION", problem))
-    if refusal := dropout_check(knobs):
+    if refusal := dropout_check(adapter, base_precision):
         out.append(refusal)
     if adapter.algo != "full" and (problem := algo_args_problem(adapter.algo, dict(adapter.algo_args))):
         out.append(("ALGO_ARGS", problem))
@@ -382,7 +382,6 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     full_ft = cfg.adapter.algo == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    knobs = cfg.knobs()  # the sharded build reads the flat knobs
     refuse(component_problems(cfg))  # before anything loads (kohakumoss-config check says the same)
     preset = dit_preset(cfg.model)
     plan, why = build_plan(cfg, device)
@@ -394,9 +393,9 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     build = build_device or (torch.device("cpu") if host_first else device)
     # DISTRIBUTED='fsdp': built on the meta device, sharded, only this rank's shards read or drawn;
     # the pipelines: only this process's stages, each on its device
-    staged = staged_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
+    staged = staged_backbone(cfg, plan, device, dtype, masters_here, ops_backend(cfg))
     if (backbone := staged) is None:
-        backbone = sharded_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
+        backbone = sharded_backbone(cfg, plan, device, dtype, masters_here, ops_backend(cfg))
     if backbone is None:
         draw = device if device.type == "cuda" else None
         backbone = build_backbone(
