@@ -93,7 +93,7 @@ def run(k: dict) -> None:
         te_config = text_encoder_config(encoders, torch.device("cpu"), device, precision, max_length)
         tokenizer = load_prompt_tokenizer(te_config)
         text_tokens = longest_prompt_tokens(cfg, tokenizer)
-    plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens)
+    plan, why = inference_plan(cfg, model_config(cfg.model), device, text_tokens)
     print(f"memory: {why}")
     host = torch.device("cpu")
     streamed = plan.stream_blocks != 0

@@ -68,11 +68,6 @@ WRITES_FLAT: frozenset[tuple[str, str]] = frozenset(
 NOT_YET_TYPED: dict[str, int] = {
     "data_knobs.py": 7,
     "distributed/launch.py": 1,
-    "memory/catalog.py": 10,
-    "memory/estimate.py": 38,
-    "memory/inference.py": 12,
-    "memory/profiles.py": 19,
-    "train/components.py": 2,
     "train/data.py": 4,
     "train/loop.py": 1,
 }

@@ -187,27 +187,28 @@ def encoder_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
     """(text encoder, VAE) sizes for the estimate (files, or what 'random' builds); 0 when not set or synthetic."""
     from kohakumoss.memory.estimate import encoder_file_bytes
 
-    return encoder_file_bytes(knobs)
+    return encoder_file_bytes(TrainConfig.from_knobs(knobs))
 
 
 def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
     """Resolve the memory plan as the trainer will, estimate its peak, and compare it with the card."""
     from kohakumoss.distributed.rank_run import device_count
     from kohakumoss.memory import catalog, estimate_plan, fastest_fit, resolve_plan
-    from kohakumoss.memory.profiles import rank_share_knobs
+    from kohakumoss.memory.profiles import rank_share
 
+    cfg = TrainConfig.from_knobs(knobs)
     # a DDP / FSDP rank's share of the step, as the trainer plans it (DEVICES=0, every GPU: one rank's
     # whole step, an upper bound)
-    knobs = rank_share_knobs(knobs, device_count(knobs.get("DEVICES", 1)) or 1)
+    share, shards = rank_share(cfg, device_count(cfg.parallel.devices) or 1)
     te, vae = encoder_bytes(knobs)
-    full = knobs.get("ALGO") == "full"
+    full = cfg.adapter.algo == "full"
     try:
-        plan, reason = resolve_plan(knobs, config, card_gb, full, params, te, vae)
+        plan, reason = resolve_plan(share, config, card_gb, full, params, te, vae, shards=shards)
     except KohakuMossError as e:  # an inconsistent plan: named by its knob
         knob = getattr(e, "knob", "memory")
         res.problems.append((knob, str(e).removeprefix(f"{knob}: ")))
         return
-    est = estimate_plan(plan, knobs, config, params, te, vae)
+    est = estimate_plan(plan, share, config, params, te, vae, shards)
     res.memory_lines = [f"  plan: {reason}", _graphs_line(knobs, plan, res), *est.lines()]
     if card_gb is None:
         res.notes.append("card memory unknown (no card_gb in the config's _metadata): pass --gpu to compare")
@@ -217,7 +218,7 @@ def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
     # an explicit profile ('auto' never gets here: with nothing under the card it refuses in resolve_plan)
     chosen = knobs.get("MEMORY_PROFILE") or "auto"
     hint = "lower TOKENS_PER_STEP, or set per-engine knobs (docs/concepts/profiles.md)"
-    best = fastest_fit(catalog(config, knobs, params, te, vae), card_gb * GIB)
+    best = fastest_fit(catalog(config, share, params, te, vae, shards), card_gb * GIB)
     if best is not None:
         hint = (
             f"MEMORY_PROFILE='auto' picks {best.id} ({best.label}: {best.peak / GIB:.1f} GiB, "

@@ -22,42 +22,45 @@ from .profiles import card_memory_gb
 INFERENCE_WORKING_PER_TOKEN_DIM = 24.0
 
 
-def sampler_tokens(k: dict[str, Any], text_tokens: int | None = None) -> int:
+def sampler_tokens(cfg: Any, text_tokens: int | None = None) -> int:
     """Tokens of one packed sampler call: BATCH images, conditional and unconditional, each with
     `text_tokens` (the longest templated prompt's, when known) or MAX_TEXT_TOKENS (a bound) text tokens."""
-    image = int(k["WIDTH"]) * int(k["HEIGHT"]) // 256
-    text = int(k.get("MAX_TEXT_TOKENS", 256))
+    sampler = cfg.sampler
+    image = int(sampler.width) * int(sampler.height) // 256
+    text = int(sampler.max_text_tokens)
     if text_tokens is not None:
         text = min(int(text_tokens), text)
-    return int(k["BATCH"]) * 2 * (image + text)
+    return int(sampler.batch) * 2 * (image + text)
 
 
-def inference_peak(
-    k: dict[str, Any], config: Any, stream_blocks: int, text_tokens: int | None = None
-) -> float:
+def inference_peak(cfg: Any, config: Any, stream_blocks: int, text_tokens: int | None = None) -> float:
     """Predicted peak bytes of sampling with `stream_blocks` streamed (-1: all)."""
-    wb = cal.WEIGHT_BYTES.get(k["PRECISION"], 2)
-    plan = MemoryPlan(stream_blocks=stream_blocks, stream_slots=int(k["STREAM_SLOTS"]))
+    dev = cfg.device
+    wb = cal.WEIGHT_BYTES.get(dev.precision, 2)
+    plan = MemoryPlan(stream_blocks=stream_blocks, stream_slots=int(dev.stream_slots))
     streamed, slots = plan.streamed_count(config.depth), plan.slots(config.depth)
-    dit = (config.depth - streamed + slots) * block_weight_bytes(k, config) + nonblock_params(config) * wb
-    te, vae = encoder_file_bytes(k)
-    encoders = (te if k["TEXT_ENCODER_PLACEMENT"] == "resident" else 0) + (
-        vae if k["VAE_PLACEMENT"] == "resident" else 0
+    block = block_weight_bytes(config, dev.precision, dev.base_precision)
+    dit = (config.depth - streamed + slots) * block + nonblock_params(config) * wb
+    te, vae = encoder_file_bytes(cfg)
+    encoders = (te if dev.text_encoder_placement == "resident" else 0) + (
+        vae if dev.vae_placement == "resident" else 0
     )
-    work = sampler_tokens(k, text_tokens) * config.dim * INFERENCE_WORKING_PER_TOKEN_DIM
+    work = sampler_tokens(cfg, text_tokens) * config.dim * INFERENCE_WORKING_PER_TOKEN_DIM
     return (dit + encoders + work) * cal.ALLOCATOR_SLACK
 
 
 def inference_plan(
-    k: dict[str, Any], config: Any, device: torch.device, text_tokens: int | None = None
+    cfg: Any, config: Any, device: torch.device, text_tokens: int | None = None
 ) -> tuple[MemoryPlan, str]:
-    """The sampling plan for these knobs on `device`, and one line saying why; `text_tokens`: the longest
-    templated prompt's tokens when known (else MAX_TEXT_TOKENS, an upper bound, prices every prompt)."""
-    stream = k["STREAM_BLOCKS"]
+    """The sampling plan of the sample script's typed config `cfg` on `device`, and one line saying why;
+    `text_tokens`: the longest templated prompt's tokens when known (else MAX_TEXT_TOKENS, an upper bound,
+    prices every prompt)."""
+    dev = cfg.device
+    stream = dev.stream_blocks
     why = f"STREAM_BLOCKS={stream}"
     if stream is None:
-        card = card_memory_gb(k, device) if device.type != "cpu" else None
-        resident = inference_peak(k, config, 0, text_tokens)
+        card = card_memory_gb(dev.card_gb, device) if device.type != "cpu" else None
+        resident = inference_peak(cfg, config, 0, text_tokens)
         if card is None or resident <= card_budget(card * cal.GIB):
             stream = 0
             why = "the DiT stays on the card" + (
@@ -65,15 +68,15 @@ def inference_plan(
             )
         else:
             stream = -1
-            peak = inference_peak(k, config, -1, text_tokens)
+            peak = inference_peak(cfg, config, -1, text_tokens)
             why = (
                 f"every block streamed: resident would need {resident / cal.GIB:.1f} GiB of the card's {card:g}; "
                 f"streamed {peak / cal.GIB:.1f} GiB"
             )
     plan = MemoryPlan(
         stream_blocks=int(stream),
-        stream_slots=int(k["STREAM_SLOTS"]),
-        text_encoder=k["TEXT_ENCODER_PLACEMENT"],
-        vae=k["VAE_PLACEMENT"],
+        stream_slots=int(dev.stream_slots),
+        text_encoder=dev.text_encoder_placement,
+        vae=dev.vae_placement,
     )
     return plan, why

@@ -34,7 +34,7 @@ from kohakumoss.memory.engines.encoders import place_encoder
 from kohakumoss.memory.estimate import estimate_peak, file_bytes
 from kohakumoss.memory.install import MemoryEngines, install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.memory.profiles import card_memory_gb, rank_share_knobs, rank_tokens, resolve_plan
+from kohakumoss.memory.profiles import card_memory_gb, rank_share, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
 from kohakumoss.model.rope import rope_bands
@@ -100,22 +100,21 @@ def model_config(model: ModelConfig | SampleModelConfig) -> MossConfig:
 def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]:
     """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
     world = current().size
-    # the memory package's profiles and estimate read the flat knobs, as one rank holds its step
-    whole = cfg.knobs()
-    knobs = rank_share_knobs(whole, world)
-    card = card_memory_gb(knobs, device) if device.type != "cpu" else None
+    share, shards = rank_share(cfg, world)  # the step as one rank holds it
+    card = card_memory_gb(cfg.memory.card_gb, device) if device.type != "cpu" else None
     encoders = cfg.encoders
     dtype = encoder_dtype(encoders, cfg.device.precision, device)
     te, vae = encoder_file_bytes(encoders, dit_preset(cfg.model), dtype)
+    full = cfg.adapter.algo == "full"
     plan, why = resolve_plan(
-        knobs, model_config(cfg.model), card, cfg.adapter.algo == "full", text_encoder_bytes=te, vae_bytes=vae
+        share, model_config(cfg.model), card, full, text_encoder_bytes=te, vae_bytes=vae, shards=shards
     )
     # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
     if (peak := predicted_peak_gib(cfg, plan, te, vae, world)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
-    if knobs is not whole:  # a data-parallel rank's share (a pipeline's ranks plan the whole step)
-        share, tokens = rank_tokens(whole, world), cfg.data.tokens_per_step
-        why += f" per rank (planned for up to {share} of the step's {tokens} tokens on each of {world} ranks)"
+    if share is not cfg:  # a data-parallel rank's share (a pipeline's ranks plan the whole step)
+        held, tokens = share.data.tokens_per_step, cfg.data.tokens_per_step
+        why += f" per rank (planned for up to {held} of the step's {tokens} tokens on each of {world} ranks)"
     return plan, why
 
 
@@ -162,8 +161,8 @@ def predicted_peak_gib(
     cannot price it."""
     try:
         model = model_config(cfg.model)
-        knobs = rank_share_knobs(cfg.knobs(), world)
-        peak = estimate_peak(knobs, model, None, text_encoder_bytes, vae_bytes, plan=plan)
+        share, shards = rank_share(cfg, world)
+        peak = estimate_peak(share, model, None, text_encoder_bytes, vae_bytes, plan=plan, shards=shards)
         return peak.total / 2**30
     except Exception as e:  # a plan stands without its estimate
         log.debug(f"no memory estimate for this plan ({type(e).__name__}: {e})")
