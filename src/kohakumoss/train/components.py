@@ -97,8 +97,12 @@ def model_config(model: ModelConfig | SampleModelConfig) -> MossConfig:
     raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
 
 
-def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]:
-    """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
+def build_plan(
+    cfg: TrainConfig, device: torch.device, model: MossConfig | None = None
+) -> tuple[MemoryPlan, str]:
+    """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory; `model`: the
+    DiT's config when the caller read it already (None: from WEIGHTS' headers or the preset)."""
+    model = model if model is not None else model_config(cfg.model)
     world = current().size
     share, shards = rank_share(cfg, world)  # the step as one rank holds it
     card = card_memory_gb(cfg.memory.card_gb, device) if device.type != "cpu" else None
@@ -106,11 +110,9 @@ def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]
     dtype = encoder_dtype(encoders, cfg.device.precision, device)
     te, vae = encoder_file_bytes(encoders, dit_preset(cfg.model), dtype)
     full = cfg.adapter.algo == "full"
-    plan, why = resolve_plan(
-        share, model_config(cfg.model), card, full, text_encoder_bytes=te, vae_bytes=vae, shards=shards
-    )
+    plan, why = resolve_plan(share, model, card, full, text_encoder_bytes=te, vae_bytes=vae, shards=shards)
     # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
-    if (peak := predicted_peak_gib(cfg, plan, te, vae, world)) is not None:
+    if (peak := predicted_peak_gib(cfg, plan, te, vae, world, model)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
     if share is not cfg:  # a data-parallel rank's share (a pipeline's ranks plan the whole step)
         held, tokens = share.data.tokens_per_step, cfg.data.tokens_per_step
@@ -155,12 +157,17 @@ def check_random_text(encoders: EncoderConfig, preset: str, text_dim: int) -> No
 
 
 def predicted_peak_gib(
-    cfg: TrainConfig, plan: MemoryPlan, text_encoder_bytes: int = 0, vae_bytes: int = 0, world: int = 1
+    cfg: TrainConfig,
+    plan: MemoryPlan,
+    text_encoder_bytes: int = 0,
+    vae_bytes: int = 0,
+    world: int = 1,
+    model: MossConfig | None = None,
 ) -> float | None:
     """The memory estimate's peak of this plan in GiB (one rank's of `world`), or None where the estimate
-    cannot price it."""
+    cannot price it; `model` as for `build_plan`."""
     try:
-        model = model_config(cfg.model)
+        model = model if model is not None else model_config(cfg.model)
         share, shards = rank_share(cfg, world)
         peak = estimate_peak(share, model, None, text_encoder_bytes, vae_bytes, plan=plan, shards=shards)
         return peak.total / 2**30
@@ -381,13 +388,17 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     full_ft = cfg.adapter.algo == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    refuse(component_problems(cfg))  # before anything loads (kohakumoss-config check says the same)
+    try:  # the DiT's config, read once for the run (WEIGHTS' headers, or the preset)
+        model = model_config(cfg.model)
+    except KohakuMossError:
+        model = None  # component_problems names it, beside the other refusals
+    refuse(component_problems(cfg, model))  # before anything loads (kohakumoss-config check says the same)
     preset = dit_preset(cfg.model)
-    plan, why = build_plan(cfg, device)
+    plan, why = build_plan(cfg, device, model)
     log.info(f"memory plan: {why}")
     # streamed blocks never sit whole on the device: such a model is loaded on the host first;
     # a full fine-tune with host masters keeps only a compute-dtype copy on the device
-    host_first = plan.streamed_count(model_config(cfg.model).depth) > 0
+    host_first = plan.streamed_count(model.depth) > 0
     masters_here = full_ft and plan.optimizer == "gpu"
     build = build_device or (torch.device("cpu") if host_first else device)
     # DISTRIBUTED='fsdp': built on the meta device, sharded, only this rank's shards read or drawn;
