@@ -93,14 +93,14 @@ def test_a_scripts_run_reads_the_typed_values(tmp_path):
     class Catalog:
         usable = ()
 
-    ns["run"].__globals__["open_dataset"] = lambda knobs: (seen.setdefault("knobs", knobs), Catalog())
+    ns["run"].__globals__["open_dataset"] = lambda dataset, scan: (seen.setdefault("scan", scan), Catalog())
     ns["run"].__globals__["convert_to_shards"] = fake_convert
     cfg = SCRIPT_CONFIGS["convert_shards"].from_knobs(
         {"OUT_DIR": str(tmp_path), "MAX_AREA": 1000, "MIN_SIDE": 9}
     )
     ns["run"](cfg)
     assert (seen["out"], seen["max_area"], seen["items"]) == (str(tmp_path), 1000, 256)
-    assert seen["knobs"]["MIN_SIDE"] == 9
+    assert seen["scan"].min_side == 9
 
 
 def test_the_data_knobs_page_is_generated_from_the_configs():
