@@ -71,7 +71,8 @@ def train(knobs: Mapping[str, Any]) -> Path:
     run_dir = Path(cfg.run.runs_dir) / cfg.run.run_name
     rr = RankRun(cfg)  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
     dump_stacks_on_signal()
-    check_folder_knobs(cfg.knobs())  # RUNS_DIR, CACHE_DIR: a file there is named before any work
+    # RUNS_DIR, CACHE_DIR: a file there is named before any work
+    check_folder_knobs({"RUNS_DIR": cfg.run.runs_dir, "CACHE_DIR": cfg.data.cache_dir})
     if problem := folder_problem(run_dir):
         raise ConfigError("RUN_NAME", problem)
     if rr.is_main:
