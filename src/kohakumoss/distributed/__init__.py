@@ -9,7 +9,8 @@ checkpoint.save_sharded / load_sharded          torch.distributed.checkpoint, an
 gather.full_weights           rank 0 sees an FSDP2 model's whole weights (exports)
 pipeline.PipelineEngine       pipeline: stages of blocks through torch.distributed.pipelining's schedules
 threaded.ThreadedEngine       threaded: one process, a thread per stage on its own device
-trainer.RankRun               what the trainer asks of a ddp / fsdp / pipeline / threaded run
+rank_run.RankRun              what the trainer asks of a ddp / fsdp / pipeline / threaded run
+config.DistributedConfig      the knobs of several devices (TrainConfig.parallel) and their checks
 """
 
 from .config import BUILT, MODES, check_knobs, devices_problem, mode_problem
