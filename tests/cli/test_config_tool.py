@@ -680,7 +680,7 @@ def test_no_check_never_drops_the_weights_given(world, tmp_path, weights, capsys
 
 def test_check_prices_a_data_parallel_rank_for_its_share_of_the_step(good, capsys):
     """Under DDP on 4 GPUs a rank holds about a quarter of the step's tokens: its saved activations are
-    priced for that share, as the trainer plans them (memory.profiles.rank_share_knobs)."""
+    priced for that share, as the trainer plans them (memory.profiles.rank_share)."""
     body = (
         "WEIGHTS = ''\nMODEL_PRESET = 'moss-image-5b'\nTEXT_ENCODE = 'cache'\nVAE_ENCODE = 'cache'\n"
         "TOKENS_PER_STEP = 8 * (4096 + 256)\nAREA = 1024 * 1024\nMAX_TEXT_TOKENS = 256\n"
