@@ -40,8 +40,8 @@ FLAT = ".knobs()"
 NOT_KNOB_DICTS = ("os.environ", "est.parts")
 # (file, knob) pairs allowed to read or make a flat dict: what the run writes out whole (config.json, a
 # checkpoint's knobs, the trackers' config: `cfg.knobs()`), or reads back from those files (a checkpoint's
-# GRAD_ACCUM, the schedule it trained with, a re-exported run's name, the forward BYPASS trained), and a data config's knobs, which the
-# cache identity holds against the training config's.
+# GRAD_ACCUM, the schedule it trained with, a re-exported run's name, the forward BYPASS trained), and a
+# data config's knobs, which the cache identity holds against the training config's.
 WRITES_FLAT: frozenset[tuple[str, str]] = frozenset(
     {
         ("train/trainer.py", FLAT),
