@@ -14,14 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.memory import calibration as cal
 from kohakumoss.memory.catalog import find_entry, step_seconds
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.memory.profiles import PROFILES
 from kohakumoss.model import get_preset
 
-LORA = {"ALGO": "lora", "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "RANK": 32, "TARGET_PRESET": "full"}
-FULL = {"ALGO": "full", "TOKENS_PER_STEP": 8704, "PRECISION": "bf16"}
+LORA = TrainConfig.from_knobs(
+    {"ALGO": "lora", "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "RANK": 32, "TARGET_PRESET": "full"}
+)
+FULL = TrainConfig.from_knobs({"ALGO": "full", "TOKENS_PER_STEP": 8704, "PRECISION": "bf16"})
 # lora/speed/latent_text, 2026-12-01: the released block (TRAIN_ROWS=lora/speed/latent_text,lora/minimal/
 # latent_text/cap6 BENCH=train_step bash .ci/gpu); the rows below ran the pre-release block (calibration.py)
 REFERENCE_SPEED_S = 0.472

@@ -21,6 +21,7 @@ import time
 import torch
 
 from kohakumoss.adapters import build_adapter
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.memory.estimate import refiner_saved
 from kohakumoss.memory.install import install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
@@ -208,12 +209,14 @@ def main() -> None:
         )
     derived = (12 * d + 3 * cfg.mlp_hidden) * 2 / d  # calibration.py's DERIVED count of what a block saves
     refiner = refiner_saved(
-        {
-            "TARGET_PRESET": "full",
-            "TOKENS_PER_STEP": T,
-            "AREA": IMAGE_TOKENS * 256,
-            "MAX_TEXT_TOKENS": TEXT_TOKENS,
-        },
+        TrainConfig.from_knobs(
+            {
+                "TARGET_PRESET": "full",
+                "TOKENS_PER_STEP": T,
+                "AREA": IMAGE_TOKENS * 256,
+                "MAX_TEXT_TOKENS": TEXT_TOKENS,
+            }
+        ),
         cfg,
     )
     fixed = results["modes"]["none"]["kept_fixed_bytes"]

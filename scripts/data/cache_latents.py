@@ -54,9 +54,10 @@ WORKERS = 4  # image decode workers
 
 
 def run(cfg: CacheLatentsConfig) -> None:
-    knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
-    source, catalog = open_dataset(knobs)
-    plan = plan_dataset(knobs, catalog)
+    source, catalog = open_dataset(
+        cfg.dataset, cfg.scan
+    )  # the dataset, scan and plan knobs as the data settings
+    plan = plan_dataset(cfg.plan, cfg.dataset.dataset, catalog)
     vae = call_factory(load_factory(cfg.vae.vae_factory, "VAE_FACTORY"), cfg.vae.vae_kwargs, "VAE_KWARGS")
     cache, _ = open_caches(cfg.cache.cache_dir, vae, None, cfg.cache.shard_items)  # as the trainer does
     report = fill_latent_cache(plan, catalog, source, vae, cache, cfg.vae.workers, cfg.cache.batch_size)

@@ -65,9 +65,10 @@ def real_text_encoder(kwargs: dict[str, Any], max_text_tokens: int) -> Any:
 
 
 def run(cfg: CacheTextConfig) -> None:
-    knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
-    source, catalog = open_dataset(knobs)
-    plan = plan_dataset(knobs, catalog)
+    source, catalog = open_dataset(
+        cfg.dataset, cfg.scan
+    )  # the dataset, scan and plan knobs as the data settings
+    plan = plan_dataset(cfg.plan, cfg.dataset.dataset, catalog)
     ref = cfg.text.text_factory
     if ref:
         encoder = call_factory(load_factory(ref, "TEXT_FACTORY"), cfg.text.text_kwargs, "TEXT_KWARGS")

@@ -30,7 +30,7 @@ ITEMS_PER_SHARD = 256
 
 
 def run(cfg: ConvertShardsConfig) -> None:
-    source, catalog = open_dataset(cfg.knobs())  # DATASET and the scan knobs, as the data settings
+    source, catalog = open_dataset(cfg.dataset, cfg.scan)  # DATASET and the scan knobs, as the data settings
     out = cfg.shards.out_dir
     paths = convert_to_shards(source, catalog, out, cfg.shards.max_area, cfg.shards.items_per_shard)
     print(f"wrote {len(catalog.usable)} images into {len(paths)} shards under {out}")

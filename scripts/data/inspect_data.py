@@ -54,9 +54,10 @@ CONTACT_ITEMS = 12  # planned crops on the contact sheet
 
 
 def run(cfg: InspectDataConfig) -> None:
-    knobs = cfg.knobs()  # the dataset, scan and plan knobs become the data settings in data_knobs
-    source, catalog = open_dataset(knobs)
-    plan = plan_dataset(knobs, catalog)
+    source, catalog = open_dataset(
+        cfg.dataset, cfg.scan
+    )  # the dataset, scan and plan knobs as the data settings
+    plan = plan_dataset(cfg.plan, cfg.dataset.dataset, catalog)
     lines = report_lines(catalog, plan)
     print("\n".join(lines))
     out = Path(cfg.report.run_dir)

@@ -161,7 +161,7 @@ def run(k: dict) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     from kohakumoss.config.bounds import SEED_MAX, SEED_MIN, device_problem
-    from kohakumoss.config.knobs import Knob, Schema, run_checked
+    from kohakumoss_common.knobs import Knob, Schema, run_checked
 
     schema = Schema(
         [

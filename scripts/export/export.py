@@ -115,7 +115,7 @@ def run(k: dict) -> None:
 
 def main() -> None:
     from kohakumoss.config.export import EXPORT_SCHEMA
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss_common.knobs import run_checked
 
     sys.exit(run_checked(EXPORT_SCHEMA, globals(), run, "scripts/export/export.py"))
 

@@ -91,9 +91,9 @@ def run(k: dict) -> None:
 
     cfg = SampleScriptConfig.from_knobs(k)  # the builders shared with the trainer take its sections
     encoders, precision, max_length = cfg.encoders, cfg.device.precision, cfg.sampler.max_text_tokens
-    sampler_config(k, model_config(cfg.model).depth)  # bad sampler knobs stop here, before anything loads
-    read_prompts(k)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
-    most_refs = most_references(k)  # an edit model's input; the text encoder may show them too
+    sampler_config(cfg, model_config(cfg.model).depth)  # bad sampler knobs stop here, before anything loads
+    read_prompts(cfg)  # and bad prompt lines (unknown flags, sizes off the 16 px grid)
+    most_refs = most_references(cfg)  # an edit model's input; the text encoder may show them too
     references = most_refs > 0
     if problem := references_problem(encoders, references):
         raise ConfigError("REFERENCES_IN_PROMPT", problem)  # before anything loads
@@ -106,8 +106,8 @@ def run(k: dict) -> None:
             encoders, torch.device("cpu"), device, precision, max_length, references
         )
         tokenizer = load_prompt_tokenizer(te_config)
-        text_tokens = longest_prompt_tokens(k, tokenizer)
-    plan, why = inference_plan(k, model_config(cfg.model), device, text_tokens, most_refs)
+        text_tokens = longest_prompt_tokens(cfg, tokenizer)
+    plan, why = inference_plan(cfg, model_config(cfg.model), device, text_tokens, most_refs)
     print(f"memory: {why}")
     host = torch.device("cpu")
     streamed = plan.stream_blocks != 0
@@ -116,11 +116,11 @@ def run(k: dict) -> None:
         cfg.model, host if streamed else device, dtype, fp32_masters=False, seed=cfg.sampler.seed
     )
     # LyCORIS files then wrap it in bypass; an int8 file's own bytes are kept in the int8 modes
-    quantize_frozen_linears(model, k["BASE_PRECISION"], device, source=k["WEIGHTS"] or None)
-    fp32_residuals(model, wants_fp32_residuals(k["PRECISION"]))  # fp16: the residual streams in float32
-    networks = attach_adapters(k, model, attach)
+    quantize_frozen_linears(model, cfg.device.base_precision, device, source=cfg.model.weights or None)
+    fp32_residuals(model, wants_fp32_residuals(precision))  # fp16: the residual streams in float32
+    networks = attach_adapters(cfg, model, attach)
     install_memory_plan(plan, model, device)
-    speed = sampler_speed(k, networks)
+    speed = sampler_speed(cfg.sampler.cuda_graphs, networks, cfg.sampler.reference_kv_cache)
     if use_graphs(speed, model, device):
         model.ops.set_timing("device")  # graphed steps: kernels chosen by device time, as the graphed trainer
     for network in networks:
@@ -143,13 +143,13 @@ def run(k: dict) -> None:
     )
     text_encoder = place_encoder(text_encoder, plan.text_encoder, device)
     vae = place_encoder(vae, plan.vae, device)
-    for path in sample_images(k, model, text_encoder, vae, device, dtype, speed):
+    for path in sample_images(cfg, model, text_encoder, vae, device, dtype, speed):
         print(path)
 
 
 def main() -> None:
-    from kohakumoss.config.knobs import run_checked
     from kohakumoss.config.sample import SAMPLE_SCHEMA
+    from kohakumoss_common.knobs import run_checked
 
     sys.exit(run_checked(SAMPLE_SCHEMA, globals(), run, "scripts/sample/sample.py"))
 

@@ -174,13 +174,12 @@ TRIGGER_PHRASE = ""  # the adapter files' modelspec.trigger_phrase (empty: none)
 
 
 def main() -> None:
-    from kohakumoss.config.knobs import run_checked
     from kohakumoss.config.train import TRAIN_SCHEMA
-    from kohakumoss.distributed.trainer import on_devices
-    from kohakumoss.train.loop import train
+    from kohakumoss.train.loop import train_on_devices
+    from kohakumoss_common.knobs import run_checked
 
     # DISTRIBUTED: this process starts the workers (or is one, under torchrun); else train(k) here
-    sys.exit(run_checked(TRAIN_SCHEMA, globals(), on_devices(train), "scripts/train/moss.py"))
+    sys.exit(run_checked(TRAIN_SCHEMA, globals(), train_on_devices, "scripts/train/moss.py"))
 
 
 if __name__ == "__main__":

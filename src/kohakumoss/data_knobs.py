@@ -1,9 +1,10 @@
-"""A script's UPPER_CASE data knobs as kohakumoss_data's typed settings: the one conversion.
+"""A script's data knobs as kohakumoss_data's typed settings: the one conversion.
 
 kohakumoss_data knows no knob names: it takes ScanKnobs, PlanKnobs and LoaderKnobs, and its errors
-name their fields (`tokens_per_step`). Here the knobs become those settings (the tables below), and
-`knob_errors` renames a data error's field to the knob a user sets. A knob's default is its settings
-field's default (config/train.py reads them from there).
+name their fields (`tokens_per_step`). Here a script's typed sections (the train config's `cfg.data`, a
+data script's `cfg.scan` / `cfg.plan`: a knob's field is its name lower-cased) become those settings (the
+tables below), and `knob_errors` renames a data error's field to the knob a user sets. A knob's default is
+its settings field's default (config/train.py reads them from there).
 """
 
 from __future__ import annotations
@@ -86,12 +87,18 @@ def knob_errors() -> Iterator[None]:
         raise ConfigError(name, str(e)[len(e.knob) + 2 :]) from e
 
 
-def _pick(knobs: Mapping[str, Any], names: dict[str, str]) -> dict[str, Any]:
-    return {field: knobs[name] for name, field in names.items() if name in knobs}
+def _pick(section: Any, names: Mapping[str, str]) -> dict[str, Any]:
+    """{settings field: value} of the knobs of `names` that `section` has (its field: the knob lower-cased)."""
+    return {
+        field: getattr(section, knob.lower())
+        for knob, field in names.items()
+        if hasattr(section, knob.lower())
+    }
 
 
-def scan_knobs(knobs: Mapping[str, Any]) -> ScanKnobs:
-    return ScanKnobs(**_pick(knobs, SCAN_KNOBS))
+def scan_knobs(scan_section: Any) -> ScanKnobs:
+    """The scan settings of a section holding the scan knobs (MIN_SIDE, SCAN_WORKERS, ...)."""
+    return ScanKnobs(**_pick(scan_section, SCAN_KNOBS))
 
 
 def buckets_knob(value: Any, area: int) -> tuple[tuple[int, int], ...] | None:
@@ -109,17 +116,21 @@ def buckets_knob(value: Any, area: int) -> tuple[tuple[int, int], ...] | None:
         raise ConfigError("BUCKETS", f"must be None, 'kohya' or a list of [w, h], got {value!r}") from e
 
 
-def plan_knobs(knobs: Mapping[str, Any]) -> PlanKnobs:
-    picked = _pick(knobs, PLAN_KNOBS)
-    picked["buckets"] = buckets_knob(knobs.get("BUCKETS"), int(picked.get("area", PlanKnobs.area)))
+def plan_knobs(plan_section: Any, dataset: Any = None, **settings: Any) -> PlanKnobs:
+    """The plan settings of a section holding the plan knobs (AREA, TOKENS_PER_STEP, BUCKETS, ...);
+    `dataset`: DATASET's value (its per-dataset repeats, caption settings, reg weight and mask);
+    `settings`: fields set here instead (the trainer's `epochs=1`: its EPOCHS counts whole runs)."""
+    picked = {**_pick(plan_section, PLAN_KNOBS), **settings}
+    picked["buckets"] = buckets_knob(getattr(plan_section, "buckets", None), int(picked["area"]))
     with knob_errors():
-        if "DATASET" in knobs:  # per-dataset repeats, caption settings, reg weight and mask
-            picked["datasets"] = dataset_options(knobs["DATASET"])
+        if dataset is not None:
+            picked["datasets"] = dataset_options(dataset)
         return PlanKnobs(**picked).validate()
 
 
-def loader_knobs(knobs: Mapping[str, Any]) -> LoaderKnobs:
-    return LoaderKnobs(**_pick(knobs, LOADER_KNOBS))
+def loader_knobs(loader_section: Any) -> LoaderKnobs:
+    """The loader settings of a section holding the loader knobs (WORKERS, PREFETCH_STEPS)."""
+    return LoaderKnobs(**_pick(loader_section, LOADER_KNOBS))
 
 
 def load_factory(ref: str, knob: str) -> Callable[..., Any]:
@@ -136,20 +147,23 @@ def load_factory(ref: str, knob: str) -> Callable[..., Any]:
         raise ConfigError(knob, f"cannot import {ref!r} ({e})") from e
 
 
-def open_dataset(knobs: Mapping[str, Any]) -> tuple[Source, Catalog]:
-    """DATASET (+ CATALOG_DIR and the scan knobs) -> the source and its incremental catalog."""
+def open_dataset(dataset_section: Any, scan_section: Any) -> tuple[Source, Catalog]:
+    """DATASET and CATALOG_DIR (`dataset_section`) and the scan knobs -> the source and its incremental
+    catalog."""
     with knob_errors():
-        source = make_source(knobs["DATASET"])
-        return source, scan(source, scan_knobs(knobs), cache_dir=knobs.get("CATALOG_DIR"))
+        source = make_source(dataset_section.dataset)
+        catalog = scan(source, scan_knobs(scan_section), cache_dir=dataset_section.catalog_dir)
+        return source, catalog
 
 
-def plan_dataset(knobs: Mapping[str, Any], catalog: Catalog) -> Plan:
-    """SEED and the plan knobs -> the plan; its sha256 is printed as `plan sha256 <hex>`. With
-    MICRO_STEPS, at least the epochs a training run of that many micro-steps plans (counted without the
-    template's tokens, so never fewer: an epoch's items do not depend on how steps are packed)."""
+def plan_dataset(plan_section: Any, dataset: Any, catalog: Catalog) -> Plan:
+    """SEED and the plan knobs of a data script's plan section (and DATASET's value) -> the plan; its
+    sha256 is printed as `plan sha256 <hex>`. With MICRO_STEPS, at least the epochs a training run of that
+    many micro-steps plans (counted without the template's tokens, so never fewer: an epoch's items do not
+    depend on how steps are packed)."""
     with knob_errors():
-        settings, seed = plan_knobs(knobs), int(knobs["SEED"])
-        if micro := int(knobs.get("MICRO_STEPS") or 0):  # the trainer's count (train/data.plan_for_steps)
+        settings, seed = plan_knobs(plan_section, dataset), int(plan_section.seed)
+        if micro := int(plan_section.micro_steps or 0):  # the trainer's count (train/data.plan_for_steps)
             per_epoch = len(build_plan(catalog, seed, dataclasses.replace(settings, epochs=1)).steps)
             epochs = max(settings.epochs, math.ceil(micro / per_epoch) if per_epoch else 1)
             settings = dataclasses.replace(settings, epochs=epochs)

@@ -4,6 +4,8 @@ adapters/dropouts.py is checked both ways against lycoris itself."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -124,16 +126,17 @@ def test_zero_dropouts_keep_the_forward_asked():
 
 
 def test_the_config_check_names_the_same_refusal():
+    from kohakumoss.adapters.config import AdapterConfig
     from kohakumoss.adapters.dropouts import dropout_check
 
-    knobs = {"ALGO": "boft", "DROPOUT": 0.1, "BYPASS": False, "BASE_PRECISION": "same"}
+    boft = AdapterConfig(algo="boft", dropout=0.1, bypass=False)
     with pytest.raises(ConfigError) as built:
         _build("boft", "dropout", "merged", 0.1)
-    knob, message = dropout_check(knobs)
+    knob, message = dropout_check(boft, "same")
     assert f"{knob}: {message}" == str(built.value)
-    assert dropout_check({**knobs, "ALGO": "lora"}) is None  # switched to the bypass forward
-    assert dropout_check({"ALGO": "lokr", "RANK_DROPOUT": 0.1, "BASE_PRECISION": "fp8"})[0] == "RANK_DROPOUT"
-    assert dropout_check({"ALGO": "full", "DROPOUT": 0.1}) is None
+    assert dropout_check(dataclasses.replace(boft, algo="lora"), "same") is None  # the bypass forward
+    assert dropout_check(AdapterConfig(algo="lokr", rank_dropout=0.1), "fp8")[0] == "RANK_DROPOUT"
+    assert dropout_check(AdapterConfig(algo="full", dropout=0.1), "same") is None
 
 
 def test_the_trainer_refuses_a_dropout_before_anything_loads():

@@ -33,7 +33,7 @@ from kohakumoss.cli.config_layers import (
 from kohakumoss.cli.config_tool import main
 from kohakumoss.config.data_scripts import DATA_SCHEMA
 from kohakumoss.config.sample import SAMPLE_SCHEMA
-from kohakumoss.config.train import TRAIN_SCHEMA
+from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 from kohakumoss.memory import estimate_peak
 from kohakumoss.model.backbone import MossBackbone
 from kohakumoss.model.io import save_backbone
@@ -122,11 +122,13 @@ def test_gpu_layers_name_a_profile_that_fits():
         knobs = {**TRAIN_SCHEMA.defaults(), **compose(layers)}
         assert knobs["MEMORY_PROFILE"] == "auto"
         name = load_file(layers[0])[1]["memory_profile"]
-        peak = estimate_plan(PROFILES[name], knobs, get_preset("moss-image-5b")).total
+        peak = estimate_plan(PROFILES[name], TrainConfig.from_knobs(knobs), get_preset("moss-image-5b")).total
         assert peak < gb * 0.95 * (1 << 30), (gb, name, peak / (1 << 30))
         if name != "speed":
             faster = PROFILES[order[order.index(name) - 1]]
-            assert estimate_plan(faster, knobs, get_preset("moss-image-5b")).total > gb * 0.95 * (1 << 30)
+            assert estimate_plan(
+                faster, TrainConfig.from_knobs(knobs), get_preset("moss-image-5b")
+            ).total > gb * 0.95 * (1 << 30)
 
 
 def test_composition_order_gpu_algo_data_user(tmp_path):
@@ -498,13 +500,17 @@ def test_check_all_problems_at_once_and_data_schema(good, capsys):
 def test_estimate_matches_the_measured_run():
     """docs/performance/memory.md: moss-image-5b, LoRA r32 on every linear, 8704 tokens, bf16, speed: 53.8 GiB."""
     knobs = {"RANK": 32, "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "TARGET_PRESET": "full"}
-    est = estimate_peak(knobs, get_preset("moss-image-5b"), params=4_970_396_800)
+    est = estimate_peak(TrainConfig.from_knobs(knobs), get_preset("moss-image-5b"), params=4_970_396_800)
     mlp = estimate_peak(
-        {**knobs, "TARGET_PRESET": "attn-mlp"}, get_preset("moss-image-5b"), params=4_970_396_800
+        TrainConfig.from_knobs({**knobs, "TARGET_PRESET": "attn-mlp"}),
+        get_preset("moss-image-5b"),
+        params=4_970_396_800,
     )
     assert abs(mlp.parts["trainable weights"] / 4 - 74.3e6) < 0.5e6
     assert abs(est.total / (1 << 30) / 53.8 - 1) < 0.10
-    full = estimate_peak({**knobs, "ALGO": "full"}, get_preset("moss-image-5b"), params=4_970_396_800)
+    full = estimate_peak(
+        TrainConfig.from_knobs({**knobs, "ALGO": "full"}), get_preset("moss-image-5b"), params=4_970_396_800
+    )
     # fp32 weights and grads and Muon's one moment on the card (the 'speed' plan)
     assert full.total > 12 * 4_970_396_800 + est.parts["saved activations"]
 
@@ -525,7 +531,9 @@ def test_profiles_marks_the_fastest_fit(capsys):
     from kohakumoss.memory import catalog, fastest_fit
 
     knobs = {**TRAIN_SCHEMA.defaults(), "MEMORY_PROFILE": "auto"}
-    assert fastest_fit(catalog(get_preset("moss-image-5b"), knobs), 8 << 30).id == best
+    assert (
+        fastest_fit(catalog(get_preset("moss-image-5b"), TrainConfig.from_knobs(knobs)), 8 << 30).id == best
+    )
     assert main(["profiles", "--gpu-mem", "8", "--all"]) == 0
     out = capsys.readouterr().out
     assert sum(ln.startswith("c0") for ln in out.splitlines()) == 300
@@ -675,7 +683,7 @@ def test_no_check_never_drops_the_weights_given(world, tmp_path, weights, capsys
 
 def test_check_prices_a_data_parallel_rank_for_its_share_of_the_step(good, capsys):
     """Under DDP on 4 GPUs a rank holds about a quarter of the step's tokens: its saved activations are
-    priced for that share, as the trainer plans them (memory.profiles.rank_share_knobs)."""
+    priced for that share, as the trainer plans them (memory.profiles.rank_share)."""
     body = (
         "WEIGHTS = ''\nMODEL_PRESET = 'moss-image-5b'\nTEXT_ENCODE = 'cache'\nVAE_ENCODE = 'cache'\n"
         "TOKENS_PER_STEP = 8 * (4096 + 256)\nAREA = 1024 * 1024\nMAX_TEXT_TOKENS = 256\n"

@@ -20,7 +20,7 @@ from kohakumoss.config.data_scripts import (
     run_data_script,
 )
 from kohakumoss.config.train import TRAIN_SCHEMA, DataConfig, RunConfig, TrainConfig
-from kohakumoss.config.typed import config_knobs, config_sections
+from kohakumoss_common.typed_config import config_knobs, config_sections
 from kohakumoss_data import PlanKnobs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,14 +93,14 @@ def test_a_scripts_run_reads_the_typed_values(tmp_path):
     class Catalog:
         usable = ()
 
-    ns["run"].__globals__["open_dataset"] = lambda knobs: (seen.setdefault("knobs", knobs), Catalog())
+    ns["run"].__globals__["open_dataset"] = lambda dataset, scan: (seen.setdefault("scan", scan), Catalog())
     ns["run"].__globals__["convert_to_shards"] = fake_convert
     cfg = SCRIPT_CONFIGS["convert_shards"].from_knobs(
         {"OUT_DIR": str(tmp_path), "MAX_AREA": 1000, "MIN_SIDE": 9}
     )
     ns["run"](cfg)
     assert (seen["out"], seen["max_area"], seen["items"]) == (str(tmp_path), 1000, 256)
-    assert seen["knobs"]["MIN_SIDE"] == 9
+    assert seen["scan"].min_side == 9
 
 
 def test_the_data_knobs_page_is_generated_from_the_configs():
@@ -117,7 +117,7 @@ def test_the_data_knobs_page_is_generated_from_the_configs():
 @pytest.mark.parametrize("name", sorted(SCRIPT_CONFIGS))
 def test_a_scripts_upper_case_globals_are_exactly_its_knobs(name):
     """What run_checked sees: an imported UPPER_CASE name (TYPE_CHECKING) would be an unknown knob."""
-    from kohakumoss.config.knobs import script_knobs
+    from kohakumoss_common.knobs import script_knobs
 
     ns = runpy.run_path(str(ROOT / "scripts" / "data" / f"{name}.py"), run_name="kohakumoss_test")
     assert script_knobs(ns) == SCRIPT_CONFIGS[name]().knobs()

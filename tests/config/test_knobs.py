@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kohakumoss.config.knobs import Knob, Schema, script_knobs
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.knobs import Knob, Schema, script_knobs
 
 SCHEMA = Schema(
     [

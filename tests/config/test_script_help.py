@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kohakumoss.config.knobs import script_knobs
+from kohakumoss_common.knobs import script_knobs
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKED = sorted(

@@ -11,8 +11,16 @@ from kohakumoss.config.export import EXPORT_SCHEMA, ExportScriptConfig
 from kohakumoss.config.reference import reference
 from kohakumoss.config.sample import SAMPLE_SCHEMA, SampleScriptConfig
 from kohakumoss.config.train import ENCODER_KNOBS, TRAIN_SCHEMA, EncoderConfig, TrainConfig
-from kohakumoss.config.typed import config_knobs, config_sections, from_knobs, knob, section, to_knobs
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.typed_config import (
+    config_knobs,
+    config_sections,
+    from_knobs,
+    knob,
+    section,
+    to_knobs,
+    with_knobs,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -91,6 +99,19 @@ def test_nested_sections_generate_knobs_in_order_and_convert_both_ways():
     assert [path for path, _ in config_sections(_Outer)] == ["", "inner"]
     config = from_knobs(_Outer, {"DEPTH": 5, "WIDTH": 2.0})
     assert config == _Outer(width=2.0, inner=_Inner(depth=5)) and to_knobs(config)["NAMES"] == ["a"]
+
+
+def test_with_knobs_sets_knobs_by_their_names_at_any_depth_and_refuses_others():
+    config = _Outer(width=2.0)
+    changed = with_knobs(config, {"DEPTH": 7, "NAMES": ["b"]})
+    assert changed == _Outer(width=2.0, inner=_Inner(depth=7, names=["b"])) and config.inner.depth == 3
+    assert with_knobs(config, {}) is config
+    run = TrainConfig()
+    smaller = with_knobs(run, {"RANK": 8, "TOKENS_PER_STEP": 4096})
+    assert (smaller.adapter.rank, smaller.data.tokens_per_step) == (8, 4096)
+    assert smaller.optim is run.optim and run.adapter.rank == 16  # untouched sections are shared
+    with pytest.raises(KeyError, match="RANKK"):
+        with_knobs(run, {"RANKK": 8})
 
 
 def test_a_type_rule_or_a_plain_field_is_refused():

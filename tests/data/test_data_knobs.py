@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kohakumoss.config.data_scripts import DataScriptsConfig
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.data_knobs import (
     LOADER_KNOBS,
     PLAN_KNOBS,
@@ -38,12 +40,14 @@ def test_knobs_become_the_settings_and_absent_ones_keep_the_fields_defaults():
         "WORKERS": 0,
         "BUCKETS": "[[64, 64]]",
     }
-    plan = plan_knobs(knobs)
+    data = TrainConfig.from_knobs(knobs).data
+    plan = plan_knobs(data)
     assert (plan.area, plan.tokens_per_step, plan.buckets) == (4096, 300, ((64, 64),))
     assert plan.max_text_tokens == PlanKnobs.max_text_tokens and plan.crop == PlanKnobs.crop
-    assert scan_knobs(knobs) == ScanKnobs(workers=1)
-    assert loader_knobs(knobs) == LoaderKnobs(workers=0)
-    assert plan_knobs({}) == PlanKnobs()
+    assert scan_knobs(data) == ScanKnobs(workers=1)
+    assert loader_knobs(data) == LoaderKnobs(workers=0)
+    assert plan_knobs(TrainConfig().data) == PlanKnobs()
+    assert plan_knobs(DataScriptsConfig().plan) == PlanKnobs()  # a data script's plan section alike
 
 
 @pytest.mark.parametrize(
@@ -68,30 +72,34 @@ def test_knob_errors_renames_the_field_and_keeps_the_message():
         pack_steps([7], 6)
     assert e.value.knob == "TOKENS_PER_STEP" and isinstance(e.value.__cause__, ConfigError)
     with pytest.raises(ConfigError, match="^CROP: must be 'center' or 'random'"):
-        plan_knobs({"CROP": "middle"})
+        plan_knobs(TrainConfig.from_knobs({"CROP": "middle"}).data)
     with pytest.raises(ConfigError, match=r"^DATASET\[1\]\.repeats: "):
         plan_knobs(
-            {"DATASET": [{"kind": "kohya", "path": "a"}, {"kind": "kohya", "path": "b", "repeats": 0}]}
+            TrainConfig().data,
+            [{"kind": "kohya", "path": "a"}, {"kind": "kohya", "path": "b", "repeats": 0}],
         )
     with pytest.raises(ConfigError, match=r"^DATASET\.kind: unknown source kind 'zip'"):
-        open_dataset({"DATASET": {"kind": "zip", "path": "x"}})
+        zip_data = TrainConfig.from_knobs({"DATASET": {"kind": "zip", "path": "x"}}).data
+        open_dataset(zip_data, zip_data)
 
 
 def test_the_scripts_helpers_scan_and_plan(kohya_dir, tmp_path, capsys):
     knobs = {"DATASET": {"kind": "kohya", "path": str(kohya_dir)}, "CATALOG_DIR": str(tmp_path), "SEED": 3}
-    _, catalog = open_dataset({**knobs, "SCAN_WORKERS": 1})
-    plan = plan_dataset({**knobs, "AREA": 64 * 64, "TOKENS_PER_STEP": 300}, catalog)
+
+    def planned(**more):
+        cfg = DataScriptsConfig.from_knobs({**knobs, "AREA": 64 * 64, "TOKENS_PER_STEP": 300, **more})
+        return plan_dataset(cfg.plan, cfg.dataset.dataset, catalog)
+
+    cfg = DataScriptsConfig.from_knobs({**knobs, "SCAN_WORKERS": 1})
+    _, catalog = open_dataset(cfg.dataset, cfg.scan)
+    plan = planned()
     assert f"plan sha256 {plan.sha256}" in capsys.readouterr().out
     assert plan.seed == 3 and plan.knobs.tokens_per_step == 300 and plan.steps
     # MICRO_STEPS: at least the epochs a run of that many micro-steps plans (the trainer's count)
     per_epoch = len(plan.steps)
-    longer = plan_dataset(
-        {**knobs, "AREA": 64 * 64, "TOKENS_PER_STEP": 300, "MICRO_STEPS": 2 * per_epoch + 1}, catalog
-    )
+    longer = planned(MICRO_STEPS=2 * per_epoch + 1)
     assert longer.knobs.epochs == 3 and len(longer.steps) >= 2 * per_epoch + 1
-    kept = plan_dataset(
-        {**knobs, "AREA": 64 * 64, "TOKENS_PER_STEP": 300, "EPOCHS": 4, "MICRO_STEPS": 1}, catalog
-    )
+    kept = planned(EPOCHS=4, MICRO_STEPS=1)
     assert kept.knobs.epochs == 4  # never fewer than EPOCHS
 
 

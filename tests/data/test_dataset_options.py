@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from kohakumoss.config.data_scripts import DataScriptsConfig
 from kohakumoss.data_knobs import plan_knobs
 from kohakumoss_common.errors import ConfigError, DataError
 from kohakumoss_data import Loader, LoaderKnobs, ScanKnobs, make_source, scan
@@ -25,7 +26,7 @@ KNOBS = {"AREA": 64 * 64, "TOKENS_PER_STEP": 300, "EPOCHS": 1, "SEED": 2}
 def planned(dataset, tmp_path, **knobs):
     source = make_source(dataset)
     catalog = scan(source, ScanKnobs(workers=1), cache_dir=tmp_path / "catalogs")
-    plan = build_plan(catalog, 2, plan_knobs({**KNOBS, "DATASET": dataset, **knobs}))
+    plan = build_plan(catalog, 2, plan_knobs(DataScriptsConfig.from_knobs({**KNOBS, **knobs}).plan, dataset))
     return source, catalog, plan, [it for step in plan.steps for it in step]
 
 

@@ -23,7 +23,7 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # a hung parent's stacks, on the test's request
 from kohakumoss_data import Loader, LoaderKnobs, PlanKnobs, ScanKnobs, build_plan, make_source, scan
-from kohakumoss.config.knobs import Knob, Schema, run_checked
+from kohakumoss_common.knobs import Knob, Schema, run_checked
 
 def run(_):
     source = make_source({"kind": "kohya", "path": sys.argv[1]})

@@ -181,7 +181,7 @@ def test_sample_script_graphs_off_with_a_dylora_adapter_and_on_refused():
 
     lora = build_adapter(random_model(CFG), algo="lora", rank=4, alpha=4.0)
     dylora = build_adapter(random_model(CFG), algo="dylora", rank=4, alpha=4.0)
-    assert sampler_speed({"CUDA_GRAPHS": "on"}, [lora]).cuda_graphs == "on"
-    assert sampler_speed({"CUDA_GRAPHS": "auto"}, [dylora]).cuda_graphs == "off"
+    assert sampler_speed("on", [lora]).cuda_graphs == "on"
+    assert sampler_speed("auto", [dylora]).cuda_graphs == "off"
     with pytest.raises(ConfigError, match="CUDA_GRAPHS.*DyLoRA"):
-        sampler_speed({"CUDA_GRAPHS": "on"}, [dylora])
+        sampler_speed("on", [dylora])

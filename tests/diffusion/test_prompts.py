@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from kohakumoss.config.sample import SAMPLE_SCHEMA
+from kohakumoss.config.sample import SAMPLE_SCHEMA, SampleScriptConfig
 from kohakumoss.config.train import TrainConfig
 from kohakumoss.diffusion import SamplerConfig
 from kohakumoss.diffusion.generate import GenerationRequest, generate
@@ -67,7 +67,8 @@ def test_sample_script_requests_take_the_lines_settings(tmp_path):
     path.write_text("plain line\nflagged --n bad --w 32 --h 48 --d 100 --l 1.5 --s 7\n")
     k = {"PROMPT": "knob prompt --h 16", "PROMPT_FILE": str(path), "SEEDS": [], "SEED": 5, "COUNT": 2,
          "WIDTH": 64, "HEIGHT": 80, "NEGATIVE": "neg"}  # fmt: skip
-    reqs = requests_for(k, read_prompts(k))
+    cfg = SampleScriptConfig.from_knobs(k)
+    reqs = requests_for(cfg, read_prompts(cfg))
     assert [r.prompt for r in reqs] == ["knob prompt"] * 2 + ["plain line"] * 2 + ["flagged"] * 2
     assert reqs[0] == GenerationRequest("knob prompt", 5, 64, 16, "neg")
     assert reqs[2] == GenerationRequest("plain line", 5, 64, 80, "neg")
@@ -118,7 +119,7 @@ def test_sample_script_refuses_a_bad_prompt_before_loading(capsys):
     import runpy
     from pathlib import Path
 
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss_common.knobs import run_checked
 
     ns = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts/sample/sample.py"), run_name="t")
     knobs = {**ns, "PROMPT": "a cat --ar 16:9", "MODEL_PRESET": "tiny", "UNCOND_SKIP_LAYERS": [1]}

@@ -13,7 +13,6 @@ import pytest
 import torch
 from PIL import Image
 
-from kohakumoss.config.knobs import run_checked
 from kohakumoss.config.sample import SAMPLE_SCHEMA
 from kohakumoss.config.train import TrainConfig
 from kohakumoss.diffusion import SamplerConfig
@@ -25,6 +24,7 @@ from kohakumoss.encoders.tiny import load_tiny_text_encoder, tiny_vae, write_tin
 from kohakumoss.model import get_preset
 from kohakumoss.train.samples import sample_requests
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.knobs import run_checked
 
 from ..model.helpers import random_model
 

@@ -60,7 +60,7 @@ def test_each_problem_is_named(tmp_path, body, knob, needle):
 def test_a_good_ddp_config_passes(tmp_path):
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = [0, 1]\nDIST_TIMEOUT = 600.0\n") == []
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = 2\n") == []
-    # graphed DDP steps: gradients averaged after the backward (distributed/trainer.py RankRun.graphed)
+    # graphed DDP steps: gradients averaged after the backward (distributed/rank_run.py RankRun.graphed)
     assert problems(tmp_path, "DISTRIBUTED = 'ddp'\nDEVICES = 2\nCUDA_GRAPHS = 'on'\n") == []
     assert problems(tmp_path, "DISTRIBUTED = 'fsdp'\nDEVICES = 2\nCHECKPOINTING = 'full'\n") == []
     # host-summed gradients run under DDP (averaged over the ranks: distributed/host_grads.py)

@@ -14,15 +14,14 @@ from safetensors.torch import load_file
 
 from kohakumoss.checkpoint.folders import verify_checkpoint
 from kohakumoss.checkpoint.read import load_checkpoint
-from kohakumoss.distributed.trainer import fsdp_plan_problem, on_devices
+from kohakumoss.distributed.rank_run import fsdp_plan_problem
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 from kohakumoss_common.errors import ConfigError
 
 from .test_trainer import records
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
-train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_EVERY=2)
 FSDP = dict(DISTRIBUTED="fsdp", DEVICES=2, DIST_TIMEOUT=120.0)
 
@@ -38,7 +37,7 @@ def same_losses(a: list[dict], b: list[dict], rel: float = 1e-4, grad_rel: float
 def export_script(ckpt: Path, out: Path) -> Path:
     """scripts/export/export.py on a checkpoint folder, in this process (as test_scripts runs it)."""
     from kohakumoss.config.export import EXPORT_SCHEMA
-    from kohakumoss.config.knobs import run_checked
+    from kohakumoss_common.knobs import run_checked
 
     from ..trainer.test_scripts import load_script
 

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from kohakumoss.distributed import DistributedError, run
-from kohakumoss.distributed.trainer import on_devices
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from . import test_engines as engines
@@ -22,8 +21,6 @@ pytestmark = [
         not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
     ),
 ]
-
-train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kohakumoss.distributed.trainer import on_devices
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from . import test_host_grads as host
@@ -20,8 +19,6 @@ pytestmark = [
         not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
     ),
 ]
-
-train_on_devices = on_devices(train)
 
 
 def test_host_sums_averaged_over_a_gloo_group_beside_nccl():

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from kohakumoss.distributed.trainer import on_devices
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 from kohakumoss_common.errors import ConfigError
 
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
-train_on_devices = on_devices(train)
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")
 CASES = {
     "lora-minimal": dict(MEMORY_PROFILE="minimal"),

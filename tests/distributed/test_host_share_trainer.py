@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from kohakumoss.distributed.trainer import on_devices
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 
 from .test_trainer import records
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
-train_on_devices = on_devices(train)
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf", OPTIMIZER_PLACEMENT="host")
 CASES = {"lora-host": {}, "full-host": dict(ALGO="full", USE_MUON=False, LR=1e-4)}
 

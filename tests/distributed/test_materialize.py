@@ -24,12 +24,11 @@ from kohakumoss.distributed.materialize import (
     reset_peak_rss,
     sharded_backbone,
 )
-from kohakumoss.distributed.trainer import on_devices
 from kohakumoss.distributed.wrap import wrap_fsdp
 from kohakumoss.model import MossBackbone, get_preset
 from kohakumoss.model.io import load_backbone, save_backbone
 from kohakumoss.train.components import build_backbone as build_from_config
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_kernels import OpSet
 
@@ -38,7 +37,6 @@ from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixtur
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
 
-train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 TINY = get_preset("tiny")
 # wide enough that the model (~370 MiB in fp32) dwarfs a worker's noise in RSS; one parameter is 32 MiB
 WIDE = dataclasses.replace(TINY, dim=1024, depth=4, num_heads=8, mlp_hidden=4096)
@@ -85,7 +83,9 @@ def build_each(k: dict) -> dict:
     out = {}
     for name, knobs in k["BUILDS"].items():
         torch.manual_seed(11)
-        model = sharded_backbone({**k, **KNOBS, **knobs}, None, device, torch.float32, False, "eager")
+        model = sharded_backbone(
+            TrainConfig.from_knobs({**k, **KNOBS, **knobs}), None, device, torch.float32, False, "eager"
+        )
         out[name] = report(model)
         out[name]["rng"] = torch.get_rng_state()  # what an adapter's initial weights draw from next
         del model
@@ -195,7 +195,14 @@ def refusal(k: dict) -> str:
 
     k = {**k, **KNOBS, "MODEL_PRESET": "tiny"}
     try:
-        sharded_backbone(k, MemoryPlan(stream_blocks=2), torch.device("cpu"), torch.float32, False, "eager")
+        sharded_backbone(
+            TrainConfig.from_knobs(k),
+            MemoryPlan(stream_blocks=2),
+            torch.device("cpu"),
+            torch.float32,
+            False,
+            "eager",
+        )
     except ConfigError as e:
         return str(e)
     return "built"
@@ -203,7 +210,10 @@ def refusal(k: dict) -> str:
 
 def test_sharded_build_is_the_fsdp_workers_only_and_refuses_a_streaming_plan():
     k = {**KNOBS, "MODEL_PRESET": "tiny", "DISTRIBUTED": "fsdp"}
-    assert sharded_backbone(k, None, torch.device("cpu"), torch.float32, False, "eager") is None  # 1 rank
+    assert (
+        sharded_backbone(TrainConfig.from_knobs(k), None, torch.device("cpu"), torch.float32, False, "eager")
+        is None
+    )  # 1 rank
     assert "STREAM_BLOCKS: 2 with DISTRIBUTED='fsdp'" in run(FSDP, refusal)
 
 
@@ -226,7 +236,9 @@ def gpu_build(k: dict) -> dict:
     device = torch.device(k["DEVICE"])
     knobs = {**k, **KNOBS, "DEVICE": str(device)}
     torch.manual_seed(11)
-    model = sharded_backbone({**knobs, "MODEL_PRESET": "tiny"}, None, device, torch.float32, False, "eager")
+    model = sharded_backbone(
+        TrainConfig.from_knobs({**knobs, "MODEL_PRESET": "tiny"}), None, device, torch.float32, False, "eager"
+    )
     out = {"preset": report(model), "rng": torch.cuda.get_rng_state(device)}
     del model
     gc.collect()
@@ -235,7 +247,12 @@ def gpu_build(k: dict) -> dict:
     settle_rss()
     base = rss_now_gib()
     big = sharded_backbone(
-        {**knobs, "MODEL_PRESET": "moss-image-5b"}, None, device, torch.bfloat16, False, "eager"
+        TrainConfig.from_knobs({**knobs, "MODEL_PRESET": "moss-image-5b"}),
+        None,
+        device,
+        torch.bfloat16,
+        False,
+        "eager",
     )
     here, whole = held_bytes(big)
     figures = (

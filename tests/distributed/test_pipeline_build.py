@@ -38,7 +38,12 @@ def build_each(k: dict) -> dict:
     for name, knobs in k["BUILDS"].items():
         torch.manual_seed(11)
         model = staged_backbone(
-            {**k, **KNOBS, **knobs}, None, torch.device("cpu"), torch.float32, False, "eager"
+            TrainConfig.from_knobs({**k, **KNOBS, **knobs}),
+            None,
+            torch.device("cpu"),
+            torch.float32,
+            False,
+            "eager",
         )
         rng = torch.get_rng_state()
         mine = {
@@ -102,7 +107,9 @@ def test_threaded_builds_every_stage_on_its_device(builds):
     knobs = {**KNOBS, **builds["preset"], "DISTRIBUTED": "threaded", "DEVICES": ["cpu"] * 3}
     knobs["PIPELINE_SPLIT"] = [0, 1, 3]
     torch.manual_seed(11)
-    model = staged_backbone(knobs, None, torch.device("cpu"), torch.float32, False, "eager")
+    model = staged_backbone(
+        TrainConfig.from_knobs(knobs), None, torch.device("cpu"), torch.float32, False, "eager"
+    )
     adapter = adapter_of(model)
     ref, ref_adapter = one_process(builds["preset"])
     assert not any(p.is_meta for p in model.parameters())
@@ -117,4 +124,9 @@ def test_threaded_builds_every_stage_on_its_device(builds):
 def test_no_staged_build_outside_the_pipelines():
     for mode in ("none", "ddp", "fsdp", "pipeline"):  # 'pipeline' on one rank trains as one process
         k = {**KNOBS, "MODEL_PRESET": "tiny", "DISTRIBUTED": mode}
-        assert staged_backbone(k, None, torch.device("cpu"), torch.float32, False, "eager") is None
+        assert (
+            staged_backbone(
+                TrainConfig.from_knobs(k), None, torch.device("cpu"), torch.float32, False, "eager"
+            )
+            is None
+        )

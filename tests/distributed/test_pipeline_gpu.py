@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.distributed import run
 from kohakumoss.distributed.pipeline import stage_starts
 from kohakumoss.distributed.threaded import ThreadedEngine
-from kohakumoss.distributed.trainer import on_devices
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from . import test_pipeline as tp
@@ -24,8 +24,6 @@ pytestmark = [
         not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
     ),
 ]
-
-train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 
 
 def near(result, full: bool) -> None:
@@ -96,7 +94,7 @@ def test_threaded_build_puts_each_stage_on_its_gpu_and_samples_across_them():
         "DEVICE": "cuda:0",
     }
     cuda = torch.device("cuda:0")
-    model = staged_backbone(knobs, None, cuda, torch.float32, False, "eager")
+    model = staged_backbone(TrainConfig.from_knobs(knobs), None, cuda, torch.float32, False, "eager")
     one = build_backbone({**knobs, "DISTRIBUTED": "none"}, cuda, torch.float32, False, draw=cuda)
     starts = stage_starts(model.config.depth, 2)
     for name, p in model.named_parameters():

@@ -9,16 +9,15 @@ import pytest
 from PIL import Image
 
 from kohakumoss.cli.config_check import check_config
-from kohakumoss.distributed.trainer import on_devices, pipeline_plan_problem
+from kohakumoss.distributed.rank_run import pipeline_plan_problem
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 from kohakumoss_common.errors import ConfigError
 
 from .test_fsdp_trainer import same_files, same_losses
 from .test_trainer import records
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
-train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_EVERY=2, SAVE_FORMAT="both")
 PIPELINE = dict(DISTRIBUTED="pipeline", DEVICES=2, DIST_TIMEOUT=120.0)
 

@@ -16,15 +16,14 @@ from safetensors.torch import load_file
 
 from kohakumoss.distributed import current, run
 from kohakumoss.distributed.collectives import host_group
-from kohakumoss.distributed.trainer import RankRun, on_devices
+from kohakumoss.distributed.rank_run import RankRun
 from kohakumoss.distributed.wrap import average_grads, broadcast_params
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
-train_on_devices = on_devices(train)
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")
 CASES = {
     "lora": dict(EMA=True, EMA_WARMUP=0, EMA_DECAY=0.5, EXPORT_EMA=True),  # the exports are the EMA's

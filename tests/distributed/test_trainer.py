@@ -13,17 +13,15 @@ import torch
 from safetensors.torch import load_file
 
 from kohakumoss.distributed import World
-from kohakumoss.distributed.trainer import RankRun, on_devices
+from kohakumoss.distributed.rank_run import RankRun
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.train.loop import train
+from kohakumoss.train.loop import train_on_devices
 from kohakumoss_common.errors import ConfigError
 
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "train" / "moss.py"
 STEPS = dict(STEPS=3, GRAD_ACCUM=2, LOGGERS=[], SAVE_FORMAT="hf")
-
-train_on_devices = on_devices(train)  # what scripts/train/moss.py runs
 
 
 def kogine_train(k: dict) -> Path:
@@ -111,13 +109,14 @@ def test_a_plan_summing_gradients_on_the_host_is_not_wrapped_in_ddp(monkeypatch)
     """GRAD_OFFLOAD hooks every trainable parameter: DDP's reducer would see no gradient, so the model is
     not wrapped and the optimizer's host sums are averaged instead (test_host_grads*.py); an optimizer that
     leaves a trainable parameter out of the host sums is refused, naming the knob."""
-    from kohakumoss.distributed import trainer
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.distributed import rank_run
     from kohakumoss.memory.engines.grad_offload import GradOffload
     from kohakumoss.memory.engines.optimizer import PlacedOptimizer
     from kohakumoss.optim.combined import CombinedOptimizer
 
-    monkeypatch.setattr(trainer, "current", lambda: World(0, 2, 0, 2, torch.device("cpu"), "gloo"))
-    rr = RankRun({"SEED": 0, "LOSS_REDUCTION": "token"})
+    monkeypatch.setattr(rank_run, "current", lambda: World(0, 2, 0, 2, torch.device("cpu"), "gloo"))
+    rr = RankRun(TrainConfig())
     model, extra = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     plan = MemoryPlan(grad_offload=True, optimizer="host")
     assert rr.wrap(model, extra, plan) is model and rr.ddp is None
@@ -135,17 +134,16 @@ def test_a_rank_that_dies_mid_run_stops_the_run_naming_it(train_world, monkeypat
     import os
 
     from kohakumoss.checkpoint.folders import verify_checkpoint
-    from kohakumoss.distributed import DistributedError
-    from kohakumoss.distributed import trainer as dtrainer
+    from kohakumoss.distributed import DistributedError, rank_run
 
-    totals = dtrainer.RankRun.step_totals
+    totals = rank_run.RankRun.step_totals
 
     def dying(self, step, *args):
         if self.world.rank == 1 and step == 2:
             os._exit(9)
         return totals(self, step, *args)
 
-    monkeypatch.setattr(dtrainer.RankRun, "step_totals", dying)
+    monkeypatch.setattr(rank_run.RankRun, "step_totals", dying)
     k = tiny_knobs(
         train_world, "ddp-dies", DISTRIBUTED="ddp", DEVICES=2, SAVE_EVERY=1, DIST_TIMEOUT=20.0, **STEPS
     )

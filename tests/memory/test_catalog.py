@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.memory import CATALOG_SIZE, MemoryPlan, catalog, fastest_fit
 from kohakumoss.memory.calibration import CUDA_CONTEXT_BYTES, GIB
 from kohakumoss.memory.catalog import catalog_plans, find_entry, fits, step_seconds
@@ -12,16 +13,16 @@ KNOBS = {"RANK": 32, "TOKENS_PER_STEP": 8704, "PRECISION": "bf16", "TARGET_PRESE
 
 
 def test_size_and_unique_stable_ids():
-    entries = catalog(MOSS, KNOBS)
+    entries = catalog(MOSS, TrainConfig.from_knobs(KNOBS))
     assert len(entries) == CATALOG_SIZE >= 240
     ids = [e.id for e in entries]
     assert len(set(ids)) == len(ids) and ids == sorted(ids) and ids[0] == "c0000"
     assert len({e.plan for e in entries}) == len(entries)  # every entry a different plan
     # the same id is the same plan whatever the knobs; find_entry agrees
-    other = catalog(MOSS, {**KNOBS, "TOKENS_PER_STEP": 2048, "ALGO": "lokr"})
+    other = catalog(MOSS, TrainConfig.from_knobs({**KNOBS, "TOKENS_PER_STEP": 2048, "ALGO": "lokr"}))
     assert [(e.id, e.plan) for e in other] == [(e.id, e.plan) for e in entries]
     # a full fine-tune leaves out what the engines refuse (streaming with the optimizer on the GPU)
-    full = catalog(MOSS, {**KNOBS, "ALGO": "full"})
+    full = catalog(MOSS, TrainConfig.from_knobs({**KNOBS, "ALGO": "full"}))
     assert all(not (e.plan.stream_blocks and e.plan.optimizer == "gpu") for e in full)
     assert len(full) == CATALOG_SIZE - 6 * 4 * 2 and {e.id for e in full} < set(ids)
     assert find_entry("c0042", MOSS.depth) == dict(catalog_plans(MOSS.depth))["c0042"]
@@ -29,22 +30,22 @@ def test_size_and_unique_stable_ids():
 
 
 def test_costs_are_relative_and_recompute_costs_time():
-    plain = step_seconds(MemoryPlan(), KNOBS, MOSS)
-    assert step_seconds(MemoryPlan(checkpointing="full"), KNOBS, MOSS) > plain
-    assert step_seconds(MemoryPlan(checkpointing="full", checkpoint_every=2), KNOBS, MOSS) < step_seconds(
-        MemoryPlan(checkpointing="full"), KNOBS, MOSS
-    )
+    plain = step_seconds(MemoryPlan(), TrainConfig.from_knobs(KNOBS), MOSS)
+    assert step_seconds(MemoryPlan(checkpointing="full"), TrainConfig.from_knobs(KNOBS), MOSS) > plain
+    assert step_seconds(
+        MemoryPlan(checkpointing="full", checkpoint_every=2), TrainConfig.from_knobs(KNOBS), MOSS
+    ) < step_seconds(MemoryPlan(checkpointing="full"), TrainConfig.from_knobs(KNOBS), MOSS)
     # at a small token budget a streamed block's copy no longer hides behind its compute
     small = {**KNOBS, "TOKENS_PER_STEP": 512, "AREA": 256 * 256}
-    streamed = step_seconds(MemoryPlan(stream_blocks=-1), small, MOSS) / step_seconds(
-        MemoryPlan(), small, MOSS
+    streamed = step_seconds(MemoryPlan(stream_blocks=-1), TrainConfig.from_knobs(small), MOSS) / step_seconds(
+        MemoryPlan(), TrainConfig.from_knobs(small), MOSS
     )
     assert streamed > 1.5
-    assert min(e.cost for e in catalog(MOSS, KNOBS)) == 1.0
+    assert min(e.cost for e in catalog(MOSS, TrainConfig.from_knobs(KNOBS))) == 1.0
 
 
 def test_fastest_fit_picks_the_cheapest_fitting_entry():
-    entries = catalog(MOSS, KNOBS)
+    entries = catalog(MOSS, TrainConfig.from_knobs(KNOBS))
     for gb in (6, 8, 12, 16, 24, 48, 80):
         best = fastest_fit(entries, gb * GIB)
         assert best is not None and fits(best, gb * GIB)
@@ -62,16 +63,21 @@ def test_fastest_fit_picks_the_cheapest_fitting_entry():
 
 def test_pins_fix_fields_and_drop_entries_that_cannot_take_them():
     pinned = catalog(
-        MOSS, {**KNOBS, "CHECKPOINTING": "full", "CHECKPOINT_EVERY": 1, "OPTIMIZER_PLACEMENT": "gpu"}
+        MOSS,
+        TrainConfig.from_knobs(
+            {**KNOBS, "CHECKPOINTING": "full", "CHECKPOINT_EVERY": 1, "OPTIMIZER_PLACEMENT": "gpu"}
+        ),
     )
     assert pinned and all(e.plan.checkpointing == "full" and e.plan.optimizer == "gpu" for e in pinned)
     assert all(not e.plan.grad_offload for e in pinned)  # grad offload + GPU optimizer entries were left out
-    assert len(pinned) < CATALOG_SIZE and {e.id for e in pinned} <= {e.id for e in catalog(MOSS, KNOBS)}
+    assert len(pinned) < CATALOG_SIZE and {e.id for e in pinned} <= {
+        e.id for e in catalog(MOSS, TrainConfig.from_knobs(KNOBS))
+    }
 
 
 def test_tiny_model_catalog():
     tiny = get_preset("tiny")
-    entries = catalog(tiny, {"TOKENS_PER_STEP": 64})
+    entries = catalog(tiny, TrainConfig.from_knobs({"TOKENS_PER_STEP": 64}))
     assert len(entries) == CATALOG_SIZE
     assert {e.plan.stream_blocks for e in entries} == {0, 1, 2, 3, -1}
 
@@ -97,9 +103,14 @@ def test_cost_model_tracks_the_measured_block_times(monkeypatch):
         "AREA": 1 << 20,
         "MAX_TEXT_TOKENS": 256,
     }
-    base = step_seconds(MemoryPlan(), knobs, MOSS)
+    base = step_seconds(MemoryPlan(), TrainConfig.from_knobs(knobs), MOSS)
     for (mode, offload), ratio in measured.items():
         predicted = (
-            step_seconds(MemoryPlan(checkpointing=mode, activation_offload=offload), knobs, MOSS) / base
+            step_seconds(
+                MemoryPlan(checkpointing=mode, activation_offload=offload),
+                TrainConfig.from_knobs(knobs),
+                MOSS,
+            )
+            / base
         )
         assert abs(predicted / ratio - 1) < 0.30, (mode, offload, predicted, ratio)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from kohakumoss.config.train import TrainConfig
 from kohakumoss.memory import MemoryPlan, estimate_plan
 from kohakumoss.memory.calibration import ACTIVATIONS, ALLOCATOR_SLACK, GIB
 from kohakumoss.memory.estimate import (
@@ -23,7 +24,7 @@ BENCH = {**MEASURED, "TARGET_PRESET": "full"}  # train_step.py's LoRA rows: r32 
 
 
 def peak(plan: MemoryPlan, **knobs) -> float:
-    return estimate_plan(plan, {**MEASURED, **knobs}, MOSS).total
+    return estimate_plan(plan, TrainConfig.from_knobs({**MEASURED, **knobs}), MOSS).total
 
 
 def meta_model(config):
@@ -62,12 +63,12 @@ def test_block_bytes_are_a_real_blocks():
     model = MossBackbone(cfg).to(torch.bfloat16).requires_grad_(False)
     block = model.layers[0]
     size = sum(t.numel() * t.element_size() for t in block.parameters())
-    assert block_weight_bytes({"PRECISION": "bf16"}, cfg) == size
+    assert block_weight_bytes(cfg, "bf16") == size
     quantize_frozen_linears(model, "fp8_weight", torch.device("cpu"))
     size = sum(t.numel() * t.element_size() for t in [*block.parameters(), *block.buffers()])
-    assert block_weight_bytes({"PRECISION": "bf16", "BASE_PRECISION": "fp8_weight"}, cfg) == size
+    assert block_weight_bytes(cfg, "bf16", "fp8_weight") == size
     # streaming moves only the blocks: the shared modulation, the refiner and the rest stay resident
-    est = estimate_plan(MemoryPlan(stream_blocks=-1), MEASURED, MOSS)
+    est = estimate_plan(MemoryPlan(stream_blocks=-1), TrainConfig.from_knobs(MEASURED), MOSS)
     assert est.parts["DiT weights"] == nonblock_params(MOSS) * 2
 
 
@@ -82,18 +83,24 @@ def test_adapter_targets_count_the_released_linears():
         model = MossBackbone(cfg).requires_grad_(False)
         net = build_adapter(model, algo="lora", rank=4, alpha=4.0, preset=preset)
         lora = sum(p.numel() for n, p in net.named_parameters() if "lora_" in n)
-        assert trainable_params({"RANK": 4, "TARGET_PRESET": preset}, cfg) == lora, preset
-    assert trainable_params({"ALGO": "full"}, MOSS) == 5_082_308_608
+        assert trainable_params(TrainConfig.from_knobs({"RANK": 4, "TARGET_PRESET": preset}), cfg) == lora, (
+            preset
+        )
+    assert trainable_params(TrainConfig.from_knobs({"ALGO": "full"}), MOSS) == 5_082_308_608
 
 
 def test_refiner_keeps_activations_only_when_it_trains():
-    lora = estimate_plan(MemoryPlan(), MEASURED, MOSS).parts["outside the blocks"]
-    full_preset = estimate_plan(MemoryPlan(), BENCH, MOSS).parts["outside the blocks"]
+    lora = estimate_plan(MemoryPlan(), TrainConfig.from_knobs(MEASURED), MOSS).parts["outside the blocks"]
+    full_preset = estimate_plan(MemoryPlan(), TrainConfig.from_knobs(BENCH), MOSS).parts["outside the blocks"]
     text = 8704 * 256 / (4096 + 256)
     refiner = 2 * text * (10 * 3072 + 3 * 8192) * 2  # two blocks, REFINER_SAVED in bf16
     assert full_preset - lora == pytest.approx(refiner)
-    assert refiner_trains({"ALGO": "full"}) and not refiner_trains(MEASURED)
-    assert refiner_trains({"TARGET_PRESET": "custom", "TARGET_PATTERNS": [r"text_embedder\.proj"]})
+    assert refiner_trains(TrainConfig.from_knobs({"ALGO": "full"})) and not refiner_trains(
+        TrainConfig.from_knobs(MEASURED)
+    )
+    assert refiner_trains(
+        TrainConfig.from_knobs({"TARGET_PRESET": "custom", "TARGET_PATTERNS": [r"text_embedder\.proj"]})
+    )
 
 
 # measured step peaks (torch max allocated) of the released model (docs/performance/memory.md):
@@ -105,7 +112,7 @@ BENCH_PEAKS = {"speed": 53.97, "minimal": 2.96}
 def test_measured_points(profile):
     from kohakumoss.memory.profiles import PROFILES
 
-    est = estimate_plan(PROFILES[profile], BENCH, MOSS, params=5_082_308_608)
+    est = estimate_plan(PROFILES[profile], TrainConfig.from_knobs(BENCH), MOSS, params=5_082_308_608)
     assert abs(est.total / GIB / BENCH_PEAKS[profile] - 1) < 0.10, (profile, est.total / GIB)
     weights = 5_082_308_608 if profile == "speed" else nonblock_params(MOSS)  # minimal streams every block
     assert est.parts["DiT weights"] == 2 * weights
@@ -131,21 +138,31 @@ def test_more_streaming_lowers_the_peak(full):
     peaks = [peak(MemoryPlan(stream_blocks=n, optimizer=opt), **algo) for n in (0, 10, 21, 32, -1)]
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks), peaks
     # the ring holds two blocks whatever the count
-    est = estimate_plan(MemoryPlan(stream_blocks=-1, optimizer=opt), {**MEASURED, **algo}, MOSS)
+    est = estimate_plan(
+        MemoryPlan(stream_blocks=-1, optimizer=opt), TrainConfig.from_knobs({**MEASURED, **algo}), MOSS
+    )
     assert est.parts["streaming slots"] == 2 * block_params(MOSS) * 2  # two bf16 blocks
 
 
 def test_each_engine_removes_its_part():
     base = MemoryPlan(checkpointing="full", optimizer="stream")
-    off = estimate_plan(MemoryPlan(checkpointing="full", activation_offload="on"), MEASURED, MOSS)
-    on = estimate_plan(MemoryPlan(checkpointing="full"), MEASURED, MOSS)
+    off = estimate_plan(
+        MemoryPlan(checkpointing="full", activation_offload="on"), TrainConfig.from_knobs(MEASURED), MOSS
+    )
+    on = estimate_plan(MemoryPlan(checkpointing="full"), TrainConfig.from_knobs(MEASURED), MOSS)
     assert off.parts["saved activations"] < on.parts["saved activations"] / 10
     full = {**MEASURED, "ALGO": "full"}
-    g = estimate_plan(base, full, MOSS)
-    go = estimate_plan(MemoryPlan(checkpointing="full", optimizer="stream", grad_offload=True), full, MOSS)
+    g = estimate_plan(base, TrainConfig.from_knobs(full), MOSS)
+    go = estimate_plan(
+        MemoryPlan(checkpointing="full", optimizer="stream", grad_offload=True),
+        TrainConfig.from_knobs(full),
+        MOSS,
+    )
     assert go.parts["grad staging ring"] < g.parts["grads"] / 10 and go.total < g.total
-    host = estimate_plan(MemoryPlan(checkpointing="full", optimizer="host"), full, MOSS)
-    gpu = estimate_plan(MemoryPlan(checkpointing="full"), full, MOSS)
+    host = estimate_plan(
+        MemoryPlan(checkpointing="full", optimizer="host"), TrainConfig.from_knobs(full), MOSS
+    )
+    gpu = estimate_plan(MemoryPlan(checkpointing="full"), TrainConfig.from_knobs(full), MOSS)
     assert "optimizer states" in gpu.parts and "optimizer states" not in host.parts
     assert gpu.parts["DiT weights (fp32)"] == 2 * host.parts["DiT weights"]  # fp32 masters vs the bf16 copy
     # stream's chunks live only in the optimizer step, after the activations are freed
@@ -155,14 +172,16 @@ def test_each_engine_removes_its_part():
 def test_the_peak_is_the_larger_phase():
     full = {**MEASURED, "ALGO": "full"}
     stream = MemoryPlan(checkpointing="full", optimizer="stream", grad_offload=True)
-    est = estimate_plan(stream, full, MOSS)
+    est = estimate_plan(stream, TrainConfig.from_knobs(full), MOSS)
     assert "optimizer stream chunks" in est.step_parts and "optimizer stream chunks" not in est.parts
     acts = sum(est.parts[k] for k in ("saved activations", "backward working set", "grad staging ring"))
     assert est.backward_peak - est.optimizer_peak == pytest.approx(
         acts + est.parts["outside the blocks"] - est.step_parts["optimizer stream chunks"]
     )
     assert est.total == pytest.approx(max(est.backward_peak, est.optimizer_peak) * ALLOCATOR_SLACK)
-    tiny = estimate_plan(stream, {**full, "TOKENS_PER_STEP": 16}, MOSS)  # next to no activations
+    tiny = estimate_plan(
+        stream, TrainConfig.from_knobs({**full, "TOKENS_PER_STEP": 16}), MOSS
+    )  # next to no activations
     assert tiny.optimizer_peak > tiny.backward_peak
     assert tiny.total == pytest.approx(tiny.optimizer_peak * ALLOCATOR_SLACK)
     assert any("optimizer step" in line for line in tiny.lines())
@@ -171,18 +190,26 @@ def test_the_peak_is_the_larger_phase():
 def test_encoders_count_only_when_they_run_and_are_resident():
     te = 8 * GIB
     k = {**MEASURED, "TEXT_ENCODE": "auto"}
-    resident = estimate_plan(MemoryPlan(), k, MOSS, text_encoder_bytes=te)
-    streamed = estimate_plan(MemoryPlan(text_encoder="streamed"), k, MOSS, text_encoder_bytes=te)
-    off = estimate_plan(MemoryPlan(text_encoder="off"), k, MOSS, text_encoder_bytes=te)
-    cached = estimate_plan(MemoryPlan(), {**k, "TEXT_ENCODE": "cache"}, MOSS, text_encoder_bytes=te)
+    resident = estimate_plan(MemoryPlan(), TrainConfig.from_knobs(k), MOSS, text_encoder_bytes=te)
+    streamed = estimate_plan(
+        MemoryPlan(text_encoder="streamed"), TrainConfig.from_knobs(k), MOSS, text_encoder_bytes=te
+    )
+    off = estimate_plan(
+        MemoryPlan(text_encoder="off"), TrainConfig.from_knobs(k), MOSS, text_encoder_bytes=te
+    )
+    cached = estimate_plan(
+        MemoryPlan(), TrainConfig.from_knobs({**k, "TEXT_ENCODE": "cache"}), MOSS, text_encoder_bytes=te
+    )
     assert resident.parts["text encoder"] == te
     assert 0 < streamed.parts["text encoder"] < te
     assert off.parts["text encoder"] == 0 == cached.parts["text encoder"]
 
 
 def test_fp32_doubles_activations():
-    bf = estimate_plan(MemoryPlan(), MEASURED, MOSS).parts["saved activations"]
-    fp = estimate_plan(MemoryPlan(), {**MEASURED, "PRECISION": "fp32"}, MOSS).parts["saved activations"]
+    bf = estimate_plan(MemoryPlan(), TrainConfig.from_knobs(MEASURED), MOSS).parts["saved activations"]
+    fp = estimate_plan(MemoryPlan(), TrainConfig.from_knobs({**MEASURED, "PRECISION": "fp32"}), MOSS).parts[
+        "saved activations"
+    ]
     assert fp == 2 * bf
 
 
@@ -207,23 +234,32 @@ def test_8bit_block_bytes_are_a_quantized_blocks(mode):
     else:
         quantize_frozen_linears(model, mode, torch.device("cpu"))
     size = sum(t.numel() * t.element_size() for t in [*block.parameters(), *block.buffers()])
-    k = {"PRECISION": "bf16", "BASE_PRECISION": mode}
-    assert block_weight_bytes(k, cfg) == size
+    assert block_weight_bytes(cfg, "bf16", mode) == size
     # on moss-image-5b every 8-bit mode roughly halves a block (one byte per weight, the scales on top)
-    same = block_weight_bytes({"PRECISION": "bf16"}, MOSS)
-    assert 0.5 * same < block_weight_bytes(k, MOSS) < 0.54 * same
+    same = block_weight_bytes(MOSS, "bf16")
+    assert 0.5 * same < block_weight_bytes(MOSS, "bf16", mode) < 0.54 * same
 
 
 def test_text_encoder_quant_shrinks_the_resident_encoder_by_the_derived_fraction():
     te = 16 * GIB
     k = {**MEASURED, "TEXT_ENCODE": "online"}
-    plain = estimate_plan(MemoryPlan(), k, MOSS, text_encoder_bytes=te)
+    plain = estimate_plan(MemoryPlan(), TrainConfig.from_knobs(k), MOSS, text_encoder_bytes=te)
     for quant in ("fp8", "fp8_weight", "int8", "int8_weight"):
-        q = estimate_plan(MemoryPlan(), {**k, "TEXT_ENCODER_QUANT": quant}, MOSS, text_encoder_bytes=te)
+        q = estimate_plan(
+            MemoryPlan(),
+            TrainConfig.from_knobs({**k, "TEXT_ENCODER_QUANT": quant}),
+            MOSS,
+            text_encoder_bytes=te,
+        )
         assert q.parts["text encoder"] == pytest.approx(te * 0.5645)
         assert plain.total - q.total == pytest.approx(te * (1 - 0.5645) * ALLOCATOR_SLACK)
     cached = {**k, "TEXT_ENCODE": "cache", "TEXT_ENCODER_QUANT": "fp8"}
-    assert estimate_plan(MemoryPlan(), cached, MOSS, text_encoder_bytes=te).parts["text encoder"] == 0
+    assert (
+        estimate_plan(MemoryPlan(), TrainConfig.from_knobs(cached), MOSS, text_encoder_bytes=te).parts[
+            "text encoder"
+        ]
+        == 0
+    )
 
 
 def test_text_encoder_quant_fraction_is_qwen35s():
@@ -247,15 +283,15 @@ def test_text_encoder_quant_fraction_is_qwen35s():
 @pytest.mark.parametrize("algo", ["lora", "full"])
 def test_ema_adds_a_float32_copy_of_the_trainable_weights(algo):
     k = {**MEASURED, "ALGO": algo}
-    n = trainable_params(k, MOSS)
+    n = trainable_params(TrainConfig.from_knobs(k), MOSS)
     for plan in (MemoryPlan(), MemoryPlan(checkpointing="full", optimizer="host")):
-        off = estimate_plan(plan, k, MOSS)
-        on = estimate_plan(plan, {**k, "EMA": True}, MOSS)
+        off = estimate_plan(plan, TrainConfig.from_knobs(k), MOSS)
+        on = estimate_plan(plan, TrainConfig.from_knobs({**k, "EMA": True}), MOSS)
         assert on.parts["EMA"] == 4 * n and off.parts["EMA"] == 0
         assert on.total - off.total == pytest.approx(4 * n * ALLOCATOR_SLACK)
     if algo == "full":  # a streamed block's weights (and so its EMA copy) live on the host
         plan = MemoryPlan(checkpointing="full", stream_blocks=8, optimizer="host")
-        on = estimate_plan(plan, {**k, "EMA": True}, MOSS)
+        on = estimate_plan(plan, TrainConfig.from_knobs({**k, "EMA": True}), MOSS)
         assert on.parts["EMA"] == 4 * (n - 8 * block_params(MOSS))
 
 
@@ -263,13 +299,17 @@ def test_ema_adds_a_float32_copy_of_the_trainable_weights(algo):
 def test_fp16_keeps_float32_residuals(mode):
     """fp16 keeps 2 more bytes per token and dim for each residual copy a block keeps (x2 in a plain block)."""
     plan = MemoryPlan(checkpointing=mode)
-    bf = estimate_plan(plan, MEASURED, MOSS).parts["saved activations"]
-    fp = estimate_plan(plan, {**MEASURED, "PRECISION": "fp16"}, MOSS).parts["saved activations"]
+    bf = estimate_plan(plan, TrainConfig.from_knobs(MEASURED), MOSS).parts["saved activations"]
+    fp = estimate_plan(plan, TrainConfig.from_knobs({**MEASURED, "PRECISION": "fp16"}), MOSS).parts[
+        "saved activations"
+    ]
     copies = 1 if mode == "full" else 2
     assert fp - bf == pytest.approx(MOSS.depth * 8704 * MOSS.dim * 2 * copies)
     off = MemoryPlan(checkpointing=mode, activation_offload="on")
-    bf_off = estimate_plan(off, MEASURED, MOSS).parts["saved activations"]
-    fp_off = estimate_plan(off, {**MEASURED, "PRECISION": "fp16"}, MOSS).parts["saved activations"]
+    bf_off = estimate_plan(off, TrainConfig.from_knobs(MEASURED), MOSS).parts["saved activations"]
+    fp_off = estimate_plan(off, TrainConfig.from_knobs({**MEASURED, "PRECISION": "fp16"}), MOSS).parts[
+        "saved activations"
+    ]
     assert 0 <= fp_off - bf_off <= fp - bf
 
 
@@ -280,14 +320,19 @@ def test_lycoris_adapters_keep_their_linears_inputs_where_blocks_keep_activation
     from kohakumoss.memory.named import PROFILES
 
     speed, low = PROFILES["speed"], PROFILES["low_vram"]
-    lokr = estimate_plan(speed, {**BENCH, "ALGO": "lokr"}, MOSS)
-    assert estimate_plan(speed, {**BENCH, "ALGO": "lora"}, MOSS).parts["adapter activations"] == 0
+    lokr = estimate_plan(speed, TrainConfig.from_knobs({**BENCH, "ALGO": "lokr"}), MOSS)
+    assert (
+        estimate_plan(speed, TrainConfig.from_knobs({**BENCH, "ALGO": "lora"}), MOSS).parts[
+            "adapter activations"
+        ]
+        == 0
+    )
     one_block = 8704 * sum(i for i, _ in [(3072, 0)] * 5 + [(8192, 0)]) * 2
     assert lokr.parts["adapter activations"] == pytest.approx((MOSS.depth + 1) * one_block)
     assert abs(lokr.total / GIB - 69.5) / 69.5 < 0.10
     # low_vram checkpoints every block: only the one being recomputed keeps them
     assert low.checkpointing == "full" and int(low.checkpoint_every) == 1
-    low_lokr = estimate_plan(low, {**BENCH, "ALGO": "lokr"}, MOSS)
+    low_lokr = estimate_plan(low, TrainConfig.from_knobs({**BENCH, "ALGO": "lokr"}), MOSS)
     assert low_lokr.parts["adapter activations"] == pytest.approx(one_block)
 
 
@@ -300,12 +345,16 @@ def test_a_full_fine_tunes_forward_holds_autocasts_copies_of_its_weights():
 
     full = {**MEASURED, "ALGO": "full"}
     for profile, measured in (("speed", 109.6), ("balanced", 69.5)):
-        est = estimate_plan(PROFILES[profile], full, MOSS)
+        est = estimate_plan(PROFILES[profile], TrainConfig.from_knobs(full), MOSS)
         weights = MOSS.depth * block_params(MOSS) + nonblock_params(MOSS)
         assert est.forward_parts["autocast weight copies"] == 2 * weights
         assert est.forward_peak > est.backward_peak and est.lines()[-2].split()[-1] == "forward"
         assert 0 <= est.total / GIB / measured - 1 < 0.10, (profile, est.total / GIB)
     # nothing is cast: host masters leave bf16 weights on the card; fp32 runs no autocast; LoRA's base is bf16
-    assert not estimate_plan(MemoryPlan(checkpointing="full", optimizer="host"), full, MOSS).forward_parts
-    assert not estimate_plan(PROFILES["speed"], {**full, "PRECISION": "fp32"}, MOSS).forward_parts
-    assert not estimate_plan(PROFILES["speed"], MEASURED, MOSS).forward_parts
+    assert not estimate_plan(
+        MemoryPlan(checkpointing="full", optimizer="host"), TrainConfig.from_knobs(full), MOSS
+    ).forward_parts
+    assert not estimate_plan(
+        PROFILES["speed"], TrainConfig.from_knobs({**full, "PRECISION": "fp32"}), MOSS
+    ).forward_parts
+    assert not estimate_plan(PROFILES["speed"], TrainConfig.from_knobs(MEASURED), MOSS).forward_parts

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kohakumoss.config.sample import SAMPLE_SCHEMA
+from kohakumoss.config.sample import SAMPLE_SCHEMA, SampleScriptConfig
 from kohakumoss.memory.calibration import ALLOCATOR_SLACK, GIB
 from kohakumoss.memory.estimate import block_weight_bytes
 from kohakumoss.memory.inference import inference_peak, inference_plan, sampler_tokens
@@ -15,7 +15,8 @@ MOSS = get_preset("moss-image-5b")
 
 
 def knobs(**over):
-    return SAMPLE_SCHEMA.validate({"MODEL_PRESET": "moss-image-5b", "PROMPT": "x", "DEVICE": "cpu", **over})
+    given = {"MODEL_PRESET": "moss-image-5b", "PROMPT": "x", "DEVICE": "cpu", **over}
+    return SampleScriptConfig.from_knobs(SAMPLE_SCHEMA.validate(given))
 
 
 PROMPT = 256  # templated prompt tokens of a typical caption
@@ -33,14 +34,14 @@ def test_streamed_peak_is_a_couple_of_blocks():
     streamed, resident = inference_peak(k, MOSS, -1, PROMPT), inference_peak(k, MOSS, 0, PROMPT)
     assert streamed < 4 * GIB < 9 * GIB < resident
     # what stays resident is everything but the blocks: the refiner, the shared modulation, the rest
-    blocks = MOSS.depth * block_weight_bytes(k, MOSS)
-    assert resident - streamed == pytest.approx((blocks - 2 * block_weight_bytes(k, MOSS)) * ALLOCATOR_SLACK)
+    block = block_weight_bytes(MOSS, "bf16")
+    assert resident - streamed == pytest.approx((MOSS.depth - 2) * block * ALLOCATOR_SLACK)
 
 
 def test_unknown_prompts_are_priced_at_max_text_tokens():
-    k = {**knobs(), "MAX_TEXT_TOKENS": 1024}  # the sample schema's truncation knob
-    assert sampler_tokens(k) == k["BATCH"] * 2 * (4096 + 1024)
-    assert sampler_tokens(k, PROMPT) == k["BATCH"] * 2 * (4096 + PROMPT)
+    k = knobs(MAX_TEXT_TOKENS=1024)  # the sample schema's truncation knob
+    assert sampler_tokens(k) == k.sampler.batch * 2 * (4096 + 1024)
+    assert sampler_tokens(k, PROMPT) == k.sampler.batch * 2 * (4096 + PROMPT)
     assert sampler_tokens(k, 5000) == sampler_tokens(k)  # never above the truncation
     assert inference_peak(k, MOSS, 0, PROMPT) < inference_peak(k, MOSS, 0)
 

@@ -220,15 +220,16 @@ def test_fp8_linears_are_lycoris_weight_only_fp8_linears_and_survive_a_model_cas
 
 def test_adapters_that_read_the_frozen_weight_are_refused_on_an_fp8_base():
     from kohakumoss.adapters.algos import ALGOS, base_precision_check
+    from kohakumoss.adapters.config import AdapterConfig as A
 
     quantized = [a for a, r in ALGOS.items() if r.quantized_base and not r.dora()]
     assert {"lora", "locon", "loha", "lokr", "glora"} <= set(quantized)
-    ok = [{"ALGO": a, "BASE_PRECISION": "fp8"} for a in quantized]
-    ok += [{"ALGO": "lokr", "ALGO_ARGS": {"dora_wd": True}, "BASE_PRECISION": "fp8"}]
-    ok += [{"ALGO": a, "BASE_PRECISION": "same"} for a in (*ALGOS, "full")]
-    assert [k for k in ok if base_precision_check(k) is not None] == []
-    bad = [{"ALGO": a, "BASE_PRECISION": "fp8_weight"} for a in (*ALGOS, "full") if a not in quantized]
-    assert {"dora", "oft", "boft", "ia3", "tlora", "full"} <= {k["ALGO"] for k in bad}
-    bad += [{"ALGO": "lora", "ALGO_ARGS": {"dora_wd": True}, "BASE_PRECISION": "fp8"}]
-    assert [k for k in bad if base_precision_check(k) is None] == []
-    assert "without DoRA" in base_precision_check(bad[-1])
+    ok = [(A(algo=a), "fp8") for a in quantized]
+    ok += [(A(algo="lokr", algo_args={"dora_wd": True}), "fp8")]
+    ok += [(A(algo=a), "same") for a in (*ALGOS, "full")]
+    assert [k for k in ok if base_precision_check(*k) is not None] == []
+    bad = [(A(algo=a), "fp8_weight") for a in (*ALGOS, "full") if a not in quantized]
+    assert {"dora", "oft", "boft", "ia3", "tlora", "full"} <= {a.algo for a, _ in bad}
+    bad += [(A(algo="lora", algo_args={"dora_wd": True}), "fp8")]
+    assert [k for k in bad if base_precision_check(*k) is None] == []
+    assert "without DoRA" in base_precision_check(*bad[-1])

@@ -24,7 +24,6 @@ from kohakumoss.checkpoint import folders
 from kohakumoss.checkpoint import write as ckpt_mod
 from kohakumoss.checkpoint.folders import list_checkpoints
 from kohakumoss.checkpoint.write import save_checkpoint
-from kohakumoss.config.knobs import check_folder_knobs
 from kohakumoss.encoders.tiny import write_tiny_vae
 from kohakumoss.encoders.vae import ImageVAE
 from kohakumoss.model import get_preset
@@ -33,6 +32,7 @@ from kohakumoss.train.logbook import MetricsWriter
 from kohakumoss_common import io
 from kohakumoss_common.errors import CheckpointError, ConfigError
 from kohakumoss_common.io import DiskSpaceError, disk_full_as_error, disk_full_reason, read_header, save_image
+from kohakumoss_common.knobs import check_folder_knobs
 from kohakumoss_common.lock import FolderInUse, FolderLock
 from kohakumoss_common.paths import folder_problem
 from kohakumoss_data.cache import TensorCache
@@ -295,8 +295,8 @@ def test_an_adapter_of_another_model_size_names_the_module_and_both_shapes(tmp_p
 
 def test_a_script_whose_out_folder_is_a_file_stops_with_one_line_before_work(tmp_path, capsys):
     from kohakumoss.config.export import EXPORT_SCHEMA
-    from kohakumoss.config.knobs import run_checked
     from kohakumoss.config.sample import SAMPLE_SCHEMA
+    from kohakumoss_common.knobs import run_checked
 
     (tmp_path / "a_file").write_text("x")
     ran = []

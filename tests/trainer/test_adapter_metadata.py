@@ -13,11 +13,11 @@ from pathlib import Path
 from PIL import Image
 
 from kohakumoss.config.export import EXPORT_SCHEMA
-from kohakumoss.config.knobs import run_checked
 from kohakumoss.export.metadata import FORMAT_KEYS, HASH_KEYS, read_metadata
 from kohakumoss.train.loop import train
 from kohakumoss_common.hashing import safetensors_data_sha256
 from kohakumoss_common.io import read_header
+from kohakumoss_common.knobs import run_checked
 
 from .conftest import PICKS, tiny_knobs
 from .test_scripts import load_script

@@ -41,7 +41,7 @@ def hanging_run_task(task, source=None, cache=None):
 
 loader.Loader.__iter__ = counted_iter
 loader.run_task = hanging_run_task  # pickled by name into the forked workers, which define it too
-from kohakumoss.config.knobs import run_checked
+from kohakumoss_common.knobs import run_checked
 from kohakumoss.config.train import TRAIN_SCHEMA
 from kohakumoss.train.loop import train
 sys.exit(run_checked(TRAIN_SCHEMA, json.load(open(sys.argv[1])), train, "scripts/train/moss.py"))

@@ -23,7 +23,7 @@ from .conftest import tiny_knobs
 
 RUN = """
 import json, sys
-from kohakumoss.config.knobs import run_checked
+from kohakumoss_common.knobs import run_checked
 from kohakumoss.config.train import TRAIN_SCHEMA
 from kohakumoss.train.loop import train
 sys.exit(run_checked(TRAIN_SCHEMA, json.load(open(sys.argv[1])), train, "scripts/train/moss.py"))

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from kohakumoss.config.train import EncoderConfig
+from kohakumoss.config.sample import SampleScriptConfig
+from kohakumoss.config.train import EncoderConfig, TrainConfig
 from kohakumoss.encoders.random_weights import RandomTextEncoder, parameter_bytes
 from kohakumoss.memory.estimate import encoder_file_bytes as knob_encoder_bytes
 from kohakumoss.train.components import build_text_encoder, build_vae, check_random_text, encoder_file_bytes
@@ -61,7 +62,8 @@ def test_the_plan_is_given_the_built_encoders_parameter_bytes():
     want = (parameter_bytes(built_te.model), parameter_bytes(built_vae.model))
     assert encoder_file_bytes(RANDOM, "tiny", torch.float32) == want
     knobs = {"TEXT_ENCODER": "random", "VAE": "random", "MODEL_PRESET": "tiny", "DEVICE": "cpu"}
-    assert knob_encoder_bytes(knobs) == want  # the config tool's and the sampler's estimate
+    assert knob_encoder_bytes(TrainConfig.from_knobs(knobs)) == want  # the config tool's estimate
+    assert knob_encoder_bytes(SampleScriptConfig.from_knobs(knobs)) == want  # the sampler's
     half = encoder_file_bytes(RANDOM, "tiny", torch.bfloat16)
     assert half == (want[0] // 2, want[1] // 2)
     assert encoder_file_bytes(EncoderConfig(text_encoder="synthetic", vae="synthetic"), "tiny") == (0, 0)

@@ -13,10 +13,10 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from kohakumoss.config.export import EXPORT_SCHEMA
-from kohakumoss.config.knobs import run_checked
 from kohakumoss.config.sample import SAMPLE_SCHEMA
 from kohakumoss.config.train import TRAIN_SCHEMA
 from kohakumoss.train.loop import train
+from kohakumoss_common.knobs import run_checked
 
 from .conftest import tiny_knobs
 

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from kohakumoss_common.errors import ConfigError
 
 from .tlora import clear_tlora_mask, set_tlora_sigma
+
+if TYPE_CHECKING:
+    from .config import AdapterConfig
 
 DROPOUT_KNOBS = ("dropout", "rank_dropout", "module_dropout")
 _ALL = frozenset(DROPOUT_KNOBS)
@@ -194,11 +198,9 @@ def base_precision_problem(mode: str, name: str, args: dict | None = None) -> st
     )
 
 
-def base_precision_check(knobs: dict) -> str | None:
-    """base_precision_problem for a config's BASE_PRECISION, ALGO and ALGO_ARGS."""
-    return base_precision_problem(
-        knobs.get("BASE_PRECISION", "same"), knobs.get("ALGO", "lora"), knobs.get("ALGO_ARGS")
-    )
+def base_precision_check(adapter: AdapterConfig, mode: str) -> str | None:
+    """base_precision_problem for BASE_PRECISION=`mode` under this adapter (ALGO, ALGO_ARGS)."""
+    return base_precision_problem(mode, adapter.algo, adapter.algo_args)
 
 
 def trained_forward(knobs: dict) -> bool | str | None:

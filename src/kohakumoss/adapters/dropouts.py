@@ -11,10 +11,15 @@ changes this.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kohakumoss_common.errors import ConfigError
 
 from .algos import DROPOUT_KNOBS as KNOBS
 from .algos import resolve_algo
+
+if TYPE_CHECKING:
+    from .config import AdapterConfig
 
 
 def resolve_bypass(
@@ -54,18 +59,17 @@ def resolve_bypass(
     )
 
 
-def dropout_check(knobs: dict) -> tuple[str, str] | None:
-    """The dropout refusal `build_adapter` would raise for a config's knobs, as (knob, message) or None,
-    for a check before anything loads (next to algos.base_precision_check)."""
-    if knobs.get("ALGO", "lora") == "full":
+def dropout_check(adapter: AdapterConfig, base_precision: str) -> tuple[str, str] | None:
+    """The dropout refusal `build_adapter` would raise for this adapter on this BASE_PRECISION, as
+    (knob, message) or None, for a check before anything loads (next to algos.base_precision_check)."""
+    if adapter.algo == "full":
         return None
     try:
-        name, algo = resolve_algo(str(knobs.get("ALGO", "lora")))
-        values = {k: float(knobs.get(k.upper(), 0.0) or 0.0) for k in KNOBS}
-        forced = knobs.get("BASE_PRECISION", "same") != "same"
-        asked = knobs.get("BYPASS", "auto")
-        preferred = algo.bypass(asked, dict(knobs.get("ALGO_ARGS") or {}))
-        resolve_bypass(name, preferred, forced, values, auto=asked == "auto")
+        name, algo = resolve_algo(str(adapter.algo))
+        values = {k: float(getattr(adapter, k) or 0.0) for k in KNOBS}
+        forced = base_precision != "same"
+        preferred = algo.bypass(adapter.bypass, dict(adapter.algo_args or {}))
+        resolve_bypass(name, preferred, forced, values, auto=adapter.bypass == "auto")
     except ConfigError as e:
         return e.knob, str(e).removeprefix(f"{e.knob}: ")
     return None

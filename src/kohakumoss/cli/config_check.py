@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kohakumoss.config.knobs import Schema
-from kohakumoss.distributed.trainer import refusals as distributed_refusals
+from kohakumoss.config.train import TrainConfig
+from kohakumoss.distributed.rank_run import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
+from kohakumoss_common.knobs import Schema
 
 from .config_cache_check import cache_pair_problems
 from .config_dataset import check_dataset
@@ -128,7 +129,12 @@ def trainer_refusals(knobs: dict[str, Any]) -> list[tuple[str, str]]:
         out.append(("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)"))
     if knobs.get("PRECISION") == "fp16" and str(knobs.get("DEVICE")) == "cpu":
         out.append(("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU"))
-    out += distributed_refusals(knobs)  # DISTRIBUTED / DEVICES together, and what DDP cannot run with
+    try:
+        cfg = TrainConfig.from_knobs(knobs)
+    except (TypeError, ValueError):  # a value of the wrong type: the schema named it already
+        cfg = None
+    if cfg is not None:  # DISTRIBUTED / DEVICES together, and what DDP cannot run with
+        out += distributed_refusals(cfg)
     resume = knobs.get("RESUME")
     if isinstance(resume, str) and resume not in ("", "latest") and not Path(resume).exists():
         out.append(("RESUME", f"no checkpoint at '{resume}'"))
@@ -167,7 +173,6 @@ def _run_checks(knobs: dict[str, Any], res: CheckResult) -> None:
     """The trainer's own refusals before it loads anything (train/preflight.run_problems: the encoders,
     BASE_PRECISION and the dropouts with the adapter, ALGO_ARGS for ALGO, RANK against the targeted
     layers), each knob named once."""
-    from kohakumoss.config.train import TrainConfig
     from kohakumoss.train.preflight import run_problems
 
     try:
@@ -182,27 +187,28 @@ def encoder_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
     """(text encoder, VAE) sizes for the estimate (files, or what 'random' builds); 0 when not set or synthetic."""
     from kohakumoss.memory.estimate import encoder_file_bytes
 
-    return encoder_file_bytes(knobs)
+    return encoder_file_bytes(TrainConfig.from_knobs(knobs))
 
 
 def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
     """Resolve the memory plan as the trainer will, estimate its peak, and compare it with the card."""
-    from kohakumoss.distributed.trainer import device_count
+    from kohakumoss.distributed.rank_run import device_count
     from kohakumoss.memory import catalog, estimate_plan, fastest_fit, resolve_plan
-    from kohakumoss.memory.profiles import rank_share_knobs
+    from kohakumoss.memory.profiles import rank_share
 
+    cfg = TrainConfig.from_knobs(knobs)
     # a DDP / FSDP rank's share of the step, as the trainer plans it (DEVICES=0, every GPU: one rank's
     # whole step, an upper bound)
-    knobs = rank_share_knobs(knobs, device_count(knobs.get("DEVICES", 1)) or 1)
+    share, shards = rank_share(cfg, device_count(cfg.parallel.devices) or 1)
     te, vae = encoder_bytes(knobs)
-    full = knobs.get("ALGO") == "full"
+    full = cfg.adapter.algo == "full"
     try:
-        plan, reason = resolve_plan(knobs, config, card_gb, full, params, te, vae)
+        plan, reason = resolve_plan(share, config, card_gb, full, params, te, vae, shards=shards)
     except KohakuMossError as e:  # an inconsistent plan: named by its knob
         knob = getattr(e, "knob", "memory")
         res.problems.append((knob, str(e).removeprefix(f"{knob}: ")))
         return
-    est = estimate_plan(plan, knobs, config, params, te, vae)
+    est = estimate_plan(plan, share, config, params, te, vae, shards)
     res.memory_lines = [f"  plan: {reason}", _graphs_line(knobs, plan, res), *est.lines()]
     if card_gb is None:
         res.notes.append("card memory unknown (no card_gb in the config's _metadata): pass --gpu to compare")
@@ -212,7 +218,7 @@ def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
     # an explicit profile ('auto' never gets here: with nothing under the card it refuses in resolve_plan)
     chosen = knobs.get("MEMORY_PROFILE") or "auto"
     hint = "lower TOKENS_PER_STEP, or set per-engine knobs (docs/concepts/profiles.md)"
-    best = fastest_fit(catalog(config, knobs, params, te, vae), card_gb * GIB)
+    best = fastest_fit(catalog(config, share, params, te, vae, shards), card_gb * GIB)
     if best is not None:
         hint = (
             f"MEMORY_PROFILE='auto' picks {best.id} ({best.label}: {best.peak / GIB:.1f} GiB, "

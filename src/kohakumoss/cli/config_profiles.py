@@ -66,14 +66,16 @@ def _row(entry, marks: str, fit: str) -> str:
 
 def profiles_lines(view: CatalogView, show_all: bool = False, top: int = TOP) -> list[str]:
     """The table `profiles` prints: the named profiles and the fastest fitting entries (or all)."""
+    from kohakumoss.config.train import TrainConfig
     from kohakumoss.memory import PROFILES, catalog, fastest_fit
     from kohakumoss.memory.calibration import CARD_MARGIN, CUDA_CONTEXT_BYTES
     from kohakumoss.memory.catalog import card_budget, catalog_plans, fits, make_entry, step_seconds
     from kohakumoss.memory.plan import MemoryPlan, plan_with_overrides
 
     k, m = view.knobs, view.model
-    args = (k, m, view.params, view.text_encoder_bytes, view.vae_bytes)
-    entries = catalog(m, k, view.params, view.text_encoder_bytes, view.vae_bytes)
+    cfg = TrainConfig.from_knobs(k)
+    args = (cfg, m, view.params, view.text_encoder_bytes, view.vae_bytes)
+    entries = catalog(m, cfg, view.params, view.text_encoder_bytes, view.vae_bytes)
     algo = k.get("ALGO", "lora")
     what = "full fine-tune" if algo == "full" else f"{algo} r{k.get('RANK')} {k.get('TARGET_PRESET')}"
     lines = [
@@ -102,7 +104,7 @@ def profiles_lines(view: CatalogView, show_all: bool = False, top: int = TOP) ->
         lines += [_row(e, marks(e), fit_mark(e)) for e in entries]
     else:
         raw = {p: eid for eid, p in catalog_plans(m.depth)}
-        base = step_seconds(MemoryPlan(), k, m, view.params)
+        base = step_seconds(MemoryPlan(), cfg, m, view.params)
         for name, plan in PROFILES.items():
             try:
                 plan = plan_with_overrides(plan, k)  # the per-engine knobs the config sets
@@ -136,11 +138,13 @@ def profiles_lines(view: CatalogView, show_all: bool = False, top: int = TOP) ->
 
 def chosen_profile(view: CatalogView) -> tuple[str, str] | None:
     """(MEMORY_PROFILE value, one-line comment) for the fastest entry that fits the card, or None."""
+    from kohakumoss.config.train import TrainConfig
     from kohakumoss.memory import catalog, fastest_fit
 
     if view.card_gb is None:
         return None
-    entries = catalog(view.model, view.knobs, view.params, view.text_encoder_bytes, view.vae_bytes)
+    cfg = TrainConfig.from_knobs(view.knobs)
+    entries = catalog(view.model, cfg, view.params, view.text_encoder_bytes, view.vae_bytes)
     best = fastest_fit(entries, view.card_gb * GIB)
     if best is None:
         smallest = min(entries, key=lambda e: (e.peak, e.cost, e.id))

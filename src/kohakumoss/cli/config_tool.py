@@ -81,9 +81,10 @@ def _problems(req: NewRequest, problems: list[tuple[str, str]]) -> None:
 
 def new_config(req: NewRequest) -> list[Path]:
     """Write the config(s) of `req`; returns the paths written. Raises Refused or a KohakuMossError."""
+    from kohakumoss.adapters.config import ALGO_CHOICES
     from kohakumoss.config.data_scripts import DATA_SCHEMA
     from kohakumoss.config.sample import SAMPLE_SCHEMA
-    from kohakumoss.config.train import ALGO_CHOICES, TRAIN_SCHEMA
+    from kohakumoss.config.train import TRAIN_SCHEMA
 
     from .config_dataset import check_dataset, dataset_captions, dataset_spec, guess_source
     from .config_gpu import resolve_gpu
@@ -364,8 +365,8 @@ def _problem_or_note(problem: str | None, no_check: bool) -> str | None:
 
 def wizard(out_dir: str = "configs/user", force: bool = False, no_check: bool = False) -> list[Path]:
     """Ask for what `new` takes, checking each answer as it is given, then write the same files."""
+    from kohakumoss.adapters.config import ALGO_CHOICES
     from kohakumoss.config.rules import run_name_problem
-    from kohakumoss.config.train import ALGO_CHOICES
 
     from .config_dataset import check_dataset, dataset_spec, guess_source
     from .config_gpu import detect_gpu, resolve_gpu

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from kohakumoss.config.knobs import Schema
+from kohakumoss_common.knobs import Schema
 
 from .config_layers import use_line
 

@@ -157,7 +157,7 @@ def memory_plan_for(gib: float) -> str:
     """What MEMORY_PROFILE 'auto' picks on this card for a LoRA on moss-image-5b with its GPU layer's
     knobs (a prediction of kohakumoss.memory, docs/concepts/profiles.md); '' when it cannot say."""
     try:
-        from kohakumoss.config.train import TRAIN_SCHEMA
+        from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
         from kohakumoss.memory import catalog, fastest_fit
         from kohakumoss.model.presets import get_preset
 
@@ -166,7 +166,8 @@ def memory_plan_for(gib: float) -> str:
         layer = gpu_layer_name(gib)
         layers = [layer_path("gpu", layer), layer_path("algo", "lora"), layer_path("data", "kohya_1mp")]
         knobs = {**TRAIN_SCHEMA.defaults(), **compose(layers)}
-        best = fastest_fit(catalog(get_preset("moss-image-5b"), knobs), gib * 2**30)
+        cfg = TrainConfig.from_knobs(knobs)
+        best = fastest_fit(catalog(get_preset("moss-image-5b"), cfg), gib * 2**30)
     except Exception:  # the doctor reports the machine; a missing layer folder is not its failure
         return ""
     if best is None:

@@ -22,12 +22,12 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.knobs import Schema, run_checked
+from kohakumoss_common.typed_config import ScriptConfig, config_knobs, knob, section
 from kohakumoss_data import PlanKnobs
 
-from .knobs import Schema, run_checked
 from .reference import reference
 from .train import CacheDirConfig, DatasetConfig, PlanConfig, ScanConfig, SeedConfig
-from .typed import ScriptConfig, config_knobs, knob, section
 
 # the sections the data scripts share with TrainConfig: their knobs must equal the training run's
 TRAIN_SECTIONS = (DatasetConfig, ScanConfig, SeedConfig, PlanConfig, CacheDirConfig)

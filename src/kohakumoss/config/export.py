@@ -1,13 +1,14 @@
-"""The knobs of scripts/export/export.py as one typed config, `ExportScriptConfig` (see config/typed.py)."""
+"""The knobs of scripts/export/export.py as one typed config, `ExportScriptConfig` (see kohakumoss_common/typed_config.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kohakumoss_common.knobs import Schema
+from kohakumoss_common.typed_config import ScriptConfig, config_knobs, knob
+
 from .bounds import SEED_MAX, SEED_MIN
-from .knobs import Schema
 from .train import save_format_knob
-from .typed import ScriptConfig, config_knobs, knob
 
 
 @dataclass(frozen=True)

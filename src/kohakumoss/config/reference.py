@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from .knobs import Knob
-from .typed import config_knobs, config_sections
+from kohakumoss_common.knobs import Knob
+from kohakumoss_common.typed_config import config_knobs, config_sections
 
 HEADER = """# Training knobs (`scripts/train/moss.py`)
 

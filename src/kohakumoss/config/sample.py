@@ -1,15 +1,15 @@
-"""The knobs of scripts/sample/sample.py as one typed config, `SampleScriptConfig` (see config/typed.py)."""
+"""The knobs of scripts/sample/sample.py as one typed config, `SampleScriptConfig` (see kohakumoss_common/typed_config.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from kohakumoss.precision import BASE_PRECISIONS
+from kohakumoss_common.knobs import Schema
+from kohakumoss_common.typed_config import ScriptConfig, config_knobs, knob, section
 
 from .bounds import SEED_MAX, SEED_MIN, device_problem, seeds_problem
-from .knobs import Schema
 from .train import PRECISIONS, EncoderConfig
-from .typed import ScriptConfig, config_knobs, knob, section
 
 
 def _prompt_file(value: str) -> str | None:

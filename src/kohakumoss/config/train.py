@@ -1,7 +1,7 @@
 """The knobs of scripts/train/moss.py as one typed config: `TrainConfig`, a frozen dataclass of sections.
 
 Each field is one knob (its name upper-cased) with its type, its one default, its help and its bounds
-(config/typed.py). The schema that validates the script's knobs before any work starts, what
+(kohakumoss_common/typed_config.py). The schema that validates the script's knobs before any work starts, what
 `kohakumoss-config` writes and checks, and the knob reference (docs/guides/train-knobs.md,
 `python -m kohakumoss.config.reference`) are generated from it. The script lists the same knobs with
 the same defaults (tests/trainer/test_scripts.py checks it).
@@ -11,27 +11,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kohakumoss.adapters.algos import ALGOS, BYPASS_CHOICES
-from kohakumoss.adapters.spec import AdapterSpec
-from kohakumoss.adapters.targets import TARGET_PRESETS
+from kohakumoss.adapters.config import AdapterConfig
 from kohakumoss.diffusion.objective import LOSS_TYPES, REDUCTIONS, WEIGHTINGS
 from kohakumoss.diffusion.prompts import prompt_file_problem, prompt_list_problem
 from kohakumoss.diffusion.timestep import MODE_SCALE_RANGE, SHIFT_MODES, SIGMA_MODES
-from kohakumoss.memory.plan import (
-    ACTIVATION_OFFLOAD_MODES,
-    CHECKPOINT_MODES,
-    ENCODER_PLACEMENTS,
-    OPTIMIZER_PLACEMENTS,
-)
-from kohakumoss.memory.profiles import profile_problem
+from kohakumoss.distributed.config import DistributedConfig
+from kohakumoss.memory.config import MemoryConfig
 from kohakumoss.precision import BASE_PRECISIONS
+from kohakumoss_common.knobs import Schema
+from kohakumoss_common.typed_config import ScriptConfig, config_knobs, knob, section
 from kohakumoss_data import LoaderKnobs, PlanKnobs, ScanKnobs
 from kohakumoss_data.caption_format import CAPTION_FORMATS
 
 from .bounds import SEED_MAX, SEED_MIN, device_problem, seeds_problem
-from .knobs import Schema
 from .rules import SCHEDULES
-from .typed import ScriptConfig, config_knobs, knob, section
 
 ENCODE_PLACEMENTS = (
     "auto",
@@ -47,7 +40,6 @@ def save_format_knob(default: str) -> str:
 
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-ALGO_CHOICES = (*sorted(ALGOS), "full")
 
 
 def _optimizer_problem(value: str) -> str | None:
@@ -81,40 +73,11 @@ def _ops_backend(value: str) -> str | None:
     return f"unknown backend(s) {unknown}; known: auto, {', '.join(BACKENDS)}" if unknown else None
 
 
-def _distributed_mode(value: str) -> str | None:
-    from kohakumoss.distributed.knobs import mode_problem
-    from kohakumoss.distributed.trainer import TRAINER_MODES
-
-    if problem := mode_problem(value):
-        return problem
-    if value not in TRAINER_MODES:
-        return f"'{value}' is not driven by the trainer yet (kohakumoss.distributed has it); use 'ddp'"
-    return None
-
-
-def _distributed_devices(value: int | list) -> str | None:
-    from kohakumoss.distributed.knobs import devices_problem
-
-    return devices_problem(value, "ddp")  # DEVICES with DISTRIBUTED='none': the trainer's own check
-
-
-def _pipeline_split(value: list) -> str | None:
-    from kohakumoss.distributed.pipeline import split_problem
-
-    return split_problem(value, None, None)  # its length and the depth: distributed.trainer's checks
-
-
 def _profile_steps(value: list) -> str | None:
     ok = not value or (
         len(value) == 2 and all(isinstance(v, int) and v >= 1 for v in value) and value[0] <= value[1]
     )
     return None if ok else f"{value} is not [first, last] with 1 <= first <= last (e.g. [5, 7])"
-
-
-def _algo_args(value: dict) -> str | None:
-    from kohakumoss.adapters.algo_args import unknown_args_problem  # ALGO's own: train/components.py
-
-    return unknown_args_problem(value)
 
 
 def _loggers(value: list) -> str | None:
@@ -193,57 +156,8 @@ class DeviceConfig:
 
 
 @dataclass(frozen=True)
-class MemoryConfig:
-    """The memory plan (docs/concepts/profiles.md): a profile, then per-engine knobs (None: from the profile)."""
-
-    memory_profile: str = knob(
-        "auto",
-        "auto (fastest catalog entry that fits the card), speed, balanced, low_vram, minimal, or an id like c0042",
-        check=profile_problem,
-    )
-    card_gb: float = knob(
-        0.0, "card memory in GiB that MEMORY_PROFILE 'auto' plans for (0: read the GPU)", min=0.0
-    )
-    checkpointing: str | None = knob(
-        None,
-        "activation checkpointing: none, full block, attn half or mlp half (None: from the profile)",
-        choices=(None, *CHECKPOINT_MODES),
-    )
-    checkpoint_every: int | None = knob(None, "checkpoint every k-th block (None: from the profile)", min=1)
-    stream_blocks: int | None = knob(
-        None, "blocks whose weights stream from pinned host memory, -1: all (None: from the profile)", min=-1
-    )
-    stream_slots: int | None = knob(
-        None, "GPU slots of the streaming ring, >= 2 (None: from the profile)", min=2
-    )
-    activation_offload: str | None = knob(
-        None,
-        "saved activations to host memory: none or on (None: from the profile)",
-        choices=(None, *ACTIVATION_OFFLOAD_MODES),
-    )
-    grad_offload: bool | None = knob(
-        None, "grads to host fp32 sums (needs OPTIMIZER_PLACEMENT stream or host; None: from the profile)"
-    )
-    optimizer_placement: str | None = knob(
-        None,
-        "optimizer states and fp32 masters: gpu, stream or host (None: from the profile)",
-        choices=(None, *OPTIMIZER_PLACEMENTS),
-    )
-    text_encoder_placement: str | None = knob(
-        None,
-        "text encoder: resident, streamed or off (off: not on the device while training; the text cache is filled first; None: from the profile)",
-        choices=(None, *ENCODER_PLACEMENTS),
-    )
-    vae_placement: str | None = knob(
-        None,
-        "VAE: resident, streamed or off (off: not on the device while training; the latent cache is filled first; None: from the profile)",
-        choices=(None, *ENCODER_PLACEMENTS),
-    )
-
-
-@dataclass(frozen=True)
 class RuntimeConfig:
-    """Kernels, determinism, CUDA graphs, several devices, the garbage collector."""
+    """Kernels, determinism, CUDA graphs, the garbage collector, the profiler."""
 
     ops_backend: str = knob(
         "auto",
@@ -258,32 +172,6 @@ class RuntimeConfig:
         "auto",
         "replay each micro-step from a CUDA graph: auto (where the plan allows), on (refuse otherwise), off",
         choices=("auto", "on", "off"),
-    )
-    distributed: str = knob(
-        "none",
-        "none, ddp (one worker process per DEVICES entry, gradients all-reduced), fsdp (the backbone's blocks sharded over them, FSDP2), pipeline (a worker per stage of blocks, torch.distributed.pipelining) or threaded (one process, a thread per stage on each DEVICES entry) (docs/guides/multi-gpu.md)",
-        check=_distributed_mode,
-    )
-    devices: int | list = knob(
-        1,
-        "workers of this node: a count (0: every visible GPU) or a list ([0, 2], ['cpu', 'cpu'])",
-        check=_distributed_devices,
-    )
-    dist_timeout: float = knob(
-        1800.0, "seconds a collective waits for a missing rank before the run stops, naming it", min=1.0
-    )
-    pipeline_split: list = knob(
-        [],
-        "pipeline / threaded: the first block of each stage ([0, 12, 24]); empty: the blocks balanced over the stages",
-        check=_pipeline_split,
-    )
-    pipeline_schedule: str = knob(
-        "gpipe",
-        "pipeline: torch's schedule, gpipe, 1f1b or interleaved (several stages per rank); threaded runs gpipe",
-        choices=("gpipe", "1f1b", "interleaved"),
-    )
-    pipeline_chunks: int = knob(
-        0, "pipeline / threaded: micro-batches (whole samples) per micro-step; 0: one per stage", min=0
     )
     gc_every: int = knob(
         0,
@@ -386,53 +274,6 @@ class DataConfig(PlanConfig, ScanConfig, CacheDirConfig, DatasetConfig):
     val_items: int = knob(0, "items held out of training for the validation loss (0: none)", min=0)
     val_every: int = knob(0, "validation loss every N steps (0: never)", min=0)
     val_sigmas: list = knob([0.1, 0.3, 0.5, 0.7, 0.9], "fixed sigmas of the validation loss")
-
-
-@dataclass(frozen=True)
-class AdapterConfig:
-    """The adapter (LyCORIS) or a full fine-tune."""
-
-    algo: str = knob(
-        "lora", "adapter algorithm (LyCORIS) or 'full' for a full fine-tune", choices=ALGO_CHOICES
-    )
-    rank: int = knob(16, "adapter rank (block size for OFT / BOFT)", min=1)
-    alpha: float = knob(16.0, "adapter alpha (scale = ALPHA / RANK)", min=0.0)
-    algo_args: dict = knob(
-        {},
-        "extra LyCORIS arguments (factor, block_size, constraint, ...): only options lycoris reads and ALGO uses",
-        check=_algo_args,
-    )
-    target_preset: str = knob(
-        "attn-mlp", "which modules the adapter wraps", choices=(*TARGET_PRESETS, "custom")
-    )
-    target_patterns: list = knob([], "module name regexes or globs for TARGET_PRESET='custom'")
-    dropout: float = knob(0.0, "adapter dropout", min=0.0, max=1.0)
-    rank_dropout: float = knob(0.0, "adapter rank dropout", min=0.0, max=1.0)
-    module_dropout: float = knob(0.0, "adapter module dropout", min=0.0, max=1.0)
-    lora_plus_ratio: float = knob(0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0)
-    bypass: bool | str = knob(
-        "auto",
-        "True: lycoris's bypass forward (base output + adapter output; LoRA / LoCon run the fused kernels), False: the merged-weight forward; auto: bypass where both compute one function (every algorithm but OFT, BOFT, IA3, DyLoRA and DoRA)",
-        choices=BYPASS_CHOICES,
-    )
-
-    def spec(self, multiplier: float = 1.0, dropouts: bool = True) -> AdapterSpec:
-        """The adapter these knobs build: what the trainer attaches and what a re-export rebuilds from a
-        checkpoint's knobs (`dropouts=False`: the export's network, whose forward is never trained)."""
-        drop = (self.dropout, self.rank_dropout, self.module_dropout) if dropouts else (0.0, 0.0, 0.0)
-        return AdapterSpec(
-            algo=self.algo,
-            rank=int(self.rank),
-            alpha=float(self.alpha),
-            preset=self.target_preset,
-            patterns=tuple(self.target_patterns),
-            dropout=drop[0],
-            rank_dropout=drop[1],
-            module_dropout=drop[2],
-            bypass=self.bypass,
-            multiplier=multiplier,
-            algo_args=dict(self.algo_args),
-        )
 
 
 @dataclass(frozen=True)
@@ -601,6 +442,7 @@ class TrainConfig(ScriptConfig):
     device: DeviceConfig = section(DeviceConfig)
     memory: MemoryConfig = section(MemoryConfig)
     runtime: RuntimeConfig = section(RuntimeConfig)
+    parallel: DistributedConfig = section(DistributedConfig)
     data: DataConfig = section(DataConfig)
     adapter: AdapterConfig = section(AdapterConfig)
     optim: OptimConfig = section(OptimConfig)

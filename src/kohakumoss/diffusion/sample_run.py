@@ -1,4 +1,8 @@
-"""What scripts/sample/sample.py does: load, attach adapters, sample in packed batches, write PNGs."""
+"""What scripts/sample/sample.py does: load, attach adapters, sample in packed batches, write PNGs.
+
+Every function takes the script's typed config, `cfg` (config/sample.py's SampleScriptConfig: this package
+sits below config/, so it is passed in, never imported) and reads its sections (`cfg.sampler.steps`).
+"""
 
 from __future__ import annotations
 
@@ -23,28 +27,30 @@ from .sampler import SamplerConfig, SamplerSpeed
 log = get_logger(__name__)
 
 
-def read_prompts(k: dict[str, Any]) -> list[PromptLine]:
+def read_prompts(cfg: Any) -> list[PromptLine]:
     """PROMPT, then every line of PROMPT_FILE (kohya format: `prompt --n neg --w W --h H --d seed --l cfg --s steps`)."""
-    prompts = [parse_prompt_line(k["PROMPT"])] if k["PROMPT"] else []
-    if k["PROMPT_FILE"]:
-        prompts += read_prompt_file(k["PROMPT_FILE"], "PROMPT_FILE")
+    given = cfg.prompts
+    prompts = [parse_prompt_line(given.prompt)] if given.prompt else []
+    if given.prompt_file:
+        prompts += read_prompt_file(given.prompt_file, "PROMPT_FILE")
     if not prompts:
         raise ConfigError("PROMPT", "set PROMPT or PROMPT_FILE")
     return prompts
 
 
-def requests_for(k: dict[str, Any], prompts: list[PromptLine]) -> list[GenerationRequest]:
+def requests_for(cfg: Any, prompts: list[PromptLine]) -> list[GenerationRequest]:
     """COUNT (or len(SEEDS)) requests per prompt; a line's own settings override the knobs' (its --ri
     references REFERENCE_IMAGES)."""
-    seeds = [int(s) for s in k["SEEDS"]] or [int(k["SEED"]) + i for i in range(int(k["COUNT"]))]
+    sampler = cfg.sampler
+    seeds = [int(s) for s in sampler.seeds] or [int(sampler.seed) + i for i in range(int(sampler.count))]
     out = []
     for p in prompts:
         line_seeds = seeds if p.seed is None else [p.seed + i for i in range(len(seeds))]
         p = p.with_defaults(
-            negative=k["NEGATIVE"],
-            width=int(k["WIDTH"]),
-            height=int(k["HEIGHT"]),
-            references=tuple(k.get("REFERENCE_IMAGES", [])),
+            negative=cfg.prompts.negative,
+            width=int(sampler.width),
+            height=int(sampler.height),
+            references=tuple(cfg.prompts.reference_images),
         )
         for s in line_seeds:
             out.append(
@@ -53,20 +59,20 @@ def requests_for(k: dict[str, Any], prompts: list[PromptLine]) -> list[Generatio
     return out
 
 
-def most_references(k: dict[str, Any]) -> int:
+def most_references(cfg: Any) -> int:
     """The most reference images a request has (REFERENCE_IMAGES, or a line's --ri); 0: none has any."""
-    return max(len(r.references) for r in requests_for(k, read_prompts(k)))
+    return max(len(r.references) for r in requests_for(cfg, read_prompts(cfg)))
 
 
-def longest_prompt_tokens(k: dict[str, Any], prompt_tokenizer) -> int:
+def longest_prompt_tokens(cfg: Any, prompt_tokenizer) -> int:
     """Tokens of the longest templated prompt or negative the knobs ask for: what the sampling plan prices."""
-    texts = {t for r in requests_for(k, read_prompts(k)) for t in (r.prompt, r.negative)}
+    texts = {t for r in requests_for(cfg, read_prompts(cfg)) for t in (r.prompt, r.negative)}
     return max(len(prompt_tokenizer(t)) for t in texts)
 
 
-def adapter_entries(k: dict[str, Any]) -> list[tuple[str, float]]:
+def adapter_entries(cfg: Any) -> list[tuple[str, float]]:
     out = []
-    for entry in k["ADAPTERS"]:
+    for entry in cfg.adapters.adapters:
         path, mult = (entry, 1.0) if isinstance(entry, str) else (entry[0], float(entry[1]))
         if not Path(path).exists():
             raise ConfigError("ADAPTERS", f"adapter '{path}' does not exist")
@@ -75,24 +81,25 @@ def adapter_entries(k: dict[str, Any]) -> list[tuple[str, float]]:
 
 
 def png_info(
-    request: GenerationRequest, k: dict[str, Any], adapters: list[tuple[str, float]]
+    request: GenerationRequest, cfg: Any, adapters: list[tuple[str, float]]
 ) -> PngImagePlugin.PngInfo:
     info = PngImagePlugin.PngInfo()
+    sampler = cfg.sampler
     settings = dict(
         prompt=request.prompt,
         negative=request.negative,
         seed=request.seed,
         width=request.width,
         height=request.height,
-        steps=k["STEPS"] if request.steps is None else request.steps,
-        cfg=k["CFG"] if request.cfg is None else request.cfg,
-        shift=k["SHIFT"],
-        uncond_skip_layers=list(k["UNCOND_SKIP_LAYERS"]),
+        steps=sampler.steps if request.steps is None else request.steps,
+        cfg=sampler.cfg if request.cfg is None else request.cfg,
+        shift=sampler.shift,
+        uncond_skip_layers=list(sampler.uncond_skip_layers),
         **({"references": list(request.references)} if request.references else {}),
-        **({"references_in_prompt": k["REFERENCES_IN_PROMPT"]} if request.references else {}),
-        slg_window=[k["SLG_START"], k["SLG_STOP"]],
-        max_text_tokens=k["MAX_TEXT_TOKENS"],
-        weights=k["WEIGHTS"] or k["MODEL_PRESET"],
+        **({"references_in_prompt": cfg.encoders.references_in_prompt} if request.references else {}),
+        slg_window=[sampler.slg_start, sampler.slg_stop],
+        max_text_tokens=sampler.max_text_tokens,
+        weights=cfg.model.weights or cfg.model.model_preset,
         adapters=adapters,
     )
     info.add_text("prompt", request.prompt)
@@ -100,12 +107,12 @@ def png_info(
     return info
 
 
-def attach_adapters(k: dict[str, Any], model, attach: Callable[..., tuple[Any, Any]]) -> list:
+def attach_adapters(cfg: Any, model, attach: Callable[..., tuple[Any, Any]]) -> list:
     """Every ADAPTERS entry on `model` through `attach(model, path, multiplier=...)` (the caller's loader,
     kohakumoss.export.from_checkpoint.attach: sampling sits below export); LyCORIS networks returned,
     ComfyUI files merge into the weights."""
     networks = []
-    for path, mult in adapter_entries(k):
+    for path, mult in adapter_entries(cfg):
         network, _ = attach(model, path, multiplier=mult)
         if network is not None:
             networks.append(network)
@@ -113,36 +120,38 @@ def attach_adapters(k: dict[str, Any], model, attach: Callable[..., tuple[Any, A
     return networks
 
 
-def sampler_config(k: dict[str, Any], depth: int | None = None) -> SamplerConfig:
+def sampler_config(cfg: Any, depth: int | None = None) -> SamplerConfig:
     """The sampler settings of the knobs; with `depth`, the skip indices checked against the model's blocks."""
+    sampler = cfg.sampler
     config = SamplerConfig(
-        steps=int(k["STEPS"]),
-        cfg_scale=float(k["CFG"]),
-        shift=float(k["SHIFT"]),
-        uncond_skip_layers=tuple(k["UNCOND_SKIP_LAYERS"]),
-        slg_start=float(k["SLG_START"]),
-        slg_stop=float(k["SLG_STOP"]),
+        steps=int(sampler.steps),
+        cfg_scale=float(sampler.cfg),
+        shift=float(sampler.shift),
+        uncond_skip_layers=tuple(sampler.uncond_skip_layers),
+        slg_start=float(sampler.slg_start),
+        slg_stop=float(sampler.slg_stop),
     )
     if depth is not None and config.guided:
         config.check_depth(depth)
     return config
 
 
-def sampler_speed(k: dict[str, Any], networks: Sequence = ()) -> SamplerSpeed:
-    """CUDA_GRAPHS, off where an adapter draws its rank per call (DyLoRA: a graph would replay one draw)."""
+def sampler_speed(cuda_graphs: str, networks: Sequence = (), reference_cache: bool = True) -> SamplerSpeed:
+    """CUDA_GRAPHS, off where an adapter draws its rank per call (DyLoRA: a graph would replay one draw);
+    REFERENCE_KV_CACHE."""
     from lycoris.modules.dylora import DyLoraModule
 
     if any(isinstance(m, DyLoraModule) for n in networks for m in n.modules()):
-        if k["CUDA_GRAPHS"] == "on":
+        if cuda_graphs == "on":
             raise ConfigError(
                 "CUDA_GRAPHS", "'on' with a DyLoRA adapter, which draws its rank per call: use auto or off"
             )
-        return SamplerSpeed(cuda_graphs="off", reference_cache=bool(k.get("REFERENCE_KV_CACHE", True)))
-    return SamplerSpeed(cuda_graphs=k["CUDA_GRAPHS"], reference_cache=bool(k.get("REFERENCE_KV_CACHE", True)))
+        return SamplerSpeed(cuda_graphs="off", reference_cache=reference_cache)
+    return SamplerSpeed(cuda_graphs=cuda_graphs, reference_cache=reference_cache)
 
 
 def sample_images(
-    k: dict[str, Any],
+    cfg: Any,
     model,
     text_encoder,
     vae,
@@ -151,15 +160,19 @@ def sample_images(
     speed: SamplerSpeed | None = None,
 ) -> list[Path]:
     """Sample every request of the knobs with `model` as it is (adapters attached by the caller);
-    `speed` None: `sampler_speed(k)`."""
-    adapters = adapter_entries(k)
-    requests = requests_for(k, read_prompts(k))
-    config = sampler_config(k, model.config.depth)
-    speed = speed if speed is not None else sampler_speed(k)
-    out = Path(k["OUT_DIR"])
+    `speed` None: `sampler_speed(CUDA_GRAPHS)`."""
+    adapters = adapter_entries(cfg)
+    requests = requests_for(cfg, read_prompts(cfg))
+    config = sampler_config(cfg, model.config.depth)
+    speed = (
+        speed
+        if speed is not None
+        else sampler_speed(cfg.sampler.cuda_graphs, reference_cache=cfg.sampler.reference_kv_cache)
+    )
+    out = Path(cfg.output.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths, images = [], []
-    batch = int(k["BATCH"])
+    batch = int(cfg.sampler.batch)
     model.eval()
     for start in range(0, len(requests), batch):
         chunk = requests[start : start + batch]
@@ -184,12 +197,12 @@ def sample_images(
                 progress.close()
         for i, (req, im) in enumerate(zip(chunk, pics)):
             path = out / f"{start + i:04d}_seed{req.seed}.png"
-            save_image(im, path, pnginfo=png_info(req, k, adapters))
+            save_image(im, path, pnginfo=png_info(req, cfg, adapters))
             paths.append(path)
             images.append(im)
         log.info(f"{len(paths)}/{len(requests)} images")
-    if k["GRID"] and images:
-        cols = len(k["SEEDS"]) or int(k["COUNT"])
+    if cfg.output.grid and images:
+        cols = len(cfg.sampler.seeds) or int(cfg.sampler.count)
         rows = [(f"prompt {r}", images[r * cols : (r + 1) * cols]) for r in range(len(images) // cols)]
         save_image(grid(rows, [f"seed {req.seed}" for req in requests[:cols]]), out / "grid.png")
     return paths

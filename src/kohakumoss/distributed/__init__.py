@@ -9,10 +9,11 @@ checkpoint.save_sharded / load_sharded          torch.distributed.checkpoint, an
 gather.full_weights           rank 0 sees an FSDP2 model's whole weights (exports)
 pipeline.PipelineEngine       pipeline: stages of blocks through torch.distributed.pipelining's schedules
 threaded.ThreadedEngine       threaded: one process, a thread per stage on its own device
-trainer.RankRun               what the trainer asks of a ddp / fsdp / pipeline / threaded run
+rank_run.RankRun              what the trainer asks of a ddp / fsdp / pipeline / threaded run
+config.DistributedConfig      the knobs of several devices (TrainConfig.parallel) and their checks
 """
 
-from .knobs import BUILT, MODES, check_knobs, devices_problem, mode_problem
+from .config import BUILT, MODES, check_knobs, devices_problem, mode_problem
 from .launch import current, run
 from .world import SINGLE, DistributedError, World
 

@@ -29,10 +29,10 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from kohakumoss_common.errors import KohakuMossError
 from kohakumoss_common.log import get_logger
+from kohakumoss_common.typed_config import from_knobs
 
-from .knobs import check_knobs, worker_devices
+from .config import DistributedConfig, check_knobs, worker_devices
 from .world import (
-    DEFAULT_TIMEOUT_S,
     SINGLE,
     DistributedError,
     World,
@@ -144,11 +144,12 @@ def failure_text(failure) -> str:
 
 def run(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any]) -> Any:
     """fn(k) as DISTRIBUTED and DEVICES say; returns rank 0's result."""
-    mode, devices = k.get("DISTRIBUTED", "none"), k.get("DEVICES", 1)
+    par = from_knobs(DistributedConfig, k)  # this package's section of the knobs the workers take
+    mode, devices = par.distributed, par.devices
     check_knobs(mode, devices)
     if mode in ("none", "threaded"):  # threaded: one process, a thread per stage (distributed/threaded.py)
         return fn(k)
-    timeout_s = float(k.get("DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+    timeout_s = float(par.dist_timeout)
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     names = worker_devices(devices, k.get("DEVICE", "auto"), visible)
     if launched_externally():  # torchrun started this process as one rank

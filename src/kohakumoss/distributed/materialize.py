@@ -194,14 +194,15 @@ class Source:
     fill: Callable[[nn.Module], None]  # fills every materialized parameter (shard or whole)
 
 
-def weights_source(k: dict[str, Any], store: torch.dtype, draw: torch.device) -> Source:
+def weights_source(cfg: Any, store: torch.dtype, draw: torch.device) -> Source:
     """WEIGHTS (read slice by slice) or MODEL_PRESET (the one-process draw replayed on `draw`'s kind of
     device: the GPU when there is one), filling parameters stored in `store`."""
     from kohakumoss.model import get_preset
     from kohakumoss.model.io import check_keys, read_checkpoint
 
-    if k["WEIGHTS"]:
-        info = read_checkpoint(k["WEIGHTS"])
+    weights, preset = cfg.model.weights, cfg.model.model_preset
+    if weights:
+        info = read_checkpoint(weights)
         check_keys(info, info.config)
         quant = f", {info.quant.scheme}" if info.quant.scales else ""
         # load_backbone builds on the meta device too: no global draws to match
@@ -210,23 +211,23 @@ def weights_source(k: dict[str, Any], store: torch.dtype, draw: torch.device) ->
             f"{info.path} ({info.layout.name} layout{quant})",
             lambda model: fill_from_checkpoint(model, info, store),
         )
-    if k["MODEL_PRESET"]:
-        where = draw if draw.type == "cuda" else torch.device("cpu")
+    if preset:
+        where, seed = (draw if draw.type == "cuda" else torch.device("cpu")), int(cfg.run.seed)
         return Source(
-            get_preset(k["MODEL_PRESET"]),
-            f"random {k['MODEL_PRESET']} weights (MODEL_PRESET)",
-            lambda model: fill_random(model, int(k["SEED"]), where, store),
+            get_preset(preset),
+            f"random {preset} weights (MODEL_PRESET)",
+            lambda model: fill_random(model, seed, where, store),
         )
     raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
 
 
-def wants_sharded_build(k: dict[str, Any]) -> bool:
+def wants_sharded_build(cfg: Any) -> bool:
     """DISTRIBUTED='fsdp' on more than one rank: the backbone is built shard by shard."""
-    return k.get("DISTRIBUTED", "none") == "fsdp" and current().size > 1
+    return cfg.parallel.distributed == "fsdp" and current().size > 1
 
 
 def sharded_backbone(
-    k: dict[str, Any],
+    cfg: Any,
     plan,
     device: torch.device,
     dtype: torch.dtype,
@@ -237,17 +238,17 @@ def sharded_backbone(
     (or of MODEL_PRESET's random weights), stored in float32 for a full fine-tune's masters, else in
     `dtype` (PRECISION), which is also what FSDP2 computes in. A memory plan FSDP2 cannot run is refused
     before anything is built; the rank's held bytes and host peak RSS are logged."""
-    if not wants_sharded_build(k):
+    if not wants_sharded_build(cfg):
         return None
     from kohakumoss_kernels import OpSet
 
-    from .trainer import fsdp_plan_problem
+    from .rank_run import fsdp_plan_problem
 
     if plan is not None and (problem := fsdp_plan_problem(plan)):
         raise ConfigError(*problem)
     store = torch.float32 if fp32_masters else dtype
     rss_before = peak_rss_gib()
-    src = weights_source(k, store, device)
+    src = weights_source(cfg, store, device)
     model = build_sharded(src.config, OpSet(backend), device, dtype, src.fill)
     here, whole = held_bytes(model)
     log.info(
@@ -302,14 +303,14 @@ def stage_bytes(model: nn.Module) -> dict[str, int]:
     return out
 
 
-def wants_staged_build(k: dict[str, Any]) -> bool:
+def wants_staged_build(cfg: Any) -> bool:
     """DISTRIBUTED='threaded', or 'pipeline' on more than one rank: the backbone is built stage by stage."""
-    mode = k.get("DISTRIBUTED", "none")
+    mode = cfg.parallel.distributed
     return mode == "threaded" or (mode == "pipeline" and current().size > 1)
 
 
 def staged_backbone(
-    k: dict[str, Any],
+    cfg: Any,
     plan,
     device: torch.device,
     dtype: torch.dtype,
@@ -323,22 +324,22 @@ def staged_backbone(
       builder places the adapter on the backbone's first parameter's device); the rest stays meta;
     - 'threaded': every stage on its own device, so no device holds the whole model.
     A memory plan the pipelines cannot run is refused before anything is built."""
-    if not wants_staged_build(k):
+    if not wants_staged_build(cfg):
         return None
     from kohakumoss_kernels import OpSet
 
     from .pipeline import owner_stage
-    from .trainer import pipeline_plan_problem, pipeline_starts, threaded_devices
+    from .rank_run import pipeline_plan_problem, pipeline_starts, threaded_devices
 
-    mode, world = k["DISTRIBUTED"], current()
+    mode, world = cfg.parallel.distributed, current()
     if plan is not None and (problem := pipeline_plan_problem(plan, mode)):
         raise ConfigError(*problem)
     store = torch.float32 if fp32_masters else dtype
     rss_before = peak_rss_gib()
-    src = weights_source(k, store, device)
-    starts = pipeline_starts(k, src.config.depth, world.size)
+    src = weights_source(cfg, store, device)
+    starts = pipeline_starts(cfg, src.config.depth, world.size)
     if mode == "threaded":
-        devices = [torch.device(d) for d in threaded_devices(k)]
+        devices = [torch.device(d) for d in threaded_devices(cfg)]
 
         def where(name: str) -> torch.device | None:
             return devices[owner_stage(name, starts)]

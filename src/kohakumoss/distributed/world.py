@@ -18,8 +18,9 @@ import torch.distributed as dist
 
 from kohakumoss_common.errors import ConfigError, KohakuMossError
 
+from .config import DEFAULT_TIMEOUT_S
+
 ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
-DEFAULT_TIMEOUT_S = 1800.0
 
 
 class DistributedError(KohakuMossError):

@@ -9,7 +9,7 @@ The per-engine knobs that a config sets pin their fields in every entry. Entries
 or that the engines refuse for this run (a full fine-tune streaming blocks with the optimizer on the
 GPU), are left out; the others keep their ids.
 
-The cost model (relative step cost: predicted step time / the 'speed' plan's step time, same knobs).
+The cost model (relative step cost: predicted step time / the 'speed' plan's step time, same cfg).
 Per block, forward and backward, the time is the largest of its compute and its transfers (the ring
 copies the next block while this one computes), summed over the blocks:
 - compute: 2 x tokens x multiply-adds of the block / EFFECTIVE_FLOPS; the backward is BACKWARD_FACTOR
@@ -40,7 +40,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_data import PlanKnobs
 
 from . import calibration as cal
 from . import flops
@@ -53,7 +52,7 @@ from .estimate import (
     trainable_params,
 )
 from .named import profile_of
-from .plan import FSDP_SHARDS, PLAN_KNOBS, MemoryPlan, plan_with_overrides
+from .plan import MemoryPlan, memory_pins, plan_with_overrides
 
 CHECKPOINT_VARIANTS = (("none", 1), ("mlp", 1), ("attn", 1), ("full", 3), ("full", 2), ("full", 1))
 STREAM_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -107,53 +106,53 @@ def catalog_plans(depth: int) -> list[tuple[str, MemoryPlan]]:
     return out
 
 
-def sample_tokens(knobs: dict[str, Any]) -> tuple[int, int]:
+def sample_tokens(cfg: Any) -> tuple[int, int]:
     """(image, text) tokens of one sample: AREA / 256 and MAX_TEXT_TOKENS."""
-    image = int(knobs.get("AREA", PlanKnobs.area)) // 256
-    return image, int(knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens))
+    image = int(cfg.data.area) // 256
+    return image, int(cfg.data.max_text_tokens)
 
 
-def block_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
+def block_macs(config: Any, cfg: Any) -> tuple[float, float]:
     """Multiply-adds per token of one block's (attention half, MLP half): q, k, v, o and attention within
     the sample; ffn_up_gate and ffn_down (flops.block_macs is their sum without attention)."""
     d = config.dim
-    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
-    seq = min(tokens, sum(sample_tokens(knobs)))  # attention stays within each sample
+    tokens = int(cfg.data.tokens_per_step)
+    seq = min(tokens, sum(sample_tokens(cfg)))  # attention stays within each sample
     attn = 4 * d * d + 2 * seq * d
     mlp = flops.block_macs(config) - 4 * d * d
     return float(attn), float(mlp)
 
 
-def outside_macs(config: Any, knobs: dict[str, Any]) -> tuple[float, float]:
+def outside_macs(config: Any, cfg: Any) -> tuple[float, float]:
     """Multiply-adds of one step's forward outside the blocks: (text side: the text projection and the
     refiner blocks over the text tokens, attention within each sample's text; image side: the video
     embedder and the head over the image tokens)."""
-    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
-    image, text = sample_tokens(knobs)
+    tokens = int(cfg.data.tokens_per_step)
+    image, text = sample_tokens(cfg)
     n_text = tokens * text / (image + text)
     d, c = config.dim, config.in_channels
     refiner = config.refiner_depth * (flops.refiner_macs(config) + 2 * min(text, tokens) * d)
     return n_text * (refiner + config.text_dim * d), (tokens - n_text) * 2 * c * d
 
 
-def offloaded_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tuple[float, float]:
+def offloaded_per_block(plan: MemoryPlan, cfg: Any, config: Any) -> tuple[float, float]:
     """Bytes activation offload moves per (checkpointed, plain) block each way: what the block would
     keep on the card less what stays there with offload on."""
     if plan.activation_offload != "on":
         return 0.0, 0.0
-    kept_off = saved_per_block(plan, knobs, config)
-    kept_on = saved_per_block(replace(plan, activation_offload="none"), knobs, config)
+    kept_off = saved_per_block(plan, cfg, config)
+    kept_on = saved_per_block(replace(plan, activation_offload="none"), cfg, config)
     return tuple(max(on - off, 0.0) for on, off in zip(kept_on, kept_off, strict=True))
 
 
-def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: int | None = None) -> float:
+def step_seconds(plan: MemoryPlan, cfg: Any, config: Any, params: int | None = None) -> float:
     """Predicted seconds of one micro-step (plus its share of the optimizer step) under `plan`."""
-    precision = knobs.get("PRECISION", "bf16")
+    precision = cfg.device.precision
     wb = cal.WEIGHT_BYTES.get(precision, 2)
-    full = knobs.get("ALGO", "lora") == "full"
+    full = cfg.adapter.algo == "full"
     depth = config.depth
-    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
-    attn, mlp = block_macs(config, knobs)
+    tokens = int(cfg.data.tokens_per_step)
+    attn, mlp = block_macs(config, cfg)
     fwd = 2 * tokens * (attn + mlp) / cal.EFFECTIVE_FLOPS
     backward = cal.BACKWARD_FACTOR["full" if full else "adapter"]
     share = cal.RECOMPUTE_SHARE.get(plan.checkpointing)
@@ -163,15 +162,16 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     bwd = fwd * backward
     streamed = plan.streamed_count(depth)
     gpu_masters = full and plan.optimizer == "gpu"
-    load = 0.0 if gpu_masters else block_weight_bytes(knobs, config) / cal.H2D_BYTES_PER_S
-    moved_ckpt, moved_plain = offloaded_per_block(plan, knobs, config)
-    n = trainable_params(knobs, config, params)
+    block = block_weight_bytes(config, precision, "same" if full else cfg.device.base_precision)
+    load = 0.0 if gpu_masters else block / cal.H2D_BYTES_PER_S
+    moved_ckpt, moved_plain = offloaded_per_block(plan, cfg, config)
+    n = trainable_params(cfg, config, params)
     grad_bytes = cal.GRAD_BYTES_FP32 if (plan.optimizer == "gpu" or not full) else wb
     grad_out = n / depth * grad_bytes / cal.D2H_BYTES_PER_S if plan.grad_offload else 0.0
     # outside the blocks (never streamed, checkpointed or offloaded): the same in every plan; a frozen
     # refiner runs no backward
-    text_macs, image_macs = outside_macs(config, knobs)
-    text_passes = 1 + backward if refiner_trains(knobs) else 1
+    text_macs, image_macs = outside_macs(config, cfg)
+    text_passes = 1 + backward if refiner_trains(cfg) else 1
     total = 2 * (text_macs * text_passes + image_macs * (1 + backward)) / cal.EFFECTIVE_FLOPS
     for i in range(depth):
         is_ckpt = plan.checkpointing != "none" and i % int(plan.checkpoint_every) == 0
@@ -187,8 +187,8 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
         total += (2 if plan.activation_offload == "on" else 0) * cal.ACT_OFFLOAD_OVERHEAD_S
     if plan.grad_offload:  # each micro-step's grads summed into fp32 on the host
         total += n * cal.HOST_GRAD_SUM_S_PER_PARAM
-    accum = max(int(knobs.get("GRAD_ACCUM", 1)), 1)
-    muon = full and knobs.get("USE_MUON", True)
+    accum = max(int(cfg.optim.grad_accum), 1)
+    muon = full and cfg.optim.use_muon
     state = cal.MUON_STATE_BYTES if muon else cal.ADAMW_STATE_BYTES
     if plan.optimizer in ("gpu", "stream"):  # the update itself runs on the GPU
         total += n * cal.GPU_OPT_S_PER_PARAM["muon" if muon else "adamw"] / accum
@@ -203,56 +203,55 @@ def step_seconds(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: i
     return total
 
 
-def plan_refusal(plan: MemoryPlan, knobs: dict[str, Any], depth: int) -> tuple[str, str] | None:
+def plan_refusal(plan: MemoryPlan, cfg: Any, depth: int, shards: int = 1) -> tuple[str, str] | None:
     """(knob, why) when the engines refuse `plan` for this run (MemoryPlan.refusal; with the blocks
-    sharded over FSDP2 ranks, MemoryPlan.fsdp_refusal too), else None."""
-    if int(knobs.get(FSDP_SHARDS, 1)) > 1 and (problem := plan.fsdp_refusal()):
+    sharded over `shards` FSDP2 ranks, MemoryPlan.fsdp_refusal too), else None."""
+    if shards > 1 and (problem := plan.fsdp_refusal()):
         return problem
-    return plan.refusal(knobs.get("ALGO") == "full", depth)
-
-
-def _pins(knobs: dict[str, Any]) -> dict[str, Any]:
-    return {k: knobs[k] for k in PLAN_KNOBS if knobs.get(k) is not None}
+    return plan.refusal(cfg.adapter.algo == "full", depth)
 
 
 def make_entry(
     entry: str,
     plan: MemoryPlan,
-    knobs: dict[str, Any],
+    cfg: Any,
     config: Any,
     params: int | None = None,
     text_encoder_bytes: int = 0,
     vae_bytes: int = 0,
     base_seconds: float | None = None,
+    shards: int = 1,
 ) -> CatalogEntry:
     """One priced entry: `plan`'s estimate and its cost relative to the 'speed' plan."""
-    est = estimate_plan(plan, knobs, config, params, text_encoder_bytes, vae_bytes)
+    est = estimate_plan(plan, cfg, config, params, text_encoder_bytes, vae_bytes, shards)
     if base_seconds is None:
-        base_seconds = step_seconds(MemoryPlan(), knobs, config, params)
-    cost = step_seconds(plan, knobs, config, params) / base_seconds
+        base_seconds = step_seconds(MemoryPlan(), cfg, config, params)
+    cost = step_seconds(plan, cfg, config, params) / base_seconds
     return CatalogEntry(entry, plan, est.total, cost, est, profile_of(plan))
 
 
 def catalog(
     model_config: Any,
-    knobs: dict[str, Any],
+    cfg: Any,
     params: int | None = None,
     text_encoder_bytes: int = 0,
     vae_bytes: int = 0,
+    shards: int = 1,
 ) -> list[CatalogEntry]:
-    """Every entry for this DiT and these knobs (TOKENS_PER_STEP, PRECISION, ALGO, RANK, ...), in id
-    order; the per-engine knobs set in `knobs` pin their fields."""
-    pins = _pins(knobs)
-    base = step_seconds(MemoryPlan(), knobs, model_config, params)
+    """Every entry for this DiT and the run `cfg` (TOKENS_PER_STEP, PRECISION, ALGO, RANK, ...), in id
+    order; the per-engine knobs `cfg.memory` sets pin their fields; `shards`: FSDP2's ranks."""
+    pins = memory_pins(cfg.memory)
+    base = step_seconds(MemoryPlan(), cfg, model_config, params)
     out = []
     for eid, raw in catalog_plans(model_config.depth):
         try:
             plan = plan_with_overrides(raw, pins)
         except ConfigError:  # a pin this entry cannot take (GRAD_OFFLOAD with the optimizer on the GPU)
             continue
-        if plan_refusal(plan, knobs, model_config.depth):
+        if plan_refusal(plan, cfg, model_config.depth, shards):
             continue
-        out.append(make_entry(eid, plan, knobs, model_config, params, text_encoder_bytes, vae_bytes, base))
+        entry = make_entry(eid, plan, cfg, model_config, params, text_encoder_bytes, vae_bytes, base, shards)
+        out.append(entry)
     return out
 
 

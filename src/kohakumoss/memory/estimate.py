@@ -41,10 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kohakumoss_data import PlanKnobs
-
 from . import calibration as cal
-from .plan import FSDP_SHARDS, MemoryPlan, plan_with_overrides
+from .plan import MemoryPlan, memory_pins, plan_with_overrides
 
 GIB = cal.GIB
 ACTIVATIONS = cal.ACTIVATIONS
@@ -177,53 +175,54 @@ def quantized_linear_bytes(mode: str, rows: int, cols: int) -> float:
     return rows * cols + cal.ROW_SCALE_BYTES * rows
 
 
-def block_weight_bytes(knobs: dict[str, Any], config: Any) -> float:
+def block_weight_bytes(config: Any, precision: str, base_precision: str = "same") -> float:
     """Bytes of one block's frozen weights (what streaming moves per block): PRECISION's, the 8-bit
-    linears (BASE_PRECISION) as `quantized_linear_bytes` says."""
-    wb = cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
+    linears (BASE_PRECISION; 'same' for a full fine-tune, whose weights train) as
+    `quantized_linear_bytes` says. Training and sampling price their blocks with it."""
+    wb = cal.WEIGHT_BYTES.get(precision, 2)
     bp = block_params(config)
-    mode = knobs.get("BASE_PRECISION", "same")
-    if mode == "same" or knobs.get("ALGO", "lora") == "full":
+    mode = base_precision
+    if mode == "same":
         return bp * wb
     sizes = block_linears(config)  # the linears precision/fp8_base.py quantizes, as [out, in]
     quantized = sum(i * o for i, o in sizes)
     return (bp - quantized) * wb + sum(quantized_linear_bytes(mode, o, i) for i, o in sizes)
 
 
-def trainable_params(knobs: dict[str, Any], config: Any, params: int | None = None) -> int:
+def trainable_params(cfg: Any, config: Any, params: int | None = None) -> int:
     """Trained parameters: every one for a full fine-tune, else RANK x (in + out) over the targets."""
-    if knobs.get("ALGO", "lora") == "full":
+    if cfg.adapter.algo == "full":
         return int(params) if params is not None else model_params(config)
-    rank = int(knobs.get("RANK", 16))
-    preset = knobs.get("TARGET_PRESET", "attn-mlp")
+    rank = int(cfg.adapter.rank)
+    preset = cfg.adapter.target_preset
     per_block = sum(i + o for i, o in block_linears(config, preset))
     return rank * (per_block * config.depth + sum(i + o for i, o in outside_linears(config, preset)))
 
 
-def refiner_trains(knobs: dict[str, Any]) -> bool:
+def refiner_trains(cfg: Any) -> bool:
     """Whether the text refiner runs a backward (and so keeps activations): a full fine-tune, or an adapter
     on it (TARGET_PRESET 'full', or custom patterns naming text_embedder)."""
-    if knobs.get("ALGO", "lora") == "full" or knobs.get("TARGET_PRESET", "attn-mlp") == "full":
+    if cfg.adapter.algo == "full" or cfg.adapter.target_preset == "full":
         return True
-    patterns = knobs.get("TARGET_PATTERNS") or ()
-    return knobs.get("TARGET_PRESET") == "custom" and any("text_embedder" in str(p) for p in patterns)
+    patterns = cfg.adapter.target_patterns or ()
+    return cfg.adapter.target_preset == "custom" and any("text_embedder" in str(p) for p in patterns)
 
 
-def text_tokens(knobs: dict[str, Any]) -> float:
+def text_tokens(cfg: Any) -> float:
     """Text tokens of a step: TOKENS_PER_STEP x the text share of a sample of AREA and MAX_TEXT_TOKENS."""
-    image = int(knobs.get("AREA", PlanKnobs.area)) // 256
-    text = int(knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens))
-    return int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step)) * text / (image + text)
+    image = int(cfg.data.area) // 256
+    text = int(cfg.data.max_text_tokens)
+    return int(cfg.data.tokens_per_step) * text / (image + text)
 
 
-def refiner_saved(knobs: dict[str, Any], config: Any) -> float:
+def refiner_saved(cfg: Any, config: Any) -> float:
     """Bytes the text refiner keeps for the backward over the step's text tokens (0 when it is frozen)."""
-    if not refiner_trains(knobs):
+    if not refiner_trains(cfg):
         return 0.0
-    vb = cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
+    vb = cal.WEIGHT_BYTES.get(cfg.device.precision, 2)
     wide_d, wide_h = cal.REFINER_SAVED
     per_token = (wide_d * config.dim + wide_h * config.mlp_hidden) * vb
-    return config.refiner_depth * text_tokens(knobs) * per_token
+    return config.refiner_depth * text_tokens(cfg) * per_token
 
 
 def activation(mode: str, precision: str, offload: bool = False) -> dict[str, float]:
@@ -237,10 +236,10 @@ def checkpointed_blocks(plan: MemoryPlan, depth: int) -> int:
     return 0 if plan.checkpointing == "none" else math.ceil(depth / int(plan.checkpoint_every))
 
 
-def saved_per_block(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> tuple[float, float]:
+def saved_per_block(plan: MemoryPlan, cfg: Any, config: Any) -> tuple[float, float]:
     """Bytes one (checkpointed, plain) block keeps for the backward."""
-    precision = knobs.get("PRECISION", "bf16")
-    per_dim = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step)) * config.dim
+    precision = cfg.device.precision
+    per_dim = int(cfg.data.tokens_per_step) * config.dim
     off = plan.activation_offload == "on"
     plain = per_dim * kept_per_dim("none", precision, off)
     ckpt = per_dim * kept_per_dim(plan.checkpointing, precision, off)
@@ -260,19 +259,19 @@ def kept_per_dim(mode: str, precision: str, offload: bool = False) -> float:
     return kept + extra
 
 
-def lycoris_saved(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
+def lycoris_saved(plan: MemoryPlan, cfg: Any, config: Any) -> float:
     """What an adapter run by lycoris's modules keeps for its own backward over the blocks' linears:
     every block that keeps activations on the card, plus one being recomputed or in its backward."""
     from kohakumoss.adapters.algos import adapter_algo  # deferred: the adapters load lycoris
 
-    algo = adapter_algo(knobs.get("ALGO", "lora"))
+    algo = adapter_algo(cfg.adapter.algo)
     if algo is None or algo.project_kernels:  # a full fine-tune, or the project's LoRA kernels
         return 0.0
-    fan_in = sum(i for i, _ in block_linears(config, knobs.get("TARGET_PRESET", "attn-mlp")))
+    fan_in = sum(i for i, _ in block_linears(config, cfg.adapter.target_preset))
     per_block = (
-        int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
+        int(cfg.data.tokens_per_step)
         * fan_in
-        * cal.WEIGHT_BYTES.get(knobs.get("PRECISION", "bf16"), 2)
+        * cal.WEIGHT_BYTES.get(cfg.device.precision, 2)
         * algo.saved_per_fan_in
     )
     c = checkpointed_blocks(plan, config.depth)
@@ -280,10 +279,10 @@ def lycoris_saved(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float
     return per_block * (kept + 1)
 
 
-def working_set(plan: MemoryPlan, knobs: dict[str, Any], config: Any) -> float:
+def working_set(plan: MemoryPlan, cfg: Any, config: Any) -> float:
     """The largest extra peak of one block's backward (one block is in its backward at a time)."""
-    precision = knobs.get("PRECISION", "bf16")
-    per_dim = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step)) * config.dim
+    precision = cfg.device.precision
+    per_dim = int(cfg.data.tokens_per_step) * config.dim
     c = checkpointed_blocks(plan, config.depth)
     modes = ([plan.checkpointing] if c else []) + (["none"] if c < config.depth else [])
     off = plan.activation_offload == "on"
@@ -299,7 +298,7 @@ def file_bytes(path: str | Path) -> int:
     return sum(f.stat().st_size for f in files)
 
 
-def encoder_file_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
+def encoder_file_bytes(cfg: Any) -> tuple[int, int]:
     """(text encoder, VAE) sizes of TEXT_ENCODER / VAE for the estimate: their files', or for 'random' the
     parameter bytes of the architecture MODEL_PRESET sizes; 0 when unset or synthetic."""
 
@@ -312,12 +311,12 @@ def encoder_file_bytes(knobs: dict[str, Any]) -> tuple[int, int]:
 
         from kohakumoss.encoders.random_weights import random_encoder_bytes, random_size
 
-        preset = "" if knobs.get("WEIGHTS") else knobs.get("MODEL_PRESET") or ""
-        auto_fp32 = knobs.get("ENCODER_PRECISION", "auto") == "auto" and knobs.get("DEVICE") == "cpu"
-        wide = knobs.get("ENCODER_PRECISION") == "fp32" or auto_fp32  # components.encoder_dtype's choice
+        preset = "" if cfg.model.weights else cfg.model.model_preset or ""
+        auto_fp32 = cfg.encoders.encoder_precision == "auto" and cfg.device.device == "cpu"
+        wide = cfg.encoders.encoder_precision == "fp32" or auto_fp32  # components.encoder_dtype's choice
         return random_encoder_bytes(kind, random_size(preset), torch.float32 if wide else torch.bfloat16)
 
-    return size(knobs.get("TEXT_ENCODER"), "text"), size(knobs.get("VAE"), "vae")
+    return size(cfg.encoders.text_encoder, "text"), size(cfg.encoders.vae, "vae")
 
 
 def _encoder(placement: str, encode: str, size: float) -> float:
@@ -326,37 +325,39 @@ def _encoder(placement: str, encode: str, size: float) -> float:
     return size * (cal.ENCODER_STREAM_FRACTION if placement == "streamed" else 1.0)
 
 
-def text_encoder_resident_bytes(knobs: dict[str, Any], size: int) -> float:
+def text_encoder_resident_bytes(cfg: Any, size: int) -> float:
     """The text encoder's bytes on the card from its file's `size`: with TEXT_ENCODER_QUANT its decoder
     blocks' linears take one byte per weight plus a row scale (TEXT_ENCODER_QUANT_FRACTION)."""
-    if knobs.get("TEXT_ENCODER_QUANT", "none") in ("none", None):
+    if cfg.encoders.text_encoder_quant in ("none", None):
         return float(size)
     return size * cal.TEXT_ENCODER_QUANT_FRACTION
 
 
-def ema_bytes(plan: MemoryPlan, knobs: dict[str, Any], config: Any, params: int | None = None) -> float:
+def ema_bytes(plan: MemoryPlan, cfg: Any, config: Any, params: int | None = None) -> float:
     """EMA's float32 copy of the trainable weights, kept where they live (train/ema.py): on the card,
     but for a full fine-tune's streamed blocks, whose weights live on the host."""
-    if not knobs.get("EMA"):
+    if not cfg.optim.ema:
         return 0.0
-    n = trainable_params(knobs, config, params)
-    if knobs.get("ALGO", "lora") == "full" and plan.optimizer != "gpu":
+    n = trainable_params(cfg, config, params)
+    if cfg.adapter.algo == "full" and plan.optimizer != "gpu":
         n -= plan.streamed_count(config.depth) * block_params(config)
     return max(n, 0) * cal.MASTER_BYTES
 
 
 def estimate_plan(
     plan: MemoryPlan,
-    knobs: dict[str, Any],
+    cfg: Any,
     config: Any,
     params: int | None = None,
     text_encoder_bytes: int = 0,
     vae_bytes: int = 0,
+    shards: int = 1,
 ) -> MemoryEstimate:
-    """Peak bytes of one training step under `plan` for these knobs on a DiT of `config` (a MossConfig)."""
-    precision = knobs.get("PRECISION", "bf16")
+    """Peak bytes of one training step under `plan` for the run `cfg` (its TrainConfig) on a DiT of
+    `config` (a MossConfig); `shards`: the FSDP2 ranks its weights, grads and states are sharded over."""
+    precision = cfg.device.precision
     wb = cal.WEIGHT_BYTES.get(precision, 2)
-    full = knobs.get("ALGO", "lora") == "full"
+    full = cfg.adapter.algo == "full"
     depth = config.depth
     bp, nb = block_params(config), nonblock_params(config, params)
     streamed, slots = plan.streamed_count(depth), plan.slots(depth)
@@ -364,13 +365,9 @@ def estimate_plan(
     est = MemoryEstimate()
 
     # weights
-    shards = int(knobs.get(FSDP_SHARDS, 1))
+    block = block_weight_bytes(config, precision, "same" if full else cfg.device.base_precision)
     if shards > 1:  # FSDP2: this rank's shards, and the blocks (and root) gathered in the compute dtype
-        stored = (
-            (depth * bp + nb) * cal.MASTER_BYTES
-            if full
-            else depth * block_weight_bytes(knobs, config) + nb * wb
-        )
+        stored = (depth * bp + nb) * cal.MASTER_BYTES if full else depth * block + nb * wb
         est.parts["DiT weights (FSDP shards)"] = stored / shards
         # the running block and the one prefetched, the root, and a block's grads reduced in fp32
         est.parts["FSDP gathered blocks"] = (cal.FSDP_GATHERED_BLOCKS * bp + nb) * wb + (
@@ -381,12 +378,11 @@ def estimate_plan(
         if precision in ("bf16", "fp16"):  # autocast caches each trained weight's cast until the forward ends
             est.forward_parts["autocast weight copies"] = (depth * bp + nb) * wb
     else:
-        block = block_weight_bytes(knobs, config)
         est.parts["DiT weights"] = (depth - streamed) * block + nb * wb
         est.parts["streaming slots"] = slots * block
 
     # trainable state
-    n = trainable_params(knobs, config, params)
+    n = trainable_params(cfg, config, params)
     per_block = n / depth
     sharded = shards if full else 1  # adapters stay whole on every rank, their grads all-reduced
     if not full:  # adapter weights train in fp32 on the card whatever the optimizer placement
@@ -396,7 +392,7 @@ def estimate_plan(
         est.parts["grad staging ring"] = min(cal.GRAD_STAGING_BLOCKS, depth) * per_block * grad_bytes
     else:
         est.parts["grads"] = n * grad_bytes / sharded
-    state = cal.MUON_STATE_BYTES if (full and knobs.get("USE_MUON", True)) else cal.ADAMW_STATE_BYTES
+    state = cal.MUON_STATE_BYTES if (full and cfg.optim.use_muon) else cal.ADAMW_STATE_BYTES
     if plan.optimizer == "gpu":
         est.parts["optimizer states"] = n * state / sharded
     elif plan.optimizer == "stream":
@@ -404,36 +400,37 @@ def estimate_plan(
             min(cal.OPT_STREAM_CHUNKS, depth) * per_block * (state + cal.MASTER_BYTES)
         )
 
-    est.parts["EMA"] = ema_bytes(plan, knobs, config, params)
+    est.parts["EMA"] = ema_bytes(plan, cfg, config, params)
 
     # activations
-    ckpt, plain = saved_per_block(plan, knobs, config)
+    ckpt, plain = saved_per_block(plan, cfg, config)
     c = checkpointed_blocks(plan, depth)
     est.parts["saved activations"] = c * ckpt + (depth - c) * plain
-    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
+    tokens = int(cfg.data.tokens_per_step)
     fixed = tokens * config.dim * cal.FIXED_PER_TOKEN_DIM * (wb / 2)
-    est.parts["outside the blocks"] = fixed + refiner_saved(knobs, config)
-    est.parts["adapter activations"] = lycoris_saved(plan, knobs, config)
-    est.parts["backward working set"] = working_set(plan, knobs, config)
+    est.parts["outside the blocks"] = fixed + refiner_saved(cfg, config)
+    est.parts["adapter activations"] = lycoris_saved(plan, cfg, config)
+    est.parts["backward working set"] = working_set(plan, cfg, config)
 
     # encoders
     est.parts["text encoder"] = _encoder(
         plan.text_encoder,
-        knobs.get("TEXT_ENCODE", "auto"),
-        text_encoder_resident_bytes(knobs, text_encoder_bytes),
+        cfg.data.text_encode,
+        text_encoder_resident_bytes(cfg, text_encoder_bytes),
     )
-    est.parts["VAE"] = _encoder(plan.vae, knobs.get("VAE_ENCODE", "auto"), vae_bytes)
+    est.parts["VAE"] = _encoder(plan.vae, cfg.data.vae_encode, vae_bytes)
     return est
 
 
 def estimate_peak(
-    knobs: dict[str, Any],
+    cfg: Any,
     config: Any,
     params: int | None = None,
     text_encoder_bytes: int = 0,
     vae_bytes: int = 0,
     plan: MemoryPlan | None = None,
+    shards: int = 1,
 ) -> MemoryEstimate:
     """`estimate_plan` with the plan the per-engine knobs alone give (unset fields: the 'speed' plan)."""
-    plan = plan if plan is not None else plan_with_overrides(MemoryPlan(), knobs)
-    return estimate_plan(plan, knobs, config, params, text_encoder_bytes, vae_bytes)
+    plan = plan if plan is not None else plan_with_overrides(MemoryPlan(), memory_pins(cfg.memory))
+    return estimate_plan(plan, cfg, config, params, text_encoder_bytes, vae_bytes, shards)

@@ -17,6 +17,7 @@ installs the engines it names. Every field is a knob:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -47,8 +48,6 @@ ON_CARD = (
     ("grad_offload", False),
     ("optimizer", "gpu"),
 )
-# not a knob: what profiles.rank_share_knobs adds to the knobs an FSDP2 rank plans with (its rank count)
-FSDP_SHARDS = "_FSDP_SHARDS"
 # the block runner calls each block whole (its FSDP2 hooks gather it): half-block checkpointing would not
 FSDP_CHECKPOINTING = ("none", "full")
 
@@ -180,9 +179,16 @@ class MemoryPlan:
         return ", ".join(parts)
 
 
-def plan_with_overrides(base: MemoryPlan, knobs: dict[str, Any]) -> MemoryPlan:
-    """`base` with every per-engine knob that is set (not None) taking its place."""
-    changes = {f: knobs[k] for k, f in PLAN_KNOBS.items() if knobs.get(k) is not None}
+def memory_pins(memory: Any) -> dict[str, Any]:
+    """{knob: value} of the per-engine knobs a run's MemoryConfig sets (not None): the fields they pin."""
+    values = {knob: getattr(memory, knob.lower()) for knob in PLAN_KNOBS}
+    return {knob: value for knob, value in values.items() if value is not None}
+
+
+def plan_with_overrides(base: MemoryPlan, pins: Mapping[str, Any]) -> MemoryPlan:
+    """`base` with every per-engine knob of `pins` ({knob: value}, e.g. `memory_pins`) that is set (not
+    None) taking its place."""
+    changes = {f: pins[k] for k, f in PLAN_KNOBS.items() if pins.get(k) is not None}
     return replace(base, **changes)
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
-from kohakumoss_data import PlanKnobs
+from kohakumoss_common.typed_config import with_knobs
 
 from . import calibration as cal
 from .catalog import (
@@ -35,7 +35,7 @@ from .catalog import (
 )
 from .estimate import estimate_plan
 from .named import PROFILES
-from .plan import FSDP_SHARDS, PLAN_KNOBS, MemoryPlan, plan_with_overrides
+from .plan import MemoryPlan, memory_pins, plan_with_overrides
 
 log = get_logger(__name__)
 
@@ -56,10 +56,10 @@ def profile_problem(value: Any) -> str | None:
     return f"{value!r} is not one of {list(PROFILE_CHOICES)} or a catalog id like 'c0042'"
 
 
-def card_memory_gb(knobs: dict[str, Any], device: Any = None) -> float | None:
-    """CARD_GB when set (> 0), else the memory of `device` (default: the first GPU); None on a CPU."""
-    if float(knobs.get("CARD_GB") or 0) > 0:
-        return float(knobs["CARD_GB"])
+def card_memory_gb(card_gb: float | None, device: Any = None) -> float | None:
+    """CARD_GB's `card_gb` when set (> 0), else the memory of `device` (default: the first GPU); None on a CPU."""
+    if float(card_gb or 0) > 0:
+        return float(card_gb)
     from kohakumoss_common.device import device_info
 
     info = device_info(device)
@@ -68,55 +68,53 @@ def card_memory_gb(knobs: dict[str, Any], device: Any = None) -> float | None:
     return info.total_memory / cal.GIB
 
 
-def rank_share_knobs(knobs: dict[str, Any], world: int) -> dict[str, Any]:
-    """The knobs as one rank of a data-parallel run (DISTRIBUTED 'ddp' or 'fsdp') sees its step: a share of
-    TOKENS_PER_STEP (the whole step's budget). The share bounds what `distributed.shard.assign` gives any
-    rank: list scheduling keeps each rank within the mean plus (1 - 1/world) of the largest sample (AREA's
-    image tokens and MAX_TEXT_TOKENS). Under FSDP the knobs also carry the rank count (FSDP_SHARDS): the
-    estimate then prices the sharded weights, grads and states, and the catalog offers only the plans
-    FSDP2 runs (MemoryPlan.fsdp_refusal). Other engines and one rank: the knobs unchanged."""
-    if world <= 1 or knobs.get("DISTRIBUTED") not in ("ddp", "fsdp"):
-        return knobs
-    if knobs["DISTRIBUTED"] == "fsdp":
-        knobs = {**knobs, FSDP_SHARDS: world}
-    return {**knobs, "TOKENS_PER_STEP": rank_tokens(knobs, world)}
+def rank_share(cfg: Any, world: int) -> tuple[Any, int]:
+    """(the run's config as one rank of a data-parallel run (DISTRIBUTED 'ddp' or 'fsdp') sees its step,
+    the FSDP2 shards). The rank holds a share of TOKENS_PER_STEP (the whole step's budget): the share
+    bounds what `distributed.shard.assign` gives any rank: list scheduling keeps each rank within the mean
+    plus (1 - 1/world) of the largest sample (AREA's image tokens and MAX_TEXT_TOKENS). Under FSDP the
+    weights, grads and states are sharded over the `world` ranks: the estimate prices the shards
+    (`shards`), and the catalog offers only the plans FSDP2 runs (MemoryPlan.fsdp_refusal). Other engines
+    and one rank: the config unchanged, one shard."""
+    mode = cfg.parallel.distributed
+    if world <= 1 or mode not in ("ddp", "fsdp"):
+        return cfg, 1
+    return with_knobs(cfg, {"TOKENS_PER_STEP": rank_tokens(cfg, world)}), (world if mode == "fsdp" else 1)
 
 
-def rank_tokens(knobs: dict[str, Any], world: int) -> int:
-    """The most tokens of a step one of `world` data-parallel ranks holds (see rank_share_knobs); the
+def rank_tokens(cfg: Any, world: int) -> int:
+    """The most tokens of a step one of `world` data-parallel ranks holds (see rank_share); the
     whole TOKENS_PER_STEP on one rank."""
-    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
-    sample = int(knobs.get("AREA", PlanKnobs.area)) // 256 + int(
-        knobs.get("MAX_TEXT_TOKENS", PlanKnobs.max_text_tokens)
-    )
+    tokens = int(cfg.data.tokens_per_step)
+    sample = int(cfg.data.area) // 256 + int(cfg.data.max_text_tokens)
     return min(tokens, math.ceil(tokens / world + sample * (1 - 1 / world)))
 
 
-def _algo_knobs(knobs: dict[str, Any], full_ft: bool) -> dict[str, Any]:
-    algo = knobs.get("ALGO", "lora")
+def _with_algo(cfg: Any, full_ft: bool) -> Any:
+    algo = cfg.adapter.algo
     if full_ft != (algo == "full"):
-        algo = "full" if full_ft else "lora"
-    return {**knobs, "ALGO": algo}
+        return with_knobs(cfg, {"ALGO": "full" if full_ft else "lora"})
+    return cfg
 
 
-def _set_knobs(knobs: dict[str, Any]) -> str:
-    pins = [f"{k}={knobs[k]!r}" for k in PLAN_KNOBS if knobs.get(k) is not None]
+def _set_knobs(cfg: Any) -> str:
+    pins = [f"{k}={v!r}" for k, v in memory_pins(cfg.memory).items()]
     return f"; set by knobs: {', '.join(pins)}" if pins else ""
 
 
-def _check_encoders(plan: MemoryPlan, knobs: dict[str, Any]) -> None:
+def _check_encoders(plan: MemoryPlan, cfg: Any) -> None:
     for field, knob, encode in (
         ("text_encoder", "TEXT_ENCODER_PLACEMENT", "TEXT_ENCODE"),
         ("vae", "VAE_PLACEMENT", "VAE_ENCODE"),
     ):
-        if getattr(plan, field) == "off" and knobs.get(encode) == "online":
+        if getattr(plan, field) == "off" and getattr(cfg.data, encode.lower()) == "online":
             raise ConfigError(
                 knob,
                 f"'off' (from the plan) needs the cache: {encode} is 'online' (set it to 'auto' or 'cache')",
             )
 
 
-# A knob change the refusal tries: (what to tell the user, the knobs with it applied).
+# A knob change the refusal tries: (what to tell the user, the knobs it sets: `with_knobs`).
 Change = tuple[str, dict[str, Any]]
 MIN_TOKENS = 256  # fewer tokens per step than this is no training step worth suggesting
 
@@ -129,10 +127,10 @@ def _halvings(value: int, floor: int) -> list[int]:
     return out
 
 
-def _base_precision_ok(knobs: dict[str, Any]) -> bool:
+def _base_precision_ok(cfg: Any) -> bool:
     from kohakumoss.adapters.algos import base_precision_check
 
-    return base_precision_check({**knobs, "BASE_PRECISION": "fp8"}) is None
+    return base_precision_check(cfg.adapter, "fp8") is None
 
 
 CACHE_TEXT = "TEXT_ENCODE='cache' (encode the captions first: scripts/data/cache_text.py)"
@@ -141,62 +139,62 @@ QUANT_TEXT = "TEXT_ENCODER_QUANT='fp8' (sm89+; 'int8_weight' elsewhere)"
 QUANT_BASE = "BASE_PRECISION='fp8' (sm89+; 'int8' on sm80, 'fp8_weight' / 'int8_weight' elsewhere)"
 
 
-def fit_changes(knobs: dict[str, Any], text_encoder_bytes: int, vae_bytes: int) -> list[list[Change]]:
+def fit_changes(cfg: Any, text_encoder_bytes: int, vae_bytes: int) -> list[list[Change]]:
     """The knob changes the refusal tries, grouped: each group is one way out, its changes from the
     mildest on (the refusal reports the mildest of a group that fits)."""
     groups: list[list[Change]] = []
-    if text_encoder_bytes and knobs.get("TEXT_ENCODE", "auto") != "cache":
+    if text_encoder_bytes and cfg.data.text_encode != "cache":
         groups.append([(CACHE_TEXT, {"TEXT_ENCODE": "cache"})])
-        if knobs.get("TEXT_ENCODER_QUANT", "none") in ("none", None):
+        if cfg.encoders.text_encoder_quant in ("none", None):
             groups.append([(QUANT_TEXT, {"TEXT_ENCODER_QUANT": "fp8"})])
-    if vae_bytes and knobs.get("VAE_ENCODE", "auto") != "cache":
+    if vae_bytes and cfg.data.vae_encode != "cache":
         groups.append([(CACHE_LATENTS, {"VAE_ENCODE": "cache"})])
-    tokens = int(knobs.get("TOKENS_PER_STEP", PlanKnobs.tokens_per_step))
+    tokens = int(cfg.data.tokens_per_step)
     groups.append([(f"TOKENS_PER_STEP={t}", {"TOKENS_PER_STEP": t}) for t in _halvings(tokens, MIN_TOKENS)])
-    full = knobs.get("ALGO", "lora") == "full"
-    if not full and knobs.get("BASE_PRECISION", "same") == "same" and _base_precision_ok(knobs):
+    full = cfg.adapter.algo == "full"
+    if not full and cfg.device.base_precision == "same" and _base_precision_ok(cfg):
         groups.append([(QUANT_BASE, {"BASE_PRECISION": "fp8"})])
-    if not full and "RANK" in knobs:
-        groups.append([(f"RANK={r}", {"RANK": r}) for r in _halvings(int(knobs["RANK"]), 1)])
-    if knobs.get("EMA"):
+    if not full:
+        groups.append([(f"RANK={r}", {"RANK": r}) for r in _halvings(int(cfg.adapter.rank), 1)])
+    if cfg.optim.ema:
         groups.append([("EMA=False", {"EMA": False})])
-    if pins := [k for k in PLAN_KNOBS if knobs.get(k) is not None]:
+    if pins := list(memory_pins(cfg.memory)):
         label = f"another profile: unset {', '.join(pins)} (let 'auto' pick every engine)"
         groups.append([(label, dict.fromkeys(pins))])
     return [g for g in groups if g]
 
 
 def first_fit(
-    knobs: dict[str, Any],
+    cfg: Any,
     groups: list[list[Change]],
-    fit: Callable[[dict[str, Any]], CatalogEntry | None],
+    fit: Callable[[Any], CatalogEntry | None],
 ) -> list[tuple[str, CatalogEntry]]:
-    """Per group, the mildest change to `knobs` with which `fit` finds an entry (and that entry)."""
+    """Per group, the mildest change to `cfg` with which `fit` finds an entry (and that entry)."""
     out = []
     for group in groups:
         for label, change in group:
-            if (entry := fit({**knobs, **change})) is not None:
+            if (entry := fit(with_knobs(cfg, change))) is not None:
                 out.append((label, entry))
                 break
     return out
 
 
 def fit_together(
-    knobs: dict[str, Any],
+    cfg: Any,
     groups: list[list[Change]],
-    fit: Callable[[dict[str, Any]], CatalogEntry | None],
+    fit: Callable[[Any], CatalogEntry | None],
 ) -> tuple[list[str], CatalogEntry] | None:
     """A combination of changes (at most one per group) with which `fit` finds an entry: from the strongest
     of every group, each group in turn left out or made as mild as the fit allows; None when even the
     strongest of all does not fit."""
     chosen: list[int | None] = [len(g) - 1 for g in groups]
 
-    def applied(picks: list[int | None]) -> dict[str, Any]:
-        out = dict(knobs)
+    def applied(picks: list[int | None]) -> Any:
+        changes: dict[str, Any] = {}
         for group, pick in zip(groups, picks, strict=True):
             if pick is not None:
-                out.update(group[pick][1])
-        return out
+                changes.update(group[pick][1])
+        return with_knobs(cfg, changes)
 
     if not groups or (entry := fit(applied(chosen))) is None:
         return None
@@ -215,10 +213,10 @@ def _gib(b: float) -> str:
 
 
 def nothing_fits(
-    knobs: dict[str, Any],
+    cfg: Any,
     entries: list[CatalogEntry],
     card_gb: float,
-    fit: Callable[[dict[str, Any]], CatalogEntry | None],
+    fit: Callable[[Any], CatalogEntry | None],
     text_encoder_bytes: int,
     vae_bytes: int,
 ) -> ConfigError:
@@ -228,13 +226,13 @@ def nothing_fits(
     head = (
         f"'auto' found no memory plan that fits the card ({card_gb:g} GiB: {_gib(budget)} for the step after "
         f"the CUDA context and a {cal.CARD_MARGIN:.0%} margin); the smallest predicted peak is catalog entry "
-        f"{small.id} at {_gib(small.peak)}{_set_knobs(knobs)}"
+        f"{small.id} at {_gib(small.peak)}{_set_knobs(cfg)}"
     )
-    groups = fit_changes(knobs, text_encoder_bytes, vae_bytes)
-    if found := first_fit(knobs, groups, fit):
+    groups = fit_changes(cfg, text_encoder_bytes, vae_bytes)
+    if found := first_fit(cfg, groups, fit):
         ways = "; ".join(f"{label} -> {e.id} at {_gib(e.peak)}" for label, e in found)
         return ConfigError("MEMORY_PROFILE", f"{head}. Changes with which the estimate finds a fit: {ways}")
-    if (combined := fit_together(knobs, groups, fit)) is not None:
+    if (combined := fit_together(cfg, groups, fit)) is not None:
         labels, entry = combined
         why = f"No single change fits; these together do ({entry.id} at {_gib(entry.peak)}): {'; '.join(labels)}"
         return ConfigError("MEMORY_PROFILE", f"{head}. {why}")
@@ -244,18 +242,18 @@ def nothing_fits(
 
 
 def _explicit_check(
-    plan: MemoryPlan, knobs, model_config, card_gb, params, text_encoder_bytes, vae_bytes, margin
+    plan: MemoryPlan, cfg, model_config, card_gb, params, text_encoder_bytes, vae_bytes, margin, shards
 ) -> str:
     """A warning (logged, and returned for the plan's line) when an explicitly named plan's predicted peak
     is above the card; '' when it fits or the card is unknown."""
     if card_gb is None:
         return ""
-    peak = estimate_plan(plan, knobs, model_config, params, text_encoder_bytes, vae_bytes).total
+    peak = estimate_plan(plan, cfg, model_config, params, text_encoder_bytes, vae_bytes, shards).total
     budget = card_budget(card_gb * cal.GIB, margin)
     if peak <= budget:
         return ""
     warning = (
-        f"MEMORY_PROFILE={knobs.get('MEMORY_PROFILE')!r}: predicted peak {_gib(peak)} is above the card's "
+        f"MEMORY_PROFILE={cfg.memory.memory_profile!r}: predicted peak {_gib(peak)} is above the card's "
         f"{card_gb:g} GiB ({_gib(budget)} for the step after the CUDA context and margin); running it as asked "
         f"(MEMORY_PROFILE='auto' picks a plan that fits)"
     )
@@ -264,7 +262,7 @@ def _explicit_check(
 
 
 def resolve_plan(
-    knobs: dict[str, Any],
+    cfg: Any,
     model_config: Any,
     card_gb: float | None,
     full_ft: bool,
@@ -272,11 +270,13 @@ def resolve_plan(
     text_encoder_bytes: int = 0,
     vae_bytes: int = 0,
     margin: float = cal.CARD_MARGIN,
+    shards: int = 1,
 ) -> tuple[MemoryPlan, str]:
-    """The memory plan MEMORY_PROFILE and the per-engine knobs give, and one line saying why. 'auto' with
-    nothing that fits the card: a ConfigError naming the changes that would fit (nothing is loaded yet)."""
-    knobs = _algo_knobs(knobs, full_ft)
-    choice = knobs.get("MEMORY_PROFILE") or "auto"
+    """The memory plan MEMORY_PROFILE and the per-engine knobs of the run `cfg` (its TrainConfig) give, and
+    one line saying why; `shards`: FSDP2's ranks (`rank_share`). 'auto' with nothing that fits the card: a
+    ConfigError naming the changes that would fit (nothing is loaded yet)."""
+    cfg = _with_algo(cfg, full_ft)
+    choice = cfg.memory.memory_profile or "auto"
     if problem := profile_problem(choice):
         raise ConfigError("MEMORY_PROFILE", problem)
     explicit = choice != "auto"
@@ -287,32 +287,32 @@ def resolve_plan(
     elif card_gb is None:
         base, why = PROFILES["speed"], "auto without a GPU: profile 'speed'"
     else:
-        entries = catalog(model_config, knobs, params, text_encoder_bytes, vae_bytes)
+        entries = catalog(model_config, cfg, params, text_encoder_bytes, vae_bytes, shards)
         if not entries:
             raise ConfigError(
-                "MEMORY_PROFILE", f"no catalog entry can take the per-engine knobs{_set_knobs(knobs)}"
+                "MEMORY_PROFILE", f"no catalog entry can take the per-engine knobs{_set_knobs(cfg)}"
             )
         best = fastest_fit(entries, card_gb * cal.GIB, margin)
         if best is None:
 
-            def fit(changed: dict[str, Any]) -> CatalogEntry | None:
-                found = catalog(model_config, changed, params, text_encoder_bytes, vae_bytes)
+            def fit(changed: Any) -> CatalogEntry | None:
+                found = catalog(model_config, changed, params, text_encoder_bytes, vae_bytes, shards)
                 return fastest_fit(found, card_gb * cal.GIB, margin) if found else None
 
-            raise nothing_fits(knobs, entries, card_gb, fit, text_encoder_bytes, vae_bytes)
+            raise nothing_fits(cfg, entries, card_gb, fit, text_encoder_bytes, vae_bytes)
         named = f" (profile '{best.profile}')" if best.profile else ""
         why = (
             f"auto: catalog entry {best.id}{named}, the fastest that fits {card_gb:g} GiB "
             f"(predicted {best.peak / cal.GIB:.1f} GiB, cost {best.cost:.2f}x)"
         )
         base = best.plan
-    plan = plan_with_overrides(base, knobs)
-    _check_encoders(plan, knobs)
-    if refusal := plan_refusal(plan, knobs, model_config.depth):
+    plan = plan_with_overrides(base, memory_pins(cfg.memory))
+    _check_encoders(plan, cfg)
+    if refusal := plan_refusal(plan, cfg, model_config.depth, shards):
         raise ConfigError(*refusal)
     warning = ""
     if explicit:
         warning = _explicit_check(
-            plan, knobs, model_config, card_gb, params, text_encoder_bytes, vae_bytes, margin
+            plan, cfg, model_config, card_gb, params, text_encoder_bytes, vae_bytes, margin, shards
         )
-    return plan, f"{why}: {plan.label()}{_set_knobs(knobs)}{warning}"
+    return plan, f"{why}: {plan.label()}{_set_knobs(cfg)}{warning}"

@@ -35,7 +35,7 @@ from kohakumoss.memory.engines.encoders import place_encoder
 from kohakumoss.memory.estimate import estimate_peak, file_bytes
 from kohakumoss.memory.install import MemoryEngines, install_memory_plan
 from kohakumoss.memory.plan import MemoryPlan
-from kohakumoss.memory.profiles import card_memory_gb, rank_share_knobs, rank_tokens, resolve_plan
+from kohakumoss.memory.profiles import card_memory_gb, rank_share, resolve_plan
 from kohakumoss.model import MossBackbone, MossConfig, get_preset
 from kohakumoss.model.io import inspect_checkpoint, load_backbone
 from kohakumoss.model.rope import rope_bands
@@ -98,25 +98,26 @@ def model_config(model: ModelConfig | SampleModelConfig) -> MossConfig:
     raise ConfigError("WEIGHTS", "set WEIGHTS to a DiT checkpoint (or MODEL_PRESET for random weights)")
 
 
-def build_plan(cfg: TrainConfig, device: torch.device) -> tuple[MemoryPlan, str]:
-    """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory."""
+def build_plan(
+    cfg: TrainConfig, device: torch.device, model: MossConfig | None = None
+) -> tuple[MemoryPlan, str]:
+    """MEMORY_PROFILE and the per-engine knobs -> the plan, sized against this card's memory; `model`: the
+    DiT's config when the caller read it already (None: from WEIGHTS' headers or the preset)."""
+    model = model if model is not None else model_config(cfg.model)
     world = current().size
-    # the memory package's profiles and estimate read the flat knobs, as one rank holds its step
-    whole = cfg.knobs()
-    knobs = rank_share_knobs(whole, world)
-    card = card_memory_gb(knobs, device) if device.type != "cpu" else None
+    share, shards = rank_share(cfg, world)  # the step as one rank holds it
+    card = card_memory_gb(cfg.memory.card_gb, device) if device.type != "cpu" else None
     encoders = cfg.encoders
     dtype = encoder_dtype(encoders, cfg.device.precision, device)
     te, vae = encoder_file_bytes(encoders, dit_preset(cfg.model), dtype)
-    plan, why = resolve_plan(
-        knobs, model_config(cfg.model), card, cfg.adapter.algo == "full", text_encoder_bytes=te, vae_bytes=vae
-    )
+    full = cfg.adapter.algo == "full"
+    plan, why = resolve_plan(share, model, card, full, text_encoder_bytes=te, vae_bytes=vae, shards=shards)
     # the estimate the plan was chosen by, logged for every plan (user_runs.py compares it)
-    if (peak := predicted_peak_gib(cfg, plan, te, vae, world)) is not None:
+    if (peak := predicted_peak_gib(cfg, plan, te, vae, world, model)) is not None:
         why += f"; predicted peak {peak:.1f} GiB"
-    if knobs is not whole:  # a data-parallel rank's share (a pipeline's ranks plan the whole step)
-        share, tokens = rank_tokens(whole, world), cfg.data.tokens_per_step
-        why += f" per rank (planned for up to {share} of the step's {tokens} tokens on each of {world} ranks)"
+    if share is not cfg:  # a data-parallel rank's share (a pipeline's ranks plan the whole step)
+        held, tokens = share.data.tokens_per_step, cfg.data.tokens_per_step
+        why += f" per rank (planned for up to {held} of the step's {tokens} tokens on each of {world} ranks)"
     return plan, why
 
 
@@ -157,14 +158,19 @@ def check_random_text(encoders: EncoderConfig, preset: str, text_dim: int) -> No
 
 
 def predicted_peak_gib(
-    cfg: TrainConfig, plan: MemoryPlan, text_encoder_bytes: int = 0, vae_bytes: int = 0, world: int = 1
+    cfg: TrainConfig,
+    plan: MemoryPlan,
+    text_encoder_bytes: int = 0,
+    vae_bytes: int = 0,
+    world: int = 1,
+    model: MossConfig | None = None,
 ) -> float | None:
     """The memory estimate's peak of this plan in GiB (one rank's of `world`), or None where the estimate
-    cannot price it."""
+    cannot price it; `model` as for `build_plan`."""
     try:
-        model = model_config(cfg.model)
-        knobs = rank_share_knobs(cfg.knobs(), world)
-        peak = estimate_peak(knobs, model, None, text_encoder_bytes, vae_bytes, plan=plan)
+        model = model if model is not None else model_config(cfg.model)
+        share, shards = rank_share(cfg, world)
+        peak = estimate_peak(share, model, None, text_encoder_bytes, vae_bytes, plan=plan, shards=shards)
         return peak.total / 2**30
     except Exception as e:  # a plan stands without its estimate
         log.debug(f"no memory estimate for this plan ({type(e).__name__}: {e})")
@@ -358,11 +364,11 @@ def component_problems(cfg: TrainConfig, model: MossConfig | None = None) -> lis
     """What `build_components` refuses before it loads anything: BASE_PRECISION with the adapter, the
     dropouts, ALGO_ARGS for this ALGO, RANK against the targeted layers, TEXT_ENCODER='random''s width.
     `model`: the DiT's config when the caller read it already (None: from WEIGHTS' headers or the preset)."""
-    knobs, adapter = cfg.knobs(), cfg.adapter
+    adapter, base_precision = cfg.adapter, cfg.device.base_precision
     out: list[Problem] = []
-    if problem := base_precision_check(knobs):
+    if problem := base_precision_check(adapter, base_precision):
         out.append(("BASE_PRECISION", problem))
-    if refusal := dropout_check(knobs):
+    if refusal := dropout_check(adapter, base_precision):
         out.append(refusal)
     if adapter.algo != "full" and (problem := algo_args_problem(adapter.algo, dict(adapter.algo_args))):
         out.append(("ALGO_ARGS", problem))
@@ -410,21 +416,24 @@ def build_components(cfg: TrainConfig, build_device: torch.device | None = None)
     full_ft = cfg.adapter.algo == "full"
     if device.type == "cpu" and dtype == torch.float16:
         raise ConfigError("PRECISION", "fp16 needs a GPU; use bf16 or fp32 on the CPU")
-    knobs = cfg.knobs()  # the sharded build reads the flat knobs
-    refuse(component_problems(cfg))  # before anything loads (kohakumoss-config check says the same)
+    try:  # the DiT's config, read once for the run (WEIGHTS' headers, or the preset)
+        model = model_config(cfg.model)
+    except KohakuMossError:
+        model = None  # component_problems names it, beside the other refusals
+    refuse(component_problems(cfg, model))  # before anything loads (kohakumoss-config check says the same)
     preset = dit_preset(cfg.model)
-    plan, why = build_plan(cfg, device)
+    plan, why = build_plan(cfg, device, model)
     log.info(f"memory plan: {why}")
     # streamed blocks never sit whole on the device: such a model is loaded on the host first;
     # a full fine-tune with host masters keeps only a compute-dtype copy on the device
-    host_first = plan.streamed_count(model_config(cfg.model).depth) > 0
+    host_first = plan.streamed_count(model.depth) > 0
     masters_here = full_ft and plan.optimizer == "gpu"
     build = build_device or (torch.device("cpu") if host_first else device)
     # DISTRIBUTED='fsdp': built on the meta device, sharded, only this rank's shards read or drawn;
     # the pipelines: only this process's stages, each on its device
-    staged = staged_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
+    staged = staged_backbone(cfg, plan, device, dtype, masters_here, ops_backend(cfg))
     if (backbone := staged) is None:
-        backbone = sharded_backbone(knobs, plan, device, dtype, masters_here, ops_backend(cfg))
+        backbone = sharded_backbone(cfg, plan, device, dtype, masters_here, ops_backend(cfg))
     if backbone is None:
         draw = device if device.type == "cuda" else None
         backbone = build_backbone(

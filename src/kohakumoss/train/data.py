@@ -110,7 +110,7 @@ def check_reference_prompts(text_encoder: Any, plans: list[tuple[Plan, Catalog]]
 
 def run_plan_knobs(cfg: TrainConfig):
     """The plan's settings from the training knobs (the trainer's EPOCHS counts whole runs: STEPS, not the plan)."""
-    return plan_knobs({**cfg.knobs(), "EPOCHS": 1})
+    return plan_knobs(cfg.data, cfg.data.dataset, epochs=1)
 
 
 def one_epoch_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0) -> Plan:
@@ -187,7 +187,7 @@ def scan_dataset(cfg: TrainConfig) -> tuple[Any, Catalog]:
     a named drop: compressed shards, unreadable folders) is refused here, not after minutes of loading."""
     with knob_errors():  # the data package names its settings' fields: the user set knobs
         source = make_source(cfg.data.dataset)
-        catalog = scan(source, scan_knobs(cfg.knobs()), cache_dir=cfg.data.catalog_dir)
+        catalog = scan(source, scan_knobs(cfg.data), cache_dir=cfg.data.catalog_dir)
     log.info(catalog.report.summary())
     if not catalog.usable:
         raise DataError(f"{source.path}: no usable item in the dataset ({catalog.report.summary()})")
@@ -283,7 +283,7 @@ def check_cached(data: RunData, encoder, cache, knob: str, micro_steps: int) -> 
 
 
 def make_loader(data: RunData, cfg: TrainConfig, image_encoder, text_encoder, start_step: int) -> Loader:
-    knobs = loader_knobs(cfg.knobs())
+    knobs = loader_knobs(cfg.data)
     vae_online, text_online = cfg.data.vae_encode == "online", cfg.data.text_encode == "online"
     if vae_online and text_online:
         knobs = dataclasses.replace(knobs, write_back=False)
@@ -305,7 +305,7 @@ def make_loader(data: RunData, cfg: TrainConfig, image_encoder, text_encoder, st
 def validation_batches(data: RunData, cfg: TrainConfig, image_encoder, text_encoder) -> list:
     if data.val_plan is None:
         return []
-    knobs = dataclasses.replace(loader_knobs(cfg.knobs()), workers=0)
+    knobs = dataclasses.replace(loader_knobs(cfg.data), workers=0)
     loader = Loader(
         data.val_plan,
         data.val_catalog,

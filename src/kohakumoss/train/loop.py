@@ -16,10 +16,11 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from kohakumoss.config.knobs import check_folder_knobs
 from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
-from kohakumoss.distributed.trainer import RankRun
+from kohakumoss.distributed.launch import run as run_on_devices
+from kohakumoss.distributed.rank_run import RankRun, rank_overrides
 from kohakumoss_common.errors import ConfigError, KohakuMossError
+from kohakumoss_common.knobs import check_folder_knobs
 from kohakumoss_common.lock import FolderLock
 from kohakumoss_common.log import add_file_log, get_logger
 from kohakumoss_common.paths import folder_problem
@@ -45,6 +46,7 @@ __all__ = [
     "step_loss_fn",
     "timestep_config",
     "train",
+    "train_on_devices",
 ]
 
 log = get_logger(__name__)
@@ -67,9 +69,10 @@ def train(knobs: Mapping[str, Any]) -> Path:
     """Run training as the knobs say (checked against TRAIN_SCHEMA, defaults filled); returns the run folder."""
     cfg = TrainConfig.from_knobs(TRAIN_SCHEMA.validate(knobs, source="train knobs"))
     run_dir = Path(cfg.run.runs_dir) / cfg.run.run_name
-    rr = RankRun(cfg.knobs())  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
+    rr = RankRun(cfg)  # one process, or this rank of a DISTRIBUTED run: rank 0 owns the run folder
     dump_stacks_on_signal()
-    check_folder_knobs(cfg.knobs())  # RUNS_DIR, CACHE_DIR: a file there is named before any work
+    # RUNS_DIR, CACHE_DIR: a file there is named before any work
+    check_folder_knobs({"RUNS_DIR": cfg.run.runs_dir, "CACHE_DIR": cfg.data.cache_dir})
     if problem := folder_problem(run_dir):
         raise ConfigError("RUN_NAME", problem)
     if rr.is_main:
@@ -90,3 +93,11 @@ def train(knobs: Mapping[str, Any]) -> Path:
         finally:
             logging.getLogger("kohakumoss").removeHandler(handler)
             handler.close()
+
+
+def train_on_devices(knobs: Mapping[str, Any]) -> Any:
+    """The train script's entry: train(knobs) in this process, or on every rank DISTRIBUTED and DEVICES ask
+    for (distributed/launch.run), each rank's knobs with its overrides (`rank_overrides`: graphs off under
+    FSDP2 and the pipelines, a threaded run's first device); returns rank 0's run folder."""
+    knobs = dict(knobs)
+    return run_on_devices({**knobs, **rank_overrides(TrainConfig.from_knobs(knobs))}, train)

@@ -66,7 +66,7 @@ class StepRunner:
     `lengths` (an eager step over padded batches): attention reads the lengths on the host until they
     vary, then on the device (`lengths.py`); the micro-step that switches is a tuning window again.
 
-    `loss_fn.hooks` (a DDP rank's share, distributed/trainer.py RankRun) is told whether the micro-steps
+    `loss_fn.hooks` (a DDP rank's share, distributed/rank_run.py RankRun) is told whether the micro-steps
     are graphed, and runs what a graph may not hold, eagerly: `before_micro(batch, sigma, noise)` gives
     the sigma and noise to use, `after_micro(loss)` the loss to keep, `after_backward()` runs after the
     step's last micro-step, before clipping and the update (the ranks' gradient average).

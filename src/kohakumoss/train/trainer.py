@@ -45,7 +45,7 @@ from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig,
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.diffusion.grid import grid
 from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
-from kohakumoss.distributed.trainer import RankRun
+from kohakumoss.distributed.rank_run import RankRun
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.run_facts import dataset_facts, write_run_facts

@@ -4,7 +4,8 @@ A field of a section, `lr: float = knob(1e-4, "learning rate", min=0.0)`, is the
 name upper-cased): its annotation is the types it accepts, `knob(...)` its one default, its help and its
 bounds. A config is a dataclass of sections (`section(OptimConfig)`). From it come the `Knob` list
 (`config_knobs`: the schema that checks a script's globals and that `kohakumoss-config` writes and
-documents), the typed value of a validated knob dict (`from_knobs`) and the flat dict back (`to_knobs`).
+documents), the typed value of a validated knob dict (`from_knobs`), the flat dict back (`to_knobs`) and a
+config with some knobs changed (`with_knobs`, what the memory plan's suggestions try).
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .knobs import Knob
+from kohakumoss_common.knobs import Knob
 
 _C = typing.TypeVar("_C", bound="ScriptConfig")
+_T = typing.TypeVar("_T")
 _KNOB = "kohakumoss.knob"  # the field metadata key that marks a knob (a field without it is a section)
 
 
@@ -114,3 +116,26 @@ def to_knobs(config: Any) -> dict[str, Any]:
         else:
             out.update(to_knobs(value))
     return out
+
+
+def with_knobs(config: _T, changes: Mapping[str, Any]) -> _T:
+    """`config` (a typed config or a section) with the knobs of `changes`, named as the flat dict names
+    them (`{"RANK": 8}`), set: a new frozen value. A name no field of `config` has raises KeyError."""
+    updated, found = _with_knobs(config, changes)
+    if unknown := set(changes) - found:
+        raise KeyError(f"not knobs of {type(config).__name__}: {sorted(unknown)}")
+    return updated
+
+
+def _with_knobs(config: Any, changes: Mapping[str, Any]) -> tuple[Any, set[str]]:
+    updates, found = {}, set()
+    for f in dataclasses.fields(config):
+        if _KNOB in f.metadata:
+            if f.name.upper() in changes:
+                updates[f.name] = changes[f.name.upper()]
+                found.add(f.name.upper())
+            continue
+        section, inner = _with_knobs(getattr(config, f.name), changes)
+        if inner:
+            updates[f.name], found = section, found | inner
+    return (dataclasses.replace(config, **updates) if updates else config), found

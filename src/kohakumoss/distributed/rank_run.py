@@ -1,6 +1,6 @@
 """What the trainer (train/loop.py) asks of a distributed run, as one object: a no-op in one process.
 
-rr = RankRun(k)                                      # this rank (launch.current())
+rr = RankRun(cfg)                                    # this rank (launch.current()), its TrainConfig
 rr.shard(model, dtype, plan)                         # DISTRIBUTED='fsdp': the sharded build recorded
 rr.main_decides(flag)                                # fsdp, pipeline: rank 0's flag, so every rank joins
 loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
@@ -42,11 +42,11 @@ from kohakumoss_common.log import get_logger
 
 from .checkpoint import write_shards
 from .collectives import barrier, host_group
+from .config import DistributedConfig, devices_problem, mode_problem, worker_devices
 from .gather import any_sharded, full_weights
 from .host_grads import attach, broadcast_trainable
 from .host_share import share_on_node
-from .knobs import devices_problem, mode_problem, worker_devices
-from .launch import current, run
+from .launch import current
 from .pipeline import (
     SCHEDULES,
     PipelineEngine,
@@ -61,7 +61,7 @@ from .pipeline import (
 )
 from .shard import rank_weight, shard_plan, step_noise
 from .threaded import ThreadedEngine, spread_forward
-from .world import DEFAULT_TIMEOUT_S, beat
+from .world import beat
 from .wrap import Bound, average_grads, broadcast_params, wrap_ddp, wrap_fsdp
 
 log = get_logger(__name__)
@@ -70,46 +70,55 @@ log = get_logger(__name__)
 TRAINER_MODES = ("none", "ddp", "fsdp", "pipeline", "threaded")
 PIPELINES = ("pipeline", "threaded")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-# the pipeline knobs and their defaults (off the pipelines, another value would do nothing: refused)
-PIPELINE_DEFAULTS = {"PIPELINE_SPLIT": [], "PIPELINE_SCHEDULE": "gpipe", "PIPELINE_CHUNKS": 0}
+# the pipeline knobs (off the pipelines, a value but their default would do nothing: refused)
+PIPELINE_FIELDS = ("pipeline_split", "pipeline_schedule", "pipeline_chunks")
+PIPELINE_DEFAULTS = DistributedConfig()
 # optimizers tested on sharded parameters (Muon through USE_MUON)
 FSDP_OPTIMIZERS = ("adamw",)
+# the memory engines that move weights, states or gradients off the card, and the value that keeps them on
+ON_CARD = (("stream_blocks", 0), ("activation_offload", "none"), ("optimizer_placement", "gpu"))
 # why the step graphs stay off under an engine (DDP graphs: its gradients are averaged after the backward)
 GRAPHLESS = {
     "fsdp": "FSDP2 all-gathers and reduce-scatters inside the forward and backward, which the step graphs do not capture",
     "pipeline": "the stages hand tensors between ranks inside the step",
     "threaded": "the stages hand tensors between devices inside the step",
 }
+# a run's typed config: config/train.py's TrainConfig (it composes this package's DistributedConfig with the
+# other sections; it sits above this package, so it is passed in, never imported)
+RunSections = Any
 
 
-def fsdp_problem(k: dict[str, Any]) -> tuple[str, str] | None:
-    """(knob, why) when DISTRIBUTED='fsdp' cannot run these knobs (set ones; the resolved memory plan is
+def fsdp_problem(cfg: RunSections) -> tuple[str, str] | None:
+    """(knob, why) when DISTRIBUTED='fsdp' cannot run this config (set knobs; the resolved memory plan is
     checked again by `fsdp_plan_problem`)."""
     why = "with DISTRIBUTED='fsdp'"
-    if k.get("PRECISION") == "fp16":
+    memory = cfg.memory
+    if cfg.device.precision == "fp16":
         return "PRECISION", f"'fp16' {why}: a GradScaler over sharded gradients is not built; use 'bf16'"
-    if k.get("BASE_PRECISION", "same") not in ("same", None):
+    if cfg.device.base_precision != "same":
         return (
             "BASE_PRECISION",
-            f"'{k['BASE_PRECISION']}' {why}: 8-bit frozen linears are not sharded; use 'same'",
+            f"'{cfg.device.base_precision}' {why}: 8-bit frozen linears are not sharded; use 'same'",
         )
-    if k.get("OPTIMIZER", "adamw") not in FSDP_OPTIMIZERS:
+    if cfg.optim.optimizer not in FSDP_OPTIMIZERS:
         return (
             "OPTIMIZER",
-            f"'{k['OPTIMIZER']}' {why}: only {list(FSDP_OPTIMIZERS)} (and USE_MUON) step sharded states",
+            f"'{cfg.optim.optimizer}' {why}: only {list(FSDP_OPTIMIZERS)} (and USE_MUON) step sharded states",
         )
-    if k.get("ALGO") == "full" and k.get("EMA"):
+    if cfg.adapter.algo == "full" and cfg.optim.ema:
         return "EMA", f"True {why} and ALGO='full': an EMA of sharded weights is not built"
-    checkpointing = k.get("CHECKPOINTING")
-    if checkpointing is not None and checkpointing not in FSDP_CHECKPOINTING:
+    if memory.checkpointing is not None and memory.checkpointing not in FSDP_CHECKPOINTING:
         return (
             "CHECKPOINTING",
-            f"'{checkpointing}' {why}: half-block checkpointing calls parts of a block, which FSDP2 does not gather; use 'full' or 'none'",
+            f"'{memory.checkpointing}' {why}: half-block checkpointing calls parts of a block, which FSDP2 does not gather; use 'full' or 'none'",
         )
-    for knob, off in (("STREAM_BLOCKS", 0), ("ACTIVATION_OFFLOAD", "none"), ("OPTIMIZER_PLACEMENT", "gpu")):
-        if k.get(knob) not in (None, off):
-            return knob, f"{k[knob]!r} {why}: FSDP2 shards the weights and states instead; leave it {off!r}"
-    if k.get("GRAD_OFFLOAD"):
+    for field, off in ON_CARD:
+        if (value := getattr(memory, field)) not in (None, off):
+            return (
+                field.upper(),
+                f"{value!r} {why}: FSDP2 shards the weights and states instead; leave it {off!r}",
+            )
+    if memory.grad_offload:
         return (
             "GRAD_OFFLOAD",
             f"True {why}: FSDP2 reduce-scatters the gradients on the device; the host sums are not sharded",
@@ -139,37 +148,37 @@ def device_count(devices: Any) -> int | None:
     return devices if isinstance(devices, int) and devices > 0 else None
 
 
-def preset_depth(k: dict[str, Any]) -> int | None:
+def preset_depth(cfg: RunSections) -> int | None:
     """The backbone's depth where MODEL_PRESET says it without loading anything (else None)."""
     from kohakumoss.model import get_preset
 
-    if k.get("WEIGHTS") or not k.get("MODEL_PRESET"):
+    if cfg.model.weights or not cfg.model.model_preset:
         return None
     try:
-        return get_preset(k["MODEL_PRESET"]).depth
+        return get_preset(cfg.model.model_preset).depth
     except Exception:
         return None
 
 
-def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
-    """(knob, why) when DISTRIBUTED='pipeline' or 'threaded' cannot run these knobs (set ones; the
+def pipeline_problem(cfg: RunSections) -> tuple[str, str] | None:
+    """(knob, why) when DISTRIBUTED='pipeline' or 'threaded' cannot run this config (set knobs; the
     resolved memory plan is checked again by `pipeline_plan_problem`)."""
-    mode = k.get("DISTRIBUTED", "none")
+    par = cfg.parallel
+    mode = par.distributed
     why = f"with DISTRIBUTED='{mode}'"
-    schedule, split = k.get("PIPELINE_SCHEDULE", "gpipe"), k.get("PIPELINE_SPLIT", [])
-    chunks = k.get("PIPELINE_CHUNKS", 0)
+    schedule, split, chunks = par.pipeline_schedule, par.pipeline_split, par.pipeline_chunks
     if mode not in PIPELINES:
-        for knob, default in PIPELINE_DEFAULTS.items():
-            if k.get(knob, default) != default:
-                return knob, f"{k[knob]!r} with DISTRIBUTED='{mode}': only the pipelines read it"
+        for field in PIPELINE_FIELDS:
+            if (value := getattr(par, field)) != getattr(PIPELINE_DEFAULTS, field):
+                return field.upper(), f"{value!r} with DISTRIBUTED='{mode}': only the pipelines read it"
         return None
     if schedule not in SCHEDULES:
         return "PIPELINE_SCHEDULE", f"{schedule!r} is not one of {list(SCHEDULES)}"
     if mode == "threaded" and schedule != "gpipe":
         return "PIPELINE_SCHEDULE", f"'{schedule}' {why}: its stage threads run GPipe's order; use 'gpipe'"
-    devices = device_count(k.get("DEVICES", 1))
+    devices = device_count(par.devices)
     stages = stage_count(schedule, devices, split) if devices is not None else (len(split) or None)
-    if problem := split_problem(split, preset_depth(k), stages if mode == "threaded" else None):
+    if problem := split_problem(split, preset_depth(cfg), stages if mode == "threaded" else None):
         return "PIPELINE_SPLIT", problem
     if mode == "pipeline" and split and devices is not None:
         if schedule != "interleaved" and len(split) != devices:
@@ -189,26 +198,33 @@ def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
             "PIPELINE_CHUNKS",
             f"{chunks} micro-batches for {stages} stages: '{schedule}' needs at least one per stage",
         )
-    if k.get("PRECISION") == "fp16":
+    return _pipeline_run_problem(cfg, mode, why)
+
+
+def _pipeline_run_problem(cfg: RunSections, mode: str, why: str) -> tuple[str, str] | None:
+    """(knob, why) of the rest of the config a pipeline cannot run (precision, optimizer, EMA, DoRA,
+    samples, validation, the memory engines)."""
+    algo, algo_args = cfg.adapter.algo, cfg.adapter.algo_args or {}
+    if cfg.device.precision == "fp16":
         return "PRECISION", f"'fp16' {why}: the loss scaler is not run across stages; use 'bf16'"
-    if k.get("BASE_PRECISION", "same") not in ("same", None):
+    if cfg.device.base_precision != "same":
         return (
             "BASE_PRECISION",
-            f"'{k['BASE_PRECISION']}' {why}: 8-bit frozen linears are not placed per stage; use 'same'",
+            f"'{cfg.device.base_precision}' {why}: 8-bit frozen linears are not placed per stage; use 'same'",
         )
-    if mode == "pipeline" and k.get("OPTIMIZER", "adamw") != "adamw":
+    if mode == "pipeline" and cfg.optim.optimizer != "adamw":
         return (
             "OPTIMIZER",
-            f"'{k['OPTIMIZER']}' {why}: each rank steps its own stages' weights; only 'adamw' (and USE_MUON) is per-parameter",
+            f"'{cfg.optim.optimizer}' {why}: each rank steps its own stages' weights; only 'adamw' (and USE_MUON) is per-parameter",
         )
-    if k.get("EMA"):
+    if cfg.optim.ema:
         return (
             "EMA",
             f"True {why}: the EMA keeps every trainable weight in one place; it is not built per stage",
         )
-    algo = adapter_algo(k.get("ALGO", "lora"))
-    if mode == "pipeline" and algo is not None and algo.dora(k.get("ALGO_ARGS")):
-        knob = "ALGO" if algo.dora() else "ALGO_ARGS"
+    adapter = adapter_algo(algo)
+    if mode == "pipeline" and adapter is not None and adapter.dora(algo_args):
+        knob = "ALGO" if adapter.dora() else "ALGO_ARGS"
         return (
             knob,
             f"DoRA {why}: its magnitudes start from the frozen weights, which a rank holds for its own "
@@ -220,26 +236,25 @@ def pipeline_problem(k: dict[str, Any]) -> tuple[str, str] | None:
         "; use DISTRIBUTED='threaded' (the same stages in one process, which samples and validates), "
         "or leave it empty and sample the exported files (scripts/sample/sample.py)"
     )
-    if mode == "pipeline" and (k.get("SAMPLE_PROMPTS") or k.get("SAMPLE_PROMPTS_FILE")):
-        knob = "SAMPLE_PROMPTS" if k.get("SAMPLE_PROMPTS") else "SAMPLE_PROMPTS_FILE"
+    samples = cfg.samples
+    if mode == "pipeline" and (samples.sample_prompts or samples.sample_prompts_file):
         return (
-            knob,
+            "SAMPLE_PROMPTS" if samples.sample_prompts else "SAMPLE_PROMPTS_FILE",
             f"set {why}: each rank holds only its stages, the sampler needs the whole backbone{instead}",
         )
-    if mode == "pipeline" and k.get("VAL_ITEMS"):
+    if mode == "pipeline" and cfg.data.val_items:
         return (
             "VAL_ITEMS",
-            f"{k['VAL_ITEMS']} {why}: each rank holds only its stages, the validation loss needs the whole "
+            f"{cfg.data.val_items} {why}: each rank holds only its stages, the validation loss needs the whole "
             "backbone; use 0, or DISTRIBUTED='threaded'",
         )
-    for knob, off in (
-        ("STREAM_BLOCKS", 0),
-        ("ACTIVATION_OFFLOAD", "none"),
-        ("OPTIMIZER_PLACEMENT", "gpu"),
-    ):
-        if k.get(knob) not in (None, off):
-            return knob, f"{k[knob]!r} {why}: the stages place the weights themselves; leave it {off!r}"
-    if k.get("GRAD_OFFLOAD"):
+    for field, off in ON_CARD:
+        if (value := getattr(cfg.memory, field)) not in (None, off):
+            return (
+                field.upper(),
+                f"{value!r} {why}: the stages place the weights themselves; leave it {off!r}",
+            )
+    if cfg.memory.grad_offload:
         return (
             "GRAD_OFFLOAD",
             f"True {why}: the stages keep their gradients on their devices (the host sums are not run per stage)",
@@ -258,74 +273,66 @@ def pipeline_plan_problem(plan, mode: str) -> tuple[str, str] | None:
     return None
 
 
-def trainer_problem(k: dict[str, Any]) -> tuple[str, str] | None:
-    """(knob, why) when the trainer cannot run these knobs distributed, else None."""
-    mode = k.get("DISTRIBUTED", "none")
-    if problem := pipeline_problem(k):  # also: the pipeline knobs set off the pipelines
+def trainer_problem(cfg: RunSections) -> tuple[str, str] | None:
+    """(knob, why) when the trainer cannot run this config distributed, else None."""
+    mode = cfg.parallel.distributed
+    if problem := pipeline_problem(cfg):  # also: the pipeline knobs set off the pipelines
         return problem
     if mode == "none":
         return None
     if mode not in TRAINER_MODES:
         return "DISTRIBUTED", f"'{mode}' is not driven by the trainer yet; use 'ddp', 'fsdp' (or 'none')"
-    if k.get("CUDA_GRAPHS") == "on" and mode in GRAPHLESS:
+    if cfg.runtime.cuda_graphs == "on" and mode in GRAPHLESS:
         return "CUDA_GRAPHS", f"'on' with DISTRIBUTED='{mode}': {GRAPHLESS[mode]}; use 'auto' or 'off'"
-    algo = adapter_algo(k.get("ALGO", "lora"))
+    algo = adapter_algo(cfg.adapter.algo)
     if algo is not None and algo.distributed_refusal:
-        return "ALGO", f"'{k.get('ALGO')}' {algo.distributed_refusal}"
-    return fsdp_problem(k) if mode == "fsdp" else None
+        return "ALGO", f"'{cfg.adapter.algo}' {algo.distributed_refusal}"
+    return fsdp_problem(cfg) if mode == "fsdp" else None
 
 
-def refusals(k: dict[str, Any]) -> list[tuple[str, str]]:
+def refusals(cfg: RunSections) -> list[tuple[str, str]]:
     """Every (knob, why) the distributed trainer refuses before work starts (kohakumoss-config check)."""
-    mode, devices = k.get("DISTRIBUTED", "none"), k.get("DEVICES", 1)
+    mode, devices = cfg.parallel.distributed, cfg.parallel.devices
     if problem := mode_problem(mode):
         return [("DISTRIBUTED", problem)]
     out = []
     if problem := devices_problem(devices, mode):
         out.append(("DEVICES", problem))
-    if problem := trainer_problem(k):
+    if problem := trainer_problem(cfg):
         out.append(problem)
     return out
 
 
-def rank_knobs(k: dict[str, Any]) -> dict[str, Any]:
-    """The knobs a rank trains with: refused combinations raise; CUDA graphs stay off but under 'ddp' (see
-    GRAPHLESS). DISTRIBUTED='threaded' trains in this process, on its first stage's device."""
-    if problem := trainer_problem(k):
+def rank_overrides(cfg: RunSections) -> dict[str, Any]:
+    """The knobs a rank trains with in place of the config's (refused combinations raise): CUDA graphs stay
+    off but under 'ddp' (see GRAPHLESS); DISTRIBUTED='threaded' trains in this process, on its first
+    stage's device."""
+    if problem := trainer_problem(cfg):
         raise ConfigError(*problem)
-    mode = k.get("DISTRIBUTED", "none")
+    mode = cfg.parallel.distributed
     if mode in ("none", "ddp"):  # DDP graphs its steps as one process does (RankRun.graphed)
-        return k
+        return {}
     if mode == "threaded":
-        return {**k, "CUDA_GRAPHS": "off", "DEVICE": threaded_devices(k)[0]}
-    return {**k, "CUDA_GRAPHS": "off"}
+        return {"CUDA_GRAPHS": "off", "DEVICE": threaded_devices(cfg)[0]}
+    return {"CUDA_GRAPHS": "off"}
 
 
-def threaded_devices(k: dict[str, Any]) -> list[str]:
+def threaded_devices(cfg: RunSections) -> list[str]:
     """DISTRIBUTED='threaded': one device per stage, DEVICES resolved against DEVICE and this node."""
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    device = k.get("DEVICE", "auto")
-    return worker_devices(k.get("DEVICES", 1), "auto" if device.startswith("cuda:") else device, visible)
+    device = cfg.device.device
+    return worker_devices(cfg.parallel.devices, "auto" if device.startswith("cuda:") else device, visible)
 
 
-def pipeline_starts(k: dict[str, Any], depth: int, world_size: int) -> list[int]:
+def pipeline_starts(cfg: RunSections, depth: int, world_size: int) -> list[int]:
     """The first block of every pipeline stage: PIPELINE_SPLIT, or the blocks balanced over the stages
     (one per rank, two per rank interleaved; 'threaded': one per DEVICES entry)."""
-    if k.get("DISTRIBUTED") == "threaded":
-        stages = len(threaded_devices(k))
+    par = cfg.parallel
+    if par.distributed == "threaded":
+        stages = len(threaded_devices(cfg))
     else:
-        stages = stage_count(k.get("PIPELINE_SCHEDULE", "gpipe"), world_size, k.get("PIPELINE_SPLIT", []))
-    return stage_starts(depth, stages, k.get("PIPELINE_SPLIT", []))
-
-
-def on_devices(train: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
-    """The train script's entry: train(k) in this process, or on every rank DISTRIBUTED and DEVICES ask for
-    (`train` is passed in: this package imports nothing of kohakumoss.train)."""
-
-    def entry(k: dict[str, Any]) -> Any:
-        return run(rank_knobs(k), train)
-
-    return entry
+        stages = stage_count(par.pipeline_schedule, world_size, par.pipeline_split)
+    return stage_starts(depth, stages, par.pipeline_split)
 
 
 class RankRun:
@@ -346,22 +353,20 @@ class RankRun:
     # a graphed run takes); False: only when the micro-steps are graphed
     REDUCE_AFTER_BACKWARD = False
 
-    def __init__(self, k: dict[str, Any]):
+    def __init__(self, cfg: RunSections):
         self.world = current()
-        self.mode = k.get("DISTRIBUTED", "none")
-        self.seed = int(k["SEED"])
-        self.accum = int(k.get("GRAD_ACCUM", 1))
-        self.reduction = k["LOSS_REDUCTION"]
-        self.find_unused = (
-            float(k.get("MODULE_DROPOUT", 0.0)) > 0
-        )  # a dropped module leaves its params unused
+        self.cfg = cfg
+        self.mode = cfg.parallel.distributed
+        self.seed = int(cfg.run.seed)
+        self.accum = int(cfg.optim.grad_accum)
+        self.reduction = cfg.objective.loss_reduction
+        self.find_unused = cfg.adapter.module_dropout > 0  # a dropped module leaves its params unused
         self.plan = None
         self.picks: list[list[int]] = []
         self.ddp = None
         self.sharded: torch.nn.Module | None = None  # the FSDP2-sharded backbone
         self.micro: dict[int, int] = {}  # id(batch) -> its micro-step
         self.taken = 0
-        self.knobs = k
         self.engine: PipelineEngine | ThreadedEngine | None = None  # the pipelines' stages
         self.staged: tuple | None = None  # (backbone, network) until the trainer's loss builds the engine
         self.capacity: tuple[int, int] | None = None
@@ -611,28 +616,28 @@ class RankRun:
 
     def chunks(self) -> int:
         """PIPELINE_CHUNKS, 0 meaning one micro-batch per stage."""
-        return int(self.knobs.get("PIPELINE_CHUNKS", 0)) or self.stages()
+        return int(self.cfg.parallel.pipeline_chunks) or self.stages()
 
     def stages(self) -> int:
-        k = self.knobs
+        par = self.cfg.parallel
         if self.threaded:
-            return len(threaded_devices(k))
-        return stage_count(k.get("PIPELINE_SCHEDULE", "gpipe"), self.world.size, k.get("PIPELINE_SPLIT", []))
+            return len(threaded_devices(self.cfg))
+        return stage_count(par.pipeline_schedule, self.world.size, par.pipeline_split)
 
     def pipeline_loss(self, loss: Callable) -> Callable:
         """The stages over the backbone (the trainer's `loss` on the last one) and the micro-step's loss fn."""
         model, network = self.staged
-        k, dtype = self.knobs, DTYPES[self.knobs.get("PRECISION", "bf16")]
-        starts = pipeline_starts(k, len(model.layers), self.world.size)
+        dtype = DTYPES[self.cfg.device.precision]
+        starts = pipeline_starts(self.cfg, len(model.layers), self.world.size)
         if self.threaded:
-            devices = threaded_devices(k)
+            devices = threaded_devices(self.cfg)
             self.engine = ThreadedEngine(
                 model, network, starts, devices, self.chunks(), dtype, loss, self.prediction,
                 self.accum, self.reduction,
             )  # fmt: skip
             where = ", ".join(devices)
         else:
-            schedule = k.get("PIPELINE_SCHEDULE", "gpipe")
+            schedule = self.cfg.parallel.pipeline_schedule
             self.engine = PipelineEngine(
                 model, network, self.world, starts, schedule, self.chunks(), self.capacity, dtype, loss,
                 self.prediction, self.accum, self.reduction,
@@ -658,8 +663,8 @@ class RankRun:
         if not self.threaded:
             return nullcontext()
         network = self.staged[1] if self.staged is not None else None
-        starts = pipeline_starts(self.knobs, len(backbone.layers), 1)
-        return spread_forward(backbone, network, starts, threaded_devices(self.knobs))
+        starts = pipeline_starts(self.cfg, len(backbone.layers), 1)
+        return spread_forward(backbone, network, starts, threaded_devices(self.cfg))
 
     def optimizer(self, optimizer):
         """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients; under
@@ -675,7 +680,7 @@ class RankRun:
                     "GRAD_OFFLOAD",
                     "the memory plan sums gradients on the host, the optimizer has no GradOffload",
                 )
-            timeout = float(self.knobs.get("DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+            timeout = float(self.cfg.parallel.dist_timeout)
             group = host_group(self.world, timeout)
             attach(optimizer, self.host_summed, group)
             broadcast_trainable(optimizer, group)
@@ -685,7 +690,7 @@ class RankRun:
                 "before clipping and the update; no DDP wrapper (its reducer would see no gradient)"
             )
         if self.active and self.mode == "ddp":
-            timeout = float(self.knobs.get("DIST_TIMEOUT", DEFAULT_TIMEOUT_S))
+            timeout = float(self.cfg.parallel.dist_timeout)
             offload = self.host_summed is not None
             made = (lambda: group) if offload else (lambda: host_group(self.world, timeout))
             self.node_share = share_on_node(optimizer, self.world, made, broadcast=not offload)

@@ -1,14 +1,19 @@
-"""The distributed knobs: DISTRIBUTED (which engine) and DEVICES (how many workers, on which devices).
+"""The distributed knobs: DISTRIBUTED (which engine), DEVICES (how many workers, on which devices), the
+collectives' timeout and the pipelines' split, schedule and chunks, as `DistributedConfig` (a section of
+`TrainConfig`, config/train.py composes it), with their checks.
 
 Pure checks, no process group: `kohakumoss-config check` and the train script's schema call them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from kohakumoss_common.errors import ConfigError
+from kohakumoss_common.typed_config import knob
 
+DEFAULT_TIMEOUT_S = 1800.0  # DIST_TIMEOUT's default: what a collective waits for a missing rank
 # every engine the issue names; only BUILT ones are accepted, the others are refused by name
 MODES = ("none", "ddp", "fsdp", "pipeline", "threaded")
 BUILT = MODES
@@ -92,3 +97,57 @@ def worker_devices(devices: int | list, device_knob: str, visible_gpus: int) -> 
     if count > visible_gpus:
         raise ConfigError("DEVICES", f"{count} workers, but this node sees {visible_gpus} GPU(s)")
     return [f"cuda:{i}" for i in range(count)]
+
+
+def _trainer_mode_problem(value: str) -> str | None:
+    from .rank_run import TRAINER_MODES  # imported when checked: the rank helper imports torch.distributed
+
+    if problem := mode_problem(value):
+        return problem
+    if value not in TRAINER_MODES:
+        return f"'{value}' is not driven by the trainer yet (kohakumoss.distributed has it); use 'ddp'"
+    return None
+
+
+def _trainer_devices_problem(value: int | list) -> str | None:
+    return devices_problem(value, "ddp")  # DEVICES with DISTRIBUTED='none': the trainer's own check
+
+
+def _split_problem(value: list) -> str | None:
+    from .pipeline import split_problem
+
+    return split_problem(value, None, None)  # its length and the depth: the rank helper's checks
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """Several devices: the engine, its workers, the collectives' timeout, the pipelines' stages."""
+
+    distributed: str = knob(
+        "none",
+        "none, ddp (one worker process per DEVICES entry, gradients all-reduced), fsdp (the backbone's blocks sharded over them, FSDP2), pipeline (a worker per stage of blocks, torch.distributed.pipelining) or threaded (one process, a thread per stage on each DEVICES entry) (docs/guides/multi-gpu.md)",
+        check=_trainer_mode_problem,
+    )
+    devices: int | list = knob(
+        1,
+        "workers of this node: a count (0: every visible GPU) or a list ([0, 2], ['cpu', 'cpu'])",
+        check=_trainer_devices_problem,
+    )
+    dist_timeout: float = knob(
+        DEFAULT_TIMEOUT_S,
+        "seconds a collective waits for a missing rank before the run stops, naming it",
+        min=1.0,
+    )
+    pipeline_split: list = knob(
+        [],
+        "pipeline / threaded: the first block of each stage ([0, 12, 24]); empty: the blocks balanced over the stages",
+        check=_split_problem,
+    )
+    pipeline_schedule: str = knob(
+        "gpipe",
+        "pipeline: torch's schedule, gpipe, 1f1b or interleaved (several stages per rank); threaded runs gpipe",
+        choices=("gpipe", "1f1b", "interleaved"),
+    )
+    pipeline_chunks: int = knob(
+        0, "pipeline / threaded: micro-batches (whole samples) per micro-step; 0: one per stage", min=0
+    )

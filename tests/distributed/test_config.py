@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kohakumoss.distributed.knobs import check_knobs, devices_problem, mode_problem, worker_devices
+from kohakumoss.distributed.config import check_knobs, devices_problem, mode_problem, worker_devices
 from kohakumoss.distributed.world import launched_externally
 from kohakumoss_common.errors import ConfigError
 
