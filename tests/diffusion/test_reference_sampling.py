@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from kohakumoss.config.sample import SAMPLE_SCHEMA
+from kohakumoss.config.sample import SAMPLE_SCHEMA, SampleScriptConfig
 from kohakumoss.config.train import TrainConfig
 from kohakumoss.diffusion import SamplerConfig
 from kohakumoss.diffusion.generate import GenerationRequest, generate
@@ -50,7 +50,8 @@ def test_ri_flags_repeat_in_order_and_missing_files_are_named(tmp_path):
     path.write_text(f"own --ri {b}\nplain\n")
     k = {"PROMPT": "", "PROMPT_FILE": str(path), "SEEDS": [], "SEED": 0, "COUNT": 1, "WIDTH": 64,
          "HEIGHT": 64, "NEGATIVE": "", "REFERENCE_IMAGES": [str(a)]}  # fmt: skip
-    assert [r.references for r in requests_for(k, read_prompts(k))] == [(str(b),), (str(a),)]
+    cfg = SampleScriptConfig.from_knobs(k)
+    assert [r.references for r in requests_for(cfg, read_prompts(cfg))] == [(str(b),), (str(a),)]
     samples = TrainConfig.from_knobs({"SAMPLE_PROMPTS": [f"edit --ri {a}", "t2i"]}).samples
     assert [r.references for r in sample_requests(samples)] == [(str(a),), ()]
 

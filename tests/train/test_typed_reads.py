@@ -46,7 +46,7 @@ WRITES_FLAT: frozenset[tuple[str, str]] = frozenset(
     {
         ("train/trainer.py", FLAT),
         ("train/resume.py", FLAT),
-        ("train/checkpoint.py", "GRAD_ACCUM"),
+        ("checkpoint/folders.py", "GRAD_ACCUM"),
         ("train/resume.py", "LR_SCHEDULE"),
         ("train/cache_identity.py", "CACHE_DIR"),
         ("train/cache_identity.py", "MAX_TEXT_TOKENS"),

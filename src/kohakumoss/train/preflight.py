@@ -33,7 +33,7 @@ def run_problems(cfg: TrainConfig, model: MossConfig | None = None) -> list[Prob
                     "set a path, or 'synthetic' / 'random' for a benchmark",
                 )
             )
-    if cfg.runtime.distributed in ("pipeline", "threaded") and has_references(cfg.data.dataset):
+    if cfg.parallel.distributed in ("pipeline", "threaded") and has_references(cfg.data.dataset):
         out.append(("DISTRIBUTED", REFERENCES_UNSUPPORTED))
     return out + component_problems(cfg, model)
 
