@@ -19,7 +19,7 @@ from PIL import Image
 from transformers.models.qwen3_5 import Qwen3_5TextModel
 
 from kohakumoss.encoders.text_layouts import model_to_comfy
-from kohakumoss.encoders.tiny import tiny_text_model, tiny_vae, write_word_tokenizer
+from kohakumoss.encoders.tiny import tiny_text_model, tiny_vae, tiny_vision_model, write_word_tokenizer
 from kohakumoss.model.backbone import MossBackbone
 from kohakumoss.model.convrot_file import save_convrot_dit
 from kohakumoss.model.io import save_backbone
@@ -75,20 +75,24 @@ def write_comfy_models(root: Path, captions: Sequence[str]) -> Path:
     return root
 
 
-def write_hf_snapshot(root: Path, captions: Sequence[str]) -> Path:
-    """`root` laid out as the MOSS-Image-Base HF repository: transformer/, text_encoder/, vae/, tokenizer/."""
+def write_hf_snapshot(root: Path, captions: Sequence[str], vision: bool = False) -> Path:
+    """`root` laid out as the MOSS-Image-Base HF repository: transformer/, text_encoder/, vae/, tokenizer/.
+    vision: text_encoder/ holds a tiny vision tower (`model.visual.*`) as the release does, and the
+    tokenizer Qwen's vision tokens (references in the prompt)."""
     root = Path(root)
     torch.manual_seed(0)
     save_backbone(MossBackbone(get_preset("tiny")), root / "transformer", layout="hf")
-    tokenizer = write_word_tokenizer(root / "tokenizer", captions)
+    tokenizer = write_word_tokenizer(root / "tokenizer", captions, vision=vision)
     model = tiny_text_model(_vocab(tokenizer))
     (root / "text_encoder").mkdir(parents=True, exist_ok=True)
     config = {"model_type": "qwen3_5", "text_config": model.config.to_dict()}
+    tensors = {f"model.language_model.{k}": v for k, v in model.state_dict().items()}
+    if vision:
+        tower = tiny_vision_model(model.config.hidden_size)
+        config["vision_config"] = tower.config.to_dict()
+        tensors.update({f"model.visual.{k}": v for k, v in tower.state_dict().items()})
     (root / "text_encoder" / "config.json").write_text(json.dumps(config))
-    save_safetensors(
-        {f"model.language_model.{k}": v for k, v in model.state_dict().items()},
-        root / "text_encoder" / "model.safetensors",
-    )
+    save_safetensors(tensors, root / "text_encoder" / "model.safetensors")
     tiny_vae().model.save_pretrained(str(root / "vae"))
     return root
 
