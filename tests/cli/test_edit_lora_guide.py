@@ -160,3 +160,17 @@ def test_edit_lora_guide_end_to_end(tmp_path):
             comfy = root / "ComfyUI" / "models" / "loras" / "my-edit.safetensors"
             assert keys(comfy) == keys(run_dir / "export" / "my-edit-comfy.safetensors")
     assert ran == EXPECTED, f"the guide's commands that did not run: {[c for c in EXPECTED if c not in ran]}"
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", markdown, flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_the_guides_section_links_reach_a_heading():
+    """The guide sends the reader to sections of other pages (tests/test_doc_links.py checks the files)."""
+    links = re.findall(r"\]\(([^)#]+\.md)#([^)]+)\)", GUIDE.read_text())
+    assert links
+    for page, anchor in links:
+        assert anchor in heading_anchors((GUIDE.parent / page).read_text()), f"{page}#{anchor}"
