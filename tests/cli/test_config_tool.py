@@ -219,6 +219,30 @@ def test_new_train_comfy_folder(world, tmp_path, capsys):
     assert "exists" in capsys.readouterr().err
 
 
+def test_new_train_edit_dataset_writes_references_and_sample_references(world, tmp_path, capsys):
+    """--references: DATASET's `references` in both files; the sample prompts carry their item's
+    references as --ri (an item without one is dropped by the scan, so it is no sample prompt)."""
+    refs = tmp_path / "refs"
+    (refs / "10_cat").mkdir(parents=True)
+    Image.new("RGB", (48, 48), (200, 90, 10)).save(refs / "10_cat" / "0.png")  # 1.png has none
+    out = tmp_path / "user"
+    argv = ["new", "train", "--weights", str(world["hf"]), "--data", str(world["data"]), "--name", "ed"]
+    assert main([*argv, "--references", str(refs), "--out-dir", str(out)]) == 0
+    assert f"references {refs.resolve()}" in capsys.readouterr().out
+    valid = TRAIN_SCHEMA.validate(_knobs(out / "ed.py"))
+    assert valid["DATASET"] == {
+        "kind": "kohya",
+        "path": str(world["data"].resolve()),
+        "references": str(refs.resolve()),
+    }
+    assert valid["SAMPLE_PROMPTS"] == [f"a blue cat --ri {refs.resolve() / '10_cat' / '0.png'}"]
+    assert DATA_SCHEMA.validate(_knobs(out / "ed_data.py"))["DATASET"] == valid["DATASET"]
+    missing = ["--references", str(tmp_path / "nope"), "--out-dir", str(tmp_path / "u2")]
+    assert main([*argv, *missing]) != 0
+    said = capsys.readouterr()
+    assert "DATASET" in said.err and "references folder" in said.err and "does not exist" in said.err
+
+
 def test_new_train_hf_folder_and_no_gpu(world, tmp_path, capsys):
     out = tmp_path / "user"
     argv = ["new", "train", "--weights", str(world["hf"]), "--data", str(world["data"]), "--name", "hf"]

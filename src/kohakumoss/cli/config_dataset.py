@@ -36,8 +36,17 @@ def guess_source(path: str | Path) -> str:
     return "folder"
 
 
-def dataset_spec(path: str | Path, source: str) -> dict[str, Any]:
-    return {"kind": source, "path": str(Path(path).expanduser().resolve())}
+FOLDER_KINDS = ("kohya", "folder")  # their `references` is a folder; the other kinds' a field name
+
+
+def dataset_spec(path: str | Path, source: str, references: str = "") -> dict[str, Any]:
+    """The DATASET entry; references (edit training): a folder for kohya / folder sources, else the
+    field of each item that names its references (docs/guides/data.md section 5)."""
+    spec: dict[str, Any] = {"kind": source, "path": str(Path(path).expanduser().resolve())}
+    if references:
+        folder = source in FOLDER_KINDS
+        spec["references"] = str(Path(references).expanduser().resolve()) if folder else references
+    return spec
 
 
 def check_dataset(spec: Any) -> str | None:
@@ -59,7 +68,9 @@ def check_dataset(spec: Any) -> str | None:
 
 def dataset_captions(spec: Any, n: int = 2, look_at: int = 200) -> list[str]:
     """The first `n` distinct non-empty captions of the dataset (first line of each, in the source's
-    order, among its first `look_at` items): sample prompts in the style being trained. [] when none."""
+    order, among its first `look_at` items): sample prompts in the style being trained. [] when none.
+    An edit dataset's captions come with their item's references as `--ri` flags (those that are files:
+    the sampler opens them by path), items whose references are missing left out."""
     from kohakumoss_data.sources import make_source
 
     out: list[str] = []
@@ -72,6 +83,11 @@ def dataset_captions(spec: Any, n: int = 2, look_at: int = 200) -> list[str]:
                 raw.decode("utf-8", errors="replace").strip() if isinstance(raw, bytes) else str(raw).strip()
             )
             line = text.splitlines()[0].strip() if text else ""
+            if item.fault:
+                continue  # a missing or unreadable reference: the scan drops it
+            refs = [str(r.locator) for r in item.references if isinstance(r.locator, str)]
+            if line and refs and all(Path(r).is_file() for r in refs):
+                line += "".join(f" --ri {r}" for r in refs)
             if line and line not in out:
                 out.append(line)
             if len(out) == n:

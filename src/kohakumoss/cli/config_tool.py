@@ -36,6 +36,7 @@ class NewRequest:
     name: str
     weights: str = ""
     data: str = ""
+    references: str = ""  # edit training: the dataset's `references` (a folder, or a field name)
     source: str = "auto"
     resolution: str = "1mp"
     algo: str = "lora"
@@ -126,11 +127,12 @@ def new_config(req: NewRequest) -> list[Path]:
         source = guess_source(req.data) if req.source == "auto" else req.source
         if source not in source_kinds():
             raise Refused(f"--source {source!r} is not one of {list(source_kinds())}")
-        spec = dataset_spec(req.data, source)
+        spec = dataset_spec(req.data, source, req.references)
         if msg := check_dataset(spec):
             problems.append(("DATASET", msg))
         else:
-            _say(req, f"data: {source} source at {spec['path']}")
+            refs = f", references {spec['references']}" if "references" in spec else ""
+            _say(req, f"data: {source} source at {spec['path']}{refs}")
     _problems(req, problems)
 
     metadata = {"kind": req.what, "card": gpu.description, "card_gb": gpu.card_gb}
@@ -168,6 +170,8 @@ def new_config(req: NewRequest) -> list[Path]:
     if prompts := dataset_captions(spec):  # so a first run draws a grid (base row above the run's)
         knobs["SAMPLE_PROMPTS"] = prompts
         comments["SAMPLE_PROMPTS"] = "the dataset's first captions: the sample grid's columns (samples/)"
+        if "references" in spec:
+            comments["SAMPLE_PROMPTS"] += "; --ri: each one's references, as the edit model sees them"
     else:
         _say(req, "note: no caption found in the dataset: set SAMPLE_PROMPTS to get sample grids")
     if choice := _memory_profile(found, layers, knobs, gpu.card_gb):
@@ -342,6 +346,7 @@ class _Answers:
             ("--gpu", r.gpu, "auto"),
             ("--algo", r.algo, "lora"),
             ("--data", r.data, ""),
+            ("--references", r.references, ""),
             ("--source", r.source, "auto"),
             ("--resolution", r.resolution, "1mp"),
             ("--weights", r.weights, ""),
@@ -456,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     n.add_argument("--weights", default="", help="ComfyUI models folder, HF folder, or a DiT checkpoint")
     n.add_argument("--data", default="", help="dataset folder or file")
     n.add_argument(
+        "--references",
+        default="",
+        help="edit training: the reference images' folder (kohya / folder: matched by the targets' "
+        "stems) or the field naming them (jsonl / parquet / webdataset)",
+    )
+    n.add_argument(
         "--source",
         default="auto",
         help="dataset kind: auto (guessed) or a data source kind (kohya, folder, ...)",
@@ -532,6 +543,7 @@ def main(argv: list[str] | None = None) -> int:
             name=args.name,
             weights=args.weights,
             data=args.data,
+            references=args.references,
             source=args.source,
             resolution=args.resolution,
             algo=args.algo,
@@ -582,7 +594,7 @@ def _weights_and_data(args: argparse.Namespace) -> dict[str, Any]:
         extra.update(given_knobs(found, args.weights))
     if args.data:
         source = guess_source(args.data) if args.source == "auto" else args.source
-        extra["DATASET"] = dataset_spec(args.data, source)
+        extra["DATASET"] = dataset_spec(args.data, source, args.references)
         if msg := check_dataset(extra["DATASET"]):
             problems.append(("DATASET", msg))
     req = NewRequest(what="train", name="", no_check=args.no_check)
