@@ -80,8 +80,9 @@ def test_the_guide_parses_into_the_steps_this_test_runs():
     )
     knobs: dict = {}
     exec(guide_knobs(), knobs)  # plain assignments, as the config file holds them
-    assert knobs["DATASET"]["references"] == "data/my_edit_refs"
-    assert knobs["REFERENCES_IN_PROMPT"] == "picture"
+    assert knobs["REFERENCES_IN_PROMPT"] == "picture"  # the test's snapshot has a vision tower for it
+    new_train = next(c for c in guide_commands() if c.startswith("kohakumoss-config new train"))
+    assert "--references data/my_edit_refs" in new_train  # the folder clone() writes
 
 
 def noise_image(path: Path, seed: int, size: tuple[int, int] = (96, 64)) -> None:
@@ -126,6 +127,8 @@ def test_edit_lora_guide_end_to_end(tmp_path):
         ran.append(command.split()[:3])
         if command.startswith("kohakumoss-config new train"):
             assert "wrote configs/user/my-edit.py" in out
+            refs_folder = root.resolve() / "data" / "my_edit_refs"
+            assert f"'references': '{refs_folder}'" in (root / "configs" / "user" / "my-edit.py").read_text()
             config = root / "configs" / "user" / "my-edit.py"
             with config.open("a") as f:
                 f.write("\n# the guide's edit knobs\n" + guide_knobs())
@@ -145,10 +148,10 @@ def test_edit_lora_guide_end_to_end(tmp_path):
             assert "vision tower loaded" in log, "the references did not go into the prompt"
             assert checkpoints(run_dir)[-1] == "step_00000002"
             assert list((run_dir / "samples").glob("grid_step_*.png")), "no sample grid"
-            sample = json.loads(
-                Image.open(run_dir / "samples" / "step_00000002" / "sample_00.png").text["kohakumoss"]
-            )
-            assert sample["references"] == ["data/my_edit_refs/10_night/cat.png"]  # the guide's --ri
+            png = Image.open(run_dir / "samples" / "step_00000002" / "sample_00.png")
+            # the config tool's first sample prompt: the first target with its own reference (--ri)
+            refs = json.loads(png.text["kohakumoss"])["references"]
+            assert refs == [str(refs_folder / "10_night" / name) for name in ("cat.png", "cat_1.png")]
             assert (run_dir / "export" / "my-edit-comfy.safetensors").is_file()
         elif "scripts/sample/sample.py" in command:
             images = sorted((root / "samples" / "my-edit-sample").glob("0000_*.png"))
