@@ -108,12 +108,14 @@ def test_json_refuses_plain_text_and_broken_json(tmp_path):
 
 def test_caption_format_is_a_checked_plan_knob():
     from kohakumoss.config.rules import RESUME_FIXED
+    from kohakumoss.config.train import TrainConfig
     from kohakumoss.data_knobs import plan_knobs
 
-    assert plan_knobs({"CAPTION_FORMAT": "auto-json"}).caption_format == "auto-json"
+    data = TrainConfig.from_knobs({"CAPTION_FORMAT": "auto-json"}).data
+    assert plan_knobs(data).caption_format == "auto-json"
     assert "CAPTION_FORMAT" in RESUME_FIXED  # another format trains other text: never changed on resume
     with pytest.raises(ConfigError, match="^CAPTION_FORMAT: must be one of"):
-        plan_knobs({"CAPTION_FORMAT": "yaml"})
+        plan_knobs(dataclasses.replace(data, caption_format="yaml"))
 
 
 def test_cache_settings_change_with_references_and_caption_format(tmp_path):
