@@ -81,6 +81,16 @@ CANNOT = {
     "random file, past what a row should write): not run",
 }
 KM010_CANNOT: dict[str, str] = {}  # every row runs
+# the training-step knobs the benchmark changes from 0.1.0's layers (the rest are data, paths and logging)
+KM010_STEP_CHANGES = ("BATCHING", "BATCH_SIZE", "SCHEDULE")
+# the compilers' caches of a peer's rows (user_runs.py gives ours one folder for all our rows)
+COMPILER_CACHES = {
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "TILELANG_CACHE_DIR": "tilelang",
+}
+# our rows: one micro-step per optimizer step (the 8 GB layer's GRAD_ACCUM 4 would make 8 images a step)
+OUR_SET = ("GRAD_ACCUM=1",)
 SAMPLE_PROMPT = "a lighthouse on a rocky coast at sunset"  # words of write_weights.PROMPT_WORDS
 SAMPLE_TEXT_TOKENS = 32  # our sampler benchmark's synthetic prompt tokens: the prompt under a chat template
 # ours: user_runs.py's row of the same card; rank 32 through its --rank
@@ -124,13 +134,15 @@ def km010_bundle(peer_root: Path) -> Path:
 
 
 def km010_env(a, row: str) -> dict:
-    """0.1.0's process: its install folder and the stand-in encoders' folder, nothing of this project; its
-    kernel cache empty per row, as each of our rows starts from an empty tuning cache (user_runs.py)."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    """0.1.0's process: its install folder and the stand-in encoders' folder, nothing of this project. As
+    user_runs.py runs ours: its tuning tables (its own and lycoris-lora's) one per row, emptied by run_peer;
+    the compilers' caches one folder for all its rows, apart from ours."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", *COMPILER_CACHES)}
     env["PYTHONPATH"] = os.pathsep.join([str(Path(a.peer_root) / KM010), str(PEER_PATH)])
-    cache = Path(a.work) / "km010-kernel-cache" / row.replace("/", "-")
-    shutil.rmtree(cache, ignore_errors=True)
-    env["KOHAKUMOSS_KERNEL_CACHE"] = str(cache)
+    tables = Path(a.work) / "km010-kernel-cache" / row.replace("/", "-")
+    env.update(KOHAKUMOSS_KERNEL_CACHE=str(tables), LYCORIS_KERNEL_CACHE_DIR=str(tables / "lycoris"))
+    compiled = Path(a.work) / "km010-compiled"
+    env.update({name: str(compiled / folder) for name, folder in COMPILER_CACHES.items()})
     return env
 
 
@@ -151,7 +163,10 @@ def km010_config(a, row: str) -> Path:
 
 def km010_knobs(a, row: str) -> dict:
     """What the benchmark sets on top of 0.1.0's layers: the weights, data and caches, 2 images per step,
-    LoRA r32 on attn-mlp (its base layer's already), no samples, saves or exports."""
+    LoRA r32 on attn-mlp (its base layer's already), no samples, saves or exports. Of the step's own knobs
+    only BATCHING, BATCH_SIZE and the LR warm-up change (KM010_STEP_CHANGES); its MEMORY_PROFILE,
+    MAX_TOKENS, OVERLONG, PRECISION, ADAPTER_MODE, COMPILE and TUNE stay its layers' (MAX_TOKENS is a
+    per-sample limit under count batching, above a 1 MP image and its caption at every layer)."""
     work = Path(a.work)
     k = {
         "WEIGHTS": str(weights_dir(a) / "transformer"),
@@ -159,11 +174,9 @@ def km010_knobs(a, row: str) -> dict:
         "TARGET_AREA": a.size * a.size,
         "BATCHING": "count",  # the same images per step on every row (its layers pack tokens instead)
         "BATCH_SIZE": IMAGES,
-        "MAX_TOKENS": 16384,  # above two 1 MP images with captions: nothing dropped or cut
-        "OVERLONG": "drop",
         "CAPTION": {"template": "tags", "keep": [], "shuffle": False, "tag_dropout": 0.0},
-        "CAPTION_VARIANTS": 1,
-        "TEXT_DROP": 0.0,
+        "CAPTION_VARIANTS": 1,  # one cached rendering per image (its default 4 only fills the cache longer)
+        "TEXT_DROP": 0.0,  # every caption kept, as our rows' CAPTION_DROPOUT 0 (its base layer drops 10%)
         "LATENT_CACHE": "offline",
         "TEXT_CACHE": "offline",
         "CACHE_DIR": str(work / "km010-cache"),
@@ -270,7 +283,7 @@ def ur_args(a):
     return ur, argparse.Namespace(
         preset=a.preset, device=a.device, size=a.size, text_tokens=a.text_tokens, caption_words=a.caption_words,
         rank=RANK, steps=a.steps, warmup=a.warmup, images=a.images, row_timeout=a.row_timeout,
-        seed_cache=a.seed_cache, empty_table=False, set=list(a.set), logs=str(Path(a.work) / "logs"), work=a.work,
+        seed_cache=a.seed_cache, empty_table=False, set=[*OUR_SET, *a.set], logs=str(Path(a.work) / "logs"), work=a.work,
         weights_dir=a.weights_dir,
     )  # fmt: skip
 
@@ -422,6 +435,7 @@ def run_peer(a, side: Side) -> dict:
     log = Path(a.work) / f"{side.peer}-{side.row.replace('/', '-')}.log"
     log.unlink(missing_ok=True)
     shutil.rmtree(side.run_dir, ignore_errors=True)
+    shutil.rmtree(side.env["KOHAKUMOSS_KERNEL_CACHE"], ignore_errors=True)  # an empty tuning cache, as ours
     for argv in side.setup:
         rc = run_logged(argv, side.env, log, a.row_timeout)
         if rc != 0:
@@ -585,6 +599,8 @@ def main(argv=None) -> dict:
         "--doc-json", default=None, help="the comparison rows (docs/performance/data/peers_DATE.json)"
     )
     p.add_argument("--dry-run", action="store_true", help="print each side's commands, run nothing")
+    p.add_argument("--card-gb", type=float, default=0.0,
+                   help="the card a 'whole' row's layer is read for (default: nvidia-smi's; a dry run without a GPU)")  # fmt: skip
     p.add_argument("--skip-ours", action="store_true", help="the peers' sides only (ours in another call)")
     p.add_argument("--merge", action="append", default=[], metavar="JSON",
                    help="an earlier call's --out (same machine): its sides join this call's in the tables")  # fmt: skip
@@ -595,6 +611,8 @@ def main(argv=None) -> dict:
         raise SystemExit(f"unknown rows / peers {bad}; rows {ROWS}, peers {PEERS}")
     Path(a.work).mkdir(parents=True, exist_ok=True)
     ur, ur_a = ur_args(a)
+    if a.card_gb > 0:
+        ur.card_gb = lambda device: a.card_gb
     results: dict = merged(a.merge)
     plan = []
     for row in rows:

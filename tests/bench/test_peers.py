@@ -43,21 +43,24 @@ def fake_km010_install(tmp_path: Path) -> None:
     )
 
 
-def test_dry_run_prints_every_sides_command_and_why_a_peer_does_not_run(peers, tmp_path, capsys, monkeypatch):
+def test_dry_run_prints_every_sides_command_and_why_a_peer_does_not_run(peers, tmp_path, capsys):
     fake_km010_install(tmp_path)
-    ur = peers.load_script("user_runs")
-    monkeypatch.setattr(peers, "load_script", lambda name: ur)
-    monkeypatch.setattr(ur, "card_gb", lambda device: 80.0)  # the card present, as nvidia-smi would say
+    rows = ("lora/whole", "lora/card24", "lora/card8", "sample/whole")
     peers.main(["--dry-run", "--peer-root", str(tmp_path / "peers"), "--work", str(tmp_path / "work"),
-                "--weights-dir", str(tmp_path / "weights"),
-                "--rows", "lora/card24,sample/whole"])  # fmt: skip
+                "--weights-dir", str(tmp_path / "weights"), "--card-gb", "80",
+                "--rows", ",".join(rows)])  # fmt: skip
     out = capsys.readouterr().out
     blocks = {b.split("\n", 1)[0]: b for b in out.split("=== ")[1:]}
-    assert set(blocks) == {
-        f"{p} {r}" for p in ("kohakumoss", *peers.PEERS) for r in ("lora/card24", "sample/whole")
-    }
+    assert set(blocks) == {f"{p} {r}" for p in ("kohakumoss", *peers.PEERS) for r in rows}
     ours = blocks["kohakumoss lora/card24"]
     assert "scripts/train/moss.py" in ours and "CARD_GB=24.0" in ours and "RANK=32" in ours
+    # one micro-step of 2 images per optimizer step on every row (the 8 GB layer's GRAD_ACCUM is 4)
+    for row in ("lora/whole", "lora/card24", "lora/card8"):
+        assert (
+            "GRAD_ACCUM=1 " in blocks[f"kohakumoss {row}"]
+            and "GRAD_ACCUM=4" not in blocks[f"kohakumoss {row}"]
+        )
+    assert "CARD_GB=0.0" in blocks["kohakumoss lora/whole"]  # the layer of --card-gb's 80 GB card
     km = blocks["kohakumoss-0.1.0 lora/card24"].splitlines()[1:]
     assert len(km) == 3  # its two cache scripts, then its trainer
     assert all("capped_run.py 24.0 -m kohakuengine.cli run" in line for line in km)
@@ -98,6 +101,44 @@ def test_km010_row_config_is_its_own_layers_then_the_benchmark_knobs(peers, tmp_
     assert "_base/base_full.py" in full and "DIM = " not in full  # its full fine-tune keeps its own settings
     tiny = peers.km010_knobs(args(peers, tmp_path, preset="tiny"), "lora/whole")
     assert tiny["ARCH_OVERRIDES"]["dim"] == 256 and tiny["ARCH_OVERRIDES"]["depth"] == 4
+    # its tuning tables (its own and lycoris-lora's) one per row, its compilers' caches apart from ours
+    env = peers.km010_env(a, "lora/card8")
+    tables = Path(a.work) / "km010-kernel-cache" / "lora-card8"
+    assert env["KOHAKUMOSS_KERNEL_CACHE"] == str(tables) and env["LYCORIS_KERNEL_CACHE_DIR"] == str(
+        tables / "lycoris"
+    )
+    assert env["TRITON_CACHE_DIR"] == str(Path(a.work) / "km010-compiled" / "triton")
+
+
+# knobs of 0.1.0's layers the rows may set otherwise besides KM010_STEP_CHANGES: the run's weights, data and
+# logging, and TEXT_DROP 0 (the same data as ours: no caption dropped)
+KM010_RUN_KNOBS = ("WEIGHTS", "DATASETS", "TEXT_DROP", "STEPS", "SAVE_EVERY", "LOG_EVERY", "SAMPLE_EVERY",
+                   "EXPORT_FORMATS")  # fmt: skip
+
+
+def test_km010_rows_keep_its_own_layers_but_the_batching_and_warm_up(peers, tmp_path):
+    """Each training row's config, loaded as kogine loads it over 0.1.0's real bundled layers, differs from
+    those layers alone only in BATCHING, BATCH_SIZE, the LR warm-up and the run's data and logging knobs:
+    its memory profile, token limit, precision and adapter mode are its own 24 GB / 8 GB / auto settings."""
+    from kohakuengine.config.loader import load_config_file
+
+    target = peer_install(tmp_path / "peers", "kohakumoss-0.1.0", "kohakumoss-0.1.0-*.whl")
+    a = args(peers, tmp_path, peer_root=str(target.parent))
+    bundle = peers.km010_bundle(Path(a.peer_root)) / "configs" / "moss"
+    own = {"lora/card24": ("balanced", 12288), "lora/card8": ("minimal", 4352), "lora/whole": ("auto", 12288),
+           "full/whole": ("auto", 12288)}  # fmt: skip
+    for row, layers in peers.KM010_LAYERS.items():
+        alone = tmp_path / f"layers-{row.replace('/', '-')}.py"
+        alone.write_text("from kohakuengine import use_config\n" + "".join(
+            f'use_config("{bundle / layer}")\n' for layer in layers))  # fmt: skip
+        theirs = load_config_file(alone).globals_dict
+        ours = load_config_file(peers.km010_config(a, row)).globals_dict
+        changed = {k for k, v in theirs.items() if k.isupper() and ours.get(k) != v}
+        assert changed <= {*peers.KM010_STEP_CHANGES, *KM010_RUN_KNOBS}, (row, changed)
+        assert (ours["MEMORY_PROFILE"], ours["MAX_TOKENS"]) == own[row], row
+        assert (ours["BATCHING"], ours["BATCH_SIZE"], ours["SCHEDULE"]["warmup"]) == ("count", 2, 0)
+    full = load_config_file(peers.km010_config(a, "full/whole")).globals_dict
+    assert (full["ALGO"], full["OPTIMIZER"], full["EMA"]) == ("full", "muon", 0.9999)
 
 
 def test_a_km010_run_folder_reads_back_as_the_columns(peers, tmp_path):
