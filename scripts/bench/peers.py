@@ -19,7 +19,9 @@ before the run; full: every DiT weight):
   of its 32 blocks, which costs only the one prompt encoding); s/step is each sampler's own step time
   after the first.
 Our side is scripts/bench/user_runs.py's row of the same card (its `run_row`: the trainer through kogine,
-random weights, synthetic encoders). A peer runs from its own install folder (`--peer-root`, one folder
+random weights, synthetic encoders), one micro-step per step (GRAD_ACCUM 1: the 8 GB layer's 4 would make
+8 images a step). --card-gb names the card a `whole` row's layer is read for on a machine without one
+(a dry run here). A peer runs from its own install folder (`--peer-root`, one folder
 per peer, made by `pip install --no-index --no-deps --target` from scripts/bench/bundle_peers.sh's
 wheels) with PYTHONPATH set to that folder (and scripts/bench/peer_path for its stand-in encoders):
 KohakuMoss 0.1.0's import name is this project's. Its weights are scripts/bench/write_weights.py's `hf`
