@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from . import shape_keys
+from .tuning import shape_keys
 
 DENSE = ("dense",)  # the weight kinds a backend takes unless it says otherwise (stored_weight.WEIGHT_KINDS)
 

@@ -32,10 +32,10 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger, log_once
 
 from . import tuning
-from .compile_utils import compiled
-from .compile_utils import supports as compile_supports
+from .backends.compile_utils import compiled
+from .backends.compile_utils import supports as compile_supports
 from .op_list import DENSE, SPECS, shape_key
-from .stored_weight import WEIGHT_KINDS, StoredWeight, weight_kind
+from .weights.stored_weight import WEIGHT_KINDS, StoredWeight, weight_kind
 
 log = get_logger("kohakumoss.kernels.registry")
 

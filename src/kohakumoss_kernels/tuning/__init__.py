@@ -12,7 +12,7 @@ under `user_cache_dir()/lycoris` unless LYCORIS_KERNEL_CACHE_DIR says otherwise:
 every timing a card needs, so a run that carries it times nothing again. lycoris times a new key's
 configs only inside a tuning window whose mode is not "off" (its own default: whenever it meets one,
 mid-run too); outside, its model's pick runs untimed. An explicit LYCORIS_KERNEL_TUNE wins.
-A card this project has timed has a table shipped in `kohakumoss_kernels/tables/<card>.json`: its rows and
+A card this project has timed has a table shipped in `kohakumoss_kernels/tuning/tables/<card>.json`: its rows and
 launch configs fill the ones the user's table lacks when the torch/triton versions match, so a fresh
 machine times only shapes the shipped table never met (env KOHAKUMOSS_SHIPPED_TABLES=0: start empty).
 The compilers' caches live there too (`compile_caches.py`: Triton, Inductor, TileLang), so a second run
@@ -41,7 +41,7 @@ from kohakumoss_common.lock import exclusive
 from kohakumoss_common.log import get_logger, log_once
 from kohakumoss_common.paths import user_cache_dir
 
-from .capture import capture
+from ..runtime.capture import capture
 from .compile_caches import share_compile_caches
 
 log = get_logger("kohakumoss.kernels.tuning")
@@ -497,7 +497,7 @@ def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls
     graph = torch.cuda.CUDAGraph()
     # not torch.cuda.graph(): that one also runs gc.collect() and empty_cache() per capture, which made
     # the first step of a 5B run tune for ~2 minutes; and a failed capture must not leave the allocator
-    # in capture mode (kohakumoss_kernels.capture)
+    # in capture mode (kohakumoss_kernels.runtime.capture)
     try:
         with capture(graph, device, pool=keeper.pool() if keeper is not None else None, stream=stream):
             for _ in range(calls):

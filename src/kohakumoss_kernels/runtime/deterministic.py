@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from .registry import TORCH_NATIVE, priority_for
+from ..registry import TORCH_NATIVE, priority_for
 
 ATOMIC_BACKENDS = ("addmm_lowrank", "tilelang", "compile", "flex")
 CUBLAS_WORKSPACE = ":4096:8"  # torch's documented setting for deterministic cuBLAS
