@@ -10,7 +10,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # Triton launch-config timing is a per-shape prewarm: the many small test shapes would each pay it
 os.environ.setdefault("KOHAKUMOSS_TRITON_PICK", "0")
-# tests time their kernels from an empty table: the shipped one (kohakumoss_kernels/tables) would answer
+# tests time their kernels from an empty table: the shipped one (kohakumoss_kernels/tuning/tables) would answer
 # on the H200 and hide the tuning path they check
 os.environ.setdefault("KOHAKUMOSS_SHIPPED_TABLES", "0")
 

@@ -29,7 +29,9 @@ from kohakumoss_common.timing import copy_gbs, median_ms
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
-from kohakumoss_kernels import OpSet, grad_sink, registry, triton_utils  # noqa: E402
+from kohakumoss_kernels import OpSet, registry  # noqa: E402
+from kohakumoss_kernels.backends import triton_utils  # noqa: E402
+from kohakumoss_kernels.runtime import grad_sink  # noqa: E402
 
 D_MODEL = 3072
 HEADS = 24

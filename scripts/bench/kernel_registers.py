@@ -24,11 +24,11 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kohakumoss_kernels import row_chunks, triton_utils  # noqa: E402
+from kohakumoss_kernels.backends import row_chunks, triton_utils  # noqa: E402
 
 ARCH = 90  # compute capability to compile for (sm_90a: the H200)
 KERNELS = "all"  # comma-separated names from the table below, or "all"
-PDL = True  # as launched on sm90+ (kohakumoss_kernels.pdl): griddepcontrol.wait first
+PDL = True  # as launched on sm90+ (kohakumoss_kernels.backends.pdl): griddepcontrol.wait first
 D_MODEL = 3072
 HEAD_DIM = 128
 

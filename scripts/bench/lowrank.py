@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import torch  # noqa: E402
 
 from kohakumoss_common.timing import copy_gbs  # noqa: E402
-from kohakumoss_kernels import grad_sink  # noqa: E402
+from kohakumoss_kernels.backends.triton_utils import device_ms  # noqa: E402
 from kohakumoss_kernels.ops.lora_linear import lowrank  # noqa: E402
-from kohakumoss_kernels.triton_utils import device_ms  # noqa: E402
+from kohakumoss_kernels.runtime import grad_sink  # noqa: E402
 
 TOKENS = 8704  # 2 x (4096 image + 256 text)
 RANK = 32

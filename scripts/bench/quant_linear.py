@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 from kohakumoss_common.quant import convrot_hadamard  # noqa: E402
-from kohakumoss_kernels import fp8, int8, mxfp8  # noqa: E402
 from kohakumoss_kernels.registry import load_backend  # noqa: E402
+from kohakumoss_kernels.weights import fp8, int8, mxfp8  # noqa: E402
 
 SHAPES = ((3072, 3072), (3072, 18432))
 # (row name, weight kind, ConvRot group, stored_linear backend): the op the precision package calls

@@ -1,5 +1,5 @@
 """Merge kernel tuning tables from GPU runs into the tables shipped with the package
-(`src/kohakumoss_kernels/tables/<card>.json`), which seed a fresh machine's table (kohakumoss_kernels.tuning).
+(`src/kohakumoss_kernels/tuning/tables/<card>.json`), which seed a fresh machine's table (kohakumoss_kernels.tuning).
 
     python scripts/bench/ship_tuning.py gpu-run.tar.gz [more archives or <card>.json files]
     python scripts/bench/ship_tuning.py --replace $OUT/kohakumoss-cache/tuning/NVIDIA_H200.json
@@ -10,7 +10,7 @@ user_runs/<row>/tuning/), merged in the order found; lycoris-lora's launch-confi
 launch configs the shipped table lacks are added; with --replace the newer timing wins. A table timed under
 other torch/triton versions than the shipped one replaces it only with --replace (the shipped table holds
 one version set per card). The card's arch (sm90), where the run wrote it, goes along: other cards of that
-arch take the table's launch-config picks as their first guess (kohakumoss_kernels/launch_prune.py).
+arch take the table's launch-config picks as their first guess (kohakumoss_kernels/tuning/launch_prune.py).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import json
 import tarfile
 from pathlib import Path
 
-SHIPPED = Path(__file__).resolve().parents[2] / "src" / "kohakumoss_kernels" / "tables"
+SHIPPED = Path(__file__).resolve().parents[2] / "src" / "kohakumoss_kernels" / "tuning" / "tables"
 
 
 def read_tables(path: Path) -> list[tuple[str, dict]]:

@@ -60,7 +60,7 @@ from kohakumoss.precision import BASE_PRECISIONS  # noqa: E402
 from kohakumoss.train.collector import StepCollector  # noqa: E402
 from kohakumoss.train.profiling import device_kernels  # noqa: E402
 from kohakumoss_common.timing import copy_gbs  # noqa: E402
-from kohakumoss_kernels import triton_utils  # noqa: E402
+from kohakumoss_kernels.backends import triton_utils  # noqa: E402
 
 PRESET = "moss-image-5b"  # MossConfig preset, random weights
 DEVICE = "cuda"  # cuda | cpu (cpu: rows in this process, no caps, no nvidia-smi)

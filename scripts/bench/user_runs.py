@@ -95,7 +95,7 @@ WEIGHTS_DIR = "/tmp/kohakumoss-weights"  # --weights-dir's default: outside the 
 BASES = ("int8", "int8_weight")  # BASE_PRECISION of the frozen base (`fp8` has its own field)
 LEGACY_RANK = 32  # the rank of the `legacy` rows (and of every adapter row before they took the layers')
 PHASES = ("cold", "warm", "shipped")  # --first-step's runs of a row, in this order
-# the compilers' cache variables (kohakumoss_kernels/compile_caches.py): a phase's run sets its own
+# the compilers' cache variables (kohakumoss_kernels/tuning/compile_caches.py): a phase's run sets its own
 COMPILE_CACHE_ENV = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TILELANG_CACHE_DIR",
                      "TORCHINDUCTOR_FX_GRAPH_CACHE", "TORCHINDUCTOR_AUTOGRAD_CACHE",
                      "KOHAKUMOSS_SET_COMPILE_CACHES")  # fmt: skip

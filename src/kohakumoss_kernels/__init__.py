@@ -2,6 +2,9 @@
 
 The ops are listed in `op_list.py` (name, arguments, reference, variants). The model calls them only
 through `registry.OpSet`, so the eager op stays the single reference.
+Beside them: `ops/<op>/` (each op's reference and backends), `weights/` (the frozen weight kinds),
+`tuning/` (the per-card tuning table), `backends/` (what the backends share) and `runtime/` (what the
+code running the model opens or sets around op calls).
 Imports only `kohakumoss_common`.
 """
 

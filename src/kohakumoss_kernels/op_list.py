@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from . import shape_keys
+from .tuning import shape_keys
 
 DENSE = ("dense",)  # the weight kinds a backend takes unless it says otherwise (stored_weight.WEIGHT_KINDS)
 
@@ -49,7 +49,7 @@ class OpSpec:
     # bumped when a backend changed enough that the choices stored for this op are stale: its shape keys
     # then end in `|r<revision>`, so every table (the user's, the shipped one) times them again
     revision: int = 1
-    # the dims of a call its tuning rows are keyed by (shape_keys.py): rows and width unless set
+    # the dims of a call its tuning rows are keyed by (tuning/shape_keys.py): rows and width unless set
     dims: shape_keys.Dims = shape_keys.rows
 
     def shape_key(self, *args, **kwargs) -> str:

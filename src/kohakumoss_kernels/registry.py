@@ -12,7 +12,7 @@
   Backends never run on the hardware they are for stay off it until a card has run them: TileLang on
   sm70/sm75 and Triton on XPU are used only when named (`OPS_BACKEND`, `OpSet(backend=...)`).
 - A backend that does not import (Triton or TileLang missing, an old torch) is skipped, one log line.
-- Per call, the shape key (`OpSpec.shape_key`, shape_keys.py) picks a row of the card's tuning table (`tuning.py`);
+- Per call, the shape key (`OpSpec.shape_key`, tuning/shape_keys.py) picks a row of the card's tuning table (`tuning/`);
   a RuntimeError (or a Triton compile error) at call time falls back to the next backend, logged once.
 """
 
@@ -32,10 +32,10 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger, log_once
 
 from . import tuning
-from .compile_utils import compiled
-from .compile_utils import supports as compile_supports
+from .backends.compile_utils import compiled
+from .backends.compile_utils import supports as compile_supports
 from .op_list import DENSE, SPECS, shape_key
-from .stored_weight import WEIGHT_KINDS, StoredWeight, weight_kind
+from .weights.stored_weight import WEIGHT_KINDS, StoredWeight, weight_kind
 
 log = get_logger("kohakumoss.kernels.registry")
 

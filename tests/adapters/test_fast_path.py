@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kohakumoss.adapters import build_adapter
 from kohakumoss.adapters.fast import _grouped_forward
-from kohakumoss_kernels import OpSet, cast_cache
+from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.runtime import cast_cache
 
 from .helpers import flow_batch, flow_loss, tiny_model
 

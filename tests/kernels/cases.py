@@ -6,7 +6,7 @@ from unittest import mock
 
 import torch
 
-from kohakumoss_kernels import sample_sums
+from kohakumoss_kernels.backends import sample_sums
 from kohakumoss_kernels.ops.norm_modulate import eager as norm_modulate_eager
 from kohakumoss_kernels.ops.rms_norm import eager as rms_norm_eager
 from kohakumoss_kernels.registry import backend_fn, eager_op

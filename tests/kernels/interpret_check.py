@@ -123,7 +123,7 @@ if __name__ == "__main__":
         for a, b in zip(*results, strict=True):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
         # inside a grad_sink window the adapter's gradients are added into .grad by the kernels' atomics
-        from kohakumoss_kernels import grad_sink
+        from kohakumoss_kernels.runtime import grad_sink
 
         lora_linear = backend_fn("lora_linear", "addmm_lowrank")
 
@@ -144,7 +144,7 @@ if __name__ == "__main__":
         print("ok lowrank", flush=True)
         # fp8 frozen bases' passes: scales and the transposed bytes (the interpreter's own fp32 -> e4m3
         # cast rounds differently from the GPU's, so the quantized bytes are compared on the GPU only)
-        from kohakumoss_kernels import fp8, fp8_triton
+        from kohakumoss_kernels.weights import fp8, fp8_triton
 
         parts = [
             torch.randn(7, 40, generator=g) * 3,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kohakumoss_kernels.capture import capture
+from kohakumoss_kernels.runtime.capture import capture
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from kohakumoss_kernels import cast_cache
+from kohakumoss_kernels.runtime import cast_cache
 
 
 def _masters():

@@ -115,7 +115,7 @@ def test_lora_linear_addmm_gradients_are_exact_in_float64(trainable_base, lora_f
 @pytest.mark.parametrize("shuffled", [False, True])
 @pytest.mark.parametrize("op", ["norm_modulate", "gated_residual", "residual_norm_modulate"])
 def test_onehot_per_sample_ops_match_eager(op, shuffled):
-    """The one-hot matmul form of the per-sample gather (kohakumoss_kernels/per_token.py), values and
+    """The one-hot matmul form of the per-sample gather (kohakumoss_kernels/backends/per_token.py), values and
     gradients, samples packed in order and tokens shuffled across samples."""
     (compare_shuffled if shuffled else compare)(op, "onehot", [3, 1, 7], torch.float32, "cpu")
 

@@ -8,7 +8,8 @@ import importlib
 import pytest
 import torch
 
-from kohakumoss_kernels import OpSet, registry, triton_utils, tuning
+from kohakumoss_kernels import OpSet, registry, tuning
+from kohakumoss_kernels.backends import triton_utils
 
 from .cases import compare, compare_mixed
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from kohakumoss.model import PackedSeq
-from kohakumoss_kernels.host_values import _VALUES, host_values, register_host_values
 from kohakumoss_kernels.ops.varlen_attention import sdpa_groups
+from kohakumoss_kernels.runtime.host_values import _VALUES, host_values, register_host_values
 
 
 def test_registered_values_are_used_instead_of_the_tensor():

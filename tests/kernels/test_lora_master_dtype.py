@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kohakumoss_kernels import grad_sink
 from kohakumoss_kernels.ops.lora_group.addmm import lora_group
 from kohakumoss_kernels.ops.lora_linear.addmm import lora_linear
 from kohakumoss_kernels.registry import eager_op
+from kohakumoss_kernels.runtime import grad_sink
 
 
 def _inputs(compute, device, outs=(7,), ranks=(3,), d=6, seed=0):

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import OpSet, available_ops, fp8, int8, mxfp8, registry
+from kohakumoss_kernels import OpSet, available_ops, registry
 from kohakumoss_kernels.op_list import OPS, SPECS, shape_key
 from kohakumoss_kernels.registry import _exact_key, backend_fn, eager_op, resolve
-from kohakumoss_kernels.shape_keys import bucket
-from kohakumoss_kernels.stored_weight import WEIGHT_KINDS, weight_kind
+from kohakumoss_kernels.tuning.shape_keys import bucket
+from kohakumoss_kernels.weights import fp8, int8, mxfp8
+from kohakumoss_kernels.weights.stored_weight import WEIGHT_KINDS, weight_kind
 
 from .cases import make_inputs
 

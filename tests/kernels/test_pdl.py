@@ -1,4 +1,4 @@
-"""Which launches are programmatic dependent ones (kohakumoss_kernels.pdl), with the card faked: the
+"""Which launches are programmatic dependent ones (kohakumoss_kernels.backends.pdl), with the card faked: the
 kernels under PDL themselves run in the GPU tests (on by default on the H200)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ def _on(device: str) -> SimpleNamespace:
 
 @pytest.fixture
 def pdl(monkeypatch):
-    from kohakumoss_kernels import pdl
+    from kohakumoss_kernels.backends import pdl
 
     monkeypatch.delenv(pdl.ENV, raising=False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
@@ -48,7 +48,7 @@ def test_pdl_off_by_knob_interpreter_and_off_cuda(pdl, monkeypatch):
     not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the H200 through the device tool)"
 )
 def test_pdl_on_for_this_card_when_hopper():
-    from kohakumoss_kernels import pdl
+    from kohakumoss_kernels.backends import pdl
 
     x = torch.empty(1, device="cuda")
     assert pdl.enabled(x) is (torch.cuda.get_device_capability()[0] >= 9)

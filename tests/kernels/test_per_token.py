@@ -3,7 +3,7 @@
 import torch
 import torch.nn.functional as F
 
-from kohakumoss_kernels.per_token import one_hot, per_token
+from kohakumoss_kernels.backends.per_token import one_hot, per_token
 
 
 def test_one_hot_equals_torchs_and_spreads_each_samples_row():

@@ -25,7 +25,7 @@ from kohakumoss_kernels import (
     tuning,
 )
 from kohakumoss_kernels.op_list import shape_key
-from kohakumoss_kernels.shape_keys import bucket
+from kohakumoss_kernels.tuning.shape_keys import bucket
 
 _ids = itertools.count()
 
@@ -363,7 +363,7 @@ def test_timing_failure_excludes_candidate(cache, lines):
 def test_a_compiled_op_raising_any_error_is_skipped_while_timing(cache, lines, monkeypatch):
     """Inductor's generated code can fail with a NameError (torch 2.11, the joint attention at dynamic
     shapes); as the compile backend it is skipped and the run goes on with the next candidate."""
-    import kohakumoss_kernels.compile_utils as compile_utils
+    import kohakumoss_kernels.backends.compile_utils as compile_utils
 
     def broken(x):
         raise NameError("name 's29' is not defined")
@@ -385,7 +385,7 @@ def test_a_compiled_op_lets_a_checkpoints_early_stop_through(monkeypatch):
     is set' (a `low_vram` run on the H200)."""
     import torch.utils.checkpoint as checkpoint
 
-    import kohakumoss_kernels.compile_utils as compile_utils
+    import kohakumoss_kernels.backends.compile_utils as compile_utils
 
     monkeypatch.setattr(compile_utils.torch, "compile", lambda fn, dynamic=None: fn)
     op = compile_utils.compiled(lambda t: t.sin() * 2)

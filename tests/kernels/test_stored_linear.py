@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from kohakumoss_common.quant import convrot_hadamard
-from kohakumoss_kernels import OpSet, fp8, int8, mxfp8
+from kohakumoss_kernels import OpSet
 from kohakumoss_kernels.op_list import SPECS, shape_key
 from kohakumoss_kernels.registry import backend_fn, eager_op, resolve
+from kohakumoss_kernels.weights import fp8, int8, mxfp8
 
 OUT, IN, ROWS = 48, 64, 24  # rows > 16 and widths in multiples of 16 / 32: every GEMM form fits
 

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from kohakumoss_common.quant import convrot_hadamard
-from kohakumoss_kernels import OpSet, fp8, int8, mxfp8
-from kohakumoss_kernels.capture import capture
+from kohakumoss_kernels import OpSet
 from kohakumoss_kernels.registry import eager_op, load_backend
+from kohakumoss_kernels.runtime.capture import capture
+from kohakumoss_kernels.weights import fp8, int8, mxfp8
 
 pytestmark = [
     pytest.mark.gpu,

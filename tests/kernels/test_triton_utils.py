@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kohakumoss_kernels import sample_sums, triton_utils  # noqa: E402
+from kohakumoss_kernels.backends import sample_sums, triton_utils  # noqa: E402
 
 
 def test_register_cap_fits_the_programs_per_sm_in_the_register_file():
@@ -49,13 +49,13 @@ def test_sum_rows_takes_every_partial_row_in_one_tile(programs, d, expected):
     [(3072, (1024, 3)), (128, (128, 1)), (4096, (4096, 1)), (40, (16, 3)), (1536, (512, 3)), (1, (1, 1))],
 )
 def test_row_chunks_cover_the_width_with_the_least_padding(d, expected):
-    from kohakumoss_kernels.row_chunks import row_chunks
+    from kohakumoss_kernels.backends.row_chunks import row_chunks
 
     assert row_chunks(d) == expected
 
 
 def test_row_chunks_always_cover_the_row_in_at_most_three_power_of_two_chunks():
-    from kohakumoss_kernels.row_chunks import MAX_CHUNKS, row_chunks
+    from kohakumoss_kernels.backends.row_chunks import MAX_CHUNKS, row_chunks
 
     for d in range(1, 5000):
         w, c = row_chunks(d)
@@ -74,7 +74,8 @@ def test_norm_modulate_backward_candidates_are_one_row_with_two_columns_per_thre
 def test_a_launch_pick_is_kept_in_the_cards_table_and_reused(tmp_path, monkeypatch):
     """The first run times the configs and keeps the winner in the card's table; a later process (its
     in-memory picks gone) reuses it without timing; other candidates or TUNE=always time again."""
-    from kohakumoss_kernels import triton_utils, tuning
+    from kohakumoss_kernels import tuning
+    from kohakumoss_kernels.backends import triton_utils
 
     monkeypatch.setenv("KOHAKUMOSS_CACHE", str(tmp_path))
     monkeypatch.setenv(triton_utils.ENV_PICK, "1")

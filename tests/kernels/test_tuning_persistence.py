@@ -15,10 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kohakumoss_kernels import launch_prune, register_backend, register_op, resolve, triton_utils, tuning
-from kohakumoss_kernels.compile_caches import share_compile_caches
-from kohakumoss_kernels.launch_prune import CardLimits, drop_reason, prune
+from kohakumoss_kernels import register_backend, register_op, resolve, tuning
+from kohakumoss_kernels.backends import triton_utils
 from kohakumoss_kernels.op_list import shape_key
+from kohakumoss_kernels.tuning import launch_prune
+from kohakumoss_kernels.tuning.compile_caches import share_compile_caches
+from kohakumoss_kernels.tuning.launch_prune import CardLimits, drop_reason, prune
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = (3072, torch.bfloat16, 16384, torch.device("cpu"))
@@ -293,7 +295,7 @@ def test_compile_caches_go_under_the_user_cache_unless_the_user_set_them(tmp_pat
 
 
 def compile_cache_env_names() -> tuple[str, ...]:
-    from kohakumoss_kernels.compile_caches import CACHE_DIRS, CACHE_SWITCHES
+    from kohakumoss_kernels.tuning.compile_caches import CACHE_DIRS, CACHE_SWITCHES
 
     return (*CACHE_DIRS, *CACHE_SWITCHES)
 

@@ -1,5 +1,5 @@
 """BASE_PRECISION fp8 / fp8_weight: the blocks' frozen linears stored in float8 with row scales
-(kohakumoss/precision/fp8_base.py over kohakumoss_kernels/fp8.py), checked against the float32 reference."""
+(kohakumoss/precision/fp8_base.py over kohakumoss_kernels/weights/fp8.py), checked against the float32 reference."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from torch import nn
 from kohakumoss.adapters import build_adapter
 from kohakumoss.precision import quantize_frozen_linears
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import OpSet, fp8
+from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.weights import fp8
 
 from ..adapters.helpers import flow_batch, flow_loss, tiny_model
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kohakumoss_kernels import fp8
 from kohakumoss_kernels.registry import eager_op, load_backend
+from kohakumoss_kernels.weights import fp8
 
 pytestmark = [
     pytest.mark.gpu,
@@ -22,7 +22,7 @@ DEV = torch.device("cuda")
 @pytest.mark.parametrize("shape", [(1, 16), (37, 3072), (300, 9216), (64, 16384)])
 @pytest.mark.parametrize("with_cols", [False, True])
 def test_triton_quantize_rows_writes_the_reference_bytes(shape, with_cols):
-    from kohakumoss_kernels.fp8_triton import quantize_rows
+    from kohakumoss_kernels.weights.fp8_triton import quantize_rows
 
     torch.manual_seed(0)
     x = (torch.randn(*shape, device=DEV) * torch.rand(shape[0], 1, device=DEV) * 5).bfloat16()
@@ -45,7 +45,7 @@ def test_triton_quantize_rows_writes_the_reference_bytes(shape, with_cols):
 
 
 def test_triton_transpose_cat_equals_torch():
-    from kohakumoss_kernels.fp8_triton import transpose_cat
+    from kohakumoss_kernels.weights.fp8_triton import transpose_cat
 
     datas = [torch.randn(o, 3000, device=DEV).to(fp8.E4M3) for o in (3072, 100, 4096)]
     ref = torch.cat(datas).t().contiguous()

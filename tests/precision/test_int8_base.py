@@ -1,4 +1,4 @@
-"""BASE_PRECISION int8 / int8_weight: int8 block linears with row scales (kohakumoss_kernels/int8.py,
+"""BASE_PRECISION int8 / int8_weight: int8 block linears with row scales (kohakumoss_kernels/weights/int8.py,
 precision/int8_base.py), ConvRot files kept int8 with the rotation on the activations, checked against
 the dequantized float reference."""
 
@@ -17,7 +17,8 @@ from kohakumoss.model.io import load_backbone, save_backbone
 from kohakumoss.precision import Int8Linear, quantize_frozen_linears, stored_int8_weights
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.quant import convrot_hadamard, dequantize
-from kohakumoss_kernels import OpSet, int8
+from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.weights import int8
 
 from ..adapters.helpers import flow_batch, flow_loss, tiny_model
 

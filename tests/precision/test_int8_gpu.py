@@ -8,8 +8,9 @@ import torch
 
 from kohakumoss.precision import quantize_frozen_linears
 from kohakumoss_common.quant import convrot_hadamard
-from kohakumoss_kernels import OpSet, int8
+from kohakumoss_kernels import OpSet
 from kohakumoss_kernels.registry import eager_op, load_backend
+from kohakumoss_kernels.weights import int8
 
 pytestmark = [
     pytest.mark.gpu,

@@ -1,4 +1,4 @@
-"""MXFP8 (kohakumoss_kernels/mxfp8.py): the quantizer against a float64 reference of the OCP MX rule, the
+"""MXFP8 (kohakumoss_kernels/weights/mxfp8.py): the quantizer against a float64 reference of the OCP MX rule, the
 GEMM's scale layout, BASE_PRECISION mxfp8's modules over the eager ops, and its refusal off sm100+."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import torch
 from kohakumoss.adapters import build_adapter
 from kohakumoss.precision import Mxfp8Linear, quantize_frozen_linears
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import OpSet, mxfp8
+from kohakumoss_kernels import OpSet
 from kohakumoss_kernels.registry import resolve
+from kohakumoss_kernels.weights import mxfp8
 
 from ..adapters.helpers import flow_batch, flow_loss, tiny_model
 

@@ -9,8 +9,9 @@ import torch
 
 from kohakumoss.precision import quantize_frozen_linears
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import OpSet, mxfp8
+from kohakumoss_kernels import OpSet
 from kohakumoss_kernels.registry import eager_op, load_backend
+from kohakumoss_kernels.weights import mxfp8
 
 pytestmark = [
     pytest.mark.gpu,

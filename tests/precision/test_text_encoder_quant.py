@@ -14,7 +14,8 @@ from kohakumoss.encoders.text_layouts import model_to_comfy
 from kohakumoss.precision import Fp8Linear, Int8Linear
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.io import save_safetensors
-from kohakumoss_kernels import OpSet, int8
+from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.weights import int8
 
 from ..encoders import conftest as enc
 

@@ -8,7 +8,7 @@ import torch
 
 from kohakumoss.encoders import TextEncoder, TextEncoderConfig
 from kohakumoss.precision import Fp8Linear, Int8Linear
-from kohakumoss_kernels import fp8
+from kohakumoss_kernels.weights import fp8
 
 from ..encoders import conftest as enc
 

@@ -14,8 +14,8 @@ import torch
 
 from kohakumoss.config.train import TrainConfig
 from kohakumoss.train.components import ops_backend
-from kohakumoss_kernels.deterministic import ATOMIC_BACKENDS, backends_for, set_deterministic
 from kohakumoss_kernels.registry import candidate_names
+from kohakumoss_kernels.runtime.deterministic import ATOMIC_BACKENDS, backends_for, set_deterministic
 
 from .conftest import tiny_knobs
 

@@ -276,7 +276,7 @@ def test_the_first_step_reports_its_triton_compiles(train_world, monkeypatch):
     import contextlib
 
     from kohakumoss.train import runner
-    from kohakumoss_kernels.triton_utils import Compiles
+    from kohakumoss_kernels.backends.triton_utils import Compiles
 
     entered = []
 

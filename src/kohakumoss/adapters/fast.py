@@ -15,7 +15,7 @@ from lycoris.modules.locon import LoConModule
 from torch import nn
 
 from kohakumoss.precision import base_dtype, frozen_weight
-from kohakumoss_kernels import cast_cache
+from kohakumoss_kernels.runtime import cast_cache
 
 
 def eligible(module: nn.Module) -> bool:

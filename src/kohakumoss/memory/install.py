@@ -18,7 +18,7 @@ from torch import nn
 
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
-from kohakumoss_kernels.fp8 import castable
+from kohakumoss_kernels.weights.fp8 import castable
 
 from .engines.activation_offload import ActivationOffload
 from .engines.block_runner import BlockRunner

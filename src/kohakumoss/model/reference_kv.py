@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import nn
 
-from kohakumoss_kernels.host_values import register_host_values
+from kohakumoss_kernels.runtime.host_values import register_host_values
 
 from .seq import PackedSeq
 

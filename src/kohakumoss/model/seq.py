@@ -30,7 +30,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from kohakumoss_kernels.host_values import host_values, register_host_values
+from kohakumoss_kernels.runtime.host_values import host_values, register_host_values
 
 
 def sample_positions(n_text: int, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:

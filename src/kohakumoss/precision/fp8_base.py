@@ -1,5 +1,5 @@
 """BASE_PRECISION: the DiT blocks' frozen linears (q, k, v, o and the MLP's) stored in float8 e4m3 or int8
-with one scale per output row (`kohakumoss_kernels.fp8`, `kohakumoss_kernels.int8`), for adapter
+with one scale per output row (`kohakumoss_kernels.weights.fp8`, `kohakumoss_kernels.weights.int8`), for adapter
 training and sampling.
 
 - `same`: the compute dtype (bf16 / fp16), as loaded.
@@ -23,7 +23,8 @@ import torch
 from torch import nn
 
 from kohakumoss_common.errors import ConfigError
-from kohakumoss_kernels import OpSet, fp8, int8, mxfp8
+from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.weights import fp8, int8, mxfp8
 
 from .default_ops import default_ops
 from .int8_base import Int8Linear, stored_int8_weights, to_int8

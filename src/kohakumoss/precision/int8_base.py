@@ -1,5 +1,5 @@
 """BASE_PRECISION int8 / int8_weight: a frozen linear stored in int8 with one float32 scale per output
-row (`kohakumoss_kernels.int8`), quantized here or kept as a released int8 file stores it.
+row (`kohakumoss_kernels.weights.int8`), quantized here or kept as a released int8 file stores it.
 
 - `int8`: int8 storage and int8 GEMMs for the forward (`torch._int_mm`), CUDA sm80+ or the CPU.
 - `int8_weight`: int8 storage, dequantized per call: the memory saving on any card.
@@ -18,7 +18,8 @@ from torch import nn
 
 from kohakumoss.precision.default_ops import default_ops
 from kohakumoss_common.errors import CheckpointError
-from kohakumoss_kernels import OpSet, int8
+from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.weights import int8
 
 
 class Int8Linear(nn.Linear):

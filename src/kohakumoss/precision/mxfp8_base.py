@@ -1,5 +1,5 @@
 """BASE_PRECISION mxfp8: a frozen linear stored in MXFP8 (e4m3, one e8m0 scale per 32 inputs;
-`kohakumoss_kernels.mxfp8`) whose forward is a block-scaled fp8 GEMM. Only Blackwell cards (sm100+) have
+`kohakumoss_kernels.weights.mxfp8`) whose forward is a block-scaled fp8 GEMM. Only Blackwell cards (sm100+) have
 that GEMM: elsewhere `quantize_frozen_linears` refuses the mode by name (fp8_base.check_device)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from kohakumoss.precision.default_ops import default_ops
-from kohakumoss_kernels import OpSet, mxfp8
+from kohakumoss_kernels import OpSet
+from kohakumoss_kernels.weights import mxfp8
 
 
 class Mxfp8Linear(nn.Linear):

@@ -45,7 +45,7 @@ from kohakumoss_common.errors import ConfigError, KohakuMossError
 from kohakumoss_common.io import set_module_tensor
 from kohakumoss_common.log import get_logger
 from kohakumoss_kernels import OpSet
-from kohakumoss_kernels.deterministic import backends_for, set_deterministic
+from kohakumoss_kernels.runtime.deterministic import backends_for, set_deterministic
 
 log = get_logger(__name__)
 PRECISION_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

@@ -6,7 +6,7 @@ one launch. A batch shape is captured the second time it is seen (the first run 
 the kernel registry's tuning window); that micro-step runs eagerly on a side stream first (the warm-up
 a capture needs), so no micro-step is lost or repeated. Every graph accumulates into one shared set of
 gradient buffers, which become the parameters' `.grad` before each replay; ops that can (the LoRA
-linears) add their weight gradients into those buffers from their GEMMs (kohakumoss_kernels.grad_sink).
+linears) add their weight gradients into those buffers from their GEMMs (kohakumoss_kernels.runtime.grad_sink).
 
 Captions differ in length from batch to batch; the trainer pads each batch's text tokens to a multiple
 of TEXT_PAD (a pad segment, `PackedSeq.build(pad_to=...)`), so batches of the same image sizes share
@@ -16,7 +16,7 @@ captured kernel reads the lengths on the device. The fastest attention on the H2
 host, so graphs start keyed by the exact lengths too, and switch to device-length backends when the
 lengths keep varying (`lengths.LengthSwitch`): fixed-length captions keep the faster attention, varied
 ones get graphs that replay. A capture during which an op still read lengths on the host
-(`kohakumoss_kernels.host_values`) keys the graphs by the exact lengths again.
+(`kohakumoss_kernels.runtime.host_values`) keys the graphs by the exact lengths again.
 
 Only the plain memory plan is graphed (streaming, offload and host optimizers move bytes from Python),
 and only adapters whose forward is a function of tensors alone (T-LoRA, DyLoRA and module dropout
@@ -37,8 +37,8 @@ from kohakumoss.adapters.algos import adapter_algo
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
-from kohakumoss_kernels import grad_sink, host_values
-from kohakumoss_kernels.capture import capture
+from kohakumoss_kernels.runtime import grad_sink, host_values
+from kohakumoss_kernels.runtime.capture import capture
 
 from .lengths import LengthSwitch
 from .step import DeviceBatch

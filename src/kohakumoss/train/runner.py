@@ -19,7 +19,7 @@ import torch
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.precision import placed_scaled_step
 from kohakumoss_common.log import get_logger
-from kohakumoss_kernels.triton_utils import counting_compiles
+from kohakumoss_kernels.backends.triton_utils import counting_compiles
 
 from .finite import arm_skip, skips_on_device
 from .graphs import StepGraphs, batch_signature

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from kohakumoss_common.log import get_logger
-from kohakumoss_kernels.fp8 import castable
+from kohakumoss_kernels.weights.fp8 import castable
 
 log = get_logger(__name__)
 ALIGN = 256  # bytes; every tensor in a slot starts on an aligned address

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ... import fp8, int8
-from ...cast_cache import cast, cast_cat
-from ...stored_weight import WEIGHT_KINDS
+from ...runtime.cast_cache import cast, cast_cat
+from ...weights import fp8, int8
+from ...weights.stored_weight import WEIGHT_KINDS
 from ..lora_linear.addmm import (
     input_grad,
     lora_out,

@@ -20,9 +20,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import fp8, grad_sink, int8, mxfp8
-from ...cast_cache import cast
-from ...stored_weight import WEIGHT_KINDS
+from ...runtime import grad_sink
+from ...runtime.cast_cache import cast
+from ...weights import fp8, int8, mxfp8
+from ...weights.stored_weight import WEIGHT_KINDS
 
 WEIGHTS = WEIGHT_KINDS  # a tensor, or an fp8 / int8 / MXFP8 weight: `lora_out` and `input_grad` branch on it
 

@@ -17,8 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_utils import next_pow2, persistent_programs, pick, size_bucket
-from ...triton_utils import supports as supports
+from ...backends.triton_utils import next_pow2, persistent_programs, pick, size_bucket
+from ...backends.triton_utils import supports as supports
 
 
 @triton.jit

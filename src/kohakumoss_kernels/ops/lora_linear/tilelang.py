@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from lycoris.kernels.autograd.locon import locon_bypass_diff
 
-from ...tilelang_utils import supports as _tilelang_supports
+from ...backends.tilelang_utils import supports as _tilelang_supports
 
 BACKEND = "tilelang"
 

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from lycoris.kernels.autograd.locon import locon_bypass_diff
 
-from ...triton_utils import supports as _triton_supports
+from ...backends.triton_utils import supports as _triton_supports
 
 BACKEND = "triton"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ...per_token import one_hot, per_token
+from ...backends.per_token import one_hot, per_token
 from ..rms_norm.eager import rms_norm
 
 

@@ -11,11 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import pdl
-from ... import row_chunks as rc
-from ... import sample_sums as ss
-from ...triton_utils import backward_configs, next_pow2, pick, row_configs, row_key, row_launch
-from ...triton_utils import supports as supports
+from ...backends import pdl
+from ...backends import row_chunks as rc
+from ...backends import sample_sums as ss
+from ...backends.triton_utils import backward_configs, next_pow2, pick, row_configs, row_key, row_launch
+from ...backends.triton_utils import supports as supports
 
 
 @triton.jit

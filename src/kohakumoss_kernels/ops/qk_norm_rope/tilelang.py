@@ -14,8 +14,8 @@ import tilelang
 import tilelang.language as T
 import torch
 
-from ...tilelang_utils import DTYPE
-from ...tilelang_utils import supports as supports
+from ...backends.tilelang_utils import DTYPE
+from ...backends.tilelang_utils import supports as supports
 
 BLOCK_M = 16  # head-rows per program: 16 x 128 fp32 values per tensor, spread over 128 threads
 

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import pdl, stream
-from ... import sample_sums as ss
-from ...triton_utils import (
+from ...backends import pdl, stream
+from ...backends import sample_sums as ss
+from ...backends.triton_utils import (
     backward_configs,
     next_pow2,
     persistent_programs,
@@ -23,7 +23,7 @@ from ...triton_utils import (
     size_bucket,
     tile_configs,
 )
-from ...triton_utils import supports as supports
+from ...backends.triton_utils import supports as supports
 
 
 @triton.jit

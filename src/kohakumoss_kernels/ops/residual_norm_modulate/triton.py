@@ -8,10 +8,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import pdl
-from ... import sample_sums as ss
-from ...triton_utils import pick, row_configs, row_key, row_launch
-from ...triton_utils import supports as supports
+from ...backends import pdl
+from ...backends import sample_sums as ss
+from ...backends.triton_utils import pick, row_configs, row_key, row_launch
+from ...backends.triton_utils import supports as supports
 
 
 @triton.jit

@@ -12,8 +12,8 @@ import tilelang
 import tilelang.language as T
 import torch
 
-from ...tilelang_utils import DTYPE
-from ...tilelang_utils import supports as supports
+from ...backends.tilelang_utils import DTYPE
+from ...backends.tilelang_utils import supports as supports
 
 BLOCK_M = 4
 

@@ -12,9 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import pdl
-from ... import sample_sums as ss
-from ...triton_utils import (
+from ...backends import pdl
+from ...backends import sample_sums as ss
+from ...backends.triton_utils import (
     backward_configs,
     next_pow2,
     persistent_programs,
@@ -24,7 +24,7 @@ from ...triton_utils import (
     row_key,
     row_launch,
 )
-from ...triton_utils import supports as supports
+from ...backends.triton_utils import supports as supports
 
 
 @triton.jit

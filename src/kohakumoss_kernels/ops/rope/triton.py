@@ -6,8 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import pdl, stream
-from ...triton_utils import supports as supports
+from ...backends import pdl, stream
+from ...backends.triton_utils import supports as supports
 
 
 @triton.jit

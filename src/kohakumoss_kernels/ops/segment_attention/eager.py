@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...host_values import host_values
+from ...runtime.host_values import host_values
 
 
 def segment_attention(

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import pdl
-from ...triton_utils import supports as supports
+from ...backends import pdl
+from ...backends.triton_utils import supports as supports
 
 BLOCK = 1024
 SMALL: tl.constexpr = tl.constexpr(0.625)  # below this |x|, tanh(x) from the polynomial

@@ -8,8 +8,8 @@ import dataclasses
 
 import torch
 
-from ... import fp8, int8, mxfp8
-from ...stored_weight import StoredWeight
+from ...weights import fp8, int8, mxfp8
+from ...weights.stored_weight import StoredWeight
 
 WEIGHTS = ("fp8", "int8", "mxfp8")
 _FORMATS = {"fp8": fp8, "int8": int8, "mxfp8": mxfp8}  # each format's frozen_linear and its GEMMs

@@ -1,6 +1,6 @@
 """stored_linear over an MXFP8 weight as one block-scaled fp8 GEMM (`torch._scaled_mm` with e8m0 scales
 per 32 inputs in cuBLAS's tile layout), x quantized to MXFP8 per call; the input gradient over the
-dequantized weight (`kohakumoss_kernels.mxfp8`). Blackwell only: on other cards it is not bound."""
+dequantized weight (`kohakumoss_kernels.weights.mxfp8`). Blackwell only: on other cards it is not bound."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from kohakumoss_common.device import sm_at_least
 
-from ... import mxfp8
+from ...weights import mxfp8
 
 WEIGHTS = ("mxfp8",)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...stored_weight import StoredWeight
+from ...weights.stored_weight import StoredWeight
 
 
 def stored_linear(

@@ -1,6 +1,6 @@
 """stored_linear over an int8 weight as an int8 GEMM (`torch._int_mm`, int32 accumulation, x rotated
 and quantized per row on the fly) where the weight computes and the shapes fit; its weight-only form
-otherwise. The input gradient over the per-call dequantized rows (`kohakumoss_kernels.int8`)."""
+otherwise. The input gradient over the per-call dequantized rows (`kohakumoss_kernels.weights.int8`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from kohakumoss_common.device import sm_at_least
 
-from ... import int8
+from ...weights import int8
 
 WEIGHTS = ("int8",)
 

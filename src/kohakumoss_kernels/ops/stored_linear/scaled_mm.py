@@ -1,6 +1,6 @@
 """stored_linear over an fp8 weight as fp8 GEMMs with row-wise scales (`torch._scaled_mm`) where the
 weight computes: x forward and gy backward quantized per row on the fly, the weight's row scales on the
-output columns / folded into gy's columns (`kohakumoss_kernels.fp8`); its weight-only form otherwise."""
+output columns / folded into gy's columns (`kohakumoss_kernels.weights.fp8`); its weight-only form otherwise."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 
 from kohakumoss_common.device import sm_at_least
 
-from ... import fp8
+from ...weights import fp8
 
 WEIGHTS = ("fp8",)
 

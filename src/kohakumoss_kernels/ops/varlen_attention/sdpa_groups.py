@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ...host_values import host_values
+from ...runtime.host_values import host_values
 
 
 def supports(arch: str, dtype: torch.dtype) -> bool:

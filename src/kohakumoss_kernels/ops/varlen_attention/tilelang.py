@@ -17,8 +17,8 @@ import torch
 
 from kohakumoss_common.log import get_logger, log_once
 
-from ...tilelang_utils import DTYPE
-from ...tilelang_utils import supports as _tilelang_supports
+from ...backends.tilelang_utils import DTYPE
+from ...backends.tilelang_utils import supports as _tilelang_supports
 from .eager import varlen_attention as _eager
 
 log = get_logger("kohakumoss.kernels.tilelang")

@@ -15,8 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ...triton_utils import next_pow2, pick
-from ...triton_utils import supports as _triton_supports
+from ...backends.triton_utils import next_pow2, pick
+from ...backends.triton_utils import supports as _triton_supports
 
 LOG2E = 1.4426950408889634
 

@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..backends.triton_utils import pick, row_configs, row_key, row_launch
 from .fp8 import _TINY, E4M3, E4M3_MAX
-from .triton_utils import pick, row_configs, row_key, row_launch
 
 
 @triton.jit

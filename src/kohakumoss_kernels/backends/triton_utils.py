@@ -219,7 +219,7 @@ def device_ms(fn: Callable[[], None], reps: int = 10, rounds: int = 3) -> float:
 
 def _launch_table(name: str, key: tuple):
     """(row name, the card's tuning table, its arch) where a pick is kept across runs: keys with a device."""
-    from . import tuning
+    from .. import tuning
 
     devices = [k for k in key if isinstance(k, torch.device)]
     if interpreting() or not devices:
@@ -241,7 +241,8 @@ def worth_timing(
 ) -> list[tuple]:
     """The candidates `pick` times on this card, best guess first (`launch_prune.prune`: rules by the card's
     limits, the shipped tables' picks as the prior, a cap on compiled variants)."""
-    from . import launch_prune, tuning
+    from .. import tuning
+    from ..tuning import launch_prune
 
     devices = [k for k in key if isinstance(k, torch.device)]
     card = launch_prune.card_limits(str(devices[0])) if devices else None
@@ -258,7 +259,7 @@ def pick(name: str, key: tuple, candidates: Sequence[tuple], launch: Callable[[t
     afterwards). Where timing is not allowed (interpreter, graph capture, tracing) a stored pick or the
     best guess is used and nothing is stored. KOHAKUMOSS_TUNE=always times again.
     """
-    from . import tuning
+    from .. import tuning
 
     full = (name, *key)
     if full in _PICKED:

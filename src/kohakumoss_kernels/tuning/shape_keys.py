@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-from .stored_weight import weight_kind
+from ..weights.stored_weight import weight_kind
 
 _DTYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 

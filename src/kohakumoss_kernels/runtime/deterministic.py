@@ -9,7 +9,7 @@ in an order that depends on scheduling: `addmm_lowrank` (the LoRA weight-gradien
 `tilelang` (varlen attention's dQ), `compile` and `flex` (Inductor-generated kernels may add with
 atomics). In deterministic mode the backend list is the arch's priority without those
 (`backends_for`): the Triton row and attention kernels (partial sums added in a fixed order, see
-`sample_sums.py`), cuBLAS GEMMs, torch's varlen flash attention and the eager references.
+`backends/sample_sums.py`), cuBLAS GEMMs, torch's varlen flash attention and the eager references.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from .registry import TORCH_NATIVE, priority_for
+from ..registry import TORCH_NATIVE, priority_for
 
 ATOMIC_BACKENDS = ("addmm_lowrank", "tilelang", "compile", "flex")
 CUBLAS_WORKSPACE = ":4096:8"  # torch's documented setting for deterministic cuBLAS

@@ -12,11 +12,13 @@ under `user_cache_dir()/lycoris` unless LYCORIS_KERNEL_CACHE_DIR says otherwise:
 every timing a card needs, so a run that carries it times nothing again. lycoris times a new key's
 configs only inside a tuning window whose mode is not "off" (its own default: whenever it meets one,
 mid-run too); outside, its model's pick runs untimed. An explicit LYCORIS_KERNEL_TUNE wins.
-A card this project has timed has a table shipped in `kohakumoss_kernels/tables/<card>.json`: its rows and
+A card this project has timed has a table shipped in `tuning/tables/<card>.json`: its rows and
 launch configs fill the ones the user's table lacks when the torch/triton versions match, so a fresh
 machine times only shapes the shipped table never met (env KOHAKUMOSS_SHIPPED_TABLES=0: start empty).
 The compilers' caches live there too (`compile_caches.py`: Triton, Inductor, TileLang), so a second run
 compiles nothing either.
+Beside this table in `tuning/`: its row names (`shape_keys.py`) and the launch configs a pick times
+(`launch_prune.py`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from kohakumoss_common.lock import exclusive
 from kohakumoss_common.log import get_logger, log_once
 from kohakumoss_common.paths import user_cache_dir
 
-from .capture import capture
+from ..runtime.capture import capture
 from .compile_caches import share_compile_caches
 
 log = get_logger("kohakumoss.kernels.tuning")
@@ -413,7 +415,7 @@ def _synchronize(device: torch.device) -> None:
 
 def _fresh_args(args: tuple, kwargs: dict) -> tuple[tuple, dict, list[torch.Tensor]]:
     """Detached leaves for the tensor arguments that need a gradient; the others as they are (so an
-    index tensor keeps its registered host values, `host_values.py`)."""
+    index tensor keeps its registered host values, `runtime/host_values.py`)."""
     leaves: list[torch.Tensor] = []
 
     def fresh(a):
@@ -497,7 +499,7 @@ def _graph_ms(once: Callable[[], None], device: torch.device, rounds: int, calls
     graph = torch.cuda.CUDAGraph()
     # not torch.cuda.graph(): that one also runs gc.collect() and empty_cache() per capture, which made
     # the first step of a 5B run tune for ~2 minutes; and a failed capture must not leave the allocator
-    # in capture mode (kohakumoss_kernels.capture)
+    # in capture mode (kohakumoss_kernels.runtime.capture)
     try:
         with capture(graph, device, pool=keeper.pool() if keeper is not None else None, stream=stream):
             for _ in range(calls):
