@@ -528,6 +528,9 @@ def test_an_auto_row_under_a_cap_plans_its_references(references):
     a = ts.parse_args(["--rows", rows, "--references", str(references)])
     assert ts.selected_rows(a) == rows.split(",")
     for name, cap in zip(rows.split(","), (79, 23)):
+        child = ts.child_argv(a, name, "row.json")  # each row runs in its own process on the GPU
+        assert child[child.index("--references") + 1] == str(references)
+        assert ts.parse_args(child[2:]).references == references
         cfg = ts.row_config(a, ts.parse_row(name))
         assert cfg.data.tokens_per_step == 2 * (4096 + 256 + references * 4096)
         plan, why = row_plan(ts, a, name)
