@@ -18,7 +18,7 @@ from pathlib import Path
 from PIL import Image
 
 from kohakumoss.data_knobs import open_dataset, plan_dataset
-from kohakumoss_common.io import atomic_write_text
+from kohakumoss_common.io import atomic_write_text, save_image
 from kohakumoss_data.figures import contact_sheet, histogram_png
 from kohakumoss_data.report import aspect_histogram, report_lines, resolution_histogram, write_dropped
 from kohakumoss_data.transform import planned_pixels
@@ -69,7 +69,7 @@ def run(cfg: InspectDataConfig) -> None:
     figure = Image.new("RGB", (aspect.width, aspect.height + sizes.height), "white")
     figure.paste(aspect, (0, 0))
     figure.paste(sizes, (0, aspect.height))
-    figure.save(out / "histogram.png")
+    save_image(figure, out / "histogram.png")
     locators = {it.key: it.locator for it in catalog.usable}
     first = [it for step in plan.steps for it in step][: cfg.report.contact_items]
     tiles = [
@@ -79,7 +79,7 @@ def run(cfg: InspectDataConfig) -> None:
         )
         for it in first
     ]
-    contact_sheet(tiles).save(out / "contact_sheet.png")
+    save_image(contact_sheet(tiles), out / "contact_sheet.png")
     print(f"wrote {out / 'report.txt'}, {out / 'histogram.png'}, {out / 'contact_sheet.png'}")
 
 

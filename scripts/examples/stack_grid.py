@@ -28,6 +28,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     from kohakumoss.diffusion.grid import grid
+    from kohakumoss_common.io import save_image
 
     out, folders = Path(argv[0]), [Path(a) for a in argv[1:]]
     rows, seeds = [], []
@@ -39,7 +40,7 @@ def main(argv: list[str]) -> int:
         seeds = seeds or [s for s, _ in found]
         rows.append((folder.name, [Image.open(p).convert("RGB") for _, p in found]))
     out.parent.mkdir(parents=True, exist_ok=True)
-    grid(rows, [f"seed {s}" for s in seeds]).save(out)
+    save_image(grid(rows, [f"seed {s}" for s in seeds]), out)
     print(f"wrote {out} ({len(rows)} rows x {len(seeds)} columns)")
     return 0
 

@@ -3,7 +3,10 @@
 An item with reference images (edit training) plans each reference too: resized to about its target's
 area at the reference's own aspect (SimpleTuner's `reference_loose`; its sampler's rule: each side
 scaled by sqrt(target area / reference area), rounded to the nearest `multiple` px), centre-cropped by
-the rounding only, flipped with its target; its tokens count in the step budget.
+the rounding only, flipped with its target; its tokens count in the step budget. A text encoder that
+shows the references in its prompt (`Picture N:` and the vision tower's tokens before the caption) adds
+those tokens to the item's text: `PlanKnobs.reference_prompt_tokens` counts them from the references'
+sizes (a pure function the trainer takes from its encoder; the data package knows no encoder).
 
 Same inputs, same bytes: `Plan.sha256` is printed so two runs (or a resumed run) can be compared.
 """
@@ -14,6 +17,7 @@ import dataclasses
 import hashlib
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,9 @@ from .records import CatalogItem
 from .resolution import cover_size, crop_offset, target_size
 
 PLAN_VERSION = 1
+
+# the prompt tokens a text encoder adds for references of these (width, height), in order (0: none)
+ReferencePromptTokens = Callable[[tuple[tuple[int, int], ...]], int]
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,9 @@ class PlanKnobs:
     epochs: int = 1
     shuffle: bool = True
     drop_last: bool = False
+    # references in the text prompt: their tokens (None: the prompt holds none); not written to the plan's
+    # JSON, its items' text_tokens carry what it counted
+    reference_prompt_tokens: ReferencePromptTokens | None = field(default=None, compare=False, repr=False)
 
     def validate(self) -> PlanKnobs:
         if self.crop not in ("center", "random"):
@@ -141,7 +151,9 @@ class Plan:
             "version": PLAN_VERSION,
             "seed": self.seed,
             "knobs": {  # caption_format only when not plain: older plans keep their bytes
-                k: v for k, v in asdict(self.knobs).items() if (k, v) != ("caption_format", "plain")
+                k: v
+                for k, v in asdict(dataclasses.replace(self.knobs, reference_prompt_tokens=None)).items()
+                if (k, v) != ("caption_format", "plain") and k != "reference_prompt_tokens"
             },
             "catalog": self.catalog,
             "epoch_steps": self.epoch_steps,
@@ -165,10 +177,13 @@ def item_rng(seed: int, epoch: int, key: str, repeat: int) -> random.Random:
     return random.Random(int.from_bytes(digest[:8], "little"))
 
 
-def text_tokens(caption: str, knobs: PlanKnobs) -> int:
-    """The templated caption's tokens as budgeted: template + estimated caption, capped where the
-    loader cuts the encoder's output (max_text_tokens)."""
+def text_tokens(caption: str, knobs: PlanKnobs, reference_sizes: tuple[tuple[int, int], ...] = ()) -> int:
+    """The templated prompt's tokens as budgeted: template + the references shown in it (when the knobs'
+    `reference_prompt_tokens` counts them) + estimated caption, capped where the loader cuts the
+    encoder's output (max_text_tokens)."""
     estimate = knobs.template_tokens + math.ceil(len(caption.encode("utf-8")) / knobs.chars_per_token)
+    if reference_sizes and knobs.reference_prompt_tokens is not None:
+        estimate += int(knobs.reference_prompt_tokens(reference_sizes))
     return min(knobs.max_text_tokens, max(1, estimate))
 
 
@@ -294,7 +309,7 @@ def plan_item(
         crop,
         flip,
         image_tokens,
-        text_tokens(caption, knobs),
+        text_tokens(caption, knobs, tuple((int(r["width"]), int(r["height"])) for r in item.references)),
         epoch,
         float(options.loss_weight),
         mask_ref(options, item.key if rel is None else rel),

@@ -513,3 +513,26 @@ def test_an_edit_row_on_the_cpu(tmp_path):
     )
     with pytest.raises(SystemExit, match="no --references"):
         ts.run_baseline_row(a, ts.parse_row("baseline/eager"))
+
+
+@pytest.mark.parametrize("references", [0, 1])
+def test_an_auto_row_under_a_cap_plans_its_references(references):
+    """`--rows lora/auto/latent_text/cap79,lora/auto/latent_text/cap23 --references N` (the GPU call's
+    edit rows): the rows parse and are kept on a GPU, each row's TOKENS_PER_STEP holds its references'
+    tokens, and the catalog's fastest fit for the cap is picked and predicted under it (the plan's
+    work only: no 5B step on the CPU)."""
+    from kohakumoss.train.components import predicted_peak_gib
+
+    ts = load_script()
+    rows = "lora/auto/latent_text/cap79,lora/auto/latent_text/cap23"
+    a = ts.parse_args(["--rows", rows, "--references", str(references)])
+    assert ts.selected_rows(a) == rows.split(",")
+    for name, cap in zip(rows.split(","), (79, 23)):
+        child = ts.child_argv(a, name, "row.json")  # each row runs in its own process on the GPU
+        assert child[child.index("--references") + 1] == str(references)
+        assert ts.parse_args(child[2:]).references == references
+        cfg = ts.row_config(a, ts.parse_row(name))
+        assert cfg.data.tokens_per_step == 2 * (4096 + 256 + references * 4096)
+        plan, why = row_plan(ts, a, name)
+        assert why.startswith("auto: catalog entry") and f"fits {cap} GiB" in why, why
+        assert predicted_peak_gib(cfg, plan) <= cap

@@ -10,8 +10,10 @@ the tiny-run knobs appended after the guide's). A command the test does not reco
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -115,6 +117,27 @@ def keys(path: Path) -> set[str]:
         return set(f.keys())
 
 
+def with_inline_references(command: str, out_dir: str) -> str:
+    """The guide's sample command with its REFERENCE_IMAGES given as `--ri` inside PROMPT instead (step 6:
+    a prompt takes its own references), into `out_dir`."""
+    words, kept, sets = shlex.split(command), [], {}
+    while words:
+        word = words.pop(0)
+        if word == "--set" and words[0].startswith(("REFERENCE_IMAGES=", "PROMPT=")):
+            key, value = words.pop(0).split("=", 1)
+            sets[key] = value
+        else:
+            kept.append(word)
+    refs = ast.literal_eval(sets["REFERENCE_IMAGES"])  # the guide's Python list
+    prompt = sets["PROMPT"] + "".join(f" --ri {r}" for r in refs)
+    return shlex.join([*kept, "--set", f"PROMPT={prompt}", "--set", f"OUT_DIR={out_dir}"])
+
+
+def trained_references(png: Path) -> tuple[list[str], str]:
+    facts = json.loads(Image.open(png).text["kohakumoss"])
+    return facts["references"], facts["references_in_prompt"]
+
+
 def test_edit_lora_guide_end_to_end(tmp_path):
     root = clone(tmp_path)
     run_dir = root / "runs" / "moss" / "my-edit"
@@ -123,7 +146,8 @@ def test_edit_lora_guide_end_to_end(tmp_path):
         command = re.sub(
             r"checkpoints/step_\d{8}", f"checkpoints/{(checkpoints(run_dir) or ['none'])[-1]}", command
         )
-        out = run(command, root)
+        stop = " --set STOP_AT=1" if "scripts/train/moss.py" in command else ""  # resumed below
+        out = run(command + stop, root)
         ran.append(command.split()[:3])
         if command.startswith("kohakumoss-config new train"):
             assert "wrote configs/user/my-edit.py" in out
@@ -144,14 +168,20 @@ def test_edit_lora_guide_end_to_end(tmp_path):
         elif "cache_text.py" in command:
             assert list((root / "cache" / "my-edit" / "text").rglob("*.safetensors")), "no text cache"
         elif "scripts/train/moss.py" in command:
+            # a planned stop after one step, then `--set RESUME=latest` goes on (step 5: as first-lora.md)
             log = (run_dir / "log.txt").read_text()
             assert "vision tower loaded" in log, "the references did not go into the prompt"
-            assert checkpoints(run_dir)[-1] == "step_00000002"
+            assert checkpoints(run_dir) == ["step_00000001"]
+            out = run(command + " --set RESUME=latest", root)
+            assert "resum" in out.lower() + (run_dir / "log.txt").read_text().lower()
+            assert checkpoints(run_dir) == ["step_00000001", "step_00000002"]
             assert list((run_dir / "samples").glob("grid_step_*.png")), "no sample grid"
-            png = Image.open(run_dir / "samples" / "step_00000002" / "sample_00.png")
-            # the config tool's first sample prompt: the first target with its own reference (--ri)
-            refs = json.loads(png.text["kohakumoss"])["references"]
-            assert refs == [str(refs_folder / "10_night" / name) for name in ("cat.png", "cat_1.png")]
+            # the config tool's first sample prompt: the first target with its own reference (--ri),
+            # shown to the text encoder as in training
+            for png in ("base/base_00.png", "step_00000002/sample_00.png"):
+                refs, shown = trained_references(run_dir / "samples" / png)
+                assert refs == [str(refs_folder / "10_night" / name) for name in ("cat.png", "cat_1.png")]
+                assert shown == "picture", png
             assert (run_dir / "export" / "my-edit-comfy.safetensors").is_file()
         elif "scripts/sample/sample.py" in command:
             images = sorted((root / "samples" / "my-edit-sample").glob("0000_*.png"))
@@ -159,6 +189,11 @@ def test_edit_lora_guide_end_to_end(tmp_path):
             facts = json.loads(Image.open(images[0]).text["kohakumoss"])
             assert facts["references"] == ["photos/dog.jpg"]
             assert facts["references_in_prompt"] == "picture"
+            # the same references given by `--ri` in the prompt: the same picture and facts
+            run(with_inline_references(command, "samples/my-edit-ri"), root)
+            inline = root / "samples" / "my-edit-ri" / images[0].name
+            assert json.loads(Image.open(inline).text["kohakumoss"])["references"] == ["photos/dog.jpg"]
+            assert np.array_equal(np.asarray(Image.open(inline)), np.asarray(Image.open(images[0])))
         elif "scripts/export/export.py" in command:
             comfy = root / "ComfyUI" / "models" / "loras" / "my-edit.safetensors"
             assert keys(comfy) == keys(run_dir / "export" / "my-edit-comfy.safetensors")

@@ -75,6 +75,21 @@ def test_inspect_then_cache_scripts(config, tmp_path, capsys):
     assert _sha(kogine(capsys, "inspect_data.py", config, "SEED=6")) != sha
 
 
+def test_inspect_writes_its_pictures_atomically(config, tmp_path, capsys, monkeypatch):
+    """histogram.png and contact_sheet.png go through the atomic writer (a temporary name, then a
+    rename): a stop mid-write never leaves a truncated PNG under the final name."""
+    from PIL import Image
+
+    written, real = [], Image.Image.save
+    monkeypatch.setattr(
+        Image.Image, "save", lambda im, fp, *a, **k: written.append(Path(fp)) or real(im, fp, *a, **k)
+    )
+    kogine(capsys, "inspect_data.py", config)
+    finals = [tmp_path / "run" / name for name in ("histogram.png", "contact_sheet.png")]
+    assert len(written) == 2 and all(f.stat().st_size > 0 for f in finals)
+    assert not set(written) & set(finals), written  # each saved under a temporary name, then renamed
+
+
 def test_convert_shards_script(config, tmp_path, capsys):
     out = kogine(capsys, "convert_shards.py", config, f"OUT_DIR={tmp_path / 'shards'}", "MAX_AREA=20000")
     assert "wrote 7 images into 1 shards" in out

@@ -203,3 +203,22 @@ def test_token_count_and_span_without_reading_the_images(encoder):
     pad = encoder.vision.token_ids[IMAGE_PAD]
     last = max(i for i, t in enumerate(seen[0]) if t == pad)
     assert encoder.reference_span([(64, 96), (33, 47)]) == last + 1
+
+
+def test_the_plan_counts_the_rows_the_references_add(vision_config, encoder):
+    """`reference_prompt_tokens` (what the plan budgets, from sizes alone) is exactly the rows the
+    references add to an encoded caption; the trainer takes it from the encoder (CacheOnly too), and
+    none from an encoder whose prompt shows no references."""
+    from kohakumoss.train.data import reference_prompt_counter
+
+    images = [picture(64, 96), picture(600, 1000, 1), picture(47, 33, 2)]
+    sizes = tuple(im.size for im in images)
+    for caption in ("a red cat", "make the cat blue", ""):
+        _, plain = encoder.encode([caption])
+        _, shown = encoder.encode([caption], [images])
+        assert encoder.reference_prompt_tokens(sizes) == int(shown[0] - plain[0]) > 3 * 4
+    count = reference_prompt_counter(type("CacheOnly", (), {"encoder": encoder})())
+    assert count is not None and count(sizes) == encoder.reference_prompt_tokens(sizes)
+    plain = TextEncoder.load(dataclasses.replace(vision_config, reference_prompt="none"))
+    assert plain.reference_prompt_tokens(sizes) == 0 and reference_prompt_counter(plain) is None
+    assert reference_prompt_counter(None) is None

@@ -145,3 +145,29 @@ def test_references_over_the_token_cap_refused_before_the_first_step(edit_world)
         ConfigError, match=r"MAX_TEXT_TOKENS: .*reference images take more prompt tokens than the 8"
     ):
         train(edit_knobs(edit_world, "edit-cap", MAX_TEXT_TOKENS=8))
+
+
+def test_the_run_plans_the_prompt_tokens_its_references_take(edit_world):
+    """REFERENCES_IN_PROMPT='picture': each planned item's text tokens (what TOKENS_PER_STEP packs) hold
+    its references' `Picture N:` labels and vision tokens, as the encoder that shows them counts them."""
+    import dataclasses
+
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.encoders import TextEncoder
+    from kohakumoss.train.cache_identity import text_settings
+    from kohakumoss.train.data import open_run_data
+    from kohakumoss_data.plan import text_tokens
+
+    cfg = TrainConfig.from_knobs(
+        {**edit_knobs(edit_world, "plan"), "MAX_TEXT_TOKENS": 64, "TOKENS_PER_STEP": 512}
+    )
+    encoder = TextEncoder.load(text_settings(cfg))
+    data = open_run_data(cfg, None, encoder)
+    sizes = {it.key: tuple((r["width"], r["height"]) for r in it.references) for it in data.catalog.usable}
+    caption_only = dataclasses.replace(data.plan.knobs, reference_prompt_tokens=None)
+    items = [it for step in data.plan.steps for it in step]
+    assert items and all(len(sizes[it.key]) >= 1 for it in items)
+    for it in items:
+        shown = encoder.reference_prompt_tokens(sizes[it.key])
+        assert shown >= 4 + 4 and it.text_tokens == text_tokens(it.caption, caption_only) + shown
+    assert max(data.plan.step_tokens()) <= 512

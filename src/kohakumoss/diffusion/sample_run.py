@@ -6,7 +6,6 @@ sits below config/, so it is passed in, never imported) and reads its sections (
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from kohakumoss_common.progress import StepProgress
 
 from .generate import GenerationRequest, generate
 from .grid import grid
+from .png_meta import sample_png_info, sample_settings
 from .prompts import PromptLine, parse_prompt_line, read_prompt_file
 from .sampler import SamplerConfig, SamplerSpeed
 
@@ -81,30 +81,23 @@ def adapter_entries(cfg: Any) -> list[tuple[str, float]]:
 
 
 def png_info(
-    request: GenerationRequest, cfg: Any, adapters: list[tuple[str, float]]
+    request: GenerationRequest, cfg: Any, adapters: list[tuple[str, float]], text_encoder: Any = None
 ) -> PngImagePlugin.PngInfo:
-    info = PngImagePlugin.PngInfo()
+    """The PNG's text chunks (`png_meta`, the trainer's samples' form) with the script's own facts."""
     sampler = cfg.sampler
-    settings = dict(
-        prompt=request.prompt,
-        negative=request.negative,
-        seed=request.seed,
-        width=request.width,
-        height=request.height,
-        steps=sampler.steps if request.steps is None else request.steps,
-        cfg=sampler.cfg if request.cfg is None else request.cfg,
-        shift=sampler.shift,
+    settings = sample_settings(
+        request,
+        sampler.steps if request.steps is None else request.steps,
+        sampler.cfg if request.cfg is None else request.cfg,
+        sampler.shift,
+        text_encoder,
         uncond_skip_layers=list(sampler.uncond_skip_layers),
-        **({"references": list(request.references)} if request.references else {}),
-        **({"references_in_prompt": cfg.encoders.references_in_prompt} if request.references else {}),
         slg_window=[sampler.slg_start, sampler.slg_stop],
         max_text_tokens=sampler.max_text_tokens,
         weights=cfg.model.weights or cfg.model.model_preset,
         adapters=adapters,
     )
-    info.add_text("prompt", request.prompt)
-    info.add_text("kohakumoss", json.dumps(settings))
-    return info
+    return sample_png_info(settings)
 
 
 def attach_adapters(cfg: Any, model, attach: Callable[..., tuple[Any, Any]]) -> list:
@@ -197,7 +190,7 @@ def sample_images(
                 progress.close()
         for i, (req, im) in enumerate(zip(chunk, pics)):
             path = out / f"{start + i:04d}_seed{req.seed}.png"
-            save_image(im, path, pnginfo=png_info(req, cfg, adapters))
+            save_image(im, path, pnginfo=png_info(req, cfg, adapters, text_encoder))
             paths.append(path)
             images.append(im)
         log.info(f"{len(paths)}/{len(requests)} images")

@@ -258,6 +258,16 @@ class TextEncoder(QwenTextModelHolder):
         pad = self.vision.token_ids[IMAGE_PAD]
         return max(i for i, t in enumerate(ids) if t == pad) + 1
 
+    def reference_prompt_tokens(self, sizes: Sequence[tuple[int, int]]) -> int:
+        """Tokens the `Picture N:` prefix of references of these (width, height) adds to a prompt (its
+        vision tokens included); 0 when the prompt shows no references. The plan budgets them."""
+        if self.vision is None or not sizes:
+            return 0
+        counts = [self.vision.token_count(w, h) for w, h in sizes]
+        tokenize = self.prompts.tokenizer
+        shown = tokenize(self.prompts.format(reference_prefix(counts)), truncation=False)["input_ids"]
+        return len(shown) - len(tokenize(self.prompts.format(""), truncation=False)["input_ids"])
+
     def _with_references(self, caption: str, images: Sequence[ReferenceImage]) -> torch.Tensor:
         """One prompt with its references before the caption: hidden states [len, hidden_size]."""
         pixel_values, grid, counts = self.vision.prepare(images)

@@ -6,6 +6,7 @@ which also names a data error's knob); the rest is read from the typed config.""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from kohakumoss_data.cache_keys import item_latent_keys
 from kohakumoss_data.catalog import scan
 from kohakumoss_data.encode import prompt_text_key
 from kohakumoss_data.offline import captions_by_item, fill_latent_cache, fill_text_cache, planned_prompts
-from kohakumoss_data.plan import item_where
+from kohakumoss_data.plan import ReferencePromptTokens, item_where
 from kohakumoss_data.sources import make_source
 
 from .epochs import resolve_epochs, steps_per_epoch
@@ -69,6 +70,17 @@ def template_token_count(text_encoder: Any) -> int:
     return 0 if prompts is None else len(prompts(""))
 
 
+def reference_prompt_counter(text_encoder: Any) -> ReferencePromptTokens | None:
+    """What the plan counts for references shown in the prompt (REFERENCES_IN_PROMPT='picture': the
+    `Picture N:` labels and the vision tokens of references of given sizes), from the encoder that will
+    show them; None when the prompt shows none (a text-to-image plan is then unchanged)."""
+    inner = getattr(text_encoder, "encoder", text_encoder)  # CacheOnly wraps the placed encoder
+    count = getattr(inner, "reference_prompt_tokens", None)
+    if count is None or not getattr(inner, "references_in_prompt", False):
+        return None
+    return functools.lru_cache(maxsize=4096)(count)  # a dataset repeats few reference sizes
+
+
 def check_caption_cuts(text_encoder: Any, plans: list[tuple[Plan, Catalog]], cfg: TrainConfig) -> None:
     """Name each planned caption whose templated prompt is over MAX_TEXT_TOKENS (`encoders/text_cap.py`):
     a warning, or an error with a layout-JSON CAPTION_FORMAT."""
@@ -113,9 +125,20 @@ def run_plan_knobs(cfg: TrainConfig):
     return plan_knobs(cfg.data, cfg.data.dataset, epochs=1)
 
 
-def one_epoch_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0) -> Plan:
-    """The plan's first epoch (every longer plan starts with it: epochs are planned one by one)."""
-    knobs = dataclasses.replace(run_plan_knobs(cfg), epochs=1, template_tokens=template_tokens)
+def one_epoch_plan(
+    catalog: Catalog,
+    cfg: TrainConfig,
+    template_tokens: int = 0,
+    reference_tokens: ReferencePromptTokens | None = None,
+) -> Plan:
+    """The plan's first epoch (every longer plan starts with it: epochs are planned one by one);
+    `template_tokens` and `reference_tokens` count what the text encoder adds to each caption."""
+    knobs = dataclasses.replace(
+        run_plan_knobs(cfg),
+        epochs=1,
+        template_tokens=template_tokens,
+        reference_prompt_tokens=reference_tokens,
+    )
     one = build_plan(catalog, cfg.run.seed, knobs)
     if not one.steps:
         raise DataError("the plan has no steps: no usable items (see the scan report above)")
@@ -123,10 +146,15 @@ def one_epoch_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0)
 
 
 def plan_for_steps(
-    catalog: Catalog, cfg: TrainConfig, micro_steps: int, template_tokens: int = 0, one: Plan | None = None
+    catalog: Catalog,
+    cfg: TrainConfig,
+    micro_steps: int,
+    template_tokens: int = 0,
+    one: Plan | None = None,
+    reference_tokens: ReferencePromptTokens | None = None,
 ) -> Plan:
     """A plan with enough epochs for `micro_steps` steps (the epoch count is derived, so still pure)."""
-    one = one or one_epoch_plan(catalog, cfg, template_tokens)
+    one = one or one_epoch_plan(catalog, cfg, template_tokens, reference_tokens)
     knobs, per_epoch = one.knobs, len(one.steps)
     epochs = math.ceil(micro_steps / per_epoch)
     plan = (
@@ -167,11 +195,17 @@ def check_data_position(plan: Plan, position: dict[str, Any], checkpoint: Any, r
     )
 
 
-def validation_plan(catalog: Catalog, cfg: TrainConfig, template_tokens: int = 0) -> Plan:
+def validation_plan(
+    catalog: Catalog,
+    cfg: TrainConfig,
+    template_tokens: int = 0,
+    reference_tokens: ReferencePromptTokens | None = None,
+) -> Plan:
     """One pass over the held-out items, center crops, no flip, no caption dropout."""
     knobs = dataclasses.replace(
         run_plan_knobs(cfg),
         template_tokens=template_tokens,
+        reference_prompt_tokens=reference_tokens,
         epochs=1,
         crop="center",
         flip_prob=0.0,
@@ -204,13 +238,13 @@ def open_run_data(cfg: TrainConfig, image_encoder, text_encoder, scanned: tuple 
 def _open_run_data(cfg: TrainConfig, image_encoder, text_encoder, source: Any, catalog: Catalog) -> RunData:
     data, seed = cfg.data, cfg.run.seed
     train_catalog, val_catalog = split_validation(catalog, int(data.val_items), seed)
-    template = template_token_count(text_encoder)
-    one = one_epoch_plan(train_catalog, cfg, template)
+    template, shown = template_token_count(text_encoder), reference_prompt_counter(text_encoder)
+    one = one_epoch_plan(train_catalog, cfg, template, shown)
     epoch_steps = steps_per_epoch(len(one.steps), int(cfg.optim.grad_accum))
     cfg = resolve_epochs(cfg, epoch_steps)  # EPOCHS: the plan is built for the steps they stand for
     micro = int(cfg.optim.steps) * int(cfg.optim.grad_accum)
     plan = plan_for_steps(train_catalog, cfg, micro, template, one=one)
-    val_plan = validation_plan(val_catalog, cfg, template) if val_catalog is not None else None
+    val_plan = validation_plan(val_catalog, cfg, template, shown) if val_catalog is not None else None
     # one epoch holds every item's captions (later epochs draw the same ones, shuffled or dropped)
     planned = [(one, train_catalog), *([(val_plan, val_catalog)] if val_plan else [])]
     check_caption_cuts(text_encoder, planned, cfg)

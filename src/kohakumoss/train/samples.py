@@ -3,17 +3,17 @@ and a timeline of every row drawn so far; each sample PNG carries its prompt and
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from PIL import Image, PngImagePlugin
 
 from kohakumoss.adapters.algos import adapter_algo
 from kohakumoss.config.train import SampleConfig, TrainConfig
-from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, released_uncond_skip_layers
+from kohakumoss.diffusion import SamplerConfig, SamplerSpeed, png_meta, released_uncond_skip_layers
 from kohakumoss.diffusion.generate import GenerationRequest, generate
 from kohakumoss.diffusion.prompts import PromptLine, parse_prompt_line, read_prompt_file
 from kohakumoss_common.io import save_image
@@ -39,36 +39,25 @@ def sample_captions(samples: SampleConfig) -> list[str]:
     ]
 
 
-def sample_settings(request: GenerationRequest, samples: SampleConfig) -> dict:
-    """What drew one sample: its prompt line's values over the SAMPLE_* knobs."""
-    return dict(
-        prompt=request.prompt,
-        negative=request.negative,
-        seed=request.seed,
-        width=request.width,
-        height=request.height,
-        steps=int(samples.sample_steps if request.steps is None else request.steps),
-        cfg=float(samples.sample_cfg if request.cfg is None else request.cfg),
-        shift=float(samples.sample_shift),
+def sample_settings(request: GenerationRequest, samples: SampleConfig, text_encoder: Any = None) -> dict:
+    """What drew one sample: its prompt line's values over the SAMPLE_* knobs (`png_meta`'s form, the
+    sample script's; `text_encoder`: the one that drew it, whether it was shown the references)."""
+    return png_meta.sample_settings(
+        request,
+        int(samples.sample_steps if request.steps is None else request.steps),
+        float(samples.sample_cfg if request.cfg is None else request.cfg),
+        float(samples.sample_shift),
+        text_encoder,
         sampler="euler (flow velocity), CFG with skip-layer guidance",
-        **({"references": list(request.references)} if request.references else {}),
     )
 
 
-def sample_png_info(request: GenerationRequest, samples: SampleConfig, label: str) -> PngImagePlugin.PngInfo:
-    """PNG text chunks: `prompt`, `kohakumoss` (JSON, as scripts/sample/sample.py writes it) and
-    `parameters` (the A1111 form image viewers and UIs read)."""
-    settings = {**sample_settings(request, samples), "row": label}
-    info = PngImagePlugin.PngInfo()
-    info.add_text("prompt", request.prompt)
-    info.add_text("kohakumoss", json.dumps(settings))
-    negative = f"\nNegative prompt: {request.negative}" if request.negative else ""
-    info.add_text(
-        "parameters",
-        f"{request.prompt}{negative}\nSteps: {settings['steps']}, Sampler: Euler, CFG scale: {settings['cfg']:g}, "
-        f"Seed: {request.seed}, Size: {request.width}x{request.height}, Shift: {settings['shift']:g}",
-    )
-    return info
+def sample_png_info(
+    request: GenerationRequest, samples: SampleConfig, label: str, text_encoder: Any = None
+) -> PngImagePlugin.PngInfo:
+    """PNG text chunks: `prompt`, `kohakumoss` (JSON, as scripts/sample/sample.py writes it, with the grid
+    row) and `parameters` (the A1111 form image viewers and UIs read)."""
+    return png_meta.sample_png_info({**sample_settings(request, samples, text_encoder), "row": label})
 
 
 def sample_requests(samples: SampleConfig) -> list[GenerationRequest]:

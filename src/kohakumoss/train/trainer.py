@@ -238,7 +238,8 @@ class Trainer:
             row = self.draw_row("base model samples")
             if self.can_sample:
                 infos = [
-                    sample_png_info(r, self.cfg.samples, "base") for r in sample_requests(self.cfg.samples)
+                    sample_png_info(r, self.cfg.samples, "base", comps.text_encoder)
+                    for r in sample_requests(self.cfg.samples)
                 ]
                 save_row(row, self.samples_dir / "base", "base", infos)
         return row if self.can_sample else None
@@ -480,7 +481,7 @@ class Trainer:
             if not self.rr.is_main:  # an FSDP2 rank drew with rank 0; rank 0 keeps the row
                 return self.samples_dir
             infos = [
-                sample_png_info(r, self.cfg.samples, f"step {step}")
+                sample_png_info(r, self.cfg.samples, f"step {step}", self.comps.text_encoder)
                 for r in sample_requests(self.cfg.samples)
             ]
             save_row(row, self.samples_dir / step_dirname(step), "sample", infos)
