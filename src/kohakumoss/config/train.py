@@ -12,11 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kohakumoss.adapters.config import AdapterConfig
-from kohakumoss.diffusion.objective import LOSS_TYPES, REDUCTIONS, WEIGHTINGS
+from kohakumoss.diffusion.generate import GenerationRequest
+from kohakumoss.diffusion.objective import LOSS_TYPES, REDUCTIONS, WEIGHTINGS, LossConfig
 from kohakumoss.diffusion.prompts import prompt_file_problem, prompt_list_problem
-from kohakumoss.diffusion.timestep import MODE_SCALE_RANGE, SHIFT_MODES, SIGMA_MODES
+from kohakumoss.diffusion.sampler import SamplerConfig as Sampler
+from kohakumoss.diffusion.timestep import MODE_SCALE_RANGE, SHIFT_MODES, SIGMA_MODES, TimestepConfig
 from kohakumoss.distributed.config import DistributedConfig
 from kohakumoss.memory.config import MemoryConfig
+from kohakumoss.optim.build import USE_MUON
+from kohakumoss.optim.names import DEFAULT_OPTIMIZER
 from kohakumoss.precision import BASE_PRECISIONS
 from kohakumoss_common.knobs import Schema
 from kohakumoss_common.typed_config import (
@@ -357,10 +361,10 @@ class OptimConfig:
         0.0, "full fine-tune: Muon LR for hidden matrices (0: same as LR)", resume="safe", min=0.0
     )
     use_muon: bool = knob(
-        True, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)", resume="fixed"
+        USE_MUON, "full fine-tune: Muon for hidden 2-D matrices (else AdamW everywhere)", resume="fixed"
     )
     optimizer: str = knob(
-        "adamw",
+        DEFAULT_OPTIMIZER,
         "adamw, adafactor, adamw8bit, paged_adamw8bit, lion8bit, prodigy, schedulefree_adamw, dadapt_adam or "
         "package.Class (any case; kohya's spellings such as AdamW8bit too)",
         resume="fixed",
@@ -405,33 +409,50 @@ class OptimConfig:
 class ObjectiveConfig:
     """The flow-matching objective: sigmas, loss weighting and type."""
 
-    timestep_sampling: str = knob("logit_normal", "sigma distribution", resume="fixed", choices=SIGMA_MODES)
-    logit_mean: float = knob(0.0, "logit-normal mean", resume="fixed")
-    logit_std: float = knob(1.0, "logit-normal std", resume="fixed", min=1e-3)
-    timestep_shift: str = knob(
-        "resolution", "none, static or resolution-dependent shift", resume="fixed", choices=SHIFT_MODES
+    timestep_sampling: str = knob(
+        TimestepConfig.mode, "sigma distribution", resume="fixed", choices=SIGMA_MODES
     )
-    static_shift: float = knob(3.0, "shift for TIMESTEP_SHIFT='static'", resume="fixed", min=1e-3)
+    logit_mean: float = knob(TimestepConfig.logit_mean, "logit-normal mean", resume="fixed")
+    logit_std: float = knob(TimestepConfig.logit_std, "logit-normal std", resume="fixed", min=1e-3)
+    timestep_shift: str = knob(
+        TimestepConfig.shift,
+        "none, static or resolution-dependent shift",
+        resume="fixed",
+        choices=SHIFT_MODES,
+    )
+    static_shift: float = knob(
+        TimestepConfig.static_shift, "shift for TIMESTEP_SHIFT='static'", resume="fixed", min=1e-3
+    )
     mode_scale: float = knob(
-        1.29,
+        TimestepConfig.mode_scale,
         "s of TIMESTEP_SAMPLING='mode' (SD3; 0: uniform, > 0: more mid sigmas)",
         resume="fixed",
         min=MODE_SCALE_RANGE[0],
         max=MODE_SCALE_RANGE[1],
     )
-    loss_weighting: str = knob("none", "per-sigma loss weight", resume="fixed", choices=WEIGHTINGS)
+    loss_weighting: str = knob(
+        LossConfig.weighting, "per-sigma loss weight", resume="fixed", choices=WEIGHTINGS
+    )
     loss_reduction: str = knob(
-        "token",
+        LossConfig.reduction,
         "token: every image token alike; sample: every sample alike",
         resume="fixed",
         choices=REDUCTIONS,
     )
-    min_snr_gamma: float = knob(5.0, "gamma of LOSS_WEIGHTING='min_snr'", resume="fixed", min=1e-3)
+    min_snr_gamma: float = knob(
+        LossConfig.min_snr_gamma, "gamma of LOSS_WEIGHTING='min_snr'", resume="fixed", min=1e-3
+    )
     loss_type: str = knob(
-        "l2", "velocity error: l2, l1, huber or pseudo_huber", resume="fixed", choices=LOSS_TYPES
+        LossConfig.loss_type,
+        "velocity error: l2, l1, huber or pseudo_huber",
+        resume="fixed",
+        choices=LOSS_TYPES,
     )
     huber_c: float = knob(
-        0.1, "c of LOSS_TYPE huber / pseudo_huber (l2 below c, linear beyond)", resume="fixed", min=1e-6
+        LossConfig.huber_c,
+        "c of LOSS_TYPE huber / pseudo_huber (l2 below c, linear beyond)",
+        resume="fixed",
+        min=1e-6,
     )
     max_bad_steps: int = knob(5, "stop after this many non-finite losses in a row", resume=None, min=1)
 
@@ -517,10 +538,14 @@ class SampleConfig:
     )
     sample_negative: str = knob("", "negative prompt of the samples", resume=None)
     sample_steps: int = knob(20, "sampler steps", resume=None, min=1)
-    sample_cfg: float = knob(3.0, "classifier-free guidance scale", resume=None, min=0.0)
-    sample_shift: float = knob(5.0, "sampler schedule shift (5: as released)", resume=None, min=0.0)
-    sample_width: int = knob(1024, "sample width in px (multiple of 16)", resume=None, min=16)
-    sample_height: int = knob(1024, "sample height in px (multiple of 16)", resume=None, min=16)
+    sample_cfg: float = knob(Sampler.cfg_scale, "classifier-free guidance scale", resume=None, min=0.0)
+    sample_shift: float = knob(Sampler.shift, "sampler schedule shift (5: as released)", resume=None, min=0.0)
+    sample_width: int = knob(
+        GenerationRequest.width, "sample width in px (multiple of 16)", resume=None, min=16
+    )
+    sample_height: int = knob(
+        GenerationRequest.height, "sample height in px (multiple of 16)", resume=None, min=16
+    )
 
 
 # resume=None throughout: what is written, not what is trained
