@@ -107,6 +107,7 @@ SITES: list[tuple[Any, str, tuple[type, str]]] = [
         ]
     ],
     (EMA.__init__, "decay", (TrainConfig, "EMA_DECAY")),
+    (EMA.__init__, "warmup", (TrainConfig, "EMA_WARMUP")),
     (EMA.__init__, "every", (TrainConfig, "EMA_EVERY")),
     (report_cut_captions, "caption_format", (TrainConfig, "CAPTION_FORMAT")),
     (TensorCache.__init__, "shard_items", (DataScriptsConfig, "SHARD_ITEMS")),
@@ -158,8 +159,6 @@ SITES: list[tuple[Any, str, tuple[type, str]]] = [
 # literal copies the scan finds that are another concept, each with why
 EXEMPT = {
     "src/kohakumoss/cli/config_tool.py:NewRequest.algo": "the wizard's layer file, configs/train/algo/lora.toml",
-    "src/kohakumoss/memory/estimate.py:block_linears.target_preset": "'attn-mlp' there is every linear of a "
-    "block (the weights priced and quantized), not the adapter's choice",
     "src/kohakumoss/memory/estimate.py:block_weight_bytes.base_precision": "'same': unquantized linears, the "
     "function's plain case (a full fine-tune's, whatever BASE_PRECISION says)",
     "src/kohakumoss/memory/engines/checkpointing.py:CheckpointPolicy.every": "every block (the policy's plain "

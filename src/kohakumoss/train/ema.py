@@ -29,7 +29,7 @@ class EMA:
         self,
         source: nn.Module | dict[str, torch.Tensor],
         decay: float = OptimConfig.ema_decay,
-        warmup: int = 10,
+        warmup: int = OptimConfig.ema_warmup,
         every: int = OptimConfig.ema_every,
         device: torch.device | str | None = None,
     ):
