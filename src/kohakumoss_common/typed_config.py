@@ -1,8 +1,8 @@
 """Typed configs: nested frozen dataclasses whose fields are a script's knobs.
 
-A field of a section, `lr: float = knob(1e-4, "learning rate", min=0.0)`, is the knob `LR` (the field's
-name upper-cased): its annotation is the types it accepts, `knob(...)` its one default, its help and its
-bounds. A config is a dataclass of sections (`section(OptimConfig)`). From it come the `Knob` list
+A field of a section, `lr: float = knob(1e-4, "learning rate", resume="safe", min=0.0)`, is the knob `LR`
+(the field's name upper-cased): its annotation is the types it accepts, `knob(...)` its one default, its
+help, its resume rule (`RESUME_RULES`; `resume_rules` reads them) and its bounds. A config is a dataclass of sections (`section(OptimConfig)`). From it come the `Knob` list
 (`config_knobs`: the schema that checks a script's globals and that `kohakumoss-config` writes and
 documents), the typed value of a validated knob dict (`from_knobs`), the flat dict back (`to_knobs`) and a
 config with some knobs changed (`with_knobs`, what the memory plan's suggestions try).
@@ -23,12 +23,24 @@ _C = typing.TypeVar("_C", bound="ScriptConfig")
 _T = typing.TypeVar("_T")
 _KNOB = "kohakumoss.knob"  # the field metadata key that marks a knob (a field without it is a section)
 
+# what a resumed run may do with a knob whose value differs from its checkpoint's (train/resume.py)
+RESUME_RULES = {
+    "fixed": "never changed: it decides the trained function or the data plan",
+    "safe": "changed only when RESUME_ALLOW_CHANGES names it: the weights, optimizer state and data position stay valid",
+    "length": "the run's length: as safe, and free under a schedule whose LR does not depend on it",
+    None: "not compared: it changes speed, placement, logging or output, never what a step trains",
+}
+UNDECLARED = "undeclared"  # a knob of a script that never resumes (sampling, export, the data scripts)
 
-def knob(default: Any, help: str, **rules: Any) -> Any:
-    """A knob field: its default, one line of help, and Knob's rules (choices, min, max, path, check)."""
+
+def knob(default: Any, help: str, *, resume: str | None = UNDECLARED, **rules: Any) -> Any:
+    """A knob field: its default, one line of help, its resume rule (a key of RESUME_RULES) and Knob's
+    rules (choices, min, max, path, check)."""
     if "type" in rules:
         raise TypeError("a knob's types are its field's annotation, not a type= rule")
-    metadata = {_KNOB: {"default": default, "help": help, "rules": rules}}
+    if resume not in RESUME_RULES and resume != UNDECLARED:
+        raise ValueError(f"resume={resume!r} is not one of {list(RESUME_RULES)}")
+    metadata = {_KNOB: {"default": default, "help": help, "rules": rules, "resume": resume}}
     if isinstance(default, (list, dict)):  # each config gets its own copy; the schema keeps `default`
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -72,6 +84,22 @@ def config_knobs(cls: type) -> list[Knob]:
             Knob(f.name.upper(), spec["default"], spec["help"], type=_accepted(annotation), **spec["rules"])
         )
     return out
+
+
+def resume_rules(cls: type) -> dict[str, str | None]:
+    """{KNOB: its resume rule} of every knob of a config, in field order (UNDECLARED where knob() got none)."""
+    out = {}
+    for f, _ in _fields(cls):
+        if _KNOB in f.metadata:
+            out[f.name.upper()] = f.metadata[_KNOB]["resume"]
+        else:
+            out.update(resume_rules(_section_class(f)))
+    return out
+
+
+def resume_knobs(cls: type, *rules: str) -> tuple[str, ...]:
+    """The knobs of a config whose resume rule is one of `rules`, in field order."""
+    return tuple(name for name, rule in resume_rules(cls).items() if rule in rules)
 
 
 def config_sections(cls: type, prefix: str = "") -> list[tuple[str, type]]:

@@ -31,6 +31,7 @@ from kohakumoss_common.log import get_logger
 
 IDENTITY_KEY = "kohakumoss.identity"
 SUMS_KEY = "kohakumoss.sha256"  # {entry key: first 16 hex digits of the sha256 of its bytes}
+SHARD_ITEMS = 512  # entries per shard file (the data scripts' SHARD_ITEMS knob's default; the trainer's)
 log = get_logger(__name__)
 
 
@@ -41,7 +42,7 @@ def entry_sum(tensor: torch.Tensor) -> str:
 
 
 class TensorCache:
-    def __init__(self, root: str | Path, identity: dict[str, str], shard_items: int = 512):
+    def __init__(self, root: str | Path, identity: dict[str, str], shard_items: int = SHARD_ITEMS):
         self.root = Path(root)
         self.identity = identity
         self.dir = self.root / identity.get("kind", "cache") / sha256_json(identity)[:20]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 
+SEPARATOR = ","  # between a caption's tags (kohya's; PlanKnobs.caption_separator's default)
 
-def shuffle_tags(caption: str, rng: random.Random, keep_tokens: int = 0, separator: str = ",") -> str:
+
+def shuffle_tags(caption: str, rng: random.Random, keep_tokens: int = 0, separator: str = SEPARATOR) -> str:
     """Shuffle the separator-split tags after the first `keep_tokens` (kohya's shuffle_caption)."""
     tags = [t.strip() for t in caption.split(separator) if t.strip()]
     head, tail = tags[:keep_tokens], tags[keep_tokens:]
@@ -15,7 +17,7 @@ def shuffle_tags(caption: str, rng: random.Random, keep_tokens: int = 0, separat
 
 
 def drop_tags(
-    caption: str, rng: random.Random, rate: float, keep_tokens: int = 0, separator: str = ","
+    caption: str, rng: random.Random, rate: float, keep_tokens: int = 0, separator: str = SEPARATOR
 ) -> str:
     """Drop each tag after the first `keep_tokens` with probability `rate` (kohya's caption_tag_dropout_rate)."""
     tags = [t.strip() for t in caption.split(separator) if t.strip()]
@@ -29,7 +31,7 @@ def augment_caption(
     dropout: float = 0.0,
     shuffle: bool = False,
     keep_tokens: int = 0,
-    separator: str = ",",
+    separator: str = SEPARATOR,
     tag_dropout: float = 0.0,
 ) -> str:
     """The caption one occurrence trains with; the same generator state gives the same text."""

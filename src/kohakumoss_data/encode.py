@@ -16,6 +16,8 @@ from .decode import open_image, to_rgb
 from .protocols import ImageEncoder, TextEncoder
 from .transform import to_model_range
 
+WRITE_BACK = True  # a miss encoded in the step is stored (LoaderKnobs.write_back's default)
+
 
 @torch.no_grad()
 def encode_images(
@@ -76,7 +78,7 @@ def caption_embeddings(
     captions: list[str],
     encoder: TextEncoder,
     cache: TensorCache | None,
-    write_back: bool = True,
+    write_back: bool = WRITE_BACK,
     max_tokens: int | None = None,
     references: Sequence[Sequence[PromptReference]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:

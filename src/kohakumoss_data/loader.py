@@ -29,10 +29,11 @@ from kohakumoss_common.errors import DataError
 from kohakumoss_common.log import get_logger
 
 from .batch import HostBatch
-from .cache import TensorCache
+from .cache import SHARD_ITEMS, TensorCache
 from .cache_keys import latent_cache_identity, latent_key, text_cache_identity
 from .catalog import Catalog
 from .encode import (
+    WRITE_BACK,
     PromptReference,
     caption_embeddings,
     encode_images,
@@ -56,7 +57,7 @@ log = get_logger(__name__)
 class LoaderKnobs:
     workers: int = 2
     prefetch_steps: int = 2
-    write_back: bool = True  # online mode: encode a miss in the step and store it
+    write_back: bool = WRITE_BACK  # online mode: encode a miss in the step and store it
     pin_memory: bool | None = None  # None: pin when CUDA is available
     start_method: str | None = None  # None: fork on Linux, spawn elsewhere (Windows, macOS)
     stop_grace_s: float = 5.0  # on a stop, a worker still busy after this long is terminated
@@ -66,7 +67,7 @@ def open_caches(
     cache_dir: str | None,
     image_encoder: ImageEncoder | None,
     text_encoder: TextEncoder | None,
-    shard_items: int = 512,
+    shard_items: int = SHARD_ITEMS,
 ) -> tuple[TensorCache | None, TensorCache | None]:
     """The latent and text caches under `cache_dir` for these encoders (None without a dir or encoder):
     the trainer and the data scripts (scripts/data/cache_*.py) open them here, so their identities agree."""
@@ -89,7 +90,7 @@ def open_caches(
     return latents, texts
 
 
-def stop_pool(pool: Executor, grace_s: float = 5.0, warn: bool = True) -> int:
+def stop_pool(pool: Executor, grace_s: float = LoaderKnobs.stop_grace_s, warn: bool = True) -> int:
     """Shut `pool` down without waiting on a stuck worker: queued tasks are cancelled, running ones get
     `grace_s` to finish, then their workers are terminated (killed 2 s later). Returns how many were.
     `warn`: say so as a warning (a stuck read is worth knowing); off for a Ctrl-C or the interpreter's exit.

@@ -29,7 +29,7 @@ def mask_image(data: bytes | Image.Image, item: PlannedItem) -> Image.Image:
         raise DataError(f"{item.key}: mask file {item.mask} cannot be read ({type(e).__name__}: {e})") from e
 
 
-def planned_mask(data: bytes | Image.Image, item: PlannedItem, patch_px: int = 16) -> np.ndarray:
+def planned_mask(data: bytes | Image.Image, item: PlannedItem, patch_px: int) -> np.ndarray:
     """float32 [target_h / patch_px, target_w / patch_px] in [0, 1], aligned with the item's image tokens."""
     mask = mask_image(data, item)
     if mask.size != item.resize:  # a mask file of another size is stretched over the image

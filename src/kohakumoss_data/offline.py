@@ -27,6 +27,8 @@ from .sources.base import Source
 from .transform import to_chw
 from .worker import ItemTask, run_task
 
+LATENT_BATCH = 8  # images per VAE call (the trainer's; the data scripts' BATCH_SIZE knob's default)
+
 
 @dataclass
 class FillReport:
@@ -61,8 +63,8 @@ def fill_latent_cache(
     source: Source,
     encoder: ImageEncoder,
     cache: TensorCache,
-    workers: int = 2,
-    batch_size: int = 8,
+    workers: int,
+    batch_size: int = LATENT_BATCH,
     progress: bool = True,
 ) -> FillReport:
     """Encode every planned latent not yet in `cache`; shards are written as they fill (resumable)."""

@@ -26,7 +26,7 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.hashing import canonical_json, sha256_bytes
 
 from .buckets import nearest_bucket
-from .caption_aug import augment_caption
+from .caption_aug import SEPARATOR, augment_caption
 from .caption_format import check_caption, check_caption_format, format_caption, is_json_caption
 from .catalog import Catalog
 from .dataset_options import DatasetOptions
@@ -58,7 +58,7 @@ class PlanKnobs:
     caption_dropout: float = 0.0  # probability of training an occurrence with an empty caption
     shuffle_caption: bool = False  # kohya: shuffle comma-separated tags ...
     keep_tokens: int = 0  # ... keeping this many leading tags in place
-    caption_separator: str = ","
+    caption_separator: str = SEPARATOR
     tag_dropout: float = 0.0  # kohya: drop each tag after the kept ones with this probability
     caption_format: str = "plain"  # plain | auto-json | json (caption_format.py)
     datasets: tuple[DatasetOptions, ...] = ()  # per-dataset options, in the datasets' order (() : defaults)

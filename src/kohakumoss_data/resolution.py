@@ -23,9 +23,9 @@ def target_size(
     width: int,
     height: int,
     area: int,
-    multiple: int = 16,
-    min_aspect: float = 0.25,
-    max_aspect: float = 4.0,
+    multiple: int,
+    min_aspect: float,
+    max_aspect: float,
     no_upscale: bool = False,
 ) -> tuple[int, int]:
     """(w, h), multiples of `multiple`, at the image's aspect (clamped) with w*h <= area."""

@@ -18,7 +18,7 @@ from kohakumoss_common.errors import DataError
 
 from .cache import TensorCache
 from .masks import planned_mask
-from .plan import PlannedItem
+from .plan import PlanKnobs, PlannedItem
 from .sources.base import Source
 from .transform import planned_pixels
 
@@ -28,7 +28,7 @@ class ItemTask:
     locator: Any
     item: PlannedItem
     latent_key: str | None  # None: no latent cache to look in
-    patch_px: int = 16  # pixels per image token side (the mask's grid)
+    patch_px: int = PlanKnobs.patch_px  # pixels per image token side (the mask's grid)
     reference: bool = False  # a reference image (`plan.reference_item`): read by Source.read_reference
 
 

@@ -11,9 +11,8 @@ import torch
 
 from kohakumoss.config.data_scripts import DATA_SCHEMA
 from kohakumoss.config.export import EXPORT_SCHEMA
-from kohakumoss.config.rules import RESUME_FIXED, RESUME_SAFE
 from kohakumoss.config.sample import SAMPLE_SCHEMA
-from kohakumoss.config.train import TRAIN_SCHEMA
+from kohakumoss.config.train import RESUME_FIXED, RESUME_SAFE, TRAIN_SCHEMA
 from kohakumoss_common.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]

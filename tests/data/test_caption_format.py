@@ -107,8 +107,7 @@ def test_json_refuses_plain_text_and_broken_json(tmp_path):
 
 
 def test_caption_format_is_a_checked_plan_knob():
-    from kohakumoss.config.rules import RESUME_FIXED
-    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.config.train import RESUME_FIXED, TrainConfig
     from kohakumoss.data_knobs import plan_knobs
 
     data = TrainConfig.from_knobs({"CAPTION_FORMAT": "auto-json"}).data

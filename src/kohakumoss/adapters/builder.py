@@ -102,15 +102,15 @@ def _check_bypass(spec: AdapterSpec, args: dict) -> None:
 
 def build_adapter(
     model: nn.Module,
-    algo: str = "lora",
-    rank: int = 16,
-    alpha: float = 16.0,
-    preset: str = "attn-mlp",
+    algo: str = AdapterSpec.algo,
+    rank: int = AdapterSpec.rank,
+    alpha: float = AdapterSpec.alpha,
+    preset: str = AdapterSpec.preset,
     patterns: tuple[str, ...] = (),
-    dropout: float = 0.0,
-    rank_dropout: float = 0.0,
-    module_dropout: float = 0.0,
-    bypass: bool | str = "auto",
+    dropout: float = AdapterSpec.dropout,
+    rank_dropout: float = AdapterSpec.rank_dropout,
+    module_dropout: float = AdapterSpec.module_dropout,
+    bypass: bool | str = AdapterSpec.bypass,
     multiplier: float = 1.0,
     **algo_args,
 ) -> LycorisNetwork:

@@ -28,26 +28,42 @@ class AdapterConfig:
     """The adapter (LyCORIS) or a full fine-tune."""
 
     algo: str = knob(
-        "lora", "adapter algorithm (LyCORIS) or 'full' for a full fine-tune", choices=ALGO_CHOICES
+        AdapterSpec.algo,
+        "adapter algorithm (LyCORIS) or 'full' for a full fine-tune",
+        resume="fixed",
+        choices=ALGO_CHOICES,
     )
-    rank: int = knob(16, "adapter rank (block size for OFT / BOFT)", min=1)
-    alpha: float = knob(16.0, "adapter alpha (scale = ALPHA / RANK)", min=0.0)
+    rank: int = knob(AdapterSpec.rank, "adapter rank (block size for OFT / BOFT)", resume="fixed", min=1)
+    alpha: float = knob(AdapterSpec.alpha, "adapter alpha (scale = ALPHA / RANK)", resume="fixed", min=0.0)
     algo_args: dict = knob(
         {},
         "extra LyCORIS arguments (factor, block_size, constraint, ...): only options lycoris reads and ALGO uses",
+        resume="fixed",
         check=_algo_args,
     )
     target_preset: str = knob(
-        "attn-mlp", "which modules the adapter wraps", choices=(*TARGET_PRESETS, "custom")
+        AdapterSpec.preset,
+        "which modules the adapter wraps",
+        resume="fixed",
+        choices=(*TARGET_PRESETS, "custom"),
     )
-    target_patterns: list = knob([], "module name regexes or globs for TARGET_PRESET='custom'")
-    dropout: float = knob(0.0, "adapter dropout", min=0.0, max=1.0)
-    rank_dropout: float = knob(0.0, "adapter rank dropout", min=0.0, max=1.0)
-    module_dropout: float = knob(0.0, "adapter module dropout", min=0.0, max=1.0)
-    lora_plus_ratio: float = knob(0.0, "LoRA+: LR multiplier of the up matrices (0: off)", min=0.0)
+    target_patterns: list = knob(
+        [], "module name regexes or globs for TARGET_PRESET='custom'", resume="fixed"
+    )
+    dropout: float = knob(AdapterSpec.dropout, "adapter dropout", resume="safe", min=0.0, max=1.0)
+    rank_dropout: float = knob(
+        AdapterSpec.rank_dropout, "adapter rank dropout", resume="safe", min=0.0, max=1.0
+    )
+    module_dropout: float = knob(
+        AdapterSpec.module_dropout, "adapter module dropout", resume="safe", min=0.0, max=1.0
+    )
+    lora_plus_ratio: float = knob(
+        0.0, "LoRA+: LR multiplier of the up matrices (0: off)", resume="safe", min=0.0
+    )
     bypass: bool | str = knob(
-        "auto",
+        AdapterSpec.bypass,
         "True: lycoris's bypass forward (base output + adapter output; LoRA / LoCon run the fused kernels), False: the merged-weight forward; auto: bypass where both compute one function (every algorithm but OFT, BOFT, IA3, DyLoRA and DoRA)",
+        resume="fixed",
         choices=BYPASS_CHOICES,
     )
 

@@ -25,6 +25,9 @@ from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.knobs import Schema, run_checked
 from kohakumoss_common.typed_config import ScriptConfig, config_knobs, knob, section
 from kohakumoss_data import PlanKnobs
+from kohakumoss_data.cache import SHARD_ITEMS
+from kohakumoss_data.offline import LATENT_BATCH
+from kohakumoss_data.sources.shards import ITEMS_PER_SHARD
 
 from .reference import reference
 from .train import CacheDirConfig, DatasetConfig, PlanConfig, ScanConfig, SeedConfig
@@ -54,8 +57,8 @@ class DataPlanConfig(PlanConfig, SeedConfig):
 class CacheConfig(CacheDirConfig):
     """The cache the encoder scripts fill (cache_text, cache_latents)."""
 
-    shard_items: int = knob(512, "items per cache shard", min=1)
-    batch_size: int = knob(8, "encoder batch size", min=1)
+    shard_items: int = knob(SHARD_ITEMS, "items per cache shard", min=1)
+    batch_size: int = knob(LATENT_BATCH, "encoder batch size", min=1)
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ class ShardsConfig:
         2048 * 2048,
         "shrink images above this pixel area (enough for any AREA up to 4 MP; None: keep the size)",
     )
-    items_per_shard: int = knob(256, "images per shard", min=1)
+    items_per_shard: int = knob(ITEMS_PER_SHARD, "images per shard", min=1)
 
 
 @dataclass(frozen=True)

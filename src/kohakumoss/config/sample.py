@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kohakumoss.diffusion.generate import GenerationRequest
+from kohakumoss.diffusion.sampler import SamplerConfig as Sampler
+from kohakumoss.diffusion.sampler import SamplerSpeed
+from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss.precision import BASE_PRECISIONS
 from kohakumoss_common.knobs import Schema
 from kohakumoss_common.typed_config import ScriptConfig, config_knobs, knob, section
@@ -71,29 +75,35 @@ class PromptConfig:
 class SamplerConfig:
     """The sampler: guidance, steps, seeds, sizes, schedule, batching."""
 
-    cfg: float = knob(3.0, "classifier-free guidance scale (1: no guidance; released 3, 3-6 works)", min=0.0)
-    steps: int = knob(50, "sampler steps (released 50; duplicate sigmas on the grid are dropped)", min=1)
+    cfg: float = knob(
+        Sampler.cfg_scale, "classifier-free guidance scale (1: no guidance; released 3, 3-6 works)", min=0.0
+    )
+    steps: int = knob(
+        Sampler.steps, "sampler steps (released 50; duplicate sigmas on the grid are dropped)", min=1
+    )
     seed: int = knob(0, "first seed; image i of a prompt uses SEED + i", min=SEED_MIN, max=SEED_MAX)
     seeds: list = knob([], "explicit seeds (override SEED and COUNT)", check=seeds_problem)
     count: int = knob(1, "images per prompt", min=1)
-    width: int = knob(1024, "width in px (multiple of 16)", min=16)
-    height: int = knob(1024, "height in px (multiple of 16)", min=16)
+    width: int = knob(GenerationRequest.width, "width in px (multiple of 16)", min=16)
+    height: int = knob(GenerationRequest.height, "height in px (multiple of 16)", min=16)
     shift: float = knob(
-        5.0, "schedule shift, sigmas snapped to the 1000-point training grid (released 5)", min=1e-3
+        Sampler.shift, "schedule shift, sigmas snapped to the 1000-point training grid (released 5)", min=1e-3
     )
     uncond_skip_layers: list = knob(
-        [22],
+        list(Sampler.uncond_skip_layers),
         "blocks (0-indexed) the unconditional branch skips: skip-layer guidance ([]: off)",
         check=_block_indices,
     )
     slg_start: float = knob(
-        0.0, "skipping runs at steps i with SLG_START <= i/n < SLG_STOP", min=0.0, max=1.0
+        Sampler.slg_start, "skipping runs at steps i with SLG_START <= i/n < SLG_STOP", min=0.0, max=1.0
     )
-    slg_stop: float = knob(1.0, "end of that window (fraction of the steps, exclusive)", min=0.0, max=1.0)
+    slg_stop: float = knob(
+        Sampler.slg_stop, "end of that window (fraction of the steps, exclusive)", min=0.0, max=1.0
+    )
     max_text_tokens: int = knob(4096, "tokens of the templated prompt kept (the rest truncated)", min=1)
     batch: int = knob(4, "images per packed sampler call", min=1)
     cuda_graphs: str = knob(
-        "auto",
+        SamplerSpeed.cuda_graphs,
         "replay each denoising step from a CUDA graph: auto (resident DiT on CUDA), on (refuse otherwise), off",
         choices=("auto", "on", "off"),
     )
@@ -128,7 +138,7 @@ class SampleDeviceConfig:
         "DiT blocks streamed from pinned host memory, -1: all (None: all when the card is too small)",
         min=-1,
     )
-    stream_slots: int = knob(2, "GPU slots of the streaming ring", min=2)
+    stream_slots: int = knob(MemoryPlan.stream_slots, "GPU slots of the streaming ring", min=2)
     card_gb: float = knob(0.0, "card memory in GiB STREAM_BLOCKS=None plans for (0: read the GPU)", min=0.0)
     text_encoder_placement: str = knob(
         "streamed",

@@ -20,6 +20,18 @@ LOSS_TYPES = ("l2", "l1", "huber", "pseudo_huber")
 
 
 @dataclass(frozen=True)
+class LossConfig:
+    """The loss settings' defaults: the functions below and the LOSS_* / HUBER_C / MIN_SNR_GAMMA knobs
+    (config/train.py ObjectiveConfig) read them here."""
+
+    weighting: str = "none"  # WEIGHTINGS
+    reduction: str = "token"  # REDUCTIONS
+    loss_type: str = "l2"  # LOSS_TYPES
+    huber_c: float = 0.1
+    min_snr_gamma: float = 5.0
+
+
+@dataclass(frozen=True)
 class FlowTarget:
     x_t: torch.Tensor  # [T_img, C] noisy tokens, the backbone's image input
     target: torch.Tensor  # [T_img, C] velocity
@@ -35,7 +47,9 @@ def make_flow_target(
     return FlowTarget(x_t=x_t, target=(noise.float() - x0.float()), sigma=sigma)
 
 
-def loss_weight(sigma: torch.Tensor, weighting: str, min_snr_gamma: float = 5.0) -> torch.Tensor:
+def loss_weight(
+    sigma: torch.Tensor, weighting: str, min_snr_gamma: float = LossConfig.min_snr_gamma
+) -> torch.Tensor:
     """Per-sample weight of the velocity loss for LOSS_WEIGHTING.
 
     min_snr: min-SNR-gamma (Hang et al. 2023) moved onto the velocity loss. With SNR = ((1 - s) / s)^2 the
@@ -57,7 +71,10 @@ def loss_weight(sigma: torch.Tensor, weighting: str, min_snr_gamma: float = 5.0)
 
 
 def token_error(
-    pred: torch.Tensor, target: torch.Tensor, loss_type: str = "l2", huber_c: float = 0.1
+    pred: torch.Tensor,
+    target: torch.Tensor,
+    loss_type: str = LossConfig.loss_type,
+    huber_c: float = LossConfig.huber_c,
 ) -> torch.Tensor:
     """Per-token mean over channels of rho(pred - target) [T].
 
@@ -87,12 +104,12 @@ def flow_matching_loss(
     target: torch.Tensor,
     sigma: torch.Tensor,
     img_token_sample: torch.Tensor,
-    weighting: str = "none",
-    reduction: str = "token",
+    weighting: str = LossConfig.weighting,
+    reduction: str = LossConfig.reduction,
     *,
-    loss_type: str = "l2",
-    huber_c: float = 0.1,
-    min_snr_gamma: float = 5.0,
+    loss_type: str = LossConfig.loss_type,
+    huber_c: float = LossConfig.huber_c,
+    min_snr_gamma: float = LossConfig.min_snr_gamma,
     weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean velocity error (squared unless `loss_type` says otherwise); 'token' weighs every image token

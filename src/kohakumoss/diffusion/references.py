@@ -19,6 +19,7 @@ from PIL import Image, UnidentifiedImageError
 from kohakumoss.encoders.latents import patchify_channels
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_data.decode import to_rgb
+from kohakumoss_data.plan import PlanKnobs
 from kohakumoss_data.resolution import cover_size, crop_offset, target_size
 from kohakumoss_data.transform import to_model_range
 
@@ -37,7 +38,10 @@ def read_reference(path: str | Path, knob: str = "REFERENCE_IMAGES") -> Image.Im
 def reference_pixels(image: Image.Image, target: tuple[int, int]) -> torch.Tensor:
     """uint8 [3, h, w] of `image` at about `target`'s (width, height) area, as training sizes references."""
     w, h = image.size
-    size = target_size(w, h, target[0] * target[1], PIXELS_PER_TOKEN)
+    # the aspect clamp of training's own images (the plan's defaults)
+    size = target_size(
+        w, h, target[0] * target[1], PIXELS_PER_TOKEN, PlanKnobs.min_aspect, PlanKnobs.max_aspect
+    )
     resize = cover_size(w, h, size)
     x, y = crop_offset(resize, size, "center", (0.0, 0.0))
     if image.size != resize:

@@ -90,7 +90,11 @@ def mode_sigma(u: torch.Tensor, scale: float) -> torch.Tensor:
     return 1 - u - scale * (torch.cos(math.pi * u / 2) ** 2 - 1 + u)
 
 
-def logit_normal_density(sigma: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+def logit_normal_density(
+    sigma: torch.Tensor,
+    mean: float = TimestepConfig.logit_mean,
+    std: float = TimestepConfig.logit_std,
+) -> torch.Tensor:
     """Density of the logit-normal distribution (used to check the sampler and for weighting)."""
     logit = torch.log(sigma / (1 - sigma))
     return torch.exp(-((logit - mean) ** 2) / (2 * std**2)) / (

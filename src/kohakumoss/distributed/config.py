@@ -119,6 +119,7 @@ def _split_problem(value: list) -> str | None:
     return split_problem(value, None, None)  # its length and the depth: the rank helper's checks
 
 
+# resume=None throughout: an engine splits the same step over devices, it trains no other function
 @dataclass(frozen=True)
 class DistributedConfig:
     """Several devices: the engine, its workers, the collectives' timeout, the pipelines' stages."""
@@ -126,28 +127,36 @@ class DistributedConfig:
     distributed: str = knob(
         "none",
         "none, ddp (one worker process per DEVICES entry, gradients all-reduced), fsdp (the backbone's blocks sharded over them, FSDP2), pipeline (a worker per stage of blocks, torch.distributed.pipelining) or threaded (one process, a thread per stage on each DEVICES entry) (docs/guides/multi-gpu.md)",
+        resume=None,
         check=_trainer_mode_problem,
     )
     devices: int | list = knob(
         1,
         "workers of this node: a count (0: every visible GPU) or a list ([0, 2], ['cpu', 'cpu'])",
+        resume=None,
         check=_trainer_devices_problem,
     )
     dist_timeout: float = knob(
         DEFAULT_TIMEOUT_S,
         "seconds a collective waits for a missing rank before the run stops, naming it",
+        resume=None,
         min=1.0,
     )
     pipeline_split: list = knob(
         [],
         "pipeline / threaded: the first block of each stage ([0, 12, 24]); empty: the blocks balanced over the stages",
+        resume=None,
         check=_split_problem,
     )
     pipeline_schedule: str = knob(
         "gpipe",
         "pipeline: torch's schedule, gpipe, 1f1b or interleaved (several stages per rank); threaded runs gpipe",
+        resume=None,
         choices=("gpipe", "1f1b", "interleaved"),
     )
     pipeline_chunks: int = knob(
-        0, "pipeline / threaded: micro-batches (whole samples) per micro-step; 0: one per stage", min=0
+        0,
+        "pipeline / threaded: micro-batches (whole samples) per micro-step; 0: one per stage",
+        resume=None,
+        min=0,
     )

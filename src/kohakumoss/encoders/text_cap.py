@@ -16,6 +16,7 @@ from typing import Any
 
 from kohakumoss_common.errors import DataError
 from kohakumoss_common.log import get_logger
+from kohakumoss_data.plan import PlanKnobs
 
 log = get_logger(__name__)
 SHOWN = 20  # items named one by one; the rest counted
@@ -45,7 +46,9 @@ def cut_captions(prompts: Any, captions: Iterable[tuple[str, str]], cap: int) ->
     return [CaptionCut(where, n, cap) for where, n in longest.items() if n > cap]
 
 
-def report_cut_captions(cuts: list[CaptionCut], knob: str, caption_format: str = "plain") -> None:
+def report_cut_captions(
+    cuts: list[CaptionCut], knob: str, caption_format: str = PlanKnobs.caption_format
+) -> None:
     """A warning per cut caption (the first SHOWN named, the rest counted); a DataError naming them
     instead when `caption_format` is a layout-JSON one (a cut caption is JSON without its end)."""
     if not cuts:

@@ -27,6 +27,7 @@ import torch
 from lycoris import LycorisNetwork
 
 from kohakumoss.adapters.io import adapter_metadata, adapter_state_dict, save_adapter
+from kohakumoss.config.export import ExportScriptConfig
 from kohakumoss.config.train import SAVE_FORMATS
 from kohakumoss.model import MossBackbone
 from kohakumoss_common.errors import ConfigError
@@ -104,13 +105,13 @@ def export_all(
     out: str | Path,
     name: str,
     save_merged_model: bool = False,
-    merged_layout: str = "comfy",
+    merged_layout: str = ExportScriptConfig.merged_layout,
     save_diffusers: bool = False,
     dtype: torch.dtype | None = torch.bfloat16,
     adapter_dtype: torch.dtype | None = None,
     metadata: dict[str, str] | None = None,
     verify: bool = True,
-    save_format: str = "both",
+    save_format: str = ExportScriptConfig.save_format,
     full_diffs: bool = True,
 ) -> dict[str, Path]:
     """Write the exports of an adapter run (network given) or a full fine-tune (network None);

@@ -106,13 +106,13 @@ def export_checkpoint(
     model: MossBackbone,
     source: str | Path,
     out: str | Path,
-    name: str = "",
-    merged: bool = False,
-    merged_layout: str = "comfy",
-    diffusers: bool = False,
-    use_ema: bool = False,
-    dtype: torch.dtype = torch.bfloat16,
-    save_format: str = "both",
+    name: str,
+    merged: bool,
+    merged_layout: str,
+    diffusers: bool,
+    use_ema: bool,
+    dtype: torch.dtype,
+    save_format: str,
 ) -> dict[str, Path]:
     """Export `source` (a checkpoint folder or an adapter file) on `model` into `out`: a folder, or the
     ComfyUI file with the others beside it (`bundle.export_paths`)."""

@@ -106,7 +106,10 @@ class MemoryEstimate:
         return [*rows, f"  {slack:<24} {self.total / GIB:7.2f} GiB"]
 
 
-def block_linears(config: Any, target_preset: str = "attn-mlp") -> list[tuple[int, int]]:
+EVERY_LINEAR = "attn-mlp"  # the preset that wraps every linear of a block (not TARGET_PRESET's default)
+
+
+def block_linears(config: Any, target_preset: str) -> list[tuple[int, int]]:
     """(in, out) of the linears of one block (`layers.N.proj`) an adapter wraps: q, k, v, o ('attn'),
     and ffn_up_gate, ffn_down (every other preset)."""
     d, h = config.dim, config.mlp_hidden
@@ -136,7 +139,7 @@ def outside_linears(config: Any, target_preset: str = "full") -> list[tuple[int,
 def block_params(config: Any) -> int:
     """Parameters of one block (`layers.N`): its six bias-free linears, norm1 and norm2 (d each), q_norm and
     k_norm (head_dim each). The modulation is shared by every block and lives outside them."""
-    return sum(i * o for i, o in block_linears(config)) + 2 * config.dim + 2 * config.head_dim
+    return sum(i * o for i, o in block_linears(config, EVERY_LINEAR)) + 2 * config.dim + 2 * config.head_dim
 
 
 def refiner_block_params(config: Any) -> int:
@@ -184,7 +187,7 @@ def block_weight_bytes(config: Any, precision: str, base_precision: str = "same"
     mode = base_precision
     if mode == "same":
         return bp * wb
-    sizes = block_linears(config)  # the linears precision/fp8_base.py quantizes, as [out, in]
+    sizes = block_linears(config, EVERY_LINEAR)  # the linears precision/fp8_base.py quantizes, as [out, in]
     quantized = sum(i * o for i, o in sizes)
     return (bp - quantized) * wb + sum(quantized_linear_bytes(mode, o, i) for i, o in sizes)
 

@@ -23,7 +23,9 @@ from torch.optim import AdamW, Muon, Optimizer
 from kohakumoss_common.errors import ConfigError
 
 from .combined import CombinedOptimizer
-from .names import optimizer_location, optimizer_problem
+from .names import DEFAULT_OPTIMIZER, optimizer_location, optimizer_problem
+
+USE_MUON = True  # a full fine-tune's hidden matrices step with Muon (the USE_MUON knob's default)
 
 
 def optimizer_class(name: str) -> type[Optimizer]:
@@ -119,8 +121,8 @@ def build_full_ft_optimizer(
     muon_momentum: float = 0.95,
     muon_weight_decay: float | None = None,
     adjust_lr_fn: str = "match_rms_adamw",
-    use_muon: bool = True,
-    optimizer: str = "adamw",
+    use_muon: bool = USE_MUON,
+    optimizer: str = DEFAULT_OPTIMIZER,
     optimizer_args: dict | None = None,
 ) -> CombinedOptimizer:
     """Muon (hidden matrices) + AdamW (everything else) over the model's trainable parameters; `optimizer`
@@ -161,7 +163,7 @@ def build_adamw(
 
 
 def build_adapter_optimizer(
-    groups: Iterable[dict], lr: float, optimizer: str = "adamw", optimizer_args: dict | None = None
+    groups: Iterable[dict], lr: float, optimizer: str = DEFAULT_OPTIMIZER, optimizer_args: dict | None = None
 ) -> CombinedOptimizer:
     """OPTIMIZER over prepared groups; plain AdamW is `build_adamw`'s (same member name in checkpoints).
     Schedule-free members start in train mode."""

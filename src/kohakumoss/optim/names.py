@@ -22,6 +22,7 @@ NAMED_OPTIMIZERS: dict[str, tuple[str, str, str | None]] = {
     "dadapt_adam": ("dadaptation", "DAdaptAdam", "dadaptation"),
 }
 OPTIMIZERS = tuple(NAMED_OPTIMIZERS)
+DEFAULT_OPTIMIZER = "adamw"  # OPTIMIZER's default (config/train.py) and the builders' (optim/build.py)
 # kohya's spellings (sd-scripts' --optimizer_type) whose letters differ from ours once case, '_' and '-'
 # are ignored; every other name is matched that way too (AdamW8bit, PagedAdamW8bit, Lion8bit, DAdaptAdam)
 KOHYA_SPELLINGS = {"adamwschedulefree": "schedulefree_adamw"}

@@ -18,7 +18,7 @@ from kohakumoss.adapters.dropouts import dropout_check
 from kohakumoss.adapters.targets import rank_problem
 from kohakumoss.config.bounds import device_problem
 from kohakumoss.config.sample import SampleModelConfig
-from kohakumoss.config.train import EncoderConfig, ModelConfig, TrainConfig
+from kohakumoss.config.train import EncoderConfig, ModelConfig, RuntimeConfig, TrainConfig
 from kohakumoss.distributed.launch import current
 from kohakumoss.distributed.materialize import only_on, sharded_backbone, staged_backbone
 from kohakumoss.encoders import ImageVAE, TextEncoder, TextEncoderConfig
@@ -194,7 +194,7 @@ def build_backbone(
     dtype: torch.dtype,
     fp32_masters: bool,
     *,
-    ops_backend: str = "auto",
+    ops_backend: str = RuntimeConfig.ops_backend,
     seed: int = 0,
     draw: torch.device | None = None,
 ) -> MossBackbone:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
+from kohakumoss.config.train import OptimConfig
 from kohakumoss_common.errors import CheckpointError, ConfigError
 
 
@@ -27,9 +28,9 @@ class EMA:
     def __init__(
         self,
         source: nn.Module | dict[str, torch.Tensor],
-        decay: float = 0.999,
-        warmup: int = 10,
-        every: int = 1,
+        decay: float = OptimConfig.ema_decay,
+        warmup: int = OptimConfig.ema_warmup,
+        every: int = OptimConfig.ema_every,
         device: torch.device | str | None = None,
     ):
         if not 0.0 < decay < 1.0:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from kohakumoss.adapters.algos import adapter_algo
+from kohakumoss.adapters.spec import AdapterSpec
 from kohakumoss.memory.plan import MemoryPlan
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
@@ -52,8 +53,8 @@ TEXT_PAD = 128  # text tokens per batch rounded up to this: ~1.5% more tokens at
 def graph_refusal(
     plan: MemoryPlan,
     device: torch.device,
-    algo: str = "lora",
-    module_dropout: float = 0.0,
+    algo: str = AdapterSpec.algo,
+    module_dropout: float = AdapterSpec.module_dropout,
     dtype: torch.dtype = torch.bfloat16,
     draws_random: bool = False,
 ) -> str | None:

@@ -10,16 +10,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-# RESUME_FIXED / RESUME_SAFE and the RUN_NAME rule live in config/rules.py (the schema checks them too)
+# RESUME_FIXED / RESUME_SAFE come from the knobs' resume= rules (config/train.py) and the RUN_NAME rule
+# from config/rules.py: the schema checks them too
 from kohakumoss.adapters.algos import trained_forward
-from kohakumoss.config.rules import (
-    FLAT_SCHEDULES,
-    LENGTH_KNOBS,
-    RESUME_FIXED,
-    RESUME_SAFE,
-    run_name_problem,
-)
-from kohakumoss.config.train import RunConfig, TrainConfig
+from kohakumoss.config.rules import FLAT_SCHEDULES, run_name_problem
+from kohakumoss.config.train import LENGTH_KNOBS, RESUME_FIXED, RESUME_SAFE, RunConfig, TrainConfig
 from kohakumoss_common.errors import ConfigError
 
 # what a run that trained writes into its folder (a run that failed during setup leaves only config.json

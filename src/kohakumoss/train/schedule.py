@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kohakumoss.config.rules import FLAT_SCHEDULES, SCHEDULES
+from kohakumoss.config.train import OptimConfig
 from kohakumoss_common.errors import ConfigError
 
 __all__ = ["FLAT_SCHEDULES", "SCHEDULES", "LRSchedule", "library_lambda"]
@@ -49,12 +50,14 @@ def library_lambda(kind: str, warmup: int, total: int, cycles: int, power: float
 
 @dataclass(frozen=True)
 class LRSchedule:
-    kind: str = "constant"
-    warmup_steps: int = 0
+    kind: str = OptimConfig.lr_schedule
+    warmup_steps: int = OptimConfig.lr_warmup_steps
     total_steps: int = 1
-    min_ratio: float = 0.0  # final LR as a fraction of the base LR (the decaying schedules)
-    cycles: int = 1  # cosine_with_restarts: hard restarts
-    power: float = 1.0  # polynomial: the decay's power
+    min_ratio: float = (
+        OptimConfig.lr_min_ratio
+    )  # final LR as a fraction of the base LR (the decaying schedules)
+    cycles: int = OptimConfig.lr_cycles  # cosine_with_restarts: hard restarts
+    power: float = OptimConfig.lr_power  # polynomial: the decay's power
     _shape: Callable[[int], float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from kohakumoss.diffusion import TimestepConfig, draw_sigmas, flow_matching_loss, make_flow_target
+from kohakumoss.diffusion.objective import LossConfig
 from kohakumoss.encoders.latents import patchify
 from kohakumoss.model import PackedSeq
 from kohakumoss_common.errors import DataError
@@ -135,8 +136,8 @@ def flow_loss(
     sigma: torch.Tensor,
     noise: torch.Tensor,
     dtype: torch.dtype,
-    weighting: str = "none",
-    reduction: str = "token",
+    weighting: str = LossConfig.weighting,
+    reduction: str = LossConfig.reduction,
     **loss_options,
 ) -> torch.Tensor:
     """Forward the backbone on the noised batch (autocast to `dtype`) and return the flow-matching loss

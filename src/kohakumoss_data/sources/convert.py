@@ -13,7 +13,7 @@ from kohakumoss_common.errors import DataError
 from ..catalog import Catalog
 from ..decode import decode_rgb
 from .base import Source
-from .shards import ShardWriter
+from .shards import ITEMS_PER_SHARD, ShardWriter
 
 
 def presize(image: Image.Image, max_area: int | None) -> Image.Image:
@@ -43,7 +43,7 @@ def convert_to_shards(
     catalog: Catalog,
     out_dir: str | Path,
     max_area: int | None = None,
-    items_per_shard: int = 256,
+    items_per_shard: int = ITEMS_PER_SHARD,
 ) -> list[Path]:
     """Write every usable item of `catalog` as shards under `out_dir`; returns the shard paths."""
     if any(it.references for it in catalog.usable):  # the shard format holds no reference images

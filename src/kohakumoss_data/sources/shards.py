@@ -28,6 +28,7 @@ from .files import stat_signature
 FORMAT = "kohakumoss-shard-v1"
 ITEMS_KEY = "kohakumoss.items"
 BROKEN_SHARD = "broken_shard"
+ITEMS_PER_SHARD = 256  # images per shard file (convert_shards' ITEMS_PER_SHARD knob's default)
 
 
 def shard_name(index: int) -> str:
@@ -44,7 +45,7 @@ def read_shard_items(file: Path) -> list[dict[str, Any]]:
 class ShardWriter:
     """Collect images and write a shard every `items_per_shard` images (atomically)."""
 
-    def __init__(self, out_dir: str | Path, items_per_shard: int = 256):
+    def __init__(self, out_dir: str | Path, items_per_shard: int = ITEMS_PER_SHARD):
         self.out_dir = Path(out_dir)
         self.items_per_shard = items_per_shard
         self._tensors: dict[str, torch.Tensor] = {}
