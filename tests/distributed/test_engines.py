@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from kohakumoss.adapters import build_adapter
-from kohakumoss.distributed import current, run
+from kohakumoss.distributed import current
 from kohakumoss.distributed.checkpoint import load_sharded, save_sharded
 from kohakumoss.distributed.shard import step_shares
 from kohakumoss.distributed.wrap import all_reduce_grads, wrap_ddp, wrap_fsdp
 
 from . import helpers as h
+from .knob_run import run_knobs
 
 ALL = list(range(len(h.GRIDS)))
 
@@ -107,7 +108,7 @@ def launch_ranks(root, device: str = "cpu") -> tuple:
         {n: opt.state[p]["exp_avg"].cpu().clone() for n, p in single.named_parameters()},
     )
     k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": device, "DIST_TIMEOUT": 60.0, "ROOT": str(root)}
-    return run(k, on_each_rank), root, expected1
+    return run_knobs(k, on_each_rank), root, expected1
 
 
 def close(a: dict, b: dict, rtol=1e-4, atol=1e-6) -> None:

@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kohakumoss.distributed import DistributedError, current, run
+from kohakumoss.distributed import DistributedError, current
 from kohakumoss.distributed.world import beat
+
+from .knob_run import run_knobs
 
 TIMEOUT_S = 3.0
 
@@ -36,7 +38,7 @@ def test_a_lost_rank_stops_the_others_naming_it(fault):
     k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": TIMEOUT_S, "FAULT": fault}
     t0 = time.monotonic()
     with pytest.raises(DistributedError, match=r"rank 1\b") as info:
-        run(k, steps_then)
+        run_knobs(k, steps_then)
     elapsed = time.monotonic() - t0
     assert elapsed < 60, elapsed  # bounded: start-up, the collective timeout, the naming grace, the stop
     if fault == "hang":  # rank 0 timed out and named the rank that never answered
@@ -45,7 +47,7 @@ def test_a_lost_rank_stops_the_others_naming_it(fault):
 
 def test_without_faults_every_rank_finishes():
     k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": TIMEOUT_S, "FAULT": "none"}
-    assert run({**k, "FAULT": "none"}, _fine) == 19
+    assert run_knobs({**k, "FAULT": "none"}, _fine) == 19
 
 
 def _fine(k: dict) -> int:
@@ -75,6 +77,6 @@ def test_a_rank_that_never_joins_is_named_and_says_where_it_hangs(monkeypatch, c
         DistributedError,
         match=r"rank 0 failed first \(DistributedError: rank 1 never joined the process group",
     ):
-        run(k, _fine)
+        run_knobs(k, _fine)
     assert time.monotonic() - t0 < 60
     assert "in stuck_before_joining" in capfd.readouterr().err  # rank 1's stack, dumped on SIGTERM

@@ -7,12 +7,13 @@ import time
 import pytest
 import torch
 
-from kohakumoss.distributed import DistributedError, run
+from kohakumoss.distributed import DistributedError
 from kohakumoss.train.loop import train_on_devices
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from . import test_engines as engines
 from . import test_faults as faults
+from .knob_run import run_knobs
 from .test_trainer import records
 
 pytestmark = [
@@ -49,7 +50,7 @@ def test_a_dead_gpu_rank_stops_the_other(capsys):
     k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cuda", "DIST_TIMEOUT": 20.0, "FAULT": "die"}
     t0 = time.monotonic()
     with pytest.raises(DistributedError, match=r"rank 1\b") as info:
-        run(k, faults.steps_then)
+        run_knobs(k, faults.steps_then)
     print(f"stopped after {time.monotonic() - t0:.1f} s: {info.value}")
     assert time.monotonic() - t0 < 120
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from kohakumoss.distributed import current, run
+from kohakumoss.distributed import current
 from kohakumoss.distributed.collectives import all_reduce_mean, buckets, host_group
 from kohakumoss.distributed.host_grads import HostGradMean, broadcast_trainable
 from kohakumoss.distributed.shard import step_shares
@@ -16,6 +16,7 @@ from kohakumoss.memory.engines.optimizer import PlacedOptimizer
 from kohakumoss.optim.combined import CombinedOptimizer
 
 from . import helpers as h
+from .knob_run import run_knobs
 from .test_engines import ALL, adapter, two_micro_steps
 
 # sizes around the bucket (64 fp32 values): several in one bucket, one alone, one bigger than a bucket
@@ -103,7 +104,7 @@ def named(net: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
 def launch(device: str) -> list[dict]:
     """Both ranks' results (rank 0 gathers rank 1's)."""
     k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": device, "DIST_TIMEOUT": 60.0}
-    return run(k, on_each_rank)
+    return run_knobs(k, on_each_rank)
 
 
 @pytest.fixture(scope="module")

@@ -9,10 +9,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from kohakumoss.distributed import current, run
+from kohakumoss.distributed import current
 from kohakumoss.distributed.host_share import runs, share_on_node
 from kohakumoss.memory.engines.optimizer import PlacedOptimizer
 from kohakumoss.optim.combined import CombinedOptimizer
+
+from .knob_run import run_knobs
 
 STEPS = 3
 
@@ -84,7 +86,7 @@ def on_each_rank(k: dict) -> dict:
 @pytest.fixture(scope="module", params=["host", "stream"])
 def ranks(request):
     k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": 60.0}
-    return request.param, run({**k, "PLACEMENT": request.param}, on_each_rank)
+    return request.param, run_knobs({**k, "PLACEMENT": request.param}, on_each_rank)
 
 
 def test_runs_split_the_parameters_into_contiguous_balanced_runs():
@@ -144,5 +146,5 @@ def test_without_room_in_shared_memory_every_rank_keeps_its_own_copy(monkeypatch
 
     monkeypatch.setattr(host_share, "free_bytes", lambda folder: 0)
     k = {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": 60.0}
-    out = run(k, alone_on_each_rank)
+    out = run_knobs(k, alone_on_each_rank)
     assert out == {"shared": False, "states": 2 * sum(p.numel() for p in net().parameters())}

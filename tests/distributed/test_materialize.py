@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from kohakumoss.config.train import TrainConfig
-from kohakumoss.distributed import current, run
+from kohakumoss.distributed import current
 from kohakumoss.distributed.materialize import (
     build_sharded,
     fill_random,
@@ -34,6 +34,7 @@ from kohakumoss_kernels import OpSet
 
 from ..model.test_convrot import KITCHEN_MARKER, convrot_file
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
+from .knob_run import run_knobs
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
 
@@ -121,7 +122,7 @@ def built(tmp_path_factory):
         "hf": dict(WEIGHTS=str(root / "hf")),
         "convrot": dict(WEIGHTS=str(convrot)),
     }
-    return run({**FSDP, "BUILDS": builds}, build_each), builds
+    return run_knobs({**FSDP, "BUILDS": builds}, build_each), builds
 
 
 def test_every_parameter_is_a_dtensor_and_a_rank_holds_its_shards_only(built):
@@ -214,7 +215,7 @@ def test_sharded_build_is_the_fsdp_workers_only_and_refuses_a_streaming_plan():
         sharded_backbone(TrainConfig.from_knobs(k), None, torch.device("cpu"), torch.float32, False, "eager")
         is None
     )  # 1 rank
-    assert "STREAM_BLOCKS: 2 with DISTRIBUTED='fsdp'" in run(FSDP, refusal)
+    assert "STREAM_BLOCKS: 2 with DISTRIBUTED='fsdp'" in run_knobs(FSDP, refusal)
 
 
 def test_a_random_preset_build_draws_nothing_from_the_global_generator():
@@ -271,7 +272,7 @@ def gpu_build(k: dict) -> dict:
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"
 )
 def test_sharded_build_on_two_gpus_equals_one_gpu_and_the_5b_stays_off_the_host():
-    out = run({**FSDP, "DEVICE": "cuda"}, gpu_build)
+    out = run_knobs({**FSDP, "DEVICE": "cuda"}, gpu_build)
     cuda = torch.device("cuda:0")
     torch.manual_seed(11)
     one = build_backbone(

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from kohakumoss.distributed import current, run
+from kohakumoss.distributed import current
 from kohakumoss.distributed.pipeline import (
     PipelineEngine,
     Prediction,
@@ -22,6 +22,7 @@ from kohakumoss.train.step import draw_step_noise, flow_loss
 from kohakumoss_kernels import OpSet
 
 from . import helpers as h
+from .knob_run import run_knobs
 from .test_engines import adapter, close
 
 CFG = dataclasses.replace(h.CFG, depth=4)
@@ -119,7 +120,7 @@ def on_each_rank(k: dict) -> dict:
 @pytest.fixture(scope="module")
 def ranks():
     k = {"DISTRIBUTED": "pipeline", "DEVICES": 2, "DEVICE": "cpu", "DIST_TIMEOUT": 60.0}
-    return run(k, on_each_rank)
+    return run_knobs(k, on_each_rank)
 
 
 def same_step(result, full: bool) -> None:

@@ -13,12 +13,13 @@ import torch.distributed as dist
 
 from kohakumoss.adapters import build_from_spec
 from kohakumoss.config.train import TrainConfig
-from kohakumoss.distributed import current, run
+from kohakumoss.distributed import current
 from kohakumoss.distributed.materialize import stage_bytes, staged_backbone
 from kohakumoss.distributed.pipeline import owner_stage, stage_starts
 from kohakumoss.model import MossBackbone, get_preset
 from kohakumoss.model.io import save_backbone
 
+from .knob_run import run_knobs
 from .test_materialize import KNOBS, build_backbone, rng_after, same
 
 TINY = get_preset("tiny")  # 4 blocks: stage 0 blocks 0-1, stage 1 blocks 2-3
@@ -69,7 +70,7 @@ def builds(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def built(builds):
-    return run({**PIPELINE, "BUILDS": builds}, build_each)
+    return run_knobs({**PIPELINE, "BUILDS": builds}, build_each)
 
 
 def one_process(knobs: dict) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:

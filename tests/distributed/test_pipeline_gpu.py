@@ -7,13 +7,13 @@ import pytest
 import torch
 
 from kohakumoss.config.train import TrainConfig
-from kohakumoss.distributed import run
 from kohakumoss.distributed.pipeline import stage_starts
 from kohakumoss.distributed.threaded import ThreadedEngine
 from kohakumoss.train.loop import train_on_devices
 
 from ..trainer.conftest import tiny_knobs, train_world  # noqa: F401 (the fixture)
 from . import test_pipeline as tp
+from .knob_run import run_knobs
 from .test_engines import close
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
@@ -38,7 +38,7 @@ def near(result, full: bool) -> None:
 @pytest.fixture(scope="module")
 def ranks():
     k = {"DISTRIBUTED": "pipeline", "DEVICES": 2, "DEVICE": "cuda", "DIST_TIMEOUT": 120.0}
-    return run(k, tp.on_each_rank)
+    return run_knobs(k, tp.on_each_rank)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])

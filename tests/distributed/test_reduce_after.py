@@ -14,12 +14,13 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 
-from kohakumoss.distributed import current, run
+from kohakumoss.distributed import current
 from kohakumoss.distributed.collectives import host_group
 from kohakumoss.distributed.rank_run import RankRun
 from kohakumoss.distributed.wrap import average_grads, broadcast_params
 from kohakumoss.train.loop import train_on_devices
 
+from .knob_run import run_knobs
 from .test_fsdp_trainer import same_losses
 from .test_trainer import records
 from .tiny import tiny_knobs, train_world  # noqa: F401 (the fixture)
@@ -83,7 +84,9 @@ def on_each_rank(k: dict) -> dict:
 
 
 def launch(device: str) -> list[dict]:
-    return run({"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": device, "DIST_TIMEOUT": 60.0}, on_each_rank)
+    return run_knobs(
+        {"DISTRIBUTED": "ddp", "DEVICES": 2, "DEVICE": device, "DIST_TIMEOUT": 60.0}, on_each_rank
+    )
 
 
 @pytest.fixture(scope="module")

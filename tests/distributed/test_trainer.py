@@ -119,13 +119,13 @@ def test_a_plan_summing_gradients_on_the_host_is_not_wrapped_in_ddp(monkeypatch)
     rr = RankRun(TrainConfig())
     model, extra = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     plan = MemoryPlan(grad_offload=True, optimizer="host")
-    assert rr.wrap(model, extra, plan) is model and rr.ddp is None
+    assert rr.prepare_model(model, extra, plan) is model and rr.ddp is None
     plain = CombinedOptimizer({"adamw": torch.optim.AdamW(model.parameters())})
     with pytest.raises(ConfigError, match="GRAD_OFFLOAD: the memory plan sums gradients on the host"):
-        rr.optimizer(plain)
+        rr.prepare_optimizer(plain)
     placed = PlacedOptimizer(plain, "host", grad_offload=GradOffload(list(model.parameters())))
     with pytest.raises(ConfigError, match=r"GRAD_OFFLOAD: 2 trainable parameter\(s\) are not summed"):
-        rr.optimizer(placed)  # `extra`'s weight and bias train but are not hooked
+        rr.prepare_optimizer(placed)  # `extra`'s weight and bias train but are not hooked
 
 
 def test_a_rank_that_dies_mid_run_stops_the_run_naming_it(train_world, monkeypatch):  # noqa: F811
@@ -136,14 +136,14 @@ def test_a_rank_that_dies_mid_run_stops_the_run_naming_it(train_world, monkeypat
     from kohakumoss.checkpoint.folders import verify_checkpoint
     from kohakumoss.distributed import DistributedError, rank_run
 
-    totals = rank_run.RankRun.step_totals
+    totals = rank_run.RankRun.reduce_step
 
     def dying(self, step, *args):
         if self.world.rank == 1 and step == 2:
             os._exit(9)
         return totals(self, step, *args)
 
-    monkeypatch.setattr(rank_run.RankRun, "step_totals", dying)
+    monkeypatch.setattr(rank_run.RankRun, "reduce_step", dying)
     k = tiny_knobs(
         train_world, "ddp-dies", DISTRIBUTED="ddp", DEVICES=2, SAVE_EVERY=1, DIST_TIMEOUT=20.0, **STEPS
     )

@@ -150,3 +150,49 @@ def test_text_pad_on_cuda_for_every_single_process_step():
     assert text_pad(cuda, graphed=False, pipeline=False) == TEXT_PAD
     assert text_pad(cuda, graphed=False, pipeline=True) == 0
     assert text_pad(cpu, graphed=False, pipeline=False) == 0
+
+
+class RankHooks:
+    """What a distributed rank's share hangs on its loss (distributed/rank_run.py RankRun.step_fn)."""
+
+    def __init__(self):
+        self.calls: list = []
+
+    def graphed(self, on: bool) -> None:
+        self.calls.append(("graphed", on))
+
+    def before_micro(self, micro_step: int, batch, sigma, noise):
+        self.calls.append(("before", micro_step))
+        return sigma * 0 + 0.5, noise  # the rank's cut of the whole step's sigmas
+
+    def after_micro(self, loss):
+        self.calls.append("after")
+        return loss
+
+    def after_backward(self) -> None:
+        self.calls.append("reduce")
+
+
+def test_the_runner_tells_a_ranks_hooks_each_micro_step_and_uses_their_sigmas():
+    """A run resumed at step 3 with GRAD_ACCUM=2: the hooks hear micro-steps 6-9 by number (a rank cuts the
+    whole step's noise by it), the loss reads the sigmas they return, the gradients are reduced once a step."""
+    from kohakumoss.memory.engines.optimizer import PlacedOptimizer
+    from kohakumoss.optim.combined import CombinedOptimizer
+    from kohakumoss.train.runner import StepRunner
+
+    w = torch.nn.Parameter(torch.ones(()))
+    seen = []
+
+    def loss(batch, sigma, noise):
+        seen.append(float(sigma.mean()))
+        return w * sigma.mean()
+
+    hooks = loss.hooks = RankHooks()
+    batches = iter([to_device_batch(host_batch(i), torch.device("cpu"), torch.float32) for i in range(4)])
+    optimizer = PlacedOptimizer(CombinedOptimizer({"sgd": torch.optim.SGD([w], lr=0.1)}), "gpu")
+    runner = StepRunner(optimizer, loss, lambda: next(batches), device=torch.device("cpu"), seed=0, accum=2)
+    for step in (3, 4):
+        assert runner.run(step).finite
+    micro = [[("before", m), "after"] for m in (6, 7, 8, 9)]
+    assert hooks.calls == [("graphed", False), *micro[0], *micro[1], "reduce", *micro[2], *micro[3], "reduce"]
+    assert seen == [0.5] * 4

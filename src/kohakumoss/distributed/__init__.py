@@ -1,6 +1,6 @@
 """Multi-GPU training on torch.distributed, applied from outside the model.
 
-launch.run(k, train)          workers started here (elastic launcher) or by torchrun
+launch.run(par, device, fn)   fn(device) on every worker, started here (elastic launcher) or by torchrun
 launch.current() -> World     this rank, its world size and device
 shard.shard_plan / rank_weight / step_noise    each rank's share of every micro-step
 wrap.wrap_ddp / wrap_fsdp     DistributedDataParallel or FSDP2 around the backbone

@@ -3,9 +3,9 @@ would run, done on the host sums instead.
 
 GradOffload hooks every trainable parameter (the adapter's, or the backbone's for a full fine-tune) and
 sums its gradients in fp32 host buffers, so DDP's reducer never sees a gradient: the trainer does not wrap
-the model in DDP (`RankRun.wrap`), and the host sums are averaged over the ranks in fp32 buckets over a
-gloo group (`collectives.all_reduce_mean`) when the optimizer first reads them in a step, before clipping,
-unscaling and the update (`GradOffload.host_grads`). What DDP's constructor does besides, broadcasting
+the model in DDP (`RankRun.prepare_model`), and the host sums are averaged over the ranks in fp32 buckets
+over a gloo group (`collectives.all_reduce_mean`) when the optimizer first reads them in a step, before
+clipping, unscaling and the update (`GradOffload.host_grads`). What DDP's constructor does besides, broadcasting
 rank 0's trainable weights, is done once here too (`broadcast_trainable`).
 """
 

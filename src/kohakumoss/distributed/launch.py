@@ -1,12 +1,14 @@
 """Start the workers: the train script's own elastic launcher, or join the ones torchrun started.
 
-    run(k, train)  # DISTRIBUTED='none': train(k) here; else one worker per DEVICES entry, or this
-                   # process as one rank when torchrun set RANK / WORLD_SIZE / LOCAL_RANK
+    run(par, device, fn)  # par: the run's DistributedConfig, device: its DEVICE; DISTRIBUTED='none':
+                          # fn(device) here; else one worker per DEVICES entry, or this process as
+                          # one rank when torchrun set RANK / WORLD_SIZE / LOCAL_RANK
 
-Each worker joins the process group (world.py), finds its World with `current()`, and runs `fn(k)` with
-DEVICE set to its own device. A worker whose collective fails raises a DistributedError naming the
-rank(s) that stopped answering; the launcher stops the others (SIGTERM, then SIGKILL) and re-raises the
-first failure. A rank prints every thread's Python stack when stopped, so one that hung says where.
+Each worker joins the process group (world.py), finds its World with `current()`, and runs `fn(device)`
+with its own device ('cuda:1', 'cpu'); the caller makes that rank's config of it (train/loop.py). A worker
+whose collective fails raises a DistributedError naming the rank(s) that stopped answering; the launcher
+stops the others (SIGTERM, then SIGKILL) and re-raises the first failure. A rank prints every thread's
+Python stack when stopped, so one that hung says where.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,7 +31,6 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from kohakumoss_common.errors import KohakuMossError
 from kohakumoss_common.log import get_logger
-from kohakumoss_common.typed_config import from_knobs
 
 from .config import DistributedConfig, check_knobs, worker_devices
 from .world import (
@@ -44,6 +45,7 @@ from .world import (
 
 log = get_logger(__name__)
 _CURRENT: World = SINGLE
+T = TypeVar("T")
 
 
 def current() -> World:
@@ -77,8 +79,8 @@ def stacks_on_stop() -> None:
 
 
 @record  # the launcher reads a failed worker's error from the file this writes
-def worker(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any], devices: list[str], timeout_s: float):
-    """One rank: join the group, run fn(k) on this rank's device, leave the group."""
+def worker(fn: Callable[[str], T], devices: list[str], timeout_s: float) -> T:
+    """One rank: join the group, run fn(device) on this rank's device, leave the group."""
     global _CURRENT
     stacks_on_stop()
     world = setup(devices, timeout_s)
@@ -90,7 +92,7 @@ def worker(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any], devices: list
             if type(handler) is logging.StreamHandler:
                 handler.setLevel(logging.WARNING)
     try:
-        return fn({**k, "DEVICE": str(world.device)})
+        return fn(str(world.device))
     except KohakuMossError:
         raise
     except Exception as e:
@@ -142,21 +144,22 @@ def failure_text(failure) -> str:
     return f"exited with code {failure.exitcode} without a Python error"
 
 
-def run(k: dict[str, Any], fn: Callable[[dict[str, Any]], Any]) -> Any:
-    """fn(k) as DISTRIBUTED and DEVICES say; returns rank 0's result."""
-    par = from_knobs(DistributedConfig, k)  # this package's section of the knobs the workers take
+def run(par: DistributedConfig, device: str, fn: Callable[[str], T]) -> T:
+    """fn(device) as DISTRIBUTED and DEVICES say (`par`, the run's section), `device` the run's DEVICE
+    ('auto', 'cpu', 'cuda', 'cuda:N'): here, or in every worker with the worker's own device (spawned
+    workers unpickle `fn`: a module-level function or a partial of one); returns rank 0's result."""
     mode, devices = par.distributed, par.devices
     check_knobs(mode, devices)
     if mode in ("none", "threaded"):  # threaded: one process, a thread per stage (distributed/threaded.py)
-        return fn(k)
+        return fn(device)
     timeout_s = float(par.dist_timeout)
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    names = worker_devices(devices, k.get("DEVICE", "auto"), visible)
+    names = worker_devices(devices, device, visible)
     if launched_externally():  # torchrun started this process as one rank
         if isinstance(devices, int) and devices == 0 and names[0] != "cpu":
             names = names[: int(os.environ.get("LOCAL_WORLD_SIZE", len(names)))]
-        return worker(k, fn, names, timeout_s)
+        return worker(fn, names, timeout_s)
     log.info(f"DISTRIBUTED='{mode}': starting {len(names)} workers on {', '.join(names)}")
     # forking is quick and safe while this process has touched no GPU; CUDA workers are spawned
     method = "fork" if all(n == "cpu" for n in names) else "spawn"
-    return launch(worker, (k, fn, names, timeout_s), len(names), method)[0]
+    return launch(worker, (fn, names, timeout_s), len(names), method)[0]

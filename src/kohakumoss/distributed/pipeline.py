@@ -229,8 +229,8 @@ class Prediction:
     """What the trainer's loss calls as its model on the last stage: the prediction that stage computed.
 
     The trainer builds its loss (train/trainer.py `step_loss_fn`: the objective, its weighting and
-    reduction) over the forward `RankRun.wrap` returns; under a pipeline that forward is this, so the
-    last stage computes the loss exactly as one process does, from its own prediction."""
+    reduction) over the forward `RankRun.prepare_model` returns; under a pipeline that forward is this, so
+    the last stage computes the loss exactly as one process does, from its own prediction."""
 
     def __init__(self):
         self.pred: torch.Tensor | None = None

@@ -1,25 +1,22 @@
-"""What the trainer (train/loop.py) asks of a distributed run, as one object: a no-op in one process.
+"""What the trainer (train/trainer.py) asks of a distributed run, phase by phase: a no-op in one process.
 
-rr = RankRun(cfg)                                    # this rank (launch.current()), its TrainConfig
-rr.shard(model, dtype, plan)                         # DISTRIBUTED='fsdp': the sharded build recorded
-rr.main_decides(flag)                                # fsdp, pipeline: rank 0's flag, so every rank joins
-loader = make_loader(rr.local_data(data), ...)       # this rank's share of every micro-step
-forward = rr.wrap(model, network, plan)              # DDP around the backbone's forward (adapters)
-step_loss = rr.loss_fn(step_loss, tcfg, draw_step_noise)   # the share's loss, noise, sync
-StepRunner(..., step_loss, graphs=...)               # step_loss.hooks: graphed, before/after_micro, after_backward
-next_batch = rr.next_batch(prefetch.next_batch, start_micro_step)
-loss, samples, tokens = rr.step_totals(step, loss, samples, tokens)   # every rank's, summed
-rr.peaks_gib(device)                                 # on a logged step: each rank's (threaded: device's) peak
-rr.is_main: rank 0 alone writes the run folder; rr.own(run_dir): where this rank's log goes
-with rr.full_weights(model): ...                     # fsdp: rank 0 sees the whole weights (exports)
-rr.write_shards(tmp, state)                          # fsdp: every rank's shards into a checkpoint
-optimizer = rr.optimizer(optimizer)                  # pipeline: clipped by every rank's gradients
-with rr.gathered(tr, model): ...                     # pipeline: rank 0 holds every stage's weights, states
-with rr.whole_forward(model): sample / validate      # threaded: the backbone's forward over its devices
+rr = RankRun(cfg)                                  # this rank (launch.current()), its TrainConfig
+rr.check_plan(plan)                                # the memory plan's engines fsdp / a pipeline cannot run
+with rr.sharding(backbone, dtype, plan):           # fsdp: the backbone's shards (before a full fine-tune's
+    tr = build_trainable(...)                      #   optimizer, after an adapter)
+data = rr.prepare_data(data)                       # this rank's share of every micro-step
+forward = rr.prepare_model(backbone, network, plan)    # DDP around it, the pipeline's stages, or itself
+step_loss = rr.step_fn(loss, tcfg, draw_step_noise)    # the share's loss, noise, sync (`hooks` for the runner)
+optimizer = rr.prepare_optimizer(optimizer)        # pipeline: clipped by every rank's gradients
+totals = rr.reduce_step(step, loss, samples, tokens, device)   # every rank's, summed; peaks when logged
+with rr.saving(tr, backbone) as shards: ...        # rank 0 writes the checkpoint (fsdp: every rank's shards)
+with rr.whole_weights(tr, backbone): ...           # rank 0 holds every weight (exports)
+with rr.whole_forward(backbone): sample / validate # threaded: the backbone's forward over its devices
+rr.is_main, rr.own(run_dir), rr.main_decides(flag), rr.any_rank(flag), rr.barrier()
 
 DISTRIBUTED='pipeline' (ranks, torch.distributed.pipelining) and 'threaded' (one process, a thread per
-device) run each micro-step's forward and backward inside `loss_fn` (pipeline.py, threaded.py): the
-runner takes the micro-step's loss and skips its own backward (`runs_backward`).
+device) run each micro-step's forward and backward inside the loss `step_fn` returns (pipeline.py,
+threaded.py): the runner takes the micro-step's loss and skips its own backward (`runs_backward`).
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ from kohakumoss_common.device import peak_memory_gib
 from kohakumoss_common.errors import ConfigError
 from kohakumoss_common.log import get_logger
 
-from .checkpoint import write_shards
+from .checkpoint import sharded_state, write_shards
 from .collectives import barrier, host_group
 from .config import DistributedConfig, devices_problem, mode_problem, worker_devices
 from .gather import any_sharded, full_weights
@@ -335,19 +332,50 @@ def pipeline_starts(cfg: RunSections, depth: int, world_size: int) -> list[int]:
     return stage_starts(depth, stages, par.pipeline_split)
 
 
-class RankRun:
-    """This process's part of the run. Wraps the trainer's pieces so the step runner needs no change:
-    the batches it takes (`next_batch`: which micro-step each one is) and the loss it calls (`loss_fn`:
-    the whole step's noise, the rank's weight, DDP's gradient sync on the last micro-step only, and a
-    non-finite loss on any rank seen by every rank, so all skip the step together).
+@dataclasses.dataclass(frozen=True)
+class StepTotals:
+    """A step's loss (the mean of the ranks' weighted losses), samples and tokens of every rank, and on a
+    logged step every rank's (threaded: every stage device's) allocator peak in GiB."""
 
-    Under DDP the step runner says whether its micro-steps are graphed (`graphed`, through the loss's
-    `hooks`). Graphed, the backbone is not wrapped in DDP (its reducer all-reduces from autograd hooks,
-    which a replayed graph never runs): each rank captures and replays its own micro-steps, and after the
-    step's last one the trainable gradients are averaged with one bucketed all-reduce (`after_backward`),
-    before clipping, the non-finite skip and the update. Whatever may not sit in a graph runs eagerly
-    around each micro-step: the whole step's noise cut to this rank, its weight written into a device
-    scalar the graph reads (`before_micro`), the non-finite agreement (`after_micro`)."""
+    loss: float
+    samples: int
+    tokens: int
+    peaks_gib: list[float] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Shards:
+    """FSDP2: this rank's DCP state of a checkpoint (its shards of the trainable weights and their optimizer
+    states); `write(tmp)` is a collective: every rank writes into rank 0's temporary folder `tmp`."""
+
+    state: dict[str, Any]
+    world: Any
+
+    def write(self, tmp: Path | None) -> Path:
+        return write_shards(tmp, self.state, self.world)
+
+
+class RankRun:
+    """This process's part of the run, applied from outside the model: the trainer hands it each phase's
+    pieces and trains what comes back; in one process every phase returns them as they are, with no
+    collective and nothing added to the step.
+
+    The trainer's phases: `check_plan` (the memory plan's refusals, as soon as it exists), `sharding` (around
+    building the trainable weights: FSDP2's shards), `prepare_data` (this rank's share of every micro-step),
+    `prepare_model` (what the loss calls: DDP, the pipeline's stages, or the backbone), `step_fn` (the
+    rank's share of a micro-step's loss), `prepare_optimizer`, `reduce_step` (every rank's totals),
+    `saving` / `whole_weights` (rank 0 holds what it writes) and `whole_forward` (samples, validation);
+    queries `is_main`, `fsdp`, `pipelined`, `collective_saves`, `own`; collectives `main_decides`,
+    `any_rank`, `barrier`.
+
+    The loss `step_fn` returns carries `hooks` (this object) for the step runner: whether its micro-steps
+    are graphed (`graphed`) and what a graph may not hold, run eagerly around each micro-step. Under DDP,
+    graphed, the backbone is not wrapped in DDP (its reducer all-reduces from autograd hooks, which a
+    replayed graph never runs): each rank captures and replays its own micro-steps, and after the step's
+    last one the trainable gradients are averaged with one bucketed all-reduce (`after_backward`), before
+    clipping, the non-finite skip and the update. Around each micro-step: the whole step's noise cut to this
+    rank and its weight written into a device scalar the graph reads (`before_micro`), the non-finite
+    agreement (`after_micro`)."""
 
     # True: DDP's gradients averaged after the backward without graphs too (the CPU tests force the path
     # a graphed run takes); False: only when the micro-steps are graphed
@@ -364,9 +392,7 @@ class RankRun:
         self.plan = None
         self.picks: list[list[int]] = []
         self.ddp = None
-        self.sharded: torch.nn.Module | None = None  # the FSDP2-sharded backbone
-        self.micro: dict[int, int] = {}  # id(batch) -> its micro-step
-        self.taken = 0
+        self._sharded: torch.nn.Module | None = None  # the FSDP2-sharded backbone
         self.engine: PipelineEngine | ThreadedEngine | None = None  # the pipelines' stages
         self.staged: tuple | None = None  # (backbone, network) until the trainer's loss builds the engine
         self.capacity: tuple[int, int] | None = None
@@ -378,68 +404,57 @@ class RankRun:
         self.reduced: list[torch.nn.Parameter] | None = None  # DDP, graphed: averaged after the backward
         self.current = 0  # the micro-step running
         self.scale: torch.Tensor | None = None  # its rank weight, on the device (a graph reads it there)
+        self._holding = False  # inside `whole_weights`: a nested one gathers nothing again
+
+    # ---- queries
 
     @property
     def is_main(self) -> bool:
         return self.world.is_main
 
     @property
-    def active(self) -> bool:
-        return self.world.size > 1
-
-    @property
     def fsdp(self) -> bool:
-        """DISTRIBUTED='fsdp' on more than one rank (one rank trains as a plain process)."""
-        return self.active and self.mode == "fsdp"
+        """DISTRIBUTED='fsdp' on more than one rank (one rank trains as a plain process): every rank joins
+        a forward of the whole backbone (samples, validation: FSDP2 gathers each block)."""
+        return self._active and self.mode == "fsdp"
 
     @property
-    def pipeline(self) -> bool:
-        """DISTRIBUTED='pipeline' on more than one rank (one rank trains as a plain process)."""
-        return self.active and self.mode == "pipeline"
-
-    @property
-    def threaded(self) -> bool:
-        return self.mode == "threaded"
+    def pipelined(self) -> bool:
+        """The micro-steps run through stages (DISTRIBUTED='pipeline' on several ranks, or 'threaded'),
+        which cut each batch by sample."""
+        return self._pipeline or self._threaded
 
     @property
     def collective_saves(self) -> bool:
         """A checkpoint needs every rank (FSDP2's shards, a pipeline's stages): none after an interrupt."""
-        return self.sharded is not None or self.pipeline or self.node_share is not None
+        return self._sharded is not None or self._pipeline or self.node_share is not None
 
-    def check_plan(self, plan) -> None:
-        """DISTRIBUTED='fsdp' or a pipeline: the resolved memory plan's engines it cannot run, refused
-        (naming the engine's knob) as soon as the plan exists, before data, samples or training."""
-        if plan is None:
-            return
-        if self.fsdp and (problem := fsdp_plan_problem(plan)):
-            raise ConfigError(*problem)
-        if (self.pipeline or self.threaded) and (problem := pipeline_plan_problem(plan, self.mode)):
-            raise ConfigError(*problem)
+    def own(self, run_dir: Path) -> Path:
+        """Where this rank writes its log and metrics: the run folder (rank 0) or run_dir/ranks/<rank>."""
+        folder = run_dir if self.is_main else run_dir / "ranks" / str(self.world.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder
 
-    def shard(self, model: torch.nn.Module, dtype: torch.dtype, plan=None) -> None:
-        """DISTRIBUTED='fsdp': `fully_shard` each block, then the root, computing in `dtype` (PRECISION);
-        a no-op otherwise. The trainer's backbone comes sharded from the build (materialize.sharded_backbone:
-        no rank holds it whole), and is only recorded here; one built whole is sharded here, before the
-        optimizer of a full fine-tune is built (it steps the shards)."""
-        if not self.fsdp or self.sharded is not None:
-            return
-        self.check_plan(plan)
-        built = any_sharded(model)  # materialize.sharded_backbone built it sharded already
-        if not built:
-            wrap_fsdp(model, param_dtype=dtype)
-        self.sharded = model
-        log.info(
-            f"FSDP2: {len(model.layers)} blocks and the root sharded over {self.world.size} ranks "
-            f"({'at build, from the meta device' if built else 'after the build'}), "
-            f"computing in {dtype}; CUDA graphs off (FSDP2 all-gathers and reduce-scatters inside the "
-            "step, which the step graphs do not capture)"
-        )
+    @property
+    def _active(self) -> bool:
+        return self.world.size > 1
+
+    @property
+    def _pipeline(self) -> bool:
+        """DISTRIBUTED='pipeline' on more than one rank (one rank trains as a plain process)."""
+        return self._active and self.mode == "pipeline"
+
+    @property
+    def _threaded(self) -> bool:
+        return self.mode == "threaded"
+
+    # ---- collectives every rank calls together
 
     def main_decides(self, flag: bool) -> bool:
-        """Rank 0's `flag` on every rank under FSDP2, a pipeline or node-shared DDP masters (`gathered` is
-        a collective there), where all ranks take a branch to a collective together (rank 0 alone reads the
-        run folder); `flag` itself otherwise."""
-        if not (self.fsdp or self.pipeline or self.node_share is not None):
+        """Rank 0's `flag` on every rank under FSDP2, a pipeline or node-shared DDP masters (`whole_weights`
+        is a collective there), where all ranks take a branch to a collective together (rank 0 alone reads
+        the run folder); `flag` itself otherwise."""
+        if not (self.fsdp or self._pipeline or self.node_share is not None):
             return flag
         box = [bool(flag)]
         dist.broadcast_object_list(box, src=0)
@@ -448,81 +463,203 @@ class RankRun:
     def any_rank(self, flag: bool) -> bool:
         """Whether `flag` holds on some rank, on every rank (each checks only the weights it holds: its
         shards, its stages); `flag` itself in one process."""
-        if not self.active:
+        if not self._active:
             return flag
         t = torch.tensor([float(bool(flag))])
         t = t.to(self.world.device) if self.world.backend == "nccl" else t
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def full_weights(self, model: torch.nn.Module):
-        """A context (every rank enters it): rank 0's `model` holds whole weights (gather.full_weights)
-        under FSDP2; nothing happens otherwise (every rank holds them already)."""
-        return full_weights(model, self.world) if self.sharded is not None else nullcontext()
+    def barrier(self) -> None:
+        barrier(self.world)
 
-    def write_shards(self, tmp: Path | None, state: dict[str, Any]) -> Path:
-        """Every rank's shards of `state` into rank 0's checkpoint temporary folder `tmp` (checkpoint.write_shards)."""
-        return write_shards(tmp, state, self.world)
+    # ---- build: the model, the data, the step, the optimizer
 
-    def own(self, run_dir: Path) -> Path:
-        """Where this rank writes its log and metrics: the run folder (rank 0) or run_dir/ranks/<rank>."""
-        folder = run_dir if self.is_main else run_dir / "ranks" / str(self.world.rank)
-        folder.mkdir(parents=True, exist_ok=True)
-        return folder
+    def check_plan(self, plan) -> None:
+        """DISTRIBUTED='fsdp' or a pipeline: the resolved memory plan's engines it cannot run, refused
+        (naming the engine's knob) as soon as the plan exists, before data, samples or training."""
+        if plan is None:
+            return
+        if self.fsdp and (problem := fsdp_plan_problem(plan)):
+            raise ConfigError(*problem)
+        if self.pipelined and (problem := pipeline_plan_problem(plan, self.mode)):
+            raise ConfigError(*problem)
 
-    def local_data(self, data):
+    @contextmanager
+    def sharding(self, model: torch.nn.Module, dtype: torch.dtype, plan=None) -> Iterator[None]:
+        """Around building the trainable weights and their optimizer: DISTRIBUTED='fsdp' shards the backbone
+        before a full fine-tune's optimizer is built (it steps the shards), after an adapter is (it wraps
+        the sharded linears and stays whole); a no-op otherwise."""
+        if self.cfg.adapter.algo == "full":
+            self._shard(model, dtype, plan)
+        yield
+        self._shard(model, dtype, plan)  # done already for a full fine-tune
+
+    def _shard(self, model: torch.nn.Module, dtype: torch.dtype, plan) -> None:
+        """`fully_shard` each block, then the root, computing in `dtype` (PRECISION). The trainer's backbone
+        comes sharded from the build (materialize.sharded_backbone: no rank holds it whole), and is only
+        recorded here; one built whole is sharded here."""
+        if not self.fsdp or self._sharded is not None:
+            return
+        self.check_plan(plan)
+        built = any_sharded(model)  # materialize.sharded_backbone built it sharded already
+        if not built:
+            wrap_fsdp(model, param_dtype=dtype)
+        self._sharded = model
+        log.info(
+            f"FSDP2: {len(model.layers)} blocks and the root sharded over {self.world.size} ranks "
+            f"({'at build, from the meta device' if built else 'after the build'}), "
+            f"computing in {dtype}; CUDA graphs off (FSDP2 all-gathers and reduce-scatters inside the "
+            "step, which the step graphs do not capture)"
+        )
+
+    def prepare_data(self, data):
         """RunData whose plan holds this rank's images of every micro-step (the global plan is kept here)."""
         self.plan = data.plan
-        if self.pipeline or self.threaded:  # every stage sees every micro-step whole
-            self.capacity = capacities(data.plan.steps, self.chunks(), data.plan.knobs.max_text_tokens)
+        if self.pipelined:  # every stage sees every micro-step whole
+            self.capacity = capacities(data.plan.steps, self._chunks(), data.plan.knobs.max_text_tokens)
             return data
-        if not self.active:
+        if not self._active:
             return data
         local, self.picks = shard_plan(data.plan, self.world.rank, self.world.size)
         return dataclasses.replace(data, plan=local)
 
-    def next_batch(self, take: Callable[[], Any], start: int) -> Callable[[], Any]:
-        """`take` (the prefetcher's next_batch), each batch remembered with its micro-step."""
-        if not self.active or self.pipeline:
-            return take
-        self.taken = start
-
-        def next_batch():
-            batch = take()
-            self.micro = {i: m for i, m in self.micro.items() if m >= self.taken - 4}  # the last few
-            self.micro[id(batch)] = self.taken
-            self.taken += 1
-            return batch
-
-        return next_batch
-
-    def wrap(self, model: torch.nn.Module, network: torch.nn.Module | None, plan=None) -> torch.nn.Module:
-        """What the loss calls: the backbone itself, or DDP around it (after resume: DDP broadcasts rank 0's).
-        `plan`: the resolved memory plan; where it sums every gradient on the host (GRAD_OFFLOAD) DDP's
-        reducer would see none: the backbone is returned and `optimizer` averages the host sums."""
-        if self.pipeline or self.threaded:  # the stages are built with the trainer's loss (loss_fn)
+    def prepare_model(
+        self, model: torch.nn.Module, network: torch.nn.Module | None, plan=None
+    ) -> torch.nn.Module:
+        """What the loss calls: the backbone itself, DDP around it (after resume: DDP broadcasts rank 0's),
+        or (a pipeline) the stages' prediction. `plan`: the resolved memory plan; where it sums every
+        gradient on the host (GRAD_OFFLOAD) DDP's reducer would see none: the backbone is returned and
+        `prepare_optimizer` averages the host sums."""
+        if self.pipelined:  # the stages are built with the trainer's loss (step_fn)
             self.check_plan(plan)
             self.staged = (model, network)
             self.prediction = Prediction()
             return self.prediction
-        if not self.active:
+        if not self._active:
             return model
-        if self.fsdp:  # the backbone sharded (self.shard); an adapter beside it stays whole, DDP averages it
-            return model if network is None else self.wrap_adapter(model, network)
+        if self.fsdp:  # the backbone sharded (`sharding`); an adapter beside it stays whole, DDP averages it
+            return model if network is None else self._wrap_adapter(model, network)
         if plan is not None and plan.grad_offload:  # every trainable grad goes to the host sums
             self.host_summed = trainable_params(model, network)
             return model  # no DDP: its reducer would see no gradient (host_grads.py averages them)
         self.pending, self.bound = (model, network), Bound()
         return self.bound  # DDP, or the backbone itself when graphed: bound by `graphed`
 
+    def _wrap_adapter(self, model: torch.nn.Module, network: torch.nn.Module) -> torch.nn.Module:
+        """DDP over the adapter alone (every frozen, sharded base weight is left out of its buckets):
+        adapter weights replicated, their gradients all-reduced in fp32 as the backward runs."""
+        if self._sharded is None:
+            raise ConfigError(
+                "DISTRIBUTED", "'fsdp': the backbone must be sharded (RankRun.sharding) before prepare_model"
+            )
+        self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
+        return self.ddp
+
+    def step_fn(self, loss: Callable, tcfg, draw: Callable) -> Callable:
+        """loss(batch, sigma, noise) as this rank's share of the whole micro-step (see the class); `draw`
+        is the trainer's noise function (train/step.py draw_step_noise), run on the whole step.
+        Under a pipeline: the micro-step's forward and backward through the stages (`runs_backward`)."""
+        if self.staged is not None:
+            return self._pipeline_loss(loss)
+        if not self._active:
+            return loss
+
+        self.draw, self.tcfg = draw, tcfg
+
+        def share(batch, sigma, noise):  # what a graph captures: no host value, no collective
+            last = self.current % self.accum == self.accum - 1
+            sync = nullcontext() if self.ddp is None or last else self.ddp.no_sync()
+            with sync:  # DDP decides at the forward whether the backward all-reduces
+                value = loss(batch, sigma, noise)
+            return value * self.scale.to(value.dtype)
+
+        share.hooks = self  # the step runner calls graphed, before_micro, after_micro, after_backward
+        return share
+
+    def _pipeline_loss(self, loss: Callable) -> Callable:
+        """The stages over the backbone (the trainer's `loss` on the last one) and the micro-step's loss fn."""
+        model, network = self.staged
+        dtype = DTYPES[self.cfg.device.precision]
+        starts = pipeline_starts(self.cfg, len(model.layers), self.world.size)
+        if self._threaded:
+            devices = threaded_devices(self.cfg)
+            self.engine = ThreadedEngine(
+                model, network, starts, devices, self._chunks(), dtype, loss, self.prediction,
+                self.accum, self.reduction,
+            )  # fmt: skip
+            where = ", ".join(devices)
+        else:
+            schedule = self.cfg.parallel.pipeline_schedule
+            self.engine = PipelineEngine(
+                model, network, self.world, starts, schedule, self._chunks(), self.capacity, dtype, loss,
+                self.prediction, self.accum, self.reduction,
+            )  # fmt: skip
+            where = f"{self.world.size} ranks, torch.distributed.pipelining {schedule}"
+        ends = [*starts[1:], len(model.layers)]
+        blocks = ", ".join(f"{a}-{b - 1}" for a, b in zip(starts, ends))
+        log.info(
+            f"pipeline: {len(starts)} stages (blocks {blocks}) on {where}, {self._chunks()} micro-batches per "
+            "micro-step; CUDA graphs off (the stages hand tensors between devices inside the step)"
+        )
+        engine = self.engine
+
+        def step(batch, sigma, noise):
+            return engine.run(batch, sigma, noise)
+
+        step.runs_backward = True  # the runner takes the loss and skips its own backward
+        return step
+
+    def _chunks(self) -> int:
+        """PIPELINE_CHUNKS, 0 meaning one micro-batch per stage."""
+        return int(self.cfg.parallel.pipeline_chunks) or self._stages()
+
+    def _stages(self) -> int:
+        par = self.cfg.parallel
+        if self._threaded:
+            return len(threaded_devices(self.cfg))
+        return stage_count(par.pipeline_schedule, self.world.size, par.pipeline_split)
+
+    def prepare_optimizer(self, optimizer):
+        """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients; under
+        DDP with GRAD_OFFLOAD, its host-summed gradients averaged over the ranks before it reads them
+        (clipping, unscaling, the update: host_grads.py), every rank starting from rank 0's weights; under
+        DDP with host optimizer states, the node's ranks share one copy of the masters (host_share.py)."""
+        if self._pipeline:
+            return PipelineOptimizer(optimizer, self.world)
+        group = None
+        if self.host_summed is not None:
+            if getattr(optimizer, "grad_offload", None) is None:
+                raise ConfigError(
+                    "GRAD_OFFLOAD",
+                    "the memory plan sums gradients on the host, the optimizer has no GradOffload",
+                )
+            timeout = float(self.cfg.parallel.dist_timeout)
+            group = host_group(self.world, timeout)
+            attach(optimizer, self.host_summed, group)
+            broadcast_trainable(optimizer, group)
+            log.info(
+                f"DDP with GRAD_OFFLOAD: {len(self.host_summed)} host-summed gradients averaged over "
+                f"{self.world.size} ranks in fp32 buckets ({'the default gloo group' if group is None else 'a gloo group'}) "
+                "before clipping and the update; no DDP wrapper (its reducer would see no gradient)"
+            )
+        if self._active and self.mode == "ddp":
+            timeout = float(self.cfg.parallel.dist_timeout)
+            offload = self.host_summed is not None
+            made = (lambda: group) if offload else (lambda: host_group(self.world, timeout))
+            self.node_share = share_on_node(optimizer, self.world, made, broadcast=not offload)
+        return optimizer
+
+    # ---- the step runner's hooks (on the loss `step_fn` returns)
+
     def graphed(self, on: bool) -> None:
         """The step runner's word, before any micro-step: are its micro-steps CUDA graphs? Binds the DDP
         forward: DDP around the backbone, or (graphed, or REDUCE_AFTER_BACKWARD) the backbone itself, every
         rank starting from rank 0's trainable weights and its gradients averaged by `after_backward`."""
         self.graphs_on = bool(on)
-        self.bind()
+        self._bind()
 
-    def bind(self) -> None:
+    def _bind(self) -> None:
         if self.pending is None:
             return
         (model, network), self.pending = self.pending, None
@@ -549,49 +686,17 @@ class RankRun:
             "no DDP wrapper (its reducer runs from autograd hooks, which a replayed graph does not run)"
         )
 
-    def wrap_adapter(self, model: torch.nn.Module, network: torch.nn.Module) -> torch.nn.Module:
-        """DDP over the adapter alone (every frozen, sharded base weight is left out of its buckets):
-        adapter weights replicated, their gradients all-reduced in fp32 as the backward runs."""
-        if self.sharded is None:
-            raise ConfigError(
-                "DISTRIBUTED", "'fsdp': the backbone must be sharded (RankRun.shard) before wrap"
-            )
-        self.ddp = wrap_ddp(model, network, find_unused=self.find_unused)
-        return self.ddp
-
-    def loss_fn(self, loss: Callable, tcfg, draw: Callable) -> Callable:
-        """loss(batch, sigma, noise) as this rank's share of the whole micro-step (see the class); `draw`
-        is the trainer's noise function (train/step.py draw_step_noise), run on the whole step.
-        Under a pipeline: the micro-step's forward and backward through the stages (`runs_backward`)."""
-        if self.staged is not None:
-            return self.pipeline_loss(loss)
-        if not self.active:
-            return loss
-
-        self.draw, self.tcfg = draw, tcfg
-
-        def share(batch, sigma, noise):  # what a graph captures: no host value, no collective
-            last = self.current % self.accum == self.accum - 1
-            sync = nullcontext() if self.ddp is None or last else self.ddp.no_sync()
-            with sync:  # DDP decides at the forward whether the backward all-reduces
-                value = loss(batch, sigma, noise)
-            return value * self.scale.to(value.dtype)
-
-        share.hooks = self  # the step runner calls graphed, before_micro, after_micro, after_backward
-        return share
-
-    def before_micro(self, batch, sigma: torch.Tensor, noise: torch.Tensor):
-        """Eager, before a micro-step's forward: this rank's cut of the whole step's sigmas and noise
-        (replacing the runner's own draws) and its weight, written where the loss reads it."""
-        self.bind()
-        m = self.micro[id(batch)]
-        self.current = m
+    def before_micro(self, micro_step: int, batch, sigma: torch.Tensor, noise: torch.Tensor):
+        """Eager, before micro-step `micro_step`'s forward: this rank's cut of the whole step's sigmas and
+        noise (replacing the runner's own draws) and its weight, written where the loss reads it."""
+        self._bind()
+        self.current = micro_step
         sigma, noise = step_noise(
             self.draw,
             self.seed,
-            m,
-            self.plan.steps[m],
-            self.picks[m],
+            micro_step,
+            self.plan.steps[micro_step],
+            self.picks[micro_step],
             self.tcfg,
             batch.x0.device,
             noise.dtype,
@@ -599,7 +704,7 @@ class RankRun:
         )
         if self.scale is None:
             self.scale = torch.ones((), dtype=torch.float32, device=batch.x0.device)
-        self.scale.fill_(self.weight(m))  # a kernel argument: no host copy
+        self.scale.fill_(self._weight(micro_step))  # a kernel argument: no host copy
         return sigma, noise
 
     def after_micro(self, loss: torch.Tensor) -> torch.Tensor:
@@ -614,122 +719,31 @@ class RankRun:
         if self.reduced is not None:
             average_grads(self.reduced)
 
-    def chunks(self) -> int:
-        """PIPELINE_CHUNKS, 0 meaning one micro-batch per stage."""
-        return int(self.cfg.parallel.pipeline_chunks) or self.stages()
-
-    def stages(self) -> int:
-        par = self.cfg.parallel
-        if self.threaded:
-            return len(threaded_devices(self.cfg))
-        return stage_count(par.pipeline_schedule, self.world.size, par.pipeline_split)
-
-    def pipeline_loss(self, loss: Callable) -> Callable:
-        """The stages over the backbone (the trainer's `loss` on the last one) and the micro-step's loss fn."""
-        model, network = self.staged
-        dtype = DTYPES[self.cfg.device.precision]
-        starts = pipeline_starts(self.cfg, len(model.layers), self.world.size)
-        if self.threaded:
-            devices = threaded_devices(self.cfg)
-            self.engine = ThreadedEngine(
-                model, network, starts, devices, self.chunks(), dtype, loss, self.prediction,
-                self.accum, self.reduction,
-            )  # fmt: skip
-            where = ", ".join(devices)
-        else:
-            schedule = self.cfg.parallel.pipeline_schedule
-            self.engine = PipelineEngine(
-                model, network, self.world, starts, schedule, self.chunks(), self.capacity, dtype, loss,
-                self.prediction, self.accum, self.reduction,
-            )  # fmt: skip
-            where = f"{self.world.size} ranks, torch.distributed.pipelining {schedule}"
-        ends = [*starts[1:], len(model.layers)]
-        blocks = ", ".join(f"{a}-{b - 1}" for a, b in zip(starts, ends))
-        log.info(
-            f"pipeline: {len(starts)} stages (blocks {blocks}) on {where}, {self.chunks()} micro-batches per "
-            "micro-step; CUDA graphs off (the stages hand tensors between devices inside the step)"
-        )
-        engine = self.engine
-
-        def step(batch, sigma, noise):
-            return engine.run(batch, sigma, noise)
-
-        step.runs_backward = True  # the runner takes the loss and skips its own backward
-        return step
-
-    def whole_forward(self, backbone: torch.nn.Module):
-        """A context around a call of the backbone's own forward (samples, the validation loss): under
-        'threaded' it runs across the stages' devices (threaded.spread_forward); nothing otherwise."""
-        if not self.threaded:
-            return nullcontext()
-        network = self.staged[1] if self.staged is not None else None
-        starts = pipeline_starts(self.cfg, len(backbone.layers), 1)
-        return spread_forward(backbone, network, starts, threaded_devices(self.cfg))
-
-    def optimizer(self, optimizer):
-        """The optimizer the step runner steps: under a pipeline, clipped by every rank's gradients; under
-        DDP with GRAD_OFFLOAD, its host-summed gradients averaged over the ranks before it reads them
-        (clipping, unscaling, the update: host_grads.py), every rank starting from rank 0's weights; under
-        DDP with host optimizer states, the node's ranks share one copy of the masters (host_share.py)."""
-        if self.pipeline:
-            return PipelineOptimizer(optimizer, self.world)
-        group = None
-        if self.host_summed is not None:
-            if getattr(optimizer, "grad_offload", None) is None:
-                raise ConfigError(
-                    "GRAD_OFFLOAD",
-                    "the memory plan sums gradients on the host, the optimizer has no GradOffload",
-                )
-            timeout = float(self.cfg.parallel.dist_timeout)
-            group = host_group(self.world, timeout)
-            attach(optimizer, self.host_summed, group)
-            broadcast_trainable(optimizer, group)
-            log.info(
-                f"DDP with GRAD_OFFLOAD: {len(self.host_summed)} host-summed gradients averaged over "
-                f"{self.world.size} ranks in fp32 buckets ({'the default gloo group' if group is None else 'a gloo group'}) "
-                "before clipping and the update; no DDP wrapper (its reducer would see no gradient)"
-            )
-        if self.active and self.mode == "ddp":
-            timeout = float(self.cfg.parallel.dist_timeout)
-            offload = self.host_summed is not None
-            made = (lambda: group) if offload else (lambda: host_group(self.world, timeout))
-            self.node_share = share_on_node(optimizer, self.world, made, broadcast=not offload)
-        return optimizer
-
-    @contextmanager
-    def gathered(self, tr, backbone: torch.nn.Module) -> Iterator[None]:
-        """A context every rank enters: under a pipeline, rank 0 holds every stage's weights (the frozen
-        base too: the exports merge and verify against it) and optimizer states inside, so it saves and
-        exports the one-process run's files (pipeline.main_holds_all / main_holds_states); nothing
-        happens otherwise. Under DDP with node-shared masters, rank 0 holds its node's states inside."""
-        if self.node_share is not None:
-            with self.node_share.main_holds_states(tr.optimizer):
-                yield
-            return
-        if not self.pipeline or self.engine is None:
-            yield
-            return
-        starts, world = self.engine.starts, self.world
-        with (
-            main_holds_all(backbone, tr.network, starts, world),
-            main_holds_states(tr.optimizer, self.engine.owned, world),
-        ):
-            yield
-
-    def weight(self, micro_step: int) -> float:
-        if not self.active:
+    def _weight(self, micro_step: int) -> float:
+        if not self._active:
             return 1.0
         return rank_weight(
             self.plan.steps[micro_step], self.picks[micro_step], self.world.size, self.reduction
         )
 
-    def step_totals(self, step: int, loss: float, samples: int, tokens: int) -> tuple[float, int, int]:
+    # ---- after a step
+
+    def reduce_step(
+        self, step: int, loss: float, samples: int, tokens: int, peaks_of: torch.device | None = None
+    ) -> StepTotals:
         """Step `step` done: its loss (mean over ranks of their weighted losses), samples and tokens of all
-        ranks; the step is recorded in the store, where a fault message reads each rank's last step."""
-        if not self.active:
+        ranks; the step is recorded in the store, where a fault message reads each rank's last step.
+        `peaks_of` (a logged step: every rank passes it at the same steps): the allocator's peak of every
+        rank in rank order, or of every stage's device under 'threaded' (one small all-gather)."""
+        totals = self._totals(step, loss, samples, tokens)
+        peaks = self._peaks_gib(peaks_of) if peaks_of is not None else None
+        return StepTotals(*totals, peaks_gib=peaks)
+
+    def _totals(self, step: int, loss: float, samples: int, tokens: int) -> tuple[float, int, int]:
+        if not self._active:
             return loss, samples, tokens
         beat(self.world, step)
-        if self.pipeline:  # every rank ran the whole micro-steps; the loss came from the last stage
+        if self._pipeline:  # every rank ran the whole micro-steps; the loss came from the last stage
             return loss, samples, tokens
         t = torch.tensor([loss, samples, tokens], dtype=torch.float64)
         if self.world.backend == "nccl":
@@ -738,13 +752,11 @@ class RankRun:
         loss_sum, samples_sum, tokens_sum = (float(v) for v in t.cpu())
         return loss_sum / self.world.size, int(samples_sum), int(tokens_sum)
 
-    def peaks_gib(self, device: torch.device) -> list[float]:
-        """The allocator's peak (GiB) of every rank in rank order, or of every stage's device under
-        'threaded'; every rank calls it at the same steps (one small all-gather: logged steps only)."""
+    def _peaks_gib(self, device: torch.device) -> list[float]:
         if self.mode == "threaded" and self.engine is not None:
             return [peak_memory_gib(torch.device(d)) for d in self.engine.devices]
         mine = peak_memory_gib(device)
-        if not self.active:
+        if not self._active:
             return [mine]
         t = torch.tensor([mine], dtype=torch.float64)
         t = t.to(self.world.device) if self.world.backend == "nccl" else t
@@ -752,5 +764,66 @@ class RankRun:
         dist.all_gather(every, t)
         return [float(v) for v in torch.cat(every).cpu()]
 
-    def barrier(self) -> None:
-        barrier(self.world)
+    # ---- whole-backbone forwards, saves and exports
+
+    def whole_forward(self, backbone: torch.nn.Module):
+        """A context around a call of the backbone's own forward (samples, the validation loss): under
+        'threaded' it runs across the stages' devices (threaded.spread_forward); nothing otherwise."""
+        if not self._threaded:
+            return nullcontext()
+        network = self.staged[1] if self.staged is not None else None
+        starts = pipeline_starts(self.cfg, len(backbone.layers), 1)
+        return spread_forward(backbone, network, starts, threaded_devices(self.cfg))
+
+    @contextmanager
+    def saving(self, tr, backbone: torch.nn.Module) -> Iterator[Shards | None]:
+        """A context every rank enters around a checkpoint's save, which rank 0 writes inside (the others
+        return): under FSDP2 it gives the `Shards` every rank writes into the checkpoint (the others write
+        theirs and join rank 0's export gather on entering) and holds every rank until the folder has its
+        name; otherwise rank 0 holds the whole weights and optimizer states inside (`whole_weights`) and
+        it gives None."""
+        if self._sharded is None:
+            with self.whole_weights(tr, backbone):
+                yield None
+            return
+        shards = Shards(sharded_state(tr.module, list(tr.optimizer.optimizers.values())), self.world)
+        if not self.is_main:  # what rank 0's checkpoint write asks of every rank, in its order
+            shards.write(None)
+            with self.whole_weights(tr, backbone):  # rank 0's exports
+                pass
+        yield shards
+        barrier(self.world)  # the folder has its name before any rank goes on
+
+    @contextmanager
+    def whole_weights(self, tr, backbone: torch.nn.Module) -> Iterator[None]:
+        """A context every rank enters: rank 0 holds the whole run inside, as one process would. Under FSDP2
+        its backbone holds whole weights (gather.full_weights); under a pipeline every stage's weights (the
+        frozen base too: the exports merge and verify against it) and optimizer states
+        (pipeline.main_holds_all / main_holds_states); under DDP with node-shared masters its node's states.
+        Nothing happens otherwise, nor inside another one."""
+        if self._holding:
+            yield
+            return
+        self._holding = True
+        try:
+            gather = full_weights(backbone, self.world) if self._sharded is not None else nullcontext()
+            with gather, self._gathered(tr, backbone):
+                yield
+        finally:
+            self._holding = False
+
+    @contextmanager
+    def _gathered(self, tr, backbone: torch.nn.Module) -> Iterator[None]:
+        if self.node_share is not None:
+            with self.node_share.main_holds_states(tr.optimizer):
+                yield
+            return
+        if not self._pipeline or self.engine is None:
+            yield
+            return
+        starts, world = self.engine.starts, self.world
+        with (
+            main_holds_all(backbone, tr.network, starts, world),
+            main_holds_states(tr.optimizer, self.engine.owned, world),
+        ):
+            yield

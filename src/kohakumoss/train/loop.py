@@ -8,6 +8,7 @@ built from; this entry checks the run folder, opens the log file, and writes why
 from __future__ import annotations
 
 import faulthandler
+import functools
 import logging
 import signal
 import sys
@@ -97,7 +98,16 @@ def train(knobs: Mapping[str, Any]) -> Path:
 
 def train_on_devices(knobs: Mapping[str, Any]) -> Any:
     """The train script's entry: train(knobs) in this process, or on every rank DISTRIBUTED and DEVICES ask
-    for (distributed/launch.run), each rank's knobs with its overrides (`rank_overrides`: graphs off under
-    FSDP2 and the pipelines, a threaded run's first device); returns rank 0's run folder."""
+    for (distributed/launch.run, from the run's typed DistributedConfig and DEVICE), each rank's knobs with
+    its overrides (`rank_overrides`: graphs off under FSDP2 and the pipelines, a threaded run's first
+    device) and its own DEVICE; returns rank 0's run folder."""
     knobs = dict(knobs)
-    return run_on_devices({**knobs, **rank_overrides(TrainConfig.from_knobs(knobs))}, train)
+    knobs.update(rank_overrides(TrainConfig.from_knobs(knobs)))
+    cfg = TrainConfig.from_knobs(knobs)
+    return run_on_devices(cfg.parallel, cfg.device.device, functools.partial(train_on_device, knobs))
+
+
+def train_on_device(knobs: Mapping[str, Any], device: str) -> Path:
+    """train(knobs) on `device` (a worker's own, or DEVICE itself in one process); module-level, so a
+    spawned worker unpickles it."""
+    return train({**knobs, "DEVICE": device})

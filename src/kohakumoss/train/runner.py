@@ -66,10 +66,11 @@ class StepRunner:
     `lengths` (an eager step over padded batches): attention reads the lengths on the host until they
     vary, then on the device (`lengths.py`); the micro-step that switches is a tuning window again.
 
-    `loss_fn.hooks` (a DDP rank's share, distributed/rank_run.py RankRun) is told whether the micro-steps
-    are graphed, and runs what a graph may not hold, eagerly: `before_micro(batch, sigma, noise)` gives
-    the sigma and noise to use, `after_micro(loss)` the loss to keep, `after_backward()` runs after the
-    step's last micro-step, before clipping and the update (the ranks' gradient average).
+    `loss_fn.hooks` (a DDP rank's share, distributed/rank_run.py RankRun.step_fn) is told whether the
+    micro-steps are graphed, and runs what a graph may not hold, eagerly: `before_micro(micro_step, batch,
+    sigma, noise)` gives the sigma and noise to use, `after_micro(loss)` the loss to keep,
+    `after_backward()` runs after the step's last micro-step, before clipping and the update (the ranks'
+    gradient average).
     """
 
     def __init__(
@@ -133,7 +134,7 @@ class StepRunner:
         self.started, began = True, time.perf_counter()
         sigma, noise, hooks = inputs.sigma, inputs.noise, self.hooks
         if hooks is not None:
-            sigma, noise = hooks.before_micro(inputs.batch, sigma, noise)
+            sigma, noise = hooks.before_micro(inputs.micro_step, inputs.batch, sigma, noise)
         with window, compiles as compiled:
             if self.graphs is not None:  # forward and backward replayed from a CUDA graph
                 loss = self.graphs.run(inputs.batch, sigma, noise)

@@ -44,8 +44,8 @@ from kohakumoss.checkpoint.write import save_checkpoint, tensor_bytes
 from kohakumoss.config.train import AdapterConfig, ObjectiveConfig, OptimConfig, TrainConfig
 from kohakumoss.diffusion import TimestepConfig
 from kohakumoss.diffusion.grid import grid
-from kohakumoss.distributed.checkpoint import load_sharded, sharded_state
-from kohakumoss.distributed.rank_run import RankRun
+from kohakumoss.distributed.checkpoint import load_sharded
+from kohakumoss.distributed.rank_run import RankRun, Shards
 from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.run_facts import dataset_facts, write_run_facts
@@ -155,7 +155,7 @@ class Trainer:
         atomic_write_json(rr.own(run_dir) / "config.json", {**self.knobs, RUNTIME_KEY: runtime_record()})
         self.scanned = scan_dataset(cfg)  # a dataset with nothing usable is refused before the models load
         self.comps = build_components(cfg)
-        rr.check_plan(self.comps.plan)  # DISTRIBUTED='fsdp': engines FSDP2 cannot run, refused here
+        rr.check_plan(self.comps.plan)  # fsdp, a pipeline: the engines it cannot run, refused here
         threads = f" ({torch.get_num_threads()} threads)" if self.comps.device.type == "cpu" else ""
         log.info(
             f"device {self.comps.device}{threads}, precision {cfg.device.precision}, run folder {run_dir}"
@@ -246,14 +246,11 @@ class Trainer:
 
     def build_trainable(self) -> Trainable:
         """The trainable weights and their optimizer. Under DISTRIBUTED='fsdp' the backbone was built sharded
-        (an adapter wraps the sharded linears and stays whole); rr.shard records it before a full
+        (an adapter wraps the sharded linears and stays whole); rr.sharding records it before a full
         fine-tune's optimizer is built (it steps the shards)."""
-        comps, rr = self.comps, self.rr
-        if self.cfg.adapter.algo == "full":
-            rr.shard(comps.backbone, comps.dtype, comps.plan)
-        tr = build_trainable(self.cfg, comps)
-        rr.shard(comps.backbone, comps.dtype, comps.plan)  # done already for a full fine-tune
-        return tr
+        comps = self.comps
+        with self.rr.sharding(comps.backbone, comps.dtype, comps.plan):
+            return build_trainable(self.cfg, comps)
 
     def load(self, path: Path) -> int:
         """The checkpoint's trainable weights, optimizer, EMA and RNG states and the run's counters; returns its step."""
@@ -264,7 +261,7 @@ class Trainer:
             engines.streamer.invalidate()  # streamed parameters point at their host copies
         if ckpt.metadata.get("sharded"):  # an FSDP2 run's: DCP reshards it to this run's ranks (or one)
             load_sharded(path / "sharded", tr.module, optimizer_members(tr.optimizer))
-        elif self.rr.sharded is not None and tr.network is None:
+        elif self.rr.fsdp and tr.network is None:
             raise CheckpointError(
                 path,
                 "a full fine-tune's whole-model checkpoint cannot resume under DISTRIBUTED='fsdp' (its "
@@ -294,14 +291,14 @@ class Trainer:
         """The shared step runner over this rank's prefetched batches from the start step's micro-step."""
         cfg, comps, rr, first = self.cfg, self.comps, self.rr, self.start * self.accum
         scaler = torch.amp.GradScaler(comps.device.type) if comps.dtype == torch.float16 else None
-        loader = make_loader(rr.local_data(self.data), cfg, self.image_encoder, self.text_encoder, first)
-        forward = rr.wrap(comps.backbone, self.tr.network, comps.plan)  # DISTRIBUTED='ddp': DDP around it
+        loader = make_loader(rr.prepare_data(self.data), cfg, self.image_encoder, self.text_encoder, first)
+        forward = rr.prepare_model(comps.backbone, self.tr.network, comps.plan)  # DDP, the stages, or itself
         loss_fn = step_loss_fn(cfg.objective, forward, comps.dtype)
-        step_loss = rr.loss_fn(loss_fn, timestep_config(cfg.objective), draw_step_noise)  # this rank's share
-        next_batch = rr.next_batch(lambda: self.prefetch.next_batch(), first)
-        self.tr.optimizer = rr.optimizer(self.tr.optimizer)  # a pipeline clips by every rank's grads
-        self.runner = build_runner(cfg, comps, self.tr, step_loss, next_batch, scaler)
-        pad = text_pad(comps.device, self.runner.graphs is not None, rr.pipeline or rr.threaded)
+        step_loss = rr.step_fn(loss_fn, timestep_config(cfg.objective), draw_step_noise)  # this rank's share
+        self.tr.optimizer = rr.prepare_optimizer(self.tr.optimizer)  # a pipeline clips by every rank's grads
+        # the prefetcher is built below, once the runner says whether the batches are padded
+        self.runner = build_runner(cfg, comps, self.tr, step_loss, lambda: self.prefetch.next_batch(), scaler)
+        pad = text_pad(comps.device, self.runner.graphs is not None, rr.pipelined)
         if (
             pad and self.runner.graphs is None
         ):  # eager over fixed shapes: lengths on the device once they vary
@@ -416,13 +413,16 @@ class Trainer:
     def log_step(self, result: StepResult, lr_factor: float, dt: float) -> None:
         """The step's loss on the progress line; every LOG_EVERY steps (and the last) a metrics record."""
         step = self.step
-        loss, samples, tokens = self.rr.step_totals(step, result.loss(), result.samples, result.tokens)
+        logged = self.every(self.cfg.run.log_every) or step == self.steps
+        totals = self.rr.reduce_step(  # every rank's; on a logged step each rank's (threaded: stage's) peak
+            step, result.loss(), result.samples, result.tokens, self.comps.device if logged else None
+        )
+        loss, samples, tokens, peaks = totals.loss, totals.samples, totals.tokens, totals.peaks_gib
         self.bar.set_postfix(loss=f"{loss:.4f}")
         if self.progress is not None:
             self.progress.update(step, loss, tokens / dt)
-        if not (self.every(self.cfg.run.log_every) or step == self.steps):
+        if not logged:
             return
-        peaks = self.rr.peaks_gib(self.comps.device)  # every rank's (or threaded stage's)
         record = dict(
             step=step,
             loss=loss,
@@ -520,24 +520,13 @@ class Trainer:
         run_dir/export afterwards); rank 0 writes it (the weights are equal on every rank). Under FSDP2
         every rank writes its shards into it and takes part in the exports' gather. Non-finite trainable
         weights are refused first (`NonFiniteWeights`): nothing of them is written."""
-        rr = self.rr
         self.refuse_nonfinite_weights()
-        if rr.sharded is not None:
-            state = sharded_state(self.tr.module, optimizer_members(self.tr.optimizer))
-            if rr.is_main:
-                path = self.write_checkpoint(state, final)
-            else:
-                path = self.ckpt_root / step_dirname(self.step)
-                rr.write_shards(None, state)
-                with rr.full_weights(self.comps.backbone):  # rank 0's exports
-                    pass
-            rr.barrier()  # the folder has its name before any rank goes on
-            return path
-        with rr.gathered(self.tr, self.comps.backbone):  # a pipeline: rank 0 holds every stage's
-            if not rr.is_main:
+        # a pipeline: rank 0 holds every stage's; FSDP2: every rank writes its shards into rank 0's folder
+        with self.rr.saving(self.tr, self.comps.backbone) as shards:
+            if not self.rr.is_main:
                 return self.ckpt_root / step_dirname(self.step)
             with eval_weights(self.tr.optimizer):  # schedule-free: its averaged weights, an eval-mode state
-                return self.write_checkpoint(final=final)
+                return self.write_checkpoint(shards, final)
 
     def refuse_nonfinite_weights(self) -> None:
         """Stop with NonFiniteWeights when a rank's trainable weights hold inf or nan (all ranks together)."""
@@ -550,22 +539,22 @@ class Trainer:
                 "resume from the last checkpoint"
             )
 
-    def write_checkpoint(self, sharded: dict | None = None, final: bool = False) -> Path:
-        """Rank 0's checkpoint folder; `sharded` (FSDP2): every rank's DCP state, written by all of them
+    def write_checkpoint(self, shards: Shards | None = None, final: bool = False) -> Path:
+        """Rank 0's checkpoint folder; `shards` (FSDP2): every rank's DCP state, written by all of them
         into `sharded/` instead of trainable.safetensors and optimizer.pt. `final`: its exports are the
         run's final ones (full ComfyUI differences, metadata at STEPS)."""
         tr, step, micro = self.tr, self.step, self.step * self.accum
         failed: list[ExportMismatch] = []
 
         def exports(tmp: Path) -> None:
-            with self.rr.full_weights(self.comps.backbone):  # FSDP2: every rank gathers, rank 0 writes
+            with self.rr.whole_weights(tr, self.comps.backbone):  # FSDP2: every rank gathers, rank 0 writes
                 _checked(failed, self.write_exports, tmp / "export", None if final else step)
 
         path = save_checkpoint(
             self.ckpt_root,
             step,
-            trainable_state(tr.module) if sharded is None else None,
-            tr.optimizer.state_dict() if sharded is None else None,
+            trainable_state(tr.module) if shards is None else None,
+            tr.optimizer.state_dict() if shards is None else None,
             tr.ema.state_dict() if tr.ema is not None else None,
             data_position={
                 "step": step,
@@ -577,8 +566,8 @@ class Trainer:
             metadata={"counters": {"skipped": self.skipped, "bad_in_row": self.bad_in_row}},
             keep_last=int(self.cfg.run.keep_last),
             write_extra=exports,
-            extra_bytes=self.export_bytes() + (tensor_bytes(sharded) if sharded is not None else 0),
-            write_sharded=(lambda tmp: self.rr.write_shards(tmp, sharded)) if sharded is not None else None,
+            extra_bytes=self.export_bytes() + (tensor_bytes(shards.state) if shards is not None else 0),
+            write_sharded=shards.write if shards is not None else None,
         )
         if failed:  # the checkpoint is saved, its trainable weights and every export file kept; then stop
             raise failed[0]
@@ -589,12 +578,12 @@ class Trainer:
         bytes are on disk once). Where they cannot be linked (another filesystem, FSDP2) they are written
         again, refused (path, needed, free) when they would not fit; under FSDP2 every rank gathers the
         weights and rank 0 writes them (the files of a one-process run)."""
-        if self.rr.sharded is None:
+        if not self.rr.fsdp:
             linked = link_tree(checkpoint / "export", self.run_dir / "export") if self.rr.is_main else []
             # every rank learns whether rank 0 writes them again: under a pipeline that gathers the stages
             if not self.rr.main_decides(not linked):
                 return {p.name: p for p in linked}
-        with self.rr.full_weights(self.comps.backbone), self.rr.gathered(self.tr, self.comps.backbone):
+        with self.rr.whole_weights(self.tr, self.comps.backbone):  # rank 0 holds every weight
             if not self.rr.is_main:
                 return {}
             folder, needed = self.run_dir / "export", self.export_bytes()
