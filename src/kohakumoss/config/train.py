@@ -286,7 +286,7 @@ class PlanConfig:
     )
     tokens_per_step: int = knob(
         PlanKnobs.tokens_per_step,
-        "token budget per optimizer micro-step (image + text tokens)",
+        "token budget per optimizer micro-step (image, text and reference-image tokens)",
         resume="fixed",
         min=2,
     )
