@@ -4,10 +4,13 @@ import gc
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from kohakumoss.model import PackedSeq
+from kohakumoss_kernels.backends.compile_utils import compiled
+from kohakumoss_kernels.ops.segment_attention import eager as segment_eager
 from kohakumoss_kernels.ops.varlen_attention import sdpa_groups
-from kohakumoss_kernels.runtime.host_values import _VALUES, host_values, register_host_values
+from kohakumoss_kernels.runtime.host_values import _VALUES, host_values, reads, register_host_values
 
 
 def test_registered_values_are_used_instead_of_the_tensor():
@@ -41,3 +44,27 @@ def test_entries_die_with_their_tensor():
     del cu
     gc.collect()
     assert len(_VALUES) == before
+
+
+def test_a_compiled_op_reads_host_values_without_a_recompile_per_call():
+    """Traced by torch.compile, host_values' read count became a guard of its frame: each call of an op's
+    `compile` backend (the edit path's segment_attention) recompiled until dynamo's limit (64), then ran eagerly."""
+    torch._dynamo.reset()
+    attention = compiled(segment_eager.segment_attention)
+    frames_before, reads_before = counters["frames"]["total"], reads()
+    calls = 70
+    for i in range(calls):
+        live, refs = 3 + i % 5, 2 + i % 3  # a sample's live and reference lengths change from call to call
+        q_cu = [0, live, live + refs, live + refs + 2, live + refs + 4]
+        kv_cu = [0, live + refs, live + 2 * refs, live + 2 * refs + 3, live + 2 * refs + 5]
+        q, k = torch.randn(q_cu[-1], 2, 4), torch.randn(kv_cu[-1], 2, 4)
+        cu_q = register_host_values(torch.tensor(q_cu, dtype=torch.int32), q_cu)
+        cu_kv = register_host_values(torch.tensor(kv_cu, dtype=torch.int32), kv_cu)
+        out = attention(q, k, k, cu_q, cu_kv, 8, 8)
+    torch.testing.assert_close(out, segment_eager.segment_attention(q, k, k, cu_q, cu_kv, 8, 8))
+    assert (
+        reads() - reads_before == 2 * calls + 2
+    )  # still counted: train/graphs.py compares it around a capture
+    assert (
+        counters["frames"]["total"] - frames_before <= 8
+    )  # a few compiles (static, then dynamic), not one per call

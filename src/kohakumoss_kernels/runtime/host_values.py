@@ -30,8 +30,11 @@ def register_host_values(tensor: torch.Tensor, values) -> torch.Tensor:
     return tensor
 
 
+@torch.compiler.disable  # traced, the count became a guard: one recompile per call until dynamo gave up
 def host_values(tensor: torch.Tensor) -> tuple[int, ...]:
-    """The tensor's values as ints: the registered copy, else read from the device (a sync)."""
+    """The tensor's values as ints: the registered copy, else read from the device (a sync).
+
+    Never traced by torch.compile: an op's compile backend (its reference compiled) calls it as plain Python."""
     _READS[0] += 1
     values = _VALUES.get(tensor)
     if values is None:
