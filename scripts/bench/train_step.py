@@ -412,6 +412,11 @@ def row_config(a, spec: RowSpec):
         "CUDA_GRAPHS": a.cuda_graphs,
         "DETERMINISTIC": a.deterministic,
     }
+    if a.references:  # the memory estimate prices a dataset with references: one per target, of its area
+        dataset = TRAIN_SCHEMA.defaults()["DATASET"]
+        knobs.update(
+            DATASET={**dataset, "references": "references"}, AREA=n_img * 256, MAX_TEXT_TOKENS=n_text
+        )
     return TrainConfig.from_knobs(knobs)
 
 
