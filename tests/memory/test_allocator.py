@@ -11,6 +11,7 @@ from kohakumoss.memory.allocator import (
     ALLOC_CONF_VAR,
     EDIT_ALLOC_CONF,
     allocator_for_references,
+    allocator_setting_line,
     dataset_has_references,
 )
 
@@ -50,3 +51,9 @@ def test_train_on_devices_sets_it_before_the_workers(monkeypatch, references):
     entry = {"kind": "kohya", "path": "data/train", **({"references": "data/refs"} if references else {})}
     loop.train_on_devices({**TRAIN_SCHEMA.defaults(), "DATASET": entry})
     assert seen == [EDIT_ALLOC_CONF if references else None]
+
+
+def test_an_edit_runs_log_names_its_allocator_setting():
+    env = {ALLOC_CONF_VAR: "max_split_size_mb:128"}
+    assert allocator_setting_line(True, env) == f"CUDA allocator: {ALLOC_CONF_VAR}=max_split_size_mb:128"
+    assert allocator_setting_line(False, env) is None and allocator_setting_line(True, {}) is None

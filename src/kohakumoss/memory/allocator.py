@@ -47,3 +47,14 @@ def allocator_for_references(
         line += "; CUDA is already in use in this process, so it applies to processes started from here only"
     log.info(line)
     return line
+
+
+def allocator_setting_line(
+    has_references: bool, environ: MutableMapping[str, str] | None = None
+) -> str | None:
+    """For a run's log.txt: the allocator setting an edit run runs with (set by `allocator_for_references`
+    or by the user), or None for text-to-image runs and where none is set."""
+    env = os.environ if environ is None else environ
+    if not has_references or ALLOC_CONF_VAR not in env:
+        return None
+    return f"CUDA allocator: {ALLOC_CONF_VAR}={env[ALLOC_CONF_VAR]}"
