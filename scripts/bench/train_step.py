@@ -55,6 +55,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # baseline_model.py sits beside this script
 
+from kohakumoss.memory.allocator import allocator_for_references  # noqa: E402
 from kohakumoss.memory.flops import step_flops  # noqa: E402
 from kohakumoss.precision import BASE_PRECISIONS  # noqa: E402
 from kohakumoss.train.collector import StepCollector  # noqa: E402
@@ -411,6 +412,11 @@ def row_config(a, spec: RowSpec):
         "CUDA_GRAPHS": a.cuda_graphs,
         "DETERMINISTIC": a.deterministic,
     }
+    if a.references:  # the memory estimate prices a dataset with references: one per target, of its area
+        dataset = TRAIN_SCHEMA.defaults()["DATASET"]
+        knobs.update(
+            DATASET={**dataset, "references": "references"}, AREA=n_img * 256, MAX_TEXT_TOKENS=n_text
+        )
     return TrainConfig.from_knobs(knobs)
 
 
@@ -1185,6 +1191,8 @@ def selected_rows(a) -> list[str]:
 
 def main(argv=None) -> None:
     a = parse_args(argv)
+    # as the trainer does for a dataset with references (before CUDA starts; the row subprocesses inherit it)
+    allocator_for_references(a.references > 0)
     if a.row is not None:  # one row (a subprocess of the driver, or by hand)
         name = a.row + (f"/cap{a.cap_gb}" if a.cap_gb and "/cap" not in a.row else "")
         PROGRESS_PATH[0] = a.row_out + ".progress" if a.row_out else None

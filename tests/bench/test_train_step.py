@@ -536,3 +536,25 @@ def test_an_auto_row_under_a_cap_plans_its_references(references):
         plan, why = row_plan(ts, a, name)
         assert why.startswith("auto: catalog entry") and f"fits {cap} GiB" in why, why
         assert predicted_peak_gib(cfg, plan) <= cap
+
+
+def test_an_edit_row_sets_the_trainers_allocator_setting_and_prices_its_references(monkeypatch):
+    """--references N > 0: main goes through the trainer's allocator function before any row (so the row
+    subprocesses inherit it), and the row's config names references for the memory estimate."""
+    from kohakumoss.memory.allocator import dataset_has_references
+
+    ts = load_script()
+    calls = []
+
+    def stop(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ts, "allocator_for_references", lambda has: calls.append(has))
+    monkeypatch.setattr(ts, "run_row", stop)
+    for references in (1, 0):
+        with pytest.raises(KeyboardInterrupt):
+            ts.main(["--row", "lora/speed/latent_text", "--references", str(references)])
+        a = ts.parse_args(["--references", str(references)])
+        cfg = ts.row_config(a, ts.parse_row("lora/speed/latent_text"))
+        assert dataset_has_references(cfg.data.dataset) == bool(references)
+    assert calls == [True, False]

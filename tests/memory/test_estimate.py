@@ -358,3 +358,105 @@ def test_a_full_fine_tunes_forward_holds_autocasts_copies_of_its_weights():
         PROFILES["speed"], TrainConfig.from_knobs({**full, "PRECISION": "fp32"}), MOSS
     ).forward_parts
     assert not estimate_plan(PROFILES["speed"], TrainConfig.from_knobs(MEASURED), MOSS).forward_parts
+
+
+class _SavesItsIO:
+    """The attention ops as the GPU kernels keep them for the backward (q, k, v, out; flash / flex's small
+    log-sum-exp aside): the eager CPU loop's per-segment copies are no kernel's."""
+
+    def __init__(self, ops):
+        import torch
+
+        class Saved(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, fn, q, k, v, *rest):
+                out = fn(q, k, v, *rest)
+                ctx.save_for_backward(q, k, v, out)
+                return out
+
+        self._ops, self._saved = ops, Saved
+
+    def __getattr__(self, name: str):
+        op = getattr(self._ops, name)
+        if name not in ("varlen_attention", "segment_attention"):
+            return op
+        return lambda q, k, v, *rest: self._saved.apply(op, q, k, v, *rest)
+
+
+def block_saved_bytes(mode: str, references: bool) -> int:
+    """Bytes block 1 of the tiny model keeps for the backward (each storage once, not those block 2 keeps
+    too), two samples of 36
+    tokens: a 4 x 8 target and 4 text tokens, or a 4 x 4 target, 4 text and one 4 x 4 reference."""
+    import torch
+
+    from kohakumoss.memory.engines.block_runner import install_checkpointing
+    from kohakumoss.memory.engines.checkpointing import CheckpointPolicy
+    from kohakumoss.model import PackedSeq, pack_references
+
+    from ..model.helpers import random_model
+
+    cfg = get_preset("tiny")
+    model = random_model(cfg).train()
+    model.ops = _SavesItsIO(model.ops)
+    if mode != "none":
+        install_checkpointing(model, CheckpointPolicy(mode))
+    g = torch.Generator().manual_seed(0)
+    sizes = [(4, 4)] * 2 if references else [(4, 8)] * 2
+    texts = torch.randn(8, cfg.text_dim, generator=g)
+    imgs = torch.randn(sum(h * w for h, w in sizes), cfg.in_channels, generator=g)
+    kw, ref_sizes = {}, None
+    if references:
+        refs, ref_sizes = pack_references([[torch.randn(cfg.in_channels, 4, 4, generator=g)] for _ in sizes])
+        kw["refs"] = refs
+    seq = PackedSeq.build([4, 4], sizes, ref_sizes=ref_sizes)
+    assert sum(seq.seq_lens) == 72
+    kept: list[dict[int, int]] = [{}, {}]  # blocks 1 and 2: by storage
+    runner = model.block_runner
+
+    def run(
+        block, x, mod, seq, rope
+    ):  # the backbone's block runner, under the hooks (outside its checkpoint)
+        call = runner if runner is not None else lambda b, *a: b(*a, model.ops)
+        index = [i for i, b in enumerate(model.layers) if b is block][0]
+        if index not in (1, 2):
+            return call(block, x, mod, seq, rope)
+
+        def pack(t):
+            if not isinstance(t, torch.nn.Parameter):
+                kept[index - 1][t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            return call(block, x, mod, seq, rope)
+
+    model.block_runner = run
+    model(imgs, texts, torch.rand(2, generator=g), seq, **kw)
+    # the modulation table, rotary tables and index tensors are the step's, kept once for every block
+    return sum(n for ptr, n in kept[0].items() if ptr not in kept[1])
+
+
+@pytest.mark.parametrize("mode", ["none", "mlp", "attn", "full"])
+def test_reference_tokens_add_what_a_block_keeps_for_them(mode):
+    """An edit batch keeps more per block than a text-to-image batch of the same tokens (the gathered keys
+    and values of the reference segments); the estimate adds the same bytes, measured on the tiny model."""
+    from kohakumoss.memory.estimate import reference_kv_saved, reference_tokens
+
+    tiny = get_preset("tiny")
+    knobs = {"PRECISION": "fp32", "TOKENS_PER_STEP": 72, "AREA": 16 * 256, "MAX_TEXT_TOKENS": 4}
+    edit = TrainConfig.from_knobs({**knobs, "DATASET": {"kind": "kohya", "path": "d", "references": "r"}})
+    assert reference_tokens(edit) == 32  # 2 x 16 reference tokens of the batch above
+    assert reference_tokens(TrainConfig.from_knobs(knobs)) == 0
+    measured = block_saved_bytes(mode, True) - block_saved_bytes(mode, False)
+    predicted = reference_kv_saved(mode, edit, tiny)
+    # beyond the gathered k and v: the folded norm scales' t = 0 row (2 x dim per block)
+    assert measured == pytest.approx(predicted, rel=0.05, abs=0.05 * 32 * 2 * tiny.dim * 4)
+    if mode in ("none", "mlp"):
+        assert predicted == 32 * 2 * tiny.dim * 4
+
+
+def test_an_edit_run_prices_the_reference_kv_only_where_the_attention_keeps():
+    edit = {**BENCH, "DATASET": {"kind": "kohya", "path": "d", "references": "r"}}
+    for plan, grows in ((MemoryPlan(checkpointing="mlp"), True), (MemoryPlan(checkpointing="full"), False)):
+        t2i = estimate_plan(plan, TrainConfig.from_knobs(BENCH), MOSS).parts["saved activations"]
+        ref = estimate_plan(plan, TrainConfig.from_knobs(edit), MOSS).parts["saved activations"]
+        assert (ref > t2i) == grows

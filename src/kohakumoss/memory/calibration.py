@@ -47,6 +47,14 @@ _BF16_OFFLOAD = {
     "attn": (10.75, 29.68),
     "mlp": (0.16, 76.09),
 }
+# Edit runs (reference images): the attention gathers keys and values to the key segments (target and text
+# queries read all of a sample's keys, reference queries its references' again), so the k and v it keeps for
+# the backward have one more row each per reference token: 2 d-wide values per reference token and block,
+# where the attention half keeps its activations. DERIVED from model/blocks.attention; the tiny model's saved
+# tensors agree (tests/memory/test_estimate.py). train_step.py's lora/auto/latent_text/cap78 --references 1
+# (catalog c0050, 'ckpt mlp/1') measured 64.4 GiB at step 1 and 65.1 later on an H100 against 60.4 predicted
+# without it; with it, 64.5 (3.9 GiB of gathered k and v, x ALLOCATOR_SLACK).
+REFERENCE_KV_ROWS = 2
 # Outside the blocks (embedders, head, loss, rotary tables, and the text refiner when it trains): MEASURED
 # (same run) 246.1 MiB at 8704 tokens x 3072 with the refiner under LoRA. Of it REFINER_SAVED's count (below)
 # is 108.0 MiB; the rest, 5.42 bytes per token and model dim, is this constant: DERIVED (the split between

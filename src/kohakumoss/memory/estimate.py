@@ -17,7 +17,9 @@ Every constant is in `calibration.py`, tagged measured, derived or placeholder. 
   GRAD_OFFLOAD keeps a staging ring of a couple of blocks' grads instead of all of them;
 - saved activations: TOKENS_PER_STEP x dim x ACTIVATIONS[mode, precision]['kept'] per block
   (checkpointed blocks keep less), all blocks' on the card, or with ACTIVATION_OFFLOAD only a window
-  of blocks;
+  of blocks; with reference images (a dataset entry's `references`: one per target priced) the keys and
+  values the attention gathers for the reference segments, REFERENCE_KV_ROWS x dim per reference token in
+  the blocks whose attention half keeps activations (`reference_kv_saved`);
 - outside the blocks: FIXED_PER_TOKEN_DIM per token and dim (embedders, head, loss, rotary tables), and
   what the text refiner keeps over the text tokens when it runs a backward (REFINER_SAVED);
 - adapters run by lycoris's modules (LoKr, LoHa, ...: not LoRA / LoCon) keep their linears' inputs for
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from . import calibration as cal
+from .allocator import dataset_has_references
 from .plan import MemoryPlan, memory_pins, plan_with_overrides
 
 GIB = cal.GIB
@@ -211,11 +214,43 @@ def refiner_trains(cfg: Any) -> bool:
     return cfg.adapter.target_preset == "custom" and any("text_embedder" in str(p) for p in patterns)
 
 
+def references_per_target(cfg: Any) -> int:
+    """Reference images per target the estimate prices: one when a dataset entry names references (the
+    common edit layout; the config does not say how many each target has), else none."""
+    return 1 if dataset_has_references(cfg.data.dataset) else 0
+
+
 def text_tokens(cfg: Any) -> float:
-    """Text tokens of a step: TOKENS_PER_STEP x the text share of a sample of AREA and MAX_TEXT_TOKENS."""
+    """Text tokens of a step: TOKENS_PER_STEP x the text share of a sample of AREA and MAX_TEXT_TOKENS
+    (and its references, each at the target's area)."""
     image = int(cfg.data.area) // 256
     text = int(cfg.data.max_text_tokens)
-    return int(cfg.data.tokens_per_step) * text / (image + text)
+    return int(cfg.data.tokens_per_step) * text / (image * (1 + references_per_target(cfg)) + text)
+
+
+def reference_tokens(cfg: Any) -> float:
+    """Reference-image tokens of a step: TOKENS_PER_STEP x their share of a sample (references are resized
+    to the target's area, so each adds AREA / 256 tokens); 0 for text-to-image."""
+    refs = references_per_target(cfg)
+    image = int(cfg.data.area) // 256
+    text = int(cfg.data.max_text_tokens)
+    return int(cfg.data.tokens_per_step) * refs * image / (image * (1 + refs) + text)
+
+
+def reference_kv_saved(mode: str, cfg: Any, config: Any, offload: bool = False) -> float:
+    """Bytes a block of checkpoint `mode` keeps beyond ACTIVATIONS with reference images: its attention
+    gathers keys and values to the key segments (model/blocks.attention: target and text queries read every
+    key, reference queries the references' again), so the k and v the attention keeps have
+    REFERENCE_KV_ROWS more rows per reference token. Kept where the attention half keeps its activations
+    ('none', 'mlp'); with ACTIVATION_OFFLOAD, the share of the block's kept bytes that stays on the card."""
+    if mode not in ("none", "mlp"):
+        return 0.0
+    vb = cal.WEIGHT_BYTES.get(cfg.device.precision, 2)
+    extra = reference_tokens(cfg) * cal.REFERENCE_KV_ROWS * config.dim * vb
+    if offload:
+        plain = activation(mode, cfg.device.precision)["kept"]
+        extra *= activation(mode, cfg.device.precision, True)["kept"] / plain if plain else 0.0
+    return extra
 
 
 def refiner_saved(cfg: Any, config: Any) -> float:
@@ -244,8 +279,9 @@ def saved_per_block(plan: MemoryPlan, cfg: Any, config: Any) -> tuple[float, flo
     precision = cfg.device.precision
     per_dim = int(cfg.data.tokens_per_step) * config.dim
     off = plan.activation_offload == "on"
-    plain = per_dim * kept_per_dim("none", precision, off)
+    plain = per_dim * kept_per_dim("none", precision, off) + reference_kv_saved("none", cfg, config, off)
     ckpt = per_dim * kept_per_dim(plan.checkpointing, precision, off)
+    ckpt += reference_kv_saved(plan.checkpointing, cfg, config, off)
     return ckpt, plain
 
 
@@ -289,7 +325,11 @@ def working_set(plan: MemoryPlan, cfg: Any, config: Any) -> float:
     c = checkpointed_blocks(plan, config.depth)
     modes = ([plan.checkpointing] if c else []) + (["none"] if c < config.depth else [])
     off = plan.activation_offload == "on"
-    return per_dim * max(activation(m, precision, off)["working"] for m in modes)
+    # a recomputed attention half re-creates its gathered keys and values (reference_kv_saved's bytes)
+    recomputed = (
+        reference_kv_saved("none", cfg, config) if c and plan.checkpointing in ("attn", "full") else 0.0
+    )
+    return per_dim * max(activation(m, precision, off)["working"] for m in modes) + recomputed
 
 
 def file_bytes(path: str | Path) -> int:

@@ -20,6 +20,11 @@ from typing import Any
 from kohakumoss.config.train import TRAIN_SCHEMA, TrainConfig
 from kohakumoss.distributed.launch import run as run_on_devices
 from kohakumoss.distributed.rank_run import RankRun, rank_overrides
+from kohakumoss.memory.allocator import (
+    allocator_for_references,
+    allocator_setting_line,
+    dataset_has_references,
+)
 from kohakumoss_common.errors import ConfigError, KohakuMossError
 from kohakumoss_common.knobs import check_folder_knobs
 from kohakumoss_common.lock import FolderLock
@@ -82,6 +87,10 @@ def train(knobs: Mapping[str, Any]) -> Path:
     with FolderLock(run_dir) if rr.is_main else nullcontext():
         run_dir.mkdir(parents=True, exist_ok=True)
         handler = add_file_log(rr.own(run_dir) / "log.txt")
+        if line := allocator_setting_line(dataset_has_references(cfg.data.dataset)):
+            log.info(
+                line
+            )  # an edit run's allocator setting (train_on_devices set it, or the user) in log.txt
         try:
             return Trainer(cfg, run_dir, rr).train()
         except KohakuMossError as e:  # why the run stopped, in log.txt (the console gets it from the caller)
@@ -104,6 +113,8 @@ def train_on_devices(knobs: Mapping[str, Any]) -> Any:
     knobs = dict(knobs)
     knobs.update(rank_overrides(TrainConfig.from_knobs(knobs)))
     cfg = TrainConfig.from_knobs(knobs)
+    # before any CUDA work here or in the workers (they inherit it): an edit step fragments the allocator
+    allocator_for_references(dataset_has_references(cfg.data.dataset))
     return run_on_devices(cfg.parallel, cfg.device.device, functools.partial(train_on_device, knobs))
 
 
