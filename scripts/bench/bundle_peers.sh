@@ -4,9 +4,12 @@
 #   for p in .whl/peers/*/; do python3 -m pip install -q --no-index --no-deps --target /tmp/peers/$(basename $p) $p*.whl .whl/*.whl; done
 # (the project's .whl/ wheels from ../shared/device/bundle-wheels.sh give a peer kohaku-engine, lycoris-lora
 # and diffusers; the image has torch, transformers, accelerate, safetensors, numpy, pillow, tqdm).
-# Usage (from the project's root):  bash scripts/bench/bundle_peers.sh [--simpletuner-size]
-#   --simpletuner-size: also download SimpleTuner 4.10.1's largest required packages the image lacks into a
-#   scratch folder (never carried) and print their size: why it is not carried.
+# Usage (from the project's root):  bash scripts/bench/bundle_peers.sh [--simpletuner] [--simpletuner-size]
+#   --simpletuner: also SimpleTuner 4.10.1 and the packages its MOSS-Image LoRA path imports that neither the
+#   image nor .whl/ has (docs/performance/peers.md, "SimpleTuner 4.10.1"), into .whl/peers/simpletuner-4.10.1/;
+#   wandb and boto3/botocore, imported but never called there, are scripts/bench/peer_path/simpletuner_stubs/.
+#   --simpletuner-size: also download its declared requirements' largest wheels the image lacks into a
+#   scratch folder (never carried) and print their size: why they are not carried whole.
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -32,7 +35,20 @@ download .whl/peers/diffsynth-2.1.12 diffsynth==2.1.12
 # tests/bench/test_peers.py runs 0.1.0 on this machine's Python too: kohakuvault is a compiled wheel
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl/local kohakuvault==0.9.0
 
-if [[ "${1:-}" == "--simpletuner-size" ]]; then
+if [[ " $* " == *" --simpletuner "* ]]; then
+  # hard module-level imports on its train.py -> Trainer -> moss_image path: trainingsample (image loading,
+  # a Rust wheel built for manylinux_2_35 only), fastapi + starlette (trainer.py imports
+  # simpletuner_sdk.server services, whose package __init__ imports its app), skrample (scheduled sampling
+  # module), atomicwrites (local data backend); fastapi 0.115 because newer ones import opentelemetry
+  st=.whl/peers/simpletuner-4.10.1
+  download "$st" simpletuner==4.10.1 fastapi==0.115.14 starlette==0.46.2 skrample==0.5.3 atomicwrites==1.4.0
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_35_x86_64 -d "$st" trainingsample==0.3.2
+  echo "SimpleTuner 4.10.1's carried set:"
+  du -cb "$st"/*.whl | tail -n 1
+fi
+
+if [[ " $* " == *" --simpletuner-size "* ]]; then
   # SimpleTuner 4.10.1 (Python >= 3.12 only) and the five largest of the ~45 required packages the image
   # lacks; the rest of its closure (spacy's and librosa's own dependencies, fastapi, ...) comes on top.
   scratch=$(mktemp -d)
