@@ -36,9 +36,9 @@ fallbacks the trainer logged. The peers' own figures: 0.1.0 logs image tokens/s 
 samples/s, `step_time` and `vram_peak_alloc`; its joint tokens/s is image tokens/s plus images/s times
 the data set's mean caption tokens. --doc-json writes the comparison as a list of rows {peer, row,
 metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is listed with its reason under
-`not_measured` (docs/performance/peers.md). Peers that cannot run here: SimpleTuner 4.10.1 (Python 3.12+
-only; its MOSS-Image model builds the text encoder and VAE from a diffusers tree and caches through them,
-and its dependencies are past the device's 64 MiB carry) and DiffSynth-Studio 2.1.12 (its MOSS-Image
+`not_measured` (docs/performance/peers.md). Peers that do not run yet: SimpleTuner 4.10.1 (its
+side is not written: bundle_peers.sh --simpletuner carries what its MOSS-Image path imports, and
+write_weights.py's pipeline tree is what its encoders load) and DiffSynth-Studio 2.1.12 (its MOSS-Image
 training script is not in the PyPI package; its loader picks each model by the md5 of its file's keys,
 so it samples only with a text encoder of the released 9B shape): their rows say so.
 """
@@ -72,10 +72,11 @@ DIFFSYNTH = "diffsynth-2.1.12"
 PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
 # why a peer has no such row, or cannot run at all (checked from its package: docs/performance/peers.md)
 CANNOT = {
-    SIMPLETUNER: "SimpleTuner 4.10.1 is on PyPI for Python >= 3.12 only (pip on 3.11 lists 3.1.6 as the "
-    "newest); its moss_image model loads the Qwen3.5 text encoder and FLUX.2 VAE from a diffusers tree and "
-    "fills its caches through them (no stand-in hook), and its 66 required packages, 44 of them not in the "
-    "GPU image (spacy, librosa, demucs, faiss-cpu, ...), are past the device call's 64 MiB carry: not run",
+    SIMPLETUNER: "SimpleTuner 4.10.1's side of the benchmark is not written yet: its wheel and the five "
+    "packages its MOSS-Image path imports beyond the image (18 MB, bundle_peers.sh --simpletuner) can be "
+    "carried, with import-only wandb/boto3 stand-ins, and write_weights.py's pipeline tree is what its "
+    "text encoder and VAE loaders take, but its config for each row and a GPU check are to "
+    "do: not run",
     DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
     "released transformer/ files, recognised by their keys) but no MOSS-Image training script (that lives "
     "in the repository's examples/, not on PyPI), and its loader picks each model class by the md5 of its "

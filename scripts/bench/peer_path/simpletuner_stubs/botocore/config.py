@@ -3,4 +3,6 @@
 
 class Config:
     def __init__(self, *args, **kwargs) -> None:
-        raise RuntimeError("botocore.config.Config: the benchmark's botocore stand-in was used (the data must be local)")
+        raise RuntimeError(
+            "botocore.config.Config: the benchmark's botocore stand-in was used (the data must be local)"
+        )
