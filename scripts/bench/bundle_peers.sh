@@ -7,7 +7,7 @@
 # Usage (from the project's root):  bash scripts/bench/bundle_peers.sh [--simpletuner] [--simpletuner-size]
 #   --simpletuner: also SimpleTuner 4.10.1 and the packages its MOSS-Image LoRA path imports that neither the
 #   image nor .whl/ has (docs/performance/peers.md, "SimpleTuner 4.10.1"), into .whl/peers/simpletuner-4.10.1/;
-#   wandb and boto3/botocore, imported but never called there, are scripts/bench/peer_path/simpletuner_stubs/.
+#   wandb, boto3/botocore and spacy, imported but never called there, are scripts/bench/peer_path/simpletuner_stubs/.
 #   --simpletuner-size: also download its declared requirements' largest wheels the image lacks into a
 #   scratch folder (never carried) and print their size: why they are not carried whole.
 set -euo pipefail
@@ -39,9 +39,14 @@ if [[ " $* " == *" --simpletuner "* ]]; then
   # hard module-level imports on its train.py -> Trainer -> moss_image path: trainingsample (image loading,
   # a Rust wheel built for manylinux_2_35 only), fastapi + starlette (trainer.py imports
   # simpletuner_sdk.server services, whose package __init__ imports its app), skrample (scheduled sampling
-  # module), atomicwrites (local data backend); fastapi 0.115 because newer ones import opentelemetry
+  # module), atomicwrites (local data backend); fastapi 0.115 because newer ones import opentelemetry; and
+  # what the other model families' modules import, which its field registry imports while trainer.py loads
+  # (librosa, py3langid, pypinyin, hangul-romanize, num2words, loguru, ftfy + wcwidth, beautifulsoup4 +
+  # soupsieve); spaCy, the one large one, is a stand-in in peer_path/simpletuner_stubs/
   st=.whl/peers/simpletuner-4.10.1
-  download "$st" simpletuner==4.10.1 fastapi==0.115.14 starlette==0.46.2 skrample==0.5.3 atomicwrites==1.4.0
+  download "$st" simpletuner==4.10.1 fastapi==0.115.14 starlette==0.46.2 skrample==0.5.3 atomicwrites==1.4.0 \
+    librosa==1.0.1 py3langid==0.4.0 pypinyin==0.55.0 hangul-romanize==0.1.0 num2words==0.5.14 loguru==0.7.3 \
+    ftfy==6.3.1 wcwidth==0.9.5 beautifulsoup4==4.15.0 soupsieve==4.1.4
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_35_x86_64 -d "$st" trainingsample==0.3.2
   echo "SimpleTuner 4.10.1's carried set:"

@@ -72,10 +72,10 @@ DIFFSYNTH = "diffsynth-2.1.12"
 PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
 # why a peer has no such row, or cannot run at all (checked from its package: docs/performance/peers.md)
 CANNOT = {
-    SIMPLETUNER: "SimpleTuner 4.10.1's side of the benchmark is not written yet: its wheel and the five "
-    "packages its MOSS-Image path imports beyond the image (18 MB, bundle_peers.sh --simpletuner) can be "
-    "carried, with import-only wandb/boto3 stand-ins, and write_weights.py's pipeline tree is what its "
-    "text encoder and VAE loaders take, but its config for each row and a GPU check are to "
+    SIMPLETUNER: "SimpleTuner 4.10.1's side of the benchmark is not written yet: its wheel and the 15 "
+    "packages its import chain needs beyond the image (24.9 MB, bundle_peers.sh --simpletuner) can be "
+    "carried, with import-only wandb/boto3/spaCy stand-ins, and write_weights.py's pipeline tree is what its "
+    "transformer, text encoder and VAE loaders take, but its config for each row and a GPU check are to "
     "do: not run",
     DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
     "released transformer/ files, recognised by their keys) but no MOSS-Image training script (that lives "
