@@ -313,3 +313,25 @@ def test_kohakumoss_010_trains_on_its_own_caches_of_our_data_and_weights(peers, 
     assert got["joint_tokens_per_s"] > got["image_tokens_per_s"]  # the captions' 5 tokens per image on top
     config = json.loads((Path(a.work) / "km010-runs" / "lora-whole" / "config.json").read_text())
     assert (config["DIM"], config["BATCH_SIZE"], config["TEXT_ENCODER_ID"]) == (32, 2, "random-qwen3.5")
+
+
+def test_simpletuner_stand_ins_import_but_raise_on_use():
+    """SimpleTuner's import-only stand-ins (peer_path/simpletuner_stubs) satisfy the names its modules import
+    and raise on any use, so a run that reached their code fails instead of measuring a stand-in."""
+    stubs = REPO / "scripts" / "bench" / "peer_path" / "simpletuner_stubs"
+    uses = {
+        "wandb": "import wandb\nwandb.Table(columns=[])",
+        "boto3": "import boto3\nboto3.client('s3')",
+        "botocore": "from botocore.exceptions import NoCredentialsError, PartialCredentialsError\n"
+        "from botocore.config import Config\nConfig(retries={})",
+        "spacy": "from spacy.lang.ar import Arabic\nfrom spacy.lang.en import English\n"
+        "from spacy.lang.es import Spanish\nfrom spacy.lang.ja import Japanese\nfrom spacy.lang.zh import Chinese\n"
+        "English()",
+    }
+    assert sorted(p.name for p in stubs.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(uses)
+    env = {**os.environ, "PYTHONPATH": str(stubs)}
+    for package, code in uses.items():
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=stubs)
+        assert run.returncode != 0, package
+        last = run.stderr.strip().splitlines()[-1]
+        assert last.startswith("RuntimeError:") and "stand-in was used" in last, (package, run.stderr)
