@@ -72,11 +72,11 @@ DIFFSYNTH = "diffsynth-2.1.12"
 PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
 # why a peer has no such row, or cannot run at all (checked from its package: docs/performance/peers.md)
 CANNOT = {
-    SIMPLETUNER: "SimpleTuner 4.10.1's side of the benchmark is not written yet: its wheel and the 15 "
-    "packages its import chain needs beyond the image (24.9 MB, bundle_peers.sh --simpletuner) can be "
-    "carried, with import-only wandb/boto3/spaCy stand-ins, and write_weights.py's pipeline tree is what its "
-    "transformer, text encoder and VAE loaders take, but its config for each row and a GPU check are to "
-    "do: not run",
+    SIMPLETUNER: "SimpleTuner 4.10.1's side of the benchmark is not written yet: its wheel and the 15 packages its "
+    "import chain needs beyond the image (24.9 MB, bundle_peers.sh --simpletuner) can be carried, with "
+    "import-only wandb/boto3/spaCy stand-ins; write_weights.py's pipeline tree is what its transformer,"
+    " text encoder and VAE loaders take, and simpletuner_config writes its rows' configs, but running "
+    "it, reading its log and a GPU check are to do: not run",
     DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
     "released transformer/ files, recognised by their keys) but no MOSS-Image training script (that lives "
     "in the repository's examples/, not on PyPI), and its loader picks each model class by the md5 of its "
@@ -258,6 +258,59 @@ def km010_side(a, row: str) -> Side:
     argv = [*kogine, str(bundle / "scripts/train/moss.py"), "--config", str(config)]
     run_dir = Path(knobs["OUTPUT_DIR"]) / knobs["RUN_NAME"]
     return Side(KM010, row, argv, km010_env(a, row), run_dir, setup)
+
+
+# SimpleTuner 4.10.1's own per-card MOSS-Image LoRA examples (its wheel's simpletuner/examples/): the
+# 80 GB one for the whole card, the 24 GB one for the 24 GiB cap; it has no 8 GB one
+ST_EXAMPLES = {"lora/whole": "moss_image-80g.peft-lora", "lora/card24": "moss_image-24g.peft-lora"}
+# the DiT blocks' attention + MLP projections (its transformer.py's MOSSImageTransformerBlock.proj); its
+# DEFAULT_LORA_TARGET is attention and the text embedder only
+ST_LORA_TARGETS = ["proj.q", "proj.k", "proj.v", "proj.o", "proj.ffn_up_gate", "proj.ffn_down"]
+
+
+def simpletuner_config(a, row: str) -> Path:
+    """SimpleTuner's config.json and dataloader.json for the row, written under --work: its own example
+    for the card, with the benchmark's changes (2 images of 1 MP a step, rank 32 on the attention + MLP
+    projections, the pipeline tree, the synthetic data and its caches, no checkpoints, validation or
+    CREPA: its examples' CREPA loads DINOv2 through torch.hub, and the GPU machine has no network).
+    Returns the config's path without its suffix (its CONFIG_PATH, with CONFIG_BACKEND=json)."""
+    example = Path(a.peer_root) / SIMPLETUNER / "simpletuner" / "examples" / ST_EXAMPLES[row]
+    config = json.loads((example / "config.json").read_text())
+    folder = Path(a.work) / "simpletuner" / row.replace("/", "-")
+    folder.mkdir(parents=True, exist_ok=True)
+    caches = Path(a.work) / "simpletuner-cache"  # one cache for all its rows, as 0.1.0's
+    dataloader = [
+        {"id": "synthetic", "type": "local", "dataset_type": "image", "instance_data_dir": str(data_dir(a)),
+         "caption_strategy": "textfile", "resolution": a.size * a.size / 1e6, "resolution_type": "area",
+         "crop": False, "cache_dir_vae": str(caches / "vae"), "text_embeds": "text", "repeats": 0},
+        {"id": "text", "type": "local", "dataset_type": "text_embeds", "default": True,
+         "cache_dir": str(caches / "text")},
+    ]  # fmt: skip
+    config.update(
+        data_backend_config=str(folder / "dataloader.json"),
+        pretrained_model_name_or_path=str(weights_dir(a) / "pipeline"),
+        output_dir=str(folder / "output"),
+        train_batch_size=IMAGES,
+        gradient_accumulation_steps=1,
+        lora_rank=RANK,
+        lora_alpha=RANK,
+        peft_lora_target_modules=ST_LORA_TARGETS,
+        resolution=a.size * a.size / 1e6,
+        resolution_type="area",
+        max_train_steps=a.steps,
+        num_train_epochs=0,
+        lr_warmup_steps=0,
+        checkpoint_step_interval=a.steps + 1,
+        validation_step_interval=a.steps + 1,
+        crepa_enabled=False,
+        report_to="none",
+        push_to_hub=False,
+        push_checkpoints_to_hub=False,
+    )
+    config.pop("user_prompt_library", None)  # its examples' prompt file path is relative to its repository
+    (folder / "dataloader.json").write_text(json.dumps(dataloader, indent=1))
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder / "config"
 
 
 def weights_dir(a) -> Path:

@@ -335,3 +335,49 @@ def test_simpletuner_stand_ins_import_but_raise_on_use():
         assert run.returncode != 0, package
         last = run.stderr.strip().splitlines()[-1]
         assert last.startswith("RuntimeError:") and "stand-in was used" in last, (package, run.stderr)
+
+
+def test_simpletuner_config_is_its_example_with_the_benchmark_changes(peers, tmp_path):
+    """SimpleTuner's row config: its own per-card example from its wheel, changed only where the benchmark
+    must (2 images of 1 MP, rank 32 on the attention + MLP projections, the pipeline tree, the synthetic
+    data, no CREPA or validation), every key one its argument registry knows."""
+    import zipfile
+
+    wheel = PEER_WHEELS / "simpletuner-4.10.1" / "simpletuner-4.10.1-py3-none-any.whl"
+    if not wheel.exists():
+        pytest.skip("no SimpleTuner wheel: bash scripts/bench/bundle_peers.sh --simpletuner")
+    root = tmp_path / "peers" / "simpletuner-4.10.1"
+    with zipfile.ZipFile(wheel) as z:
+        members = [n for n in z.namelist() if n.startswith("simpletuner/examples/moss_image-")]
+        registry = "\n".join(
+            z.read(n).decode() for n in z.namelist()
+            if n.startswith("simpletuner/simpletuner_sdk/server/services/field_registry/sections/")
+            or n == "simpletuner/helpers/configuration/cmd_args.py"
+        )  # fmt: skip
+        z.extractall(root, members)
+    a = args(peers, tmp_path)
+    for row, example in (
+        ("lora/card24", "moss_image-24g.peft-lora"),
+        ("lora/whole", "moss_image-80g.peft-lora"),
+    ):
+        path = peers.simpletuner_config(a, row)
+        config = json.loads(path.with_suffix(".json").read_text())
+        theirs = json.loads((root / "simpletuner" / "examples" / example / "config.json").read_text())
+        changed = {k for k in config if config[k] != theirs.get(k)} | (set(theirs) - set(config))
+        allowed = {"data_backend_config", "pretrained_model_name_or_path", "output_dir", "train_batch_size",
+                   "gradient_accumulation_steps", "lora_rank", "lora_alpha", "peft_lora_target_modules", "resolution",
+                   "resolution_type", "max_train_steps", "lr_warmup_steps", "checkpoint_step_interval",
+                   "validation_step_interval", "crepa_enabled", "user_prompt_library"}  # fmt: skip
+        assert changed <= allowed, (row, changed - allowed)
+        assert {"data_backend_config", "peft_lora_target_modules", "crepa_enabled"} <= changed, row
+        assert config["model_family"] == "moss_image" and config["model_type"] == "lora"
+        assert (config["train_batch_size"], config["lora_rank"], config["resolution"]) == (2, 32, 1.048576)
+        assert config["crepa_enabled"] is False and config["report_to"] == "none"
+        for key in allowed - {"user_prompt_library"}:  # what the benchmark sets: keys its registry knows
+            assert f'"--{key}"' in registry, f"{key}: not an argument SimpleTuner 4.10.1 knows"
+        loader = json.loads(Path(config["data_backend_config"]).read_text())
+        assert (
+            loader[0]["instance_data_dir"] == str(peers.data_dir(a))
+            and loader[0]["caption_strategy"] == "textfile"
+        )
+        assert loader[1]["dataset_type"] == "text_embeds"
