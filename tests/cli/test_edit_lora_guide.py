@@ -20,7 +20,8 @@ import numpy as np
 from PIL import Image
 from safetensors import safe_open
 
-from tests.cli.test_first_lora_guide import append_knobs, bash_commands, checkpoints, run
+from tests.cli.test_first_lora_guide import SAMPLE_KNOBS, append_knobs, bash_commands, checkpoints, run
+from tests.cli.test_first_lora_guide import TRAIN_KNOBS as TINY_RUN  # the same tiny CPU run's knobs
 from tests.tiny_trees import write_hf_snapshot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,20 +37,6 @@ SAMPLE_PROMPT = "make it night. Keep the dog unchanged."  # the guide's step 6
 SKIPPED = {
     "hf download": "nothing touches a hub in tests: the tiny snapshot is written where it puts the files",
 }
-# What a CPU run with tiny weights appends after the guide's edit knobs (plan knobs: before the caches).
-TINY_RUN = {
-    "AREA": 64 * 64,
-    "MIN_SIDE": 32,
-    "STEPS": 2,
-    "GRAD_ACCUM": 1,
-    "PRECISION": "fp32",
-    "WORKERS": 0,
-    "OPS_BACKEND": "eager",
-    "SAMPLE_WIDTH": 64,
-    "SAMPLE_HEIGHT": 64,
-    "SAMPLE_STEPS": 2,
-}
-SAMPLE_KNOBS = {"WIDTH": 64, "HEIGHT": 64, "STEPS": 2, "PRECISION": "fp32", "UNCOND_SKIP_LAYERS": []}
 EXPECTED = [
     ["kohakumoss-config", "new", "train"],
     ["kohakumoss-config", "check", "configs/user/my-edit.py"],
