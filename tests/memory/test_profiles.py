@@ -231,6 +231,29 @@ def test_a_data_parallel_rank_plans_for_its_share_of_the_step():
             assert worst <= tokens(step, world)
 
 
+def test_a_rank_of_an_edit_run_plans_for_the_references_of_its_largest_sample():
+    """An edit dataset's samples carry their references in the tokens `assign` weighs (a planned item's
+    `tokens`: target, caption and references, each reference at the target's area), so a DDP / FSDP
+    rank's share counts them: three 1 MP edit samples over two ranks put two whole samples on one."""
+    from kohakumoss.distributed.shard import step_shares
+    from kohakumoss.memory.profiles import rank_share
+    from kohakumoss_data.plan import PlannedItem, PlannedReference
+
+    ref = PlannedReference("r", (1024, 1024), (1024, 1024), (0, 0), 4096)
+    item = PlannedItem(
+        "k", "h", "c", (1024, 1024), (1024, 1024), (0, 0), False, 4096, 256, 0, references=(ref,)
+    )
+    step = [item] * 3
+    held = max(sum(step[i].tokens for i in share) for share in step_shares(step, 2))
+    assert held == 2 * (2 * 4096 + 256)
+    knobs = {"TOKENS_PER_STEP": 3 * item.tokens, "AREA": 1024 * 1024, "MAX_TEXT_TOKENS": 256}
+    edit = {**knobs, "DATASET": {"kind": "kohya", "path": "d", "references": "r"}}
+    for mode in ("ddp", "fsdp"):
+        share = rank_share(TrainConfig.from_knobs({**edit, "DISTRIBUTED": mode}), 2)[0]
+        plain = rank_share(TrainConfig.from_knobs({**knobs, "DISTRIBUTED": mode}), 2)[0]
+        assert share.data.tokens_per_step == held > plain.data.tokens_per_step
+
+
 def test_an_fsdp_rank_prices_its_shards_and_auto_picks_a_plan_fsdp_runs():
     """FSDP2 over 4 ranks: a full fine-tune's fp32 weights, grads and states are a quarter on each rank,
     with a couple of blocks and the root gathered in bf16; 'auto' offers only the plans FSDP2 runs (no

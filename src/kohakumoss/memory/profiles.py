@@ -33,7 +33,7 @@ from .catalog import (
     find_entry,
     plan_refusal,
 )
-from .estimate import estimate_plan
+from .estimate import estimate_plan, references_per_target
 from .named import PROFILES
 from .plan import MemoryPlan, memory_pins, plan_with_overrides
 
@@ -72,7 +72,7 @@ def rank_share(cfg: Any, world: int) -> tuple[Any, int]:
     """(the run's config as one rank of a data-parallel run (DISTRIBUTED 'ddp' or 'fsdp') sees its step,
     the FSDP2 shards). The rank holds a share of TOKENS_PER_STEP (the whole step's budget): the share
     bounds what `distributed.shard.assign` gives any rank: list scheduling keeps each rank within the mean
-    plus (1 - 1/world) of the largest sample (AREA's image tokens and MAX_TEXT_TOKENS). Under FSDP the
+    plus (1 - 1/world) of the largest sample (`largest_sample`). Under FSDP the
     weights, grads and states are sharded over the `world` ranks: the estimate prices the shards
     (`shards`), and the catalog offers only the plans FSDP2 runs (MemoryPlan.fsdp_refusal). Other engines
     and one rank: the config unchanged, one shard."""
@@ -82,12 +82,19 @@ def rank_share(cfg: Any, world: int) -> tuple[Any, int]:
     return with_knobs(cfg, {"TOKENS_PER_STEP": rank_tokens(cfg, world)}), (world if mode == "fsdp" else 1)
 
 
+def largest_sample(cfg: Any) -> int:
+    """Tokens of the largest sample a step can hold, as `assign` weighs it (a planned item's `tokens`):
+    AREA's image tokens, MAX_TEXT_TOKENS, and the references the estimate prices, each at the target's
+    area (`estimate.references_per_target`)."""
+    image = int(cfg.data.area) // 256
+    return image * (1 + references_per_target(cfg)) + int(cfg.data.max_text_tokens)
+
+
 def rank_tokens(cfg: Any, world: int) -> int:
     """The most tokens of a step one of `world` data-parallel ranks holds (see rank_share); the
     whole TOKENS_PER_STEP on one rank."""
     tokens = int(cfg.data.tokens_per_step)
-    sample = int(cfg.data.area) // 256 + int(cfg.data.max_text_tokens)
-    return min(tokens, math.ceil(tokens / world + sample * (1 - 1 / world)))
+    return min(tokens, math.ceil(tokens / world + largest_sample(cfg) * (1 - 1 / world)))
 
 
 def _with_algo(cfg: Any, full_ft: bool) -> Any:
