@@ -412,7 +412,9 @@ def row_config(a, spec: RowSpec):
         "CUDA_GRAPHS": a.cuda_graphs,
         "DETERMINISTIC": a.deterministic,
     }
-    if a.references:  # the memory estimate prices a dataset with references: one per target, of its area
+    # the memory estimate prices a dataset with references; with no scan of it (this one is synthetic) one
+    # per target, of its area (calibration.ASSUMED_REFERENCES): a row of more is predicted as one
+    if a.references:
         dataset = TRAIN_SCHEMA.defaults()["DATASET"]
         knobs.update(
             DATASET={**dataset, "references": "references"}, AREA=n_img * 256, MAX_TEXT_TOKENS=n_text

@@ -81,6 +81,12 @@ class Catalog:
     def usable(self) -> list[CatalogItem]:
         return [it for it in self.items if it.status == OK]
 
+    @property
+    def most_references(self) -> int:
+        """The most reference images a usable item has (0: none has any): every planned occurrence of an
+        item carries all of its references (plan.plan_item)."""
+        return max((len(it.references) for it in self.usable), default=0)
+
     def fingerprint(self) -> str:
         """Changes when any usable item's content, size or captions change."""
         return sha256_json(
@@ -211,13 +217,15 @@ def finalize(item: CatalogItem, knobs: ScanKnobs) -> CatalogItem:
     return replace(item, captions=captions)
 
 
-def _load_cache(path: Path, spec: dict[str, Any], max_pixels: int) -> dict[str, Any]:
+def _load_cache(
+    path: Path, spec: dict[str, Any], max_pixels: int, then: str = "rescanning"
+) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
         cache = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
-        log.warning("%s: unreadable catalog cache, rescanning (%s)", path, e)
+        log.warning("%s: unreadable catalog cache, %s (%s)", path, then, e)
         return {}
     if (
         cache.get("version") != CACHE_VERSION
@@ -314,6 +322,25 @@ def scan(
     log.info("%s: %s", source.path, report.summary())
     _raise_missing_captions(items, knobs, source)
     return Catalog(spec, items, report)
+
+
+def cached_catalog(
+    source: Source,
+    knobs: ScanKnobs | None = None,
+    cache_dir: str | Path | None = None,
+    cache_path: str | Path | None = None,
+) -> Catalog | None:
+    """The catalog the last `scan` of `source` left in its cache (the same file and key), read without
+    listing or probing the data: units changed since are as that scan saw them. None when no scan of
+    this source (and max_pixels) is cached."""
+    knobs = knobs or ScanKnobs()
+    spec = json.loads(json.dumps(source.spec()))
+    path = Path(cache_path) if cache_path else default_cache_path(source, cache_dir)
+    table = _load_cache(path, spec, knobs.max_pixels, then="ignored")
+    if not table:
+        return None
+    items = [finalize(CatalogItem.from_json(rec), knobs) for unit in table.values() for rec in unit["items"]]
+    return Catalog(spec, items, _report(len(table), 0, 0, items))
 
 
 def _report(units: int, read: int, removed: int, items: list[CatalogItem]) -> ScanReport:

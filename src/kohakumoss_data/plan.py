@@ -170,6 +170,10 @@ class Plan:
     def step_tokens(self) -> list[int]:
         return [sum(it.tokens for it in step) for step in self.steps]
 
+    def most_references(self) -> int:
+        """The most reference images any planned item has (0: a text-to-image plan)."""
+        return max((len(it.references) for step in self.steps for it in step), default=0)
+
 
 def item_rng(seed: int, epoch: int, key: str, repeat: int) -> random.Random:
     """A generator owned by one occurrence of one item: independent of order and of worker count."""

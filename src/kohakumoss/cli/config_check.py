@@ -210,6 +210,8 @@ def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
         return
     est = estimate_plan(plan, share, config, params, te, vae, shards)
     res.memory_lines = [f"  plan: {reason}", _graphs_line(knobs, plan, res), *est.lines()]
+    if note := _references_note(cfg):
+        res.notes.append(note)
     if card_gb is None:
         res.notes.append("card memory unknown (no card_gb in the config's _metadata): pass --gpu to compare")
         return
@@ -231,6 +233,23 @@ def _memory(knobs, config, params, card_gb, metadata, res: CheckResult) -> None:
             f"card's {card_gb:g} GiB: {hint}",
         )
     )
+
+
+def _references_note(cfg: TrainConfig) -> str | None:
+    """How many references per target the estimate priced for an edit dataset, and from what."""
+    from kohakumoss.memory.calibration import ASSUMED_REFERENCES
+    from kohakumoss.memory.estimate import references_per_target
+    from kohakumoss.memory.references import scanned_references
+
+    if not references_per_target(cfg):
+        return None
+    if scanned_references(cfg.data) is None:
+        return (
+            f"memory estimate: {ASSUMED_REFERENCES} reference image per target assumed (no scan of the "
+            "dataset yet); the trainer prices the most any item has: check again after a scan "
+            "(scripts/data/inspect_data.py)"
+        )
+    return f"memory estimate: {references_per_target(cfg)} reference image(s) per target (the dataset's scan)"
 
 
 def _graphs_line(knobs, plan, res: CheckResult) -> str:

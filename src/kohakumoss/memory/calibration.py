@@ -55,6 +55,10 @@ _BF16_OFFLOAD = {
 # (catalog c0050, 'ckpt mlp/1') measured 64.4 GiB at step 1 and 65.1 later on an H100 against 60.4 predicted
 # without it; with it, 64.5 (3.9 GiB of gathered k and v, x ALLOCATOR_SLACK).
 REFERENCE_KV_ROWS = 2
+# Reference images per target priced for an edit dataset no scan has counted yet (`kohakumoss-config check`
+# before the first scan; the trainer scans first and prices the most any item has: estimate.references_per_target).
+# PLACEHOLDER: the common edit layout (SimpleTuner's and ComfyUI's edit workflows give one).
+ASSUMED_REFERENCES = 1
 # Outside the blocks (embedders, head, loss, rotary tables, and the text refiner when it trains): MEASURED
 # (same run) 246.1 MiB at 8704 tokens x 3072 with the refiner under LoRA. Of it REFINER_SAVED's count (below)
 # is 108.0 MiB; the rest, 5.42 bytes per token and model dim, is this constant: DERIVED (the split between

@@ -17,9 +17,10 @@ Every constant is in `calibration.py`, tagged measured, derived or placeholder. 
   GRAD_OFFLOAD keeps a staging ring of a couple of blocks' grads instead of all of them;
 - saved activations: TOKENS_PER_STEP x dim x ACTIVATIONS[mode, precision]['kept'] per block
   (checkpointed blocks keep less), all blocks' on the card, or with ACTIVATION_OFFLOAD only a window
-  of blocks; with reference images (a dataset entry's `references`: one per target priced) the keys and
-  values the attention gathers for the reference segments, REFERENCE_KV_ROWS x dim per reference token in
-  the blocks whose attention half keeps activations (`reference_kv_saved`);
+  of blocks; with reference images (a dataset entry's `references`; per target the most any item of
+  the scanned dataset has, `references_per_target`) the keys and values the attention gathers for the
+  reference segments, REFERENCE_KV_ROWS x dim per reference token in the blocks whose attention half
+  keeps activations (`reference_kv_saved`);
 - outside the blocks: FIXED_PER_TOKEN_DIM per token and dim (embedders, head, loss, rotary tables), and
   what the text refiner keeps over the text tokens when it runs a backward (REFINER_SAVED);
 - adapters run by lycoris's modules (LoKr, LoHa, ...: not LoRA / LoCon) keep their linears' inputs for
@@ -46,6 +47,7 @@ from typing import Any
 from . import calibration as cal
 from .allocator import dataset_has_references
 from .plan import MemoryPlan, memory_pins, plan_with_overrides
+from .references import scanned_references
 
 GIB = cal.GIB
 ACTIVATIONS = cal.ACTIVATIONS
@@ -215,9 +217,14 @@ def refiner_trains(cfg: Any) -> bool:
 
 
 def references_per_target(cfg: Any) -> int:
-    """Reference images per target the estimate prices: one when a dataset entry names references (the
-    common edit layout; the config does not say how many each target has), else none."""
-    return 1 if dataset_has_references(cfg.data.dataset) else 0
+    """Reference images per target the estimate prices, each at the target's area: none when no dataset
+    entry names references; else the most any usable item of the dataset has, the worst step the plan
+    can meet (`memory/references.py`: its catalog cache, which the trainer's scan writes before it
+    plans memory); ASSUMED_REFERENCES where no scan of the dataset is cached yet."""
+    if not dataset_has_references(cfg.data.dataset):
+        return 0
+    counted = scanned_references(cfg.data)
+    return cal.ASSUMED_REFERENCES if counted is None else counted
 
 
 def text_tokens(cfg: Any) -> float:
