@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kohakumoss.config.train import TrainConfig
 from kohakumoss.memory import CATALOG_SIZE, MemoryPlan, catalog, fastest_fit
 from kohakumoss.memory.calibration import CUDA_CONTEXT_BYTES, GIB
@@ -114,3 +116,23 @@ def test_cost_model_tracks_the_measured_block_times(monkeypatch):
             / base
         )
         assert abs(predicted / ratio - 1) < 0.30, (mode, offload, predicted, ratio)
+
+
+def test_the_cost_models_forward_counts_an_edit_steps_reference_tokens():
+    """The cost model's forward multiply-adds (blocks and outside them) are the model's count
+    (flops.step_flops, forward alone) for a step of whole samples: with one reference per target, the
+    reference tokens pass the blocks and the video embedder, and the target's and text's queries read
+    their keys; text-to-image as before."""
+    from kohakumoss.memory.catalog import block_macs, outside_macs
+    from kohakumoss.memory.flops import step_flops
+
+    for refs in (0, 1):
+        knobs = {**KNOBS, "TOKENS_PER_STEP": 2 * ((1 + refs) * 4096 + 256), "AREA": 1024 * 1024}
+        if refs:
+            knobs["DATASET"] = {"kind": "kohya", "path": "d", "references": "r"}  # not scanned: one each
+        cfg = TrainConfig.from_knobs(knobs)
+        attn, mlp = block_macs(MOSS, cfg)
+        text, image = outside_macs(MOSS, cfg)
+        predicted = 2 * (MOSS.depth * knobs["TOKENS_PER_STEP"] * (attn + mlp) + text + image)
+        model = step_flops(MOSS, [4096] * 2, [256] * 2, False, backward=False, ref_lens=[4096 * refs] * 2)
+        assert predicted == pytest.approx(model, rel=1e-5)

@@ -18,7 +18,8 @@ copies the next block while this one computes), summed over the blocks:
   share of the multiply-adds);
 - outside the blocks, once per step and the same in every plan: the text refiner and text projection
   over the text tokens (their backward only when they train: estimate.refiner_trains), the video
-  embedder and head over the image tokens (flops.py has the model's whole count, for MFU);
+  embedder over the image and reference tokens and the head over the image tokens (flops.py has the
+  model's whole count, for MFU); an edit step's attention reads its references' keys too;
 - transfers at H2D_BYTES_PER_S / D2H_BYTES_PER_S (the two ways are separate): a streamed block's
   weights come in for the forward and again for the backward, offloaded activations go out in the
   forward and come back (sharing the way in with the weights) in the backward, offloaded grads go out
@@ -47,8 +48,11 @@ from .estimate import (
     MemoryEstimate,
     block_weight_bytes,
     estimate_plan,
+    reference_tokens,
+    references_per_target,
     refiner_trains,
     saved_per_block,
+    text_tokens,
     trainable_params,
 )
 from .named import profile_of
@@ -106,19 +110,25 @@ def catalog_plans(depth: int) -> list[tuple[str, MemoryPlan]]:
     return out
 
 
-def sample_tokens(cfg: Any) -> tuple[int, int]:
-    """(image, text) tokens of one sample: AREA / 256 and MAX_TEXT_TOKENS."""
+def sample_tokens(cfg: Any) -> tuple[int, int, int]:
+    """(image, text, reference) tokens of one sample: AREA / 256, MAX_TEXT_TOKENS, and AREA / 256 per
+    reference the estimate prices (`references_per_target`)."""
     image = int(cfg.data.area) // 256
-    return image, int(cfg.data.max_text_tokens)
+    return image, int(cfg.data.max_text_tokens), image * references_per_target(cfg)
 
 
 def block_macs(config: Any, cfg: Any) -> tuple[float, float]:
     """Multiply-adds per token of one block's (attention half, MLP half): q, k, v, o and attention within
-    the sample; ffn_up_gate and ffn_down (flops.block_macs is their sum without attention)."""
+    the sample (the target's and text's queries read every key of it, the references' queries the
+    references' keys: flops.step_flops' pairs); ffn_up_gate and ffn_down (flops.block_macs is their sum
+    without attention)."""
     d = config.dim
-    tokens = int(cfg.data.tokens_per_step)
-    seq = min(tokens, sum(sample_tokens(cfg)))  # attention stays within each sample
-    attn = 4 * d * d + 2 * seq * d
+    image, text, refs = sample_tokens(cfg)
+    # a step smaller than one sample holds a smaller one
+    scale = min(1.0, int(cfg.data.tokens_per_step) / (image + text + refs))
+    joint, refs = (image + text) * scale, refs * scale
+    pairs_per_token = (joint * (joint + refs) + refs * refs) / (joint + refs)
+    attn = 4 * d * d + 2 * pairs_per_token * d
     mlp = flops.block_macs(config) - 4 * d * d
     return float(attn), float(mlp)
 
@@ -126,13 +136,13 @@ def block_macs(config: Any, cfg: Any) -> tuple[float, float]:
 def outside_macs(config: Any, cfg: Any) -> tuple[float, float]:
     """Multiply-adds of one step's forward outside the blocks: (text side: the text projection and the
     refiner blocks over the text tokens, attention within each sample's text; image side: the video
-    embedder and the head over the image tokens)."""
+    embedder over the image and reference tokens, the head over the image tokens)."""
     tokens = int(cfg.data.tokens_per_step)
-    image, text = sample_tokens(cfg)
-    n_text = tokens * text / (image + text)
+    text = int(cfg.data.max_text_tokens)
+    n_text, n_ref = text_tokens(cfg), reference_tokens(cfg)
     d, c = config.dim, config.in_channels
     refiner = config.refiner_depth * (flops.refiner_macs(config) + 2 * min(text, tokens) * d)
-    return n_text * (refiner + config.text_dim * d), (tokens - n_text) * 2 * c * d
+    return n_text * (refiner + config.text_dim * d), (tokens - n_text - n_ref) * 2 * c * d + n_ref * c * d
 
 
 def offloaded_per_block(plan: MemoryPlan, cfg: Any, config: Any) -> tuple[float, float]:
