@@ -27,6 +27,22 @@ def test_shapes_are_the_wrapped_linears_with_the_rows_each_sees():
     assert not kernel_probe.needs_probe(AdapterSpec(algo="lora")) and kernel_probe.needs_probe(LOKR)
 
 
+def test_the_trainers_probe_rows_hold_an_edit_steps_references():
+    """The trainer probes lycoris's kernels at a full step's rows: an edit step's samples carry their
+    references (each at the target's area) through the blocks and the video embedder, not the head."""
+    from kohakumoss.config.train import TrainConfig
+    from kohakumoss.train.trainer import step_rows
+
+    knobs = {"AREA": 1024 * 1024, "MAX_TEXT_TOKENS": 256, "TOKENS_PER_STEP": 2 * (2 * 4096 + 256)}
+    edit = step_rows(
+        TrainConfig.from_knobs({**knobs, "DATASET": {"kind": "kohya", "path": "d", "references": "r"}})
+    )
+    t2i = step_rows(TrainConfig.from_knobs(knobs))
+    assert edit("layers.0.attention.to_q") == 2 * (2 * 4096 + 256)  # two samples, each with a reference
+    assert edit("video_embedder") == 2 * 2 * 4096 and edit("final_linear_video") == 2 * 4096
+    assert t2i("layers.0.attention.to_q") == 3 * (4096 + 256) and t2i("final_linear_video") == 3 * 4096
+
+
 def test_a_child_that_passes_is_run_once(tmp_path, monkeypatch):
     shapes = [(32, 48, 20), (48, 32, 3)]
     got = kernel_probe.probe_lycoris_kernels(LOKR, shapes, torch.float32, torch.device("cpu"), tmp_path)
@@ -71,7 +87,7 @@ def test_the_trainer_probes_a_lycoris_adapter_on_a_gpu_at_the_steps_rows(monkeyp
         model = MossBackbone(get_preset("tiny"))
     calls = []
     monkeypatch.setattr(kernel_probe, "probe_lycoris_kernels", lambda *a: calls.append(a))
-    data = SimpleNamespace(area=64 * 64 * 4, max_text_tokens=16, tokens_per_step=2 * (64 + 16))
+    data = SimpleNamespace(area=64 * 64 * 4, max_text_tokens=16, tokens_per_step=2 * (64 + 16), dataset={})
     cfg = SimpleNamespace(adapter=SimpleNamespace(spec=lambda: LOKR), data=data)
     comps = SimpleNamespace(backbone=model, device=torch.device("cuda"), dtype=torch.bfloat16)
     trainer.probe_adapter_kernels(cfg, comps)

@@ -138,7 +138,7 @@ def test_the_step_runner_sets_the_algorithms_step_hook_from_each_micro_steps_sig
         torch.optim.SGD(params, lr=0.0), loss, lambda: None, device=torch.device("cpu"), seed=0,
         step_hook=step_hook(AdapterConfig(algo="t-lora", rank=8)),
     )  # fmt: skip
-    stub = types.SimpleNamespace(num_samples=2, tokens=1)
+    stub = types.SimpleNamespace(num_samples=2, tokens=1, reference_tokens=0)
     runner.micro(StepInputs(0, stub, torch.tensor([0.9, 1.0]), None), StepResult())
     assert not torch.equal(outs[0], full)  # high noise: fewer ranks
     reset_step_hook("tlora")

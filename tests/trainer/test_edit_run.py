@@ -42,6 +42,7 @@ def edit_world(train_world, tmp_path_factory) -> dict:
 
 
 TEXT_LENS: list[tuple[int, ...]] = []  # the straight run's text tokens per sample, per step
+IMAGE_TOKENS: list[int] = []  # the straight run's target tokens, per step
 
 
 def edit_knobs(world: dict, name: str, **overrides) -> dict:
@@ -59,6 +60,7 @@ def straight(edit_world) -> tuple[Path, list]:
     def spy(model, batch, *args, **kwargs):
         seen.append((batch.seq.ref_sizes, None if batch.refs is None else tuple(batch.refs.shape)))
         TEXT_LENS.append(batch.seq.text_lens)
+        IMAGE_TOKENS.append(sum(batch.seq.img_lens))
         return real(model, batch, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
@@ -78,6 +80,20 @@ def test_edit_run_trains_on_references_and_resumes_exactly(edit_world, straight)
     resumed = train(edit_knobs(edit_world, "edit-halves", MEMORY_PROFILE="speed", RESUME="latest"))
     assert len(losses(straight)) == 4
     assert losses(straight) == losses(resumed)  # bit for bit at every step
+
+
+def test_the_metrics_count_the_reference_tokens_and_say_so(straight):
+    """metrics.jsonl's `tokens` (what tokens/s divides) is every token of the step: targets, captions and
+    references; `reference_tokens` is the references' share."""
+    import json
+
+    run, seen = straight
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == len(seen) == 4  # one micro-step per step, a record per step
+    for i, (record, (sizes, _)) in enumerate(zip(records, seen, strict=True)):
+        refs = sum(h * w for r in sizes for h, w in r)
+        assert refs > 0 and record["reference_tokens"] == refs
+        assert record["tokens"] == IMAGE_TOKENS[i] + sum(TEXT_LENS[i]) + refs
 
 
 def test_the_text_encoder_saw_each_samples_references(edit_world, straight):

@@ -8,7 +8,7 @@ data = rr.prepare_data(data)                       # this rank's share of every 
 forward = rr.prepare_model(backbone, network, plan)    # DDP around it, the pipeline's stages, or itself
 step_loss = rr.step_fn(loss, tcfg, draw_step_noise)    # the share's loss, noise, sync (`hooks` for the runner)
 optimizer = rr.prepare_optimizer(optimizer)        # pipeline: clipped by every rank's gradients
-totals = rr.reduce_step(step, loss, samples, tokens, device)   # every rank's, summed; peaks when logged
+totals = rr.reduce_step(step, loss, samples, tokens, device, refs)   # every rank's, summed; peaks when logged
 with rr.saving(tr, backbone) as shards: ...        # rank 0 writes the checkpoint (fsdp: every rank's shards)
 with rr.whole_weights(tr, backbone): ...           # rank 0 holds every weight (exports)
 with rr.whole_forward(backbone): sample / validate # threaded: the backbone's forward over its devices
@@ -334,13 +334,15 @@ def pipeline_starts(cfg: RunSections, depth: int, world_size: int) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class StepTotals:
-    """A step's loss (the mean of the ranks' weighted losses), samples and tokens of every rank, and on a
-    logged step every rank's (threaded: every stage device's) allocator peak in GiB."""
+    """A step's loss (the mean of the ranks' weighted losses), samples and tokens (and of them the reference
+    images' tokens) of every rank, and on a logged step every rank's (threaded: every stage device's)
+    allocator peak in GiB."""
 
     loss: float
     samples: int
     tokens: int
     peaks_gib: list[float] | None = None
+    reference_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -729,28 +731,37 @@ class RankRun:
     # ---- after a step
 
     def reduce_step(
-        self, step: int, loss: float, samples: int, tokens: int, peaks_of: torch.device | None = None
+        self,
+        step: int,
+        loss: float,
+        samples: int,
+        tokens: int,
+        peaks_of: torch.device | None = None,
+        reference_tokens: int = 0,
     ) -> StepTotals:
-        """Step `step` done: its loss (mean over ranks of their weighted losses), samples and tokens of all
-        ranks; the step is recorded in the store, where a fault message reads each rank's last step.
-        `peaks_of` (a logged step: every rank passes it at the same steps): the allocator's peak of every
-        rank in rank order, or of every stage's device under 'threaded' (one small all-gather)."""
-        totals = self._totals(step, loss, samples, tokens)
+        """Step `step` done: its loss (mean over ranks of their weighted losses), samples and tokens (and
+        of them the references' tokens) of all ranks; the step is recorded in the store, where a fault
+        message reads each rank's last step. `peaks_of` (a logged step: every rank passes it at the same
+        steps): the allocator's peak of every rank in rank order, or of every stage's device under
+        'threaded' (one small all-gather)."""
+        loss, samples, tokens, refs = self._totals(step, loss, samples, tokens, reference_tokens)
         peaks = self._peaks_gib(peaks_of) if peaks_of is not None else None
-        return StepTotals(*totals, peaks_gib=peaks)
+        return StepTotals(loss, samples, tokens, peaks_gib=peaks, reference_tokens=refs)
 
-    def _totals(self, step: int, loss: float, samples: int, tokens: int) -> tuple[float, int, int]:
+    def _totals(
+        self, step: int, loss: float, samples: int, tokens: int, refs: int
+    ) -> tuple[float, int, int, int]:
         if not self._active:
-            return loss, samples, tokens
+            return loss, samples, tokens, refs
         beat(self.world, step)
         if self._pipeline:  # every rank ran the whole micro-steps; the loss came from the last stage
-            return loss, samples, tokens
-        t = torch.tensor([loss, samples, tokens], dtype=torch.float64)
+            return loss, samples, tokens, refs
+        t = torch.tensor([loss, samples, tokens, refs], dtype=torch.float64)
         if self.world.backend == "nccl":
             t = t.to(self.world.device)
         dist.all_reduce(t)
-        loss_sum, samples_sum, tokens_sum = (float(v) for v in t.cpu())
-        return loss_sum / self.world.size, int(samples_sum), int(tokens_sum)
+        loss_sum, samples_sum, tokens_sum, refs_sum = (float(v) for v in t.cpu())
+        return loss_sum / self.world.size, int(samples_sum), int(tokens_sum), int(refs_sum)
 
     def _peaks_gib(self, device: torch.device) -> list[float]:
         if self.mode == "threaded" and self.engine is not None:

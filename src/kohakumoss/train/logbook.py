@@ -23,7 +23,8 @@ log = get_logger(__name__)
 
 class ProgressLines:
     """A progress line at the first step, every `every_s` seconds and at the last: step, percentage, loss,
-    tokens/s, elapsed time and ETA. With a bar on the terminal (`console=False`) the lines go to the run's
+    tokens/s (every token of the step's sequences, all ranks': image, caption and an edit step's reference
+    tokens, never the text padding), elapsed time and ETA. With a bar on the terminal (`console=False`) the lines go to the run's
     log file only (`FILE_ONLY`), so log.txt has them either way; off a terminal they are the progress.
     Lines of our own, not tqdm's: a log file needs whole lines (kohakumoss_common.progress says why)."""
 

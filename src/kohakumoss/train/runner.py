@@ -46,7 +46,8 @@ class StepResult:
     finite: bool = True  # False: a micro-step's loss was read non-finite on the host; no update queued
     grad_norm: torch.Tensor | None = None
     samples: int = 0
-    tokens: int = 0
+    tokens: int = 0  # every token of the micro-steps' sequences (DeviceBatch.tokens)
+    reference_tokens: int = 0  # of them, the reference images' (edit training)
 
     def applied(self) -> bool:
         """Host read (after the launches): was the update applied?"""
@@ -162,6 +163,7 @@ class StepRunner:
             )
         res.samples += inputs.batch.num_samples
         res.tokens += inputs.batch.tokens
+        res.reference_tokens += inputs.batch.reference_tokens
         return True
 
     def run(self, step: int) -> StepResult:

@@ -31,7 +31,12 @@ class DeviceBatch:
 
     @property
     def tokens(self) -> int:
+        """Every token of the batch's sequences: image, text and reference tokens (not the text pad)."""
         return self.seq.total_tokens
+
+    @property
+    def reference_tokens(self) -> int:
+        return self.seq.ref_tokens
 
 
 @dataclass

@@ -50,6 +50,7 @@ from kohakumoss.export import export_all
 from kohakumoss.export.metadata import run_metadata
 from kohakumoss.export.run_facts import dataset_facts, write_run_facts
 from kohakumoss.export.verify import ExportMismatch
+from kohakumoss.memory.estimate import references_per_target
 from kohakumoss.model import linear_rows
 from kohakumoss.optim.build import (
     build_adapter_optimizer,
@@ -415,7 +416,12 @@ class Trainer:
         step = self.step
         logged = self.every(self.cfg.run.log_every) or step == self.steps
         totals = self.rr.reduce_step(  # every rank's; on a logged step each rank's (threaded: stage's) peak
-            step, result.loss(), result.samples, result.tokens, self.comps.device if logged else None
+            step,
+            result.loss(),
+            result.samples,
+            result.tokens,
+            self.comps.device if logged else None,
+            result.reference_tokens,
         )
         loss, samples, tokens, peaks = totals.loss, totals.samples, totals.tokens, totals.peaks_gib
         self.bar.set_postfix(loss=f"{loss:.4f}")
@@ -437,6 +443,8 @@ class Trainer:
             skipped=self.skipped,
             gc_ms=self.collector.take_paused_ms(),
         )
+        if totals.reference_tokens:  # an edit step: tokens counts its reference images' too
+            record["reference_tokens"] = totals.reference_tokens
         if len(peaks) > 1:
             record["peak_mem_gib_ranks"] = peaks
         if self.comps.device.type == "cuda":  # the allocator's cache on top: what the card must hold
@@ -679,12 +687,18 @@ def probe_adapter_kernels(cfg: TrainConfig, comps: Components) -> None:
     spec = cfg.adapter.spec()
     if comps.device.type != "cuda" or not kernel_probe.needs_probe(spec):
         return
-    image, text = cfg.data.area // 256, cfg.data.max_text_tokens
-    n = max(1, cfg.data.tokens_per_step // (image + text))  # samples in a full step
-    shapes = kernel_probe.probe_shapes(
-        comps.backbone, spec, lambda name: linear_rows(name, n * image, n * text, n)
-    )
+    shapes = kernel_probe.probe_shapes(comps.backbone, spec, step_rows(cfg))
     kernel_probe.probe_lycoris_kernels(spec, shapes, comps.dtype, comps.device, user_cache_dir())
+
+
+def step_rows(cfg: TrainConfig) -> Callable[[str], int]:
+    """Rows each linear of the backbone multiplies in a full step (`model.linear_rows`): the step's
+    samples of AREA's image tokens, MAX_TEXT_TOKENS and, for an edit dataset, the references the memory
+    estimate prices, each at the target's area (they pass the blocks and the video embedder)."""
+    image, text = cfg.data.area // 256, cfg.data.max_text_tokens
+    refs = image * references_per_target(cfg)
+    n = max(1, cfg.data.tokens_per_step // (image + text + refs))  # samples in a full step
+    return lambda name: linear_rows(name, n * image, n * text, n, n * refs)
 
 
 def build_optimizer(
