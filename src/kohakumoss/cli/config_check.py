@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kohakumoss.config.train import TrainConfig
+from kohakumoss.data_knobs import SCAN_KNOBS
 from kohakumoss.distributed.rank_run import refusals as distributed_refusals
 from kohakumoss.memory.plan import PLAN_KNOBS
 from kohakumoss_common.errors import KohakuMossError
@@ -39,6 +40,7 @@ MEMORY_INPUTS = (
     "MEMORY_PROFILE",
     "CARD_GB",
     *PLAN_KNOBS,
+    *SCAN_KNOBS,  # an edit dataset's references per target are its cached scan's (memory/references.py)
 )
 
 

@@ -56,5 +56,8 @@ def _catalog_file(dataset: Any, catalog_dir: str | None) -> tuple[Any, Path] | N
 def _most_references(source: Any, path: str, mtime_ns: int, size: int, knobs: Any) -> int | None:
     from kohakumoss_data.catalog import cached_catalog
 
-    catalog = cached_catalog(source, knobs, cache_path=path)
+    try:
+        catalog = cached_catalog(source, knobs, cache_path=path)
+    except (KohakuMossError, KeyError, TypeError, ValueError):  # a cache the next scan rewrites
+        return None
     return None if catalog is None else catalog.most_references
