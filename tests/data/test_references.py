@@ -96,6 +96,24 @@ def test_kohya_references_match_by_stem_in_order(kohya_refs, tmp_path):
     assert catalog.report.dropped == {BAD_REFERENCE: 1, MISSING_REFERENCE: 1}
 
 
+def test_the_cached_catalog_is_the_last_scans_without_probing(kohya_refs, tmp_path, monkeypatch):
+    """`cached_catalog` reads what the last scan left (what the memory estimate counts references from:
+    the most any usable item has, 3 here, dropped items aside); None before any scan."""
+    from kohakumoss_data import catalog as catalog_module
+
+    root, refs = kohya_refs
+    spec = {"kind": "kohya", "path": str(root), "references": str(refs)}
+    knobs = ScanKnobs(workers=1, min_side=32)
+    assert catalog_module.cached_catalog(make_source(spec), knobs, cache_dir=tmp_path / "catalogs") is None
+    _, catalog = scanned(spec, tmp_path)
+    monkeypatch.setattr(catalog_module, "probe_raw", lambda *a: pytest.fail("probed a file"))
+    cached = catalog_module.cached_catalog(make_source(spec), knobs, cache_dir=tmp_path / "catalogs")
+    assert [(it.key, it.status, it.references) for it in cached.items] == [
+        (it.key, it.status, it.references) for it in catalog.items
+    ]
+    assert cached.most_references == catalog.most_references == 3
+
+
 def test_folder_references_mirror_sub_folders_and_rescan_on_change(tmp_path):
     root, refs = tmp_path / "ds", tmp_path / "refs"
     write(root / "x.png", png((64, 64), 0))
