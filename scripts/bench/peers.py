@@ -4,14 +4,16 @@ the same random 5B weights, the same synthetic data and the same GPU, next to ou
     python scripts/bench/peers.py --dry-run                         # every command, nothing run
     python scripts/bench/peers.py --out $OUT/peers.json --doc-json docs/performance/data/peers_DATE.json
     python scripts/bench/peers.py --rows lora/card24 --peers kohakumoss-0.1.0 --steps 12
+    python scripts/bench/peers.py --preflight                       # SimpleTuner's side checked, nothing run
     python scripts/bench/peers.py --rows "" --merge a.json --merge b.json --doc-json docs/performance/data/peers_DATE.json
 
 Rows (LoRA r32 on the attention + MLP projections, 2 images of 1 MP per step, latent + text caches filled
 before the run; full: every DiT weight):
 - `lora/whole` the whole card, each trainer's own setting for it (ours: `kohakumoss-config new train`'s
-  layer for the card, rank 32; KohakuMoss 0.1.0: its `vram_auto` layer);
-- `lora/card24` a 24 GiB cap with each trainer's own 24 GB setting (ours CARD_GB=24; 0.1.0 `vram_24g`);
-- `lora/card8` an 8 GiB cap (ours CARD_GB=8; 0.1.0 `vram_8g`);
+  layer for the card, rank 32; KohakuMoss 0.1.0: its `vram_auto` layer; SimpleTuner: its 80 GB example);
+- `lora/card24` a 24 GiB cap with each trainer's own 24 GB setting (ours CARD_GB=24; 0.1.0 `vram_24g`;
+  SimpleTuner its 24 GB example);
+- `lora/card8` an 8 GiB cap (ours CARD_GB=8; 0.1.0 `vram_8g`; SimpleTuner has no such setting);
 - `full/whole` a full fine-tune on the whole card where the peer has one (0.1.0: `_base/base_full`);
 - `sample/whole` sampling 1024 x 1024, 50 steps, CFG 3, one image: ours scripts/bench/sample.py's `fast`
   row; 0.1.0 its `scripts/sample/sample.py` on write_weights.py's pipeline tree (the same transformer/,
@@ -29,18 +31,29 @@ folder (the same values as our MODEL_PRESET rows: 0.1.0 reads the released key n
 written by its own cache scripts with stand-in encoders (peer_path/peer_encoders.py: random embeddings
 of the real shapes, one text token per caption word, as our synthetic encoder counts), its cap is torch's
 per-process fraction (peer_path/capped_run.py; 0.1.0 has no cap knob).
+SimpleTuner 4.10.1 runs as its docs start it: `simpletuner train` (its console script, `python -m st_cli
+train`) in a folder holding the row's config.json (`simpletuner_config`: its per-card MOSS-Image example
+with the benchmark's changes), which runs `accelerate launch ... simpletuner/train.py`; `accelerate` is
+this Python's (`simpletuner_launcher`). Its trainer loads every model from write_weights.py's pipeline
+tree and fills its own text-embed and VAE-latent caches before its loop, through that tree's text encoder
+and VAE (no stand-in encoder); its PYTHONPATH holds its install folder, import-only stand-ins of wandb,
+boto3 and spaCy (peer_path/simpletuner_stubs) and a probe (peer_path/simpletuner_probe, its
+sitecustomize: in the training process that `accelerate launch` starts, the cap as torch's per-process
+fraction and the steps' torch peak into its metrics). `--preflight` checks that side where it will run
+(peer_path/simpletuner_preflight.py: Python, glibc, versions, imports, the cap).
 
 Columns per row and side: s/step, images/s, joint and image tokens/s, the torch step peak, the GPU's
 nvidia-smi peak above its idle use (sampled every 0.5 s while the row runs), first-step seconds, and the
 fallbacks the trainer logged. The peers' own figures: 0.1.0 logs image tokens/s (`tokens_per_s`),
 samples/s, `step_time` and `vram_peak_alloc`; its joint tokens/s is image tokens/s plus images/s times
-the data set's mean caption tokens. --doc-json writes the comparison as a list of rows {peer, row,
+the data set's mean caption tokens. SimpleTuner logs each step's seconds (`iteration_step_time_seconds`
+in training_metrics.jsonl, under `report_to` "simpletuner"), no token count: its images/s are 2 over that,
+its image tokens 4096 per 1 MP image. --doc-json writes the comparison as a list of rows {peer, row,
 metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is listed with its reason under
-`not_measured` (docs/performance/peers.md). Peers that do not run yet: SimpleTuner 4.10.1 (its
-side is not written: bundle_peers.sh --simpletuner carries what its MOSS-Image path imports, and
-write_weights.py's pipeline tree is what its encoders load) and DiffSynth-Studio 2.1.12 (its MOSS-Image
-training script is not in the PyPI package; its loader picks each model by the md5 of its file's keys,
-so it samples only with a text encoder of the released 9B shape): their rows say so.
+`not_measured` (docs/performance/peers.md). A peer that does not run: DiffSynth-Studio 2.1.12 (its
+MOSS-Image training script is not in the PyPI package; its loader picks each model by the md5 of its
+file's keys, so it samples only with a text encoder of the released 9B shape); SimpleTuner has no
+`lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT). Their rows say so.
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -122,6 +136,7 @@ METRICS = (  # (key, unit, higher is better)
     ("peak_smi_gib", "GiB", False),
     ("first_step_s", "s", False),
 )
+STOP_GRACE_S = 60  # a timed-out row's seconds between Ctrl+C and a kill
 FALLBACK = re.compile(r"fall(?:s|ing)? ?back|fell back|fallback|compile failed|not supported|WARNING", re.I)
 
 
@@ -570,14 +585,22 @@ class SmiPeak:
 
 
 def run_logged(argv: list[str], env: dict, log: Path, timeout: float, cwd: Path = ROOT) -> int | str:
+    """Run `argv` into `log`; past `timeout` it gets Ctrl+C first (SimpleTuner's CLI then stops the
+    `accelerate launch` session it started, which a kill of the CLI alone would leave on the GPU), then a
+    kill after STOP_GRACE_S."""
     with open(log, "a") as f:
         f.write(f"$ {' '.join(argv)}\n")
         f.flush()
+        process = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
         try:
-            return subprocess.run(
-                argv, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=cwd
-            ).returncode
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
             return "timeout"
 
 
