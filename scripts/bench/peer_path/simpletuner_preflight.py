@@ -81,7 +81,7 @@ def main() -> int:
     probe = sys.modules.get("sitecustomize")
     check(
         "simpletuner_probe" in str(getattr(probe, "__file__", "")),
-        f"probe: {getattr(probe, '__file__', None)}",
+        f"probe: {getattr(probe, '__file__', None)} (the sitecustomize it shadows, run: {getattr(probe, 'SHADOWED', None)})",
     )
     if len(sys.argv) > 1:
         tree = Path(sys.argv[1])

@@ -10,7 +10,8 @@ or CUDA tensor exists), this:
   (`IterationTracker.iteration_metrics`, written to training_metrics.jsonl under `report_to`
   "simpletuner"): the training steps' peak, as 0.1.0's `vram_peak_alloc`, without its caching pass.
 Reading the allocator's counters is a host-side read: nothing is synchronised or launched. Any other
-process that loads this file (its CLI, accelerate's launcher) is left as it is.
+process that loads this file (its CLI, accelerate's launcher) is left as it is; a sitecustomize this one
+shadows (the interpreter's own) still runs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import os
+import runpy
 import sys
 
 TARGET = "simpletuner.helpers.training.iteration_tracker"
@@ -70,4 +72,17 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def chain_shadowed() -> str | None:
+    """Run the sitecustomize this file shadows (the interpreter's own, later on sys.path), as Python would
+    have; returns its path."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for folder in sys.path:
+        path = os.path.join(folder or ".", "sitecustomize.py")
+        if os.path.abspath(folder or ".") != here and os.path.isfile(path):
+            runpy.run_path(path, run_name="sitecustomize_shadowed")
+            return path
+    return None
+
+
 sys.meta_path.insert(0, _Finder())
+SHADOWED = chain_shadowed()
