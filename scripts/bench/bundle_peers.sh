@@ -42,11 +42,14 @@ if [[ " $* " == *" --simpletuner "* ]]; then
   # module), atomicwrites (local data backend); fastapi 0.115 because newer ones import opentelemetry; and
   # what the other model families' modules import, which its field registry imports while trainer.py loads
   # (librosa, py3langid, pypinyin, hangul-romanize, num2words, loguru, ftfy + wcwidth, beautifulsoup4 +
-  # soupsieve); spaCy, the one large one, is a stand-in in peer_path/simpletuner_stubs/
+  # soupsieve); spaCy, the one large one, is a stand-in in peer_path/simpletuner_stubs/. soxr: with librosa
+  # installed, transformers 5.17's audio_utils (imported by every model file through processing_utils) imports
+  # soxr, which the image lacks. peft 0.21.2: SimpleTuner needs peft >= 0.18, the image's version is unchecked
+  # (this folder comes first on its PYTHONPATH, so this one is used).
   st=.whl/peers/simpletuner-4.10.1
   download "$st" simpletuner==4.10.1 fastapi==0.115.14 starlette==0.46.2 skrample==0.5.3 atomicwrites==1.4.0 \
     librosa==1.0.1 py3langid==0.4.0 pypinyin==0.55.0 hangul-romanize==0.1.0 num2words==0.5.14 loguru==0.7.3 \
-    ftfy==6.3.1 wcwidth==0.9.5 beautifulsoup4==4.15.0 soupsieve==4.1.4
+    ftfy==6.3.1 wcwidth==0.9.5 beautifulsoup4==4.15.0 soupsieve==4.1.4 soxr==1.1.0 peft==0.21.2
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_35_x86_64 -d "$st" trainingsample==0.3.2
   echo "SimpleTuner 4.10.1's carried set:"

@@ -4,14 +4,16 @@ the same random 5B weights, the same synthetic data and the same GPU, next to ou
     python scripts/bench/peers.py --dry-run                         # every command, nothing run
     python scripts/bench/peers.py --out $OUT/peers.json --doc-json docs/performance/data/peers_DATE.json
     python scripts/bench/peers.py --rows lora/card24 --peers kohakumoss-0.1.0 --steps 12
+    python scripts/bench/peers.py --preflight                       # SimpleTuner's side checked, nothing run
     python scripts/bench/peers.py --rows "" --merge a.json --merge b.json --doc-json docs/performance/data/peers_DATE.json
 
 Rows (LoRA r32 on the attention + MLP projections, 2 images of 1 MP per step, latent + text caches filled
 before the run; full: every DiT weight):
 - `lora/whole` the whole card, each trainer's own setting for it (ours: `kohakumoss-config new train`'s
-  layer for the card, rank 32; KohakuMoss 0.1.0: its `vram_auto` layer);
-- `lora/card24` a 24 GiB cap with each trainer's own 24 GB setting (ours CARD_GB=24; 0.1.0 `vram_24g`);
-- `lora/card8` an 8 GiB cap (ours CARD_GB=8; 0.1.0 `vram_8g`);
+  layer for the card, rank 32; KohakuMoss 0.1.0: its `vram_auto` layer; SimpleTuner: its 80 GB example);
+- `lora/card24` a 24 GiB cap with each trainer's own 24 GB setting (ours CARD_GB=24; 0.1.0 `vram_24g`;
+  SimpleTuner its 24 GB example);
+- `lora/card8` an 8 GiB cap (ours CARD_GB=8; 0.1.0 `vram_8g`; SimpleTuner has no such setting);
 - `full/whole` a full fine-tune on the whole card where the peer has one (0.1.0: `_base/base_full`);
 - `sample/whole` sampling 1024 x 1024, 50 steps, CFG 3, one image: ours scripts/bench/sample.py's `fast`
   row; 0.1.0 its `scripts/sample/sample.py` on write_weights.py's pipeline tree (the same transformer/,
@@ -29,18 +31,29 @@ folder (the same values as our MODEL_PRESET rows: 0.1.0 reads the released key n
 written by its own cache scripts with stand-in encoders (peer_path/peer_encoders.py: random embeddings
 of the real shapes, one text token per caption word, as our synthetic encoder counts), its cap is torch's
 per-process fraction (peer_path/capped_run.py; 0.1.0 has no cap knob).
+SimpleTuner 4.10.1 runs as its docs start it: `simpletuner train` (its console script, `python -m st_cli
+train`) in a folder holding the row's config.json (`simpletuner_config`: its per-card MOSS-Image example
+with the benchmark's changes), which runs `accelerate launch ... simpletuner/train.py`; `accelerate` is
+this Python's (`simpletuner_launcher`). Its trainer loads every model from write_weights.py's pipeline
+tree and fills its own text-embed and VAE-latent caches before its loop, through that tree's text encoder
+and VAE (no stand-in encoder); its PYTHONPATH holds its install folder, import-only stand-ins of wandb,
+boto3 and spaCy (peer_path/simpletuner_stubs) and a probe (peer_path/simpletuner_probe, its
+sitecustomize: in the training process that `accelerate launch` starts, the cap as torch's per-process
+fraction and the steps' torch peak into its metrics). `--preflight` checks that side where it will run
+(peer_path/simpletuner_preflight.py: Python, glibc, versions, imports, the cap).
 
 Columns per row and side: s/step, images/s, joint and image tokens/s, the torch step peak, the GPU's
 nvidia-smi peak above its idle use (sampled every 0.5 s while the row runs), first-step seconds, and the
 fallbacks the trainer logged. The peers' own figures: 0.1.0 logs image tokens/s (`tokens_per_s`),
 samples/s, `step_time` and `vram_peak_alloc`; its joint tokens/s is image tokens/s plus images/s times
-the data set's mean caption tokens. --doc-json writes the comparison as a list of rows {peer, row,
+the data set's mean caption tokens. SimpleTuner logs each step's seconds (`iteration_step_time_seconds`
+in training_metrics.jsonl, under `report_to` "simpletuner"), no token count: its images/s are 2 over that,
+its image tokens 4096 per 1 MP image. --doc-json writes the comparison as a list of rows {peer, row,
 metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is listed with its reason under
-`not_measured` (docs/performance/peers.md). Peers that do not run yet: SimpleTuner 4.10.1 (its
-side is not written: bundle_peers.sh --simpletuner carries what its MOSS-Image path imports, and
-write_weights.py's pipeline tree is what its encoders load) and DiffSynth-Studio 2.1.12 (its MOSS-Image
-training script is not in the PyPI package; its loader picks each model by the md5 of its file's keys,
-so it samples only with a text encoder of the released 9B shape): their rows say so.
+`not_measured` (docs/performance/peers.md). A peer that does not run: DiffSynth-Studio 2.1.12 (its
+MOSS-Image training script is not in the PyPI package; its loader picks each model by the md5 of its
+file's keys, so it samples only with a text encoder of the released 9B shape); SimpleTuner has no
+`lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT). Their rows say so.
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -72,11 +86,6 @@ DIFFSYNTH = "diffsynth-2.1.12"
 PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
 # why a peer has no such row, or cannot run at all (checked from its package: docs/performance/peers.md)
 CANNOT = {
-    SIMPLETUNER: "SimpleTuner 4.10.1's side of the benchmark is not written yet: its wheel and the 15 packages its "
-    "import chain needs beyond the image (24.9 MB, bundle_peers.sh --simpletuner) can be carried, with "
-    "import-only wandb/boto3/spaCy stand-ins; write_weights.py's pipeline tree is what its transformer,"
-    " text encoder and VAE loaders take, and simpletuner_config writes its rows' configs, but running "
-    "it, reading its log and a GPU check are to do: not run",
     DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
     "released transformer/ files, recognised by their keys) but no MOSS-Image training script (that lives "
     "in the repository's examples/, not on PyPI), and its loader picks each model class by the md5 of its "
@@ -84,6 +93,17 @@ CANNOT = {
     "random file, past what a row should write): not run",
 }
 KM010_CANNOT: dict[str, str] = {}  # every row runs
+# SimpleTuner 4.10.1's rows it has no setting for, or whose side is not written (read from its wheel)
+ST_CANNOT = {
+    "lora/card8": "SimpleTuner 4.10.1 ships MOSS-Image LoRA examples for 24, 32, 48, 80 and 144 GB cards only "
+    "(simpletuner/examples/moss_image-*.peft-lora): it has no 8 GB setting of its own: not run",
+    "full/whole": "SimpleTuner 4.10.1's MOSS-Image examples are all LoRA (peft-lora); a full fine-tune "
+    "(model_type 'full') is no setting it ships for this model: not run",
+    "sample/whole": "SimpleTuner 4.10.1 has no sampler a user starts on a base model: it samples as its "
+    "trainer's validation (validation_on_startup, validation_step_interval) or through simpletuner/inference.py, "
+    "its WebUI's worker on a training checkpoint, and logs no per-step sampler time; that side is not "
+    "written: not run",
+}
 # the training-step knobs the benchmark changes from 0.1.0's layers (the rest are data, paths and logging)
 KM010_STEP_CHANGES = ("BATCHING", "BATCH_SIZE", "SCHEDULE")
 # the compilers' caches of a peer's rows (user_runs.py gives ours one folder for all our rows)
@@ -116,6 +136,7 @@ METRICS = (  # (key, unit, higher is better)
     ("peak_smi_gib", "GiB", False),
     ("first_step_s", "s", False),
 )
+STOP_GRACE_S = 60  # a timed-out row's seconds between Ctrl+C and a kill
 FALLBACK = re.compile(r"fall(?:s|ing)? ?back|fell back|fallback|compile failed|not supported|WARNING", re.I)
 
 
@@ -129,6 +150,7 @@ class Side:
     env: dict
     run_dir: Path
     setup: list[list[str]]  # commands before the timed run (the peer's own cache scripts)
+    cwd: Path = ROOT  # where its commands start (SimpleTuner's `simpletuner train` reads ./config.json)
 
 
 def km010_bundle(peer_root: Path) -> Path:
@@ -266,6 +288,12 @@ ST_EXAMPLES = {"lora/whole": "moss_image-80g.peft-lora", "lora/card24": "moss_im
 # the DiT blocks' attention + MLP projections (its transformer.py's MOSSImageTransformerBlock.proj); its
 # DEFAULT_LORA_TARGET is attention and the text embedder only
 ST_LORA_TARGETS = ["proj.q", "proj.k", "proj.v", "proj.o", "proj.ffn_up_gate", "proj.ffn_down"]
+ST_PEAK = "probe/peak_allocated_gib"  # peer_path/simpletuner_probe's per-step torch peak
+# its console lines (helpers/log_format.py ColorizedFormatter: f"[RANK {rank}] {level_color}{message}{reset_color}"
+# of "%(asctime)s [%(levelname)s] %(message)s"): rank and colours cut, so `fallbacks` cuts the date and
+# time as it does the other logs' heads and keeps the level
+ST_LOG_PREFIX = re.compile(r"^\[RANK \d+\] ", re.M)
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def simpletuner_config(a, row: str) -> Path:
@@ -295,15 +323,15 @@ def simpletuner_config(a, row: str) -> Path:
         lora_rank=RANK,
         lora_alpha=RANK,
         peft_lora_target_modules=ST_LORA_TARGETS,
-        resolution=a.size * a.size / 1e6,
-        resolution_type="area",
+        resolution=a.size,  # its default for a dataset without one: pixels (an int); the dataset's is area
         max_train_steps=a.steps,
         num_train_epochs=0,
         lr_warmup_steps=0,
         checkpoint_step_interval=a.steps + 1,
         validation_step_interval=a.steps + 1,
+        validation_disable=True,  # no validation images before, between or after the steps
         crepa_enabled=False,
-        report_to="none",
+        report_to="simpletuner",  # its own local metrics file (training_metrics.jsonl): step times per step
         push_to_hub=False,
         push_checkpoints_to_hub=False,
     )
@@ -311,6 +339,88 @@ def simpletuner_config(a, row: str) -> Path:
     (folder / "dataloader.json").write_text(json.dumps(dataloader, indent=1))
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder / "config"
+
+
+def simpletuner_folder(a) -> Path:
+    """SimpleTuner's install folder (bundle_peers.sh --simpletuner's wheels, `pip install --target`)."""
+    return Path(a.peer_root) / SIMPLETUNER
+
+
+def simpletuner_launcher(a) -> Path:
+    """A folder holding `accelerate`, the command `simpletuner train` starts (its cli/train.py runs
+    `accelerate launch ... simpletuner/train.py`), as accelerate's own console script: this Python's
+    `accelerate.commands.accelerate_cli`, so its training process runs on the interpreter peers.py runs on."""
+    folder = Path(a.work) / "simpletuner-bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "accelerate"
+    script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m accelerate.commands.accelerate_cli "$@"\n')
+    script.chmod(0o755)
+    return folder
+
+
+def simpletuner_env(a, row: str) -> dict:
+    """SimpleTuner's processes: its install folder, the stand-ins of packages it imports but never calls
+    (peer_path/simpletuner_stubs) and the probe (peer_path/simpletuner_probe: the cap, PEER_CAP_GIB, and the
+    steps' torch peak); nothing of this project. No hub access (HF_HUB_OFFLINE; HF_HOME under --work, so no
+    stray accelerate config is read); the compilers' caches one folder for all its rows, apart from ours."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", *COMPILER_CACHES)}
+    env["PYTHONPATH"] = os.pathsep.join(
+        [
+            str(simpletuner_folder(a)),
+            str(PEER_PATH / "simpletuner_stubs"),
+            str(PEER_PATH / "simpletuner_probe"),
+        ]
+    )
+    env["PATH"] = os.pathsep.join([str(simpletuner_launcher(a)), env.get("PATH", "")])
+    work = Path(a.work)
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(work / "simpletuner-hf"), PEER_CAP_GIB=str(CAPS[row]))
+    compiled = work / "simpletuner-compiled"
+    env.update({name: str(compiled / folder) for name, folder in COMPILER_CACHES.items()})
+    return env
+
+
+def simpletuner_side(a, row: str) -> Side:
+    """SimpleTuner's trainer as its docs start it: `simpletuner train` in the folder holding the row's
+    config.json (its CLI sets CONFIG_BACKEND json and CONFIG_PATH, then runs `accelerate launch
+    --mixed_precision=bf16 --num_processes=1 --num_machines=1 --dynamo_backend=no simpletuner/train.py`).
+    Its trainer fills its own caches first (text embeds through the pipeline tree's text encoder, VAE
+    latents through its VAE: no setup command) and logs each step to training_metrics.jsonl."""
+    config = simpletuner_config(a, row)
+    argv = [sys.executable, "-m", "st_cli", "train"]  # the `simpletuner` console script (st_cli:main)
+    return Side(SIMPLETUNER, row, argv, simpletuner_env(a, row), config.parent / "output", [], config.parent)
+
+
+def simpletuner_preflight(a) -> int:
+    """peer_path/simpletuner_preflight.py in SimpleTuner's environment at the 24 GiB cap (so the probe's
+    cap is tried too), on the pipeline tree; its exit status."""
+    argv = [sys.executable, str(PEER_PATH / "simpletuner_preflight.py"), str(weights_dir(a) / "pipeline")]
+    return subprocess.run(argv, env=simpletuner_env(a, "lora/card24"), cwd=Path(a.work)).returncode
+
+
+def read_simpletuner(run: Path, warmup: int, caption_tokens: float, size: int, log: str) -> dict:
+    """SimpleTuner's training_metrics.jsonl (`report_to` "simpletuner": its LocalMetricsTracker, one record
+    per step with IterationTracker's `iteration_step_time_seconds`, the time since the step before, step 1's
+    since its training loop started; the probe's `probe/peak_allocated_gib`) and console log as this
+    script's columns. It logs no token counts: image tokens are 16 px patches, joint adds the captions'."""
+    path = run / "training_metrics.jsonl"
+    records = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    )
+    steps = [
+        (r["step"], r["metrics"]) for r in records if "iteration_step_time_seconds" in r.get("metrics", {})
+    ]
+    late = [m for step, m in steps if step > warmup] or [m for _, m in steps]
+    out: dict = {"steps": max((step for step, _ in steps), default=0)}
+    if late:
+        step_s = statistics.median(m["iteration_step_time_seconds"] for m in late)
+        out.update(s_per_step=step_s, images_per_s=IMAGES / step_s,
+                   image_tokens_per_s=IMAGES * image_tokens(size) / step_s)  # fmt: skip
+        out["joint_tokens_per_s"] = out["image_tokens_per_s"] + out["images_per_s"] * caption_tokens
+    peaks = [m[ST_PEAK] for _, m in steps if ST_PEAK in m]
+    out["peak_torch_gib"] = max(peaks) if peaks else None
+    out["first_step_s"] = next((m["iteration_step_time_seconds"] for step, m in steps if step == 1), None)
+    out["fallbacks"] = fallbacks(ST_LOG_PREFIX.sub("", ANSI.sub("", log)))
+    return out
 
 
 def weights_dir(a) -> Path:
@@ -474,15 +584,23 @@ class SmiPeak:
         return self.peak - self.base if self.on else None
 
 
-def run_logged(argv: list[str], env: dict, log: Path, timeout: float) -> int | str:
+def run_logged(argv: list[str], env: dict, log: Path, timeout: float, cwd: Path = ROOT) -> int | str:
+    """Run `argv` into `log`; past `timeout` it gets Ctrl+C first (SimpleTuner's CLI then stops the
+    `accelerate launch` session it started, which a kill of the CLI alone would leave on the GPU), then a
+    kill after STOP_GRACE_S."""
     with open(log, "a") as f:
         f.write(f"$ {' '.join(argv)}\n")
         f.flush()
+        process = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
         try:
-            return subprocess.run(
-                argv, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout, cwd=ROOT
-            ).returncode
+            return process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
             return "timeout"
 
 
@@ -491,16 +609,21 @@ def run_peer(a, side: Side) -> dict:
     log = Path(a.work) / f"{side.peer}-{side.row.replace('/', '-')}.log"
     log.unlink(missing_ok=True)
     shutil.rmtree(side.run_dir, ignore_errors=True)
-    shutil.rmtree(side.env["KOHAKUMOSS_KERNEL_CACHE"], ignore_errors=True)  # an empty tuning cache, as ours
+    if "KOHAKUMOSS_KERNEL_CACHE" in side.env:  # 0.1.0: an empty tuning cache, as ours
+        shutil.rmtree(side.env["KOHAKUMOSS_KERNEL_CACHE"], ignore_errors=True)
     for argv in side.setup:
-        rc = run_logged(argv, side.env, log, a.row_timeout)
+        rc = run_logged(argv, side.env, log, a.row_timeout, side.cwd)
         if rc != 0:
             return {"rc": rc, "stopped": f"setup exit {rc}: {tail(log)}", "log": str(log)}
     t0 = time.perf_counter()
     with SmiPeak(a.device) as smi:
-        rc = run_logged(side.argv, side.env, log, a.row_timeout)
+        rc = run_logged(side.argv, side.env, log, a.row_timeout, side.cwd)
     out = {"rc": rc, "wall_s": time.perf_counter() - t0, "log": str(log), "peak_smi_gib": smi.gib}
-    if side.row == "sample/whole":
+    if side.peer == SIMPLETUNER:
+        text = log.read_text(errors="replace")
+        out.update(read_simpletuner(side.run_dir, a.warmup, mean_caption_tokens(data_dir(a)), a.size, text))
+        out["completed"] = rc == 0 and out["steps"] == a.steps
+    elif side.row == "sample/whole":
         out.update(read_km010_sample(side.run_dir, log.read_text(errors="replace"), a.sample_steps))
         out["completed"] = rc == 0 and out["steps"] == a.sample_steps
     else:
@@ -549,7 +672,19 @@ def why_not(peer: str, row: str, a) -> str | None:
             return KM010_CANNOT[row]
         if not (Path(a.peer_root) / KM010 / "kohakumoss" / "bundle").is_dir():
             return f"KohakuMoss 0.1.0 is not installed under {Path(a.peer_root) / KM010} (bundle_peers.sh)"
+    if peer == SIMPLETUNER:
+        if row in ST_CANNOT:
+            return ST_CANNOT[row]
+        if not (simpletuner_folder(a) / "simpletuner" / "examples" / ST_EXAMPLES[row]).is_dir():
+            return f"SimpleTuner 4.10.1 is not installed under {simpletuner_folder(a)} (bundle_peers.sh --simpletuner)"
     return None
+
+
+def peer_side(a, peer: str, row: str) -> Side:
+    """The side of `peer` that runs `row` (why_not(peer, row) is None)."""
+    if peer == SIMPLETUNER:
+        return simpletuner_side(a, row)
+    return km010_sample_side(a) if row == "sample/whole" else km010_side(a, row)
 
 
 def comparison(results: dict) -> list[dict]:
@@ -655,6 +790,8 @@ def main(argv=None) -> dict:
         "--doc-json", default=None, help="the comparison rows (docs/performance/data/peers_DATE.json)"
     )
     p.add_argument("--dry-run", action="store_true", help="print each side's commands, run nothing")
+    p.add_argument("--preflight", action="store_true",
+                   help="check SimpleTuner's side where it will run (peer_path/simpletuner_preflight.py), run nothing else")  # fmt: skip
     p.add_argument("--card-gb", type=float, default=0.0,
                    help="the card a 'whole' row's layer is read for (default: nvidia-smi's; a dry run without a GPU)")  # fmt: skip
     p.add_argument("--skip-ours", action="store_true", help="the peers' sides only (ours in another call)")
@@ -666,6 +803,8 @@ def main(argv=None) -> dict:
     if bad := sorted(set(rows) - set(ROWS)) + sorted(set(peers) - set(PEERS)):
         raise SystemExit(f"unknown rows / peers {bad}; rows {ROWS}, peers {PEERS}")
     Path(a.work).mkdir(parents=True, exist_ok=True)
+    if a.preflight:
+        raise SystemExit(simpletuner_preflight(a))
     ur, ur_a = ur_args(a)
     if a.card_gb > 0:
         ur.card_gb = lambda device: a.card_gb
@@ -686,13 +825,16 @@ def main(argv=None) -> dict:
                     ur.knobs(ur_a, ur.parse_row(OUR_ROWS[row]), Path(a.work)))  # fmt: skip
                 print("    " + " ".join(argv))
             else:
-                side = km010_sample_side(a) if row == "sample/whole" else km010_side(a, row)
+                side = peer_side(a, peer, row)
+                cd = f"cd {side.cwd} && " if side.cwd != ROOT else ""
                 for cmd in [*side.setup, side.argv]:
-                    print(f"    PYTHONPATH={side.env['PYTHONPATH']} " + " ".join(cmd))
+                    print(f"    {cd}PYTHONPATH={side.env['PYTHONPATH']} " + " ".join(cmd))
         return {}
     if plan:  # none with --rows "": the tables and --doc-json of --merge'd calls only
         km010 = [row for peer, row, why in plan if peer == KM010 and why is None]
-        prepare(a, (["hf"] if km010 else []) + (["pipeline"] if "sample/whole" in km010 else []))
+        st = [row for peer, row, why in plan if peer == SIMPLETUNER and why is None]
+        pipeline = "sample/whole" in km010 or bool(st)  # SimpleTuner loads every model from the pipeline tree
+        prepare(a, (["hf"] if km010 or st else []) + (["pipeline"] if pipeline else []))
     for peer, row, why in plan:
         print(f"=== {peer} {row}", flush=True)
         if why:
@@ -700,9 +842,7 @@ def main(argv=None) -> dict:
         elif peer == OURS:
             results[(peer, row)] = run_ours(a, row, ur, ur_a)
         else:
-            results[(peer, row)] = run_peer(
-                a, km010_sample_side(a) if row == "sample/whole" else km010_side(a, row)
-            )
+            results[(peer, row)] = run_peer(a, peer_side(a, peer, row))
         results[(peer, row)]["options"] = options(a)
         print("\n".join(table({(peer, row): results[(peer, row)]})[1:]), flush=True)
     print(f"\n{a.preset} random weights, {a.size}x{a.size}, {IMAGES} images per step, LoRA r{RANK} attn-mlp, "
@@ -742,6 +882,10 @@ def keep_logs(a) -> None:
         for name in ("log.txt", "metrics.jsonl"):
             if (run / name).exists():
                 shutil.copy(run / name, Path(dest) / f"{KM010}-{run.name}-{name}")
+    for run in (Path(a.work) / "simpletuner").glob("*/output"):
+        for name in ("training_metrics.jsonl", "simpletuner_config.json"):
+            if (run / name).exists():
+                shutil.copy(run / name, Path(dest) / f"{SIMPLETUNER}-{run.parent.name}-{name}")
     if (Path(a.work) / "logs").is_dir():
         shutil.copytree(Path(a.work) / "logs", Path(dest) / OURS, dirs_exist_ok=True)
 

@@ -366,13 +366,16 @@ def test_simpletuner_config_is_its_example_with_the_benchmark_changes(peers, tmp
         changed = {k for k in config if config[k] != theirs.get(k)} | (set(theirs) - set(config))
         allowed = {"data_backend_config", "pretrained_model_name_or_path", "output_dir", "train_batch_size",
                    "gradient_accumulation_steps", "lora_rank", "lora_alpha", "peft_lora_target_modules", "resolution",
-                   "resolution_type", "max_train_steps", "lr_warmup_steps", "checkpoint_step_interval",
-                   "validation_step_interval", "crepa_enabled", "user_prompt_library"}  # fmt: skip
+                   "max_train_steps", "lr_warmup_steps", "checkpoint_step_interval", "validation_step_interval",
+                   "validation_disable", "crepa_enabled", "report_to", "user_prompt_library"}  # fmt: skip
         assert changed <= allowed, (row, changed - allowed)
         assert {"data_backend_config", "peft_lora_target_modules", "crepa_enabled"} <= changed, row
         assert config["model_family"] == "moss_image" and config["model_type"] == "lora"
-        assert (config["train_batch_size"], config["lora_rank"], config["resolution"]) == (2, 32, 1.048576)
-        assert config["crepa_enabled"] is False and config["report_to"] == "none"
+        # its --resolution is an int (pixels; its argument parser refuses 1.048576); the dataset's is area
+        assert (config["train_batch_size"], config["lora_rank"], config["resolution"]) == (2, 32, 1024)
+        assert config["resolution_type"] == theirs["resolution_type"] == "pixel"
+        assert config["crepa_enabled"] is False and config["validation_disable"] is True
+        assert config["report_to"] == "simpletuner"  # its own per-step metrics file, read back by peers.py
         for key in allowed - {"user_prompt_library"}:  # what the benchmark sets: keys its registry knows
             assert f'"--{key}"' in registry, f"{key}: not an argument SimpleTuner 4.10.1 knows"
         loader = json.loads(Path(config["data_backend_config"]).read_text())
@@ -380,4 +383,117 @@ def test_simpletuner_config_is_its_example_with_the_benchmark_changes(peers, tmp
             loader[0]["instance_data_dir"] == str(peers.data_dir(a))
             and loader[0]["caption_strategy"] == "textfile"
         )
+        assert (loader[0]["resolution"], loader[0]["resolution_type"]) == (1.048576, "area")
         assert loader[1]["dataset_type"] == "text_embeds"
+
+
+def fake_simpletuner_install(tmp_path: Path) -> Path:
+    """The folders of SimpleTuner's install that peers.py reads: its two per-card MOSS-Image examples."""
+    root = tmp_path / "peers" / "simpletuner-4.10.1"
+    for example in ("moss_image-24g.peft-lora", "moss_image-80g.peft-lora"):
+        folder = root / "simpletuner" / "examples" / example
+        folder.mkdir(parents=True)
+        config = {"model_family": "moss_image", "model_type": "lora", "report_to": "none", "resolution": 512,
+                  "resolution_type": "pixel", "train_batch_size": 1, "dynamo_backend": "inductor"}  # fmt: skip
+        (folder / "config.json").write_text(json.dumps(config))
+    return root
+
+
+def test_simpletuner_side_is_its_cli_in_the_row_folder_with_its_own_environment(peers, tmp_path):
+    """Each SimpleTuner row runs `simpletuner train` (its console script, st_cli:main) in the folder of the
+    row's config.json, with its install folder, the stand-ins and the probe on PYTHONPATH (none of this
+    project), `accelerate` on PATH as this Python's, no hub, and the row's cap for the probe; the rows it
+    has no setting for say why."""
+    root = fake_simpletuner_install(tmp_path)
+    a = args(peers, tmp_path)
+    peer_path = REPO / "scripts" / "bench" / "peer_path"
+    for row, cap, batch in (("lora/whole", "0.0", 2), ("lora/card24", "24.0", 2)):
+        assert peers.why_not("simpletuner-4.10.1", row, a) is None
+        side = peers.peer_side(a, "simpletuner-4.10.1", row)
+        assert side.argv == [sys.executable, "-m", "st_cli", "train"] and side.setup == []
+        assert (side.cwd / "config.json").exists() and side.run_dir == side.cwd / "output"
+        config = json.loads((side.cwd / "config.json").read_text())
+        assert config["output_dir"] == str(side.run_dir) and config["train_batch_size"] == batch
+        assert config["dynamo_backend"] == "inductor"  # its example's compile stays
+        env = side.env
+        assert env["PYTHONPATH"].split(os.pathsep) == [
+            str(root),
+            str(peer_path / "simpletuner_stubs"),
+            str(peer_path / "simpletuner_probe"),
+        ]
+        assert env["PEER_CAP_GIB"] == cap and env["HF_HUB_OFFLINE"] == "1"
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == str(Path(a.work) / "simpletuner-compiled" / "inductor")
+        launcher = Path(env["PATH"].split(os.pathsep)[0]) / "accelerate"
+        assert launcher.read_text().split("\n")[1] == (
+            f'exec "{sys.executable}" -m accelerate.commands.accelerate_cli "$@"'
+        )
+        assert os.access(launcher, os.X_OK)
+    for row in ("lora/card8", "full/whole", "sample/whole"):
+        assert "SimpleTuner 4.10.1" in peers.why_not("simpletuner-4.10.1", row, a)
+    elsewhere = args(peers, tmp_path, peer_root=str(tmp_path / "none"))
+    assert "bundle_peers.sh --simpletuner" in peers.why_not("simpletuner-4.10.1", "lora/card24", elsewhere)
+
+
+def test_a_simpletuner_run_folder_reads_back_as_the_columns(peers, tmp_path):
+    """SimpleTuner's training_metrics.jsonl as its LocalMetricsTracker.log writes it
+    (helpers/training/local_metrics.py: `_append_json_line(self.metrics_path, {"schema_version":
+    SCHEMA_VERSION, "timestamp": _utc_now(), "step": resolved_step, "metrics": metrics})`, the step's record
+    holding IterationTracker.iteration_metrics()' "iteration_step_time_seconds", the probe's peak; its
+    system-metrics records carry no step time) and its console log as this script's columns."""
+    run = tmp_path / "output"
+    run.mkdir()
+    times = {1: 95.0, 2: 3.0, 3: 1.5, 4: 1.25, 5: 1.0}
+    records = []
+    for step, seconds in times.items():
+        metrics = {"iteration_step_time_seconds": seconds, "seconds_per_step": seconds, "train_loss": 0.5,
+                   "probe/peak_allocated_gib": 20.0 + step}  # fmt: skip
+        records.append({"metrics": metrics, "schema_version": 1, "step": step,
+                        "timestamp": f"2026-12-07T07:14:2{step}.474108+00:00"})  # fmt: skip
+        records.append({"metrics": {"system/cpu_percent": 51.4}, "schema_version": 1, "step": step,
+                        "timestamp": f"2026-12-07T07:14:2{step}.5+00:00"})  # fmt: skip
+    (run / "training_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    # its console format (helpers/log_format.py ColorizedFormatter): f"[RANK {rank}] {level_color}{message}{reset}"
+    warn = "[RANK 0] \x1b[33m2026-12-07 07:16:3{} [WARNING] Key crop_style not found in the current backend config\x1b[0m"
+    log = "\n".join([warn.format("6,687"), warn.format("7,001"), "Epoch 1/3, Steps: 100%"])
+    got = peers.read_simpletuner(run, warmup=2, caption_tokens=20.0, size=1024, log=log)
+    assert got["steps"] == 5 and got["first_step_s"] == 95.0
+    assert got["s_per_step"] == 1.25  # the median of steps 3-5
+    assert got["images_per_s"] == 2 / 1.25 and got["image_tokens_per_s"] == 2 * 4096 / 1.25
+    assert got["joint_tokens_per_s"] == got["image_tokens_per_s"] + got["images_per_s"] * 20.0
+    assert got["peak_torch_gib"] == 25.0
+    assert got["fallbacks"] == ["[WARNING] Key crop_style not found in the current backend config"]
+    empty = peers.read_simpletuner(tmp_path / "none", warmup=2, caption_tokens=20.0, size=1024, log="")
+    assert empty["steps"] == 0 and empty["peak_torch_gib"] is None  # not completed
+
+
+def test_simpletuner_probe_resets_and_logs_the_step_peak_in_its_training_process(tmp_path):
+    """peer_path/simpletuner_probe (SimpleTuner's sitecustomize) wraps its IterationTracker when its module
+    loads: the peak counter is reset where its training loop starts and read into each step's metrics."""
+    import zipfile
+
+    wheel = PEER_WHEELS / "simpletuner-4.10.1" / "simpletuner-4.10.1-py3-none-any.whl"
+    if not wheel.exists():
+        pytest.skip("no SimpleTuner wheel: bash scripts/bench/bundle_peers.sh --simpletuner")
+    package = tmp_path / "simpletuner" / "helpers" / "training"
+    package.mkdir(parents=True)
+    for folder in (package, package.parent, package.parent.parent):
+        (folder / "__init__.py").write_text("")
+    with zipfile.ZipFile(wheel) as z:  # its own tracker module alone (its package __init__s import the rest)
+        (package / "iteration_tracker.py").write_bytes(
+            z.read("simpletuner/helpers/training/iteration_tracker.py")
+        )
+    code = (
+        "import torch\nresets = []\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "torch.cuda.reset_peak_memory_stats = lambda *a: resets.append(1)\n"
+        "torch.cuda.max_memory_allocated = lambda *a: 3 * 2**30\n"
+        "from simpletuner.helpers.training.iteration_tracker import IterationTracker\n"
+        "t = IterationTracker()\nassert not resets\nt.mark_start()\nassert resets == [1]\n"
+        "t.record_step(1)\nm = t.iteration_metrics()\n"
+        "assert m['probe/peak_allocated_gib'] == 3.0 and 'iteration_step_time_seconds' in m, m\n"
+    )
+    probe = REPO / "scripts" / "bench" / "peer_path" / "simpletuner_probe"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(probe)]), "PEER_CAP_GIB": "0"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "peers.py probe: cap 0.0 GiB" in run.stderr
