@@ -135,6 +135,8 @@ METRICS = (  # (key, unit, higher is better)
     ("peak_torch_gib", "GiB", False),
     ("peak_smi_gib", "GiB", False),
     ("first_step_s", "s", False),
+    # the trainer process, launch to exit (a peer's cache scripts before it not counted)
+    ("wall_s", "s", False),
 )
 STOP_GRACE_S = 60  # a timed-out row's seconds between Ctrl+C and a kill
 FALLBACK = re.compile(r"fall(?:s|ing)? ?back|fell back|fallback|compile failed|not supported|WARNING", re.I)
@@ -527,7 +529,7 @@ def image_tokens(size: int) -> int:
 def from_user_run(result: dict, caption_tokens: float, size: int) -> dict:
     """user_runs.py's row as this script's columns (its tokens/s are the real joint tokens)."""
     out = {"steps": result.get("steps", 0), "first_step_s": result.get("first_step_s"),
-           "peak_torch_gib": result.get("peak_gib")}  # fmt: skip
+           "peak_torch_gib": result.get("peak_gib"), "wall_s": result.get("wall_s")}  # fmt: skip
     if result.get("step_s"):
         out["s_per_step"] = result["step_s"]
         out["images_per_s"] = IMAGES / result["step_s"]
@@ -709,14 +711,15 @@ def fmt(v, spec: str) -> str:
 
 def table(results: dict) -> list[str]:
     lines = [f"{'peer':<18} {'row':<13} {'done':>4} {'s/step':>7} {'img/s':>6} {'joint tok/s':>11} {'img tok/s':>9} "
-             f"{'torch GiB':>9} {'smi GiB':>7} {'step 1 s':>8}  fallbacks / why not"]  # fmt: skip
+             f"{'torch GiB':>9} {'smi GiB':>7} {'step 1 s':>8} {'run s':>6}  fallbacks / why not"]  # fmt: skip
     for (peer, row), r in sorted(results.items()):
         note = r.get("not_measured") or r.get("stopped") or "; ".join(r.get("fallbacks") or [])
         lines.append(
             f"{peer:<18} {row:<13} {'yes' if r.get('completed') else 'NO':>4} {fmt(r.get('s_per_step'), '.3f'):>7} "
             f"{fmt(r.get('images_per_s'), '.2f'):>6} {fmt(r.get('joint_tokens_per_s'), ',.0f'):>11} "
             f"{fmt(r.get('image_tokens_per_s'), ',.0f'):>9} {fmt(r.get('peak_torch_gib'), '.1f'):>9} "
-            f"{fmt(r.get('peak_smi_gib'), '.1f'):>7} {fmt(r.get('first_step_s'), '.0f'):>8}  {note[:160]}"
+            f"{fmt(r.get('peak_smi_gib'), '.1f'):>7} {fmt(r.get('first_step_s'), '.0f'):>8} "
+            f"{fmt(r.get('wall_s'), '.0f'):>6}  {note[:160]}"
         )
     return lines
 
@@ -725,7 +728,17 @@ def options(a) -> dict:
     """What a side ran with, kept beside its columns (and in the doc JSON)."""
     return {"preset": a.preset, "size": a.size, "steps": a.steps, "warmup": a.warmup, "images_per_step": IMAGES,
             "rank": RANK, "caption_words": a.caption_words, "sample_steps": a.sample_steps, "cfg": 3.0,
-            "device": a.device}  # fmt: skip
+            "device": a.device, "gpu": gpu_name()}  # fmt: skip
+
+
+def gpu_name() -> str | None:
+    """nvidia-smi's name of GPU 0 (None without one): which card a side's columns are from."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
 def write_doc_json(path: Path, results: dict, a) -> None:
@@ -845,8 +858,10 @@ def main(argv=None) -> dict:
             results[(peer, row)] = run_peer(a, peer_side(a, peer, row))
         results[(peer, row)]["options"] = options(a)
         print("\n".join(table({(peer, row): results[(peer, row)]})[1:]), flush=True)
-    print(f"\n{a.preset} random weights, {a.size}x{a.size}, {IMAGES} images per step, LoRA r{RANK} attn-mlp, "
-          f"{a.steps} steps (medians after {a.warmup})")  # fmt: skip
+    # the options the sides ran with (a --merge'd call's own)
+    ran = next((v["options"] for v in results.values() if v.get("options")), None) or options(a)
+    print(f"\n{ran['preset']} random weights, {ran['size']}x{ran['size']}, {IMAGES} images per step, LoRA r{RANK} "
+          f"attn-mlp, {ran['steps']} steps (medians after {ran['warmup']}), {ran.get('gpu') or 'GPU not read'}")  # fmt: skip
     print("\n".join(table(results)))
     out = a.out or (os.path.join(os.environ["OUT"], "peers.json") if os.environ.get("OUT") else None)
     if out:

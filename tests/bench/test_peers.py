@@ -160,9 +160,12 @@ def test_a_km010_run_folder_reads_back_as_the_columns(peers, tmp_path):
         got["peak_torch_gib"] == 7.0 and len(got["fallbacks"]) == 1 and "falling back" in got["fallbacks"][0]
     )
     ours = peers.from_user_run({"steps": 20, "step_s": 0.5, "tokens_per_s": 17000.0, "peak_gib": 30.0,
-                                "first_step_s": 100.0}, 20.0, 1024)  # fmt: skip
+                                "first_step_s": 100.0, "wall_s": 59.0}, 20.0, 1024)  # fmt: skip
     assert ours["images_per_s"] == 4.0 and ours["image_tokens_per_s"] == 2 * 4096 / 0.5
     assert ours["joint_tokens_per_s"] == 17000.0 and ours["peak_torch_gib"] == 30.0
+    assert ours["wall_s"] == 59.0  # the trainer's launch to exit, as a peer's
+    line = peers.table({("kohakumoss", "lora/card24"): {**ours, "completed": True}})[1]
+    assert line.split()[-1] == "59"  # the run s column
 
 
 def test_a_km010_sampler_log_reads_back_as_the_columns(peers, tmp_path):
