@@ -6,6 +6,7 @@ the same random 5B weights, the same synthetic data and the same GPU, next to ou
     python scripts/bench/peers.py --rows lora/card24 --peers kohakumoss-0.1.0 --steps 12
     python scripts/bench/peers.py --preflight                       # SimpleTuner's side checked, nothing run
     python scripts/bench/peers.py --rows "" --merge a.json --merge b.json --doc-json docs/performance/data/peers_DATE.json
+    python scripts/bench/peers.py --rows lora/card24 --peers "" --skip-ours --merge km010.json --at-peer-peak
 
 Rows (LoRA r32 on the attention + MLP projections, 2 images of 1 MP per step, latent + text caches filled
 before the run; full: every DiT weight):
@@ -42,6 +43,9 @@ sitecustomize: in the training process that `accelerate launch` starts, the cap 
 fraction and the steps' torch peak into its metrics). `--preflight` checks that side where it will run
 (peer_path/simpletuner_preflight.py: Python, glibc, versions, imports, the cap).
 
+--at-peer-peak runs our side of each row again under a cap of each peer's torch peak on it (its doc rows are
+`<row>@peak`): the speed this project gets with no more memory than the peer used.
+
 Columns per row and side: s/step, images/s, joint and image tokens/s, the torch step peak, the GPU's
 nvidia-smi peak above its idle use (sampled every 0.5 s while the row runs), first-step seconds, and the
 fallbacks the trainer logged. The peers' own figures: 0.1.0 logs image tokens/s (`tokens_per_s`),
@@ -61,6 +65,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -119,6 +124,9 @@ SAMPLE_TEXT_TOKENS = 32  # our sampler benchmark's synthetic prompt tokens: the 
 # ours: user_runs.py's row of the same card; rank 32 through its --rank
 OUR_ROWS = {"lora/whole": "whole/lora/2", "lora/card24": "card24/lora/2", "lora/card8": "card8/lora/2",
             "full/whole": "whole/full/2"}  # fmt: skip
+# our row again under a cap of a peer's torch peak on it ("a peak no higher"): its results key is
+# (OURS, f"{row}{AT_PEAK}{peer}"), its doc rows' row f"{row}{AT_PEAK}"
+AT_PEAK = "@peak-of-"
 # 0.1.0's own layers for the row (its bundled configs/moss/...), composed as its recipes compose them
 KM010_LAYERS = {
     "lora/whole": ("_base/base_lora.py", "vram/vram_auto.py", "precision/precision_bf16.py"),
@@ -641,7 +649,9 @@ def tail(log: Path) -> str:
     return lines[-1][:240] if lines else ""
 
 
-def run_ours(a, row: str, ur, ur_a) -> dict:
+def run_ours(a, row: str, ur, ur_a, our_row: str | None = None) -> dict:
+    """Our side of `row`: user_runs.py's row of the same card, or `our_row` (a capped copy: at_peak_row)."""
+    our_row = our_row or OUR_ROWS.get(row)
     if row == "sample/whole":
         log = Path(a.work) / f"{OURS}-sample.log"
         with SmiPeak(a.device) as smi:
@@ -655,14 +665,28 @@ def run_ours(a, row: str, ur, ur_a) -> dict:
                        peak_torch_gib=fast.get("peak_gib"))  # fmt: skip
         return out
     with SmiPeak(a.device) as smi:
-        result = ur.run_row(ur_a, ur.parse_row(OUR_ROWS[row]), Path(a.work))
+        result = ur.run_row(ur_a, ur.parse_row(our_row), Path(a.work))
     out = from_user_run(result, mean_caption_tokens(data_dir(a)), a.size)
     out.update(rc=result["rc"], completed=result["completed"], peak_smi_gib=smi.gib, stopped=result.get("stopped"),
                plan=result.get("plan"), predicted_gib=result.get("predicted_gib"))  # fmt: skip
-    run = Path(a.work) / "runs" / OUR_ROWS[row].replace("/", "-")
+    run = Path(a.work) / "runs" / our_row.replace("/", "-")
     logs = Path(ur_a.logs) / run.name / "log.txt"
     out["fallbacks"] = fallbacks(logs.read_text(errors="replace") if logs.exists() else "")
     return out
+
+
+def at_peak_row(row: str, peak_gib: float) -> str:
+    """user_runs.py's row of `row`'s adapter and images under a cap of `peak_gib` (a peer's torch peak,
+    rounded down to 0.1 GiB): our planner then picks the fastest plan whose estimate fits under it, so
+    our torch peak is no higher than the peer's."""
+    cap = math.floor(peak_gib * 10) / 10
+    return f"card{cap:g}/{OUR_ROWS[row].split('/', 1)[1]}"
+
+
+def at_peak_plan(results: dict, rows: list[str]) -> list[tuple[str, str, str]]:
+    """(row, peer, our capped row) for each peer's completed training side of `rows` with a torch peak."""
+    return [(row, peer, at_peak_row(row, r["peak_torch_gib"])) for (peer, row), r in sorted(results.items())
+            if peer != OURS and row in rows and row in OUR_ROWS and r.get("completed") and r.get("peak_torch_gib")]  # fmt: skip
 
 
 def why_not(peer: str, row: str, a) -> str | None:
@@ -690,18 +714,21 @@ def peer_side(a, peer: str, row: str) -> Side:
 
 
 def comparison(results: dict) -> list[dict]:
-    """The doc rows: one per (peer, row, metric) both sides measured."""
+    """The doc rows: one per (peer, row, metric) both sides measured; `row@peak` for our side capped at the
+    peer's torch peak of the row (--at-peer-peak)."""
     rows = []
     for (peer, row), theirs in sorted(results.items()):
         if peer == OURS or not theirs.get("completed"):
             continue
         ours = results.get((OURS, row), {})
-        if not ours.get("completed"):
-            continue
-        for key, unit, higher in METRICS:
-            if ours.get(key) is not None and theirs.get(key) is not None:
-                rows.append({"peer": peer, "row": row, "metric": key, "ours": ours[key], "theirs": theirs[key],
-                             "unit": unit, "higher_is_better": higher})  # fmt: skip
+        sides = [(row, ours), (row + "@peak", results.get((OURS, f"{row}{AT_PEAK}{peer}"), {}))]
+        for name, side in sides:
+            if not side.get("completed"):
+                continue
+            for key, unit, higher in METRICS:
+                if side.get(key) is not None and theirs.get(key) is not None:
+                    rows.append({"peer": peer, "row": name, "metric": key, "ours": side[key], "theirs": theirs[key],
+                                 "unit": unit, "higher_is_better": higher})  # fmt: skip
     return rows
 
 
@@ -807,6 +834,8 @@ def main(argv=None) -> dict:
                    help="check SimpleTuner's side where it will run (peer_path/simpletuner_preflight.py), run nothing else")  # fmt: skip
     p.add_argument("--card-gb", type=float, default=0.0,
                    help="the card a 'whole' row's layer is read for (default: nvidia-smi's; a dry run without a GPU)")  # fmt: skip
+    p.add_argument("--at-peer-peak", action="store_true",
+                   help="then our side of each row again, capped at each peer's torch peak on it (this call's or --merge'd)")  # fmt: skip
     p.add_argument("--skip-ours", action="store_true", help="the peers' sides only (ours in another call)")
     p.add_argument("--merge", action="append", default=[], metavar="JSON",
                    help="an earlier call's --out (same machine): its sides join this call's in the tables")  # fmt: skip
@@ -858,6 +887,11 @@ def main(argv=None) -> dict:
             results[(peer, row)] = run_peer(a, peer_side(a, peer, row))
         results[(peer, row)]["options"] = options(a)
         print("\n".join(table({(peer, row): results[(peer, row)]})[1:]), flush=True)
+    for row, peer, our_row in at_peak_plan(results, rows) if a.at_peer_peak else []:
+        key = (OURS, f"{row}{AT_PEAK}{peer}")
+        print(f"=== {OURS} {row} capped at {peer}'s torch peak: {our_row}", flush=True)
+        results[key] = {**run_ours(a, row, ur, ur_a, our_row), "options": options(a), "our_row": our_row}
+        print("\n".join(table({key: results[key]})[1:]), flush=True)
     # the options the sides ran with (a --merge'd call's own)
     ran = next((v["options"] for v in results.values() if v.get("options")), None) or options(a)
     print(f"\n{ran['preset']} random weights, {ran['size']}x{ran['size']}, {IMAGES} images per step, LoRA r{RANK} "

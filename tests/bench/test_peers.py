@@ -215,6 +215,34 @@ def test_comparison_rows_pair_both_sides_and_the_doc_json_lists_what_did_not_run
     assert peers.merged([str(out)]) == results
 
 
+def test_our_side_again_at_a_peers_torch_peak_runs_under_it_and_pairs_as_row_at_peak(
+    peers, tmp_path, monkeypatch
+):
+    theirs = {"completed": True, "s_per_step": 0.9, "images_per_s": 2.2, "peak_torch_gib": 8.343}
+    earlier = tmp_path / "km010.json"
+    earlier.write_text(json.dumps([{"peer": "kohakumoss-0.1.0", "row": "lora/card24", **theirs}]))
+    assert peers.at_peak_row("lora/card24", 8.343) == "card8.3/lora/2"  # rounded down: no higher than theirs
+    assert peers.at_peak_row("lora/whole", 61.0) == "card61/lora/2"
+    ran = []
+
+    def run_ours(a, row, ur, ur_a, our_row=None):
+        ran.append((row, our_row))
+        return {"completed": True, "s_per_step": 0.7, "images_per_s": 2.9, "peak_torch_gib": 7.9}
+
+    monkeypatch.setattr(peers, "run_ours", run_ours)
+    monkeypatch.setattr(peers, "prepare", lambda a, layouts: None)
+    doc = tmp_path / "peers.json"
+    got = peers.main(["--rows", "lora/card24", "--peers", "", "--skip-ours", "--merge", str(earlier),
+                      "--at-peer-peak", "--work", str(tmp_path / "work"), "--doc-json", str(doc),
+                      "--out", str(tmp_path / "out.json")])  # fmt: skip
+    assert ran == [("lora/card24", "card8.3/lora/2")]
+    assert got[("kohakumoss", "lora/card24@peak-of-kohakumoss-0.1.0")]["our_row"] == "card8.3/lora/2"
+    rows = {(r["row"], r["metric"]): (r["ours"], r["theirs"]) for r in json.loads(doc.read_text())["rows"]}
+    assert rows[("lora/card24@peak", "images_per_s")] == (2.9, 2.2)
+    assert rows[("lora/card24@peak", "peak_torch_gib")] == (7.9, 8.343)
+    assert ("lora/card24", "images_per_s") not in rows  # our uncapped side did not run in these calls
+
+
 def peer_install(tmp_path: Path, peer: str, wheel: str, *extra: str) -> Path:
     """`peer`'s wheel (bundle_peers.sh's) installed into a folder of its own, as the GPU call does, with
     `extra` wheels built for this Python (bundle_peers.sh's .whl/local/)."""
