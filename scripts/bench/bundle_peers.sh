@@ -28,9 +28,11 @@ download() {  # download DIR PKG...: binary wheels for the GPU machine's Python,
 # Its torch>=2.13 pin is not installed: --no-deps, and it runs on the image's torch (2.11).
 download .whl/peers/kohakumoss-0.1.0 kohakumoss==0.1.0 kohakuvault==0.9.0 anyschedule==0.1.0
 
-# DiffSynth-Studio 2.1.12: carried for its DiT key check only (its wheel has no MOSS-Image training
-# script: docs/performance/peers.md); ~1 MB.
+# DiffSynth-Studio 2.1.12: for tests/bench/test_peers.py only (its DiT key check; that neither its wheel nor its
+# sdist holds its MOSS-Image scripts, which its README runs from a clone's examples/: docs/performance/peers.md,
+# peers.py CANNOT); ~1 MB each. The sdist goes to .whl/local/ (tests here), the wheel beside the other peers.
 download .whl/peers/diffsynth-2.1.12 diffsynth==2.1.12
+python3 -m pip download -q --no-deps --no-binary=:all: -d .whl/local diffsynth==2.1.12
 
 # tests/bench/test_peers.py runs 0.1.0 on this machine's Python too: kohakuvault is a compiled wheel
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl/local kohakuvault==0.9.0

@@ -55,8 +55,8 @@ in training_metrics.jsonl, under `report_to` "simpletuner"), no token count: its
 its image tokens 4096 per 1 MP image. --doc-json writes the comparison as a list of rows {peer, row,
 metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is listed with its reason under
 `not_measured` (docs/performance/peers.md). A peer that does not run: DiffSynth-Studio 2.1.12 (its
-MOSS-Image training script is not in the PyPI package; its loader picks each model by the md5 of its
-file's keys, so it samples only with a text encoder of the released 9B shape); SimpleTuner has no
+README trains and samples MOSS-Image through scripts in a clone's examples/moss_image/, which neither its
+wheel nor its sdist holds and no source reachable here has: DIFFSYNTH_SCRIPTS); SimpleTuner has no
 `lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT). Their rows say so.
 """
 
@@ -89,13 +89,23 @@ KM010 = "kohakumoss-0.1.0"
 SIMPLETUNER = "simpletuner-4.10.1"
 DIFFSYNTH = "diffsynth-2.1.12"
 PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
+# DiffSynth-Studio's own MOSS-Image scripts in a clone's examples/: its README's model table names the .sh and
+# the sampler; every model's LoRA .sh runs `accelerate launch examples/<model>/model_training/train.py`
+DIFFSYNTH_SCRIPTS = (
+    "examples/moss_image/model_training/train.py",
+    "examples/moss_image/model_training/lora/MOSS-Image-Base.sh",
+    "examples/moss_image/model_inference/MOSS-Image-Base.py",
+)
 # why a peer has no such row, or cannot run at all (checked from its package: docs/performance/peers.md)
 CANNOT = {
-    DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
-    "released transformer/ files, recognised by their keys) but no MOSS-Image training script (that lives "
-    "in the repository's examples/, not on PyPI), and its loader picks each model class by the md5 of its "
-    "file's keys and shapes, so it samples only with a text encoder of the released 9B shape (an 18 GB "
-    "random file, past what a row should write): not run",
+    DIFFSYNTH: f"DiffSynth-Studio 2.1.12 trains MOSS-Image with {DIFFSYNTH_SCRIPTS[1]} (accelerate launch "
+    f"{DIFFSYNTH_SCRIPTS[0]}) and samples with {DIFFSYNTH_SCRIPTS[2]}, from a git clone (its README installs "
+    "with git clone, pip install -e .); its wheel and sdist hold only the diffsynth/ package (the MOSS-Image "
+    "pipeline, DiT and text encoder, and the generic loop diffusion/runner.py, not the script that builds "
+    "the MOSS-Image training module and picks its LoRA targets), and the newest snapshot of its repository "
+    "reachable here (2026-08-22, version 2.1.2) predates its MOSS-Image support (2026-10-20): its own "
+    "trainer and sampler cannot be carried to the GPU machine (a script written here would be this "
+    "project's, not its): not run",
 }
 KM010_CANNOT: dict[str, str] = {}  # every row runs
 # SimpleTuner 4.10.1's rows it has no setting for, or whose side is not written (read from its wheel)

@@ -308,6 +308,37 @@ def test_our_hf_layout_is_the_file_diffsynth_recognises_as_the_moss_image_dit(tm
     assert loader.hash_state_dict_keys(state) not in registered
 
 
+def test_diffsynth_ships_no_moss_image_script_of_its_own_to_run(peers):
+    """Why DiffSynth-Studio has no side (peers.CANNOT): its README's MOSS-Image training and sampling scripts
+    are a clone's examples/, which neither its wheel nor its sdist holds; its wheel has the model code."""
+    import tarfile
+    import zipfile
+
+    wheels = sorted((PEER_WHEELS / peers.DIFFSYNTH).glob("diffsynth-2.1.12-*.whl"))
+    if not wheels:
+        pytest.skip(f"no diffsynth wheel under {PEER_WHEELS}: run scripts/bench/bundle_peers.sh")
+    with zipfile.ZipFile(wheels[0]) as wheel:
+        names = wheel.namelist()
+        readme = wheel.read("diffsynth-2.1.12.dist-info/METADATA").decode()
+        runner = wheel.read("diffsynth/diffusion/runner.py").decode()
+    assert "diffsynth/pipelines/moss_image.py" in names and "diffsynth/models/moss_image_dit.py" in names
+    assert not [n for n in names if not n.startswith(("diffsynth/", "diffsynth-2.1.12.dist-info/"))]
+    for script in peers.DIFFSYNTH_SCRIPTS:
+        assert script in peers.CANNOT[peers.DIFFSYNTH]
+        assert not [n for n in names if n.endswith(script.rsplit("/", 1)[1]) and "moss" in n.lower()]
+    # its README points a user at the clone's scripts and installs from source
+    assert f"(/{peers.DIFFSYNTH_SCRIPTS[1]})" in readme and f"(/{peers.DIFFSYNTH_SCRIPTS[2]})" in readme
+    assert "git clone https://github.com/modelscope/DiffSynth-Studio.git" in readme
+    # the generic loop is there (one sample per micro-step); the MOSS-Image module that feeds it is not
+    assert "collate_fn=lambda x: x[0]" in runner and "def launch_training_task" in runner
+    sdists = sorted(LOCAL_WHEELS.glob("diffsynth-2.1.12.tar.gz"))
+    if sdists:
+        with tarfile.open(sdists[0]) as sdist:
+            members = sdist.getnames()
+        assert any(m.endswith("diffsynth/pipelines/moss_image.py") for m in members)
+        assert not [m for m in members if "/examples/" in m or m.endswith("/examples")]
+
+
 def test_kohakumoss_010_samples_from_the_pipeline_tree_written_for_it(peers, tmp_path):
     """write_weights.py's pipeline tree (tiny: transformer/, tokenizer/, text_encoder/, vae/) is what 0.1.0's
     own sampler loads: its sample.py, in its own process, runs the steps and logs their times."""
