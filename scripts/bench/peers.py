@@ -57,7 +57,9 @@ metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is lis
 `not_measured` (docs/performance/peers.md). A peer that does not run: DiffSynth-Studio 2.1.12 (its
 MOSS-Image training script is not in the PyPI package; its loader picks each model by the md5 of its
 file's keys, so it samples only with a text encoder of the released 9B shape); SimpleTuner has no
-`lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT). Their rows say so.
+`lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT); the MOSS-Image code of sd-scripts
+(v0.12.1+) and of ai-toolkit is on no package index and newer than the snapshots readable here, and
+OpenCV, which both import, does not fit a call beside .whl/ (CANNOT). Their rows say so.
 """
 
 from __future__ import annotations
@@ -88,7 +90,15 @@ OURS = "kohakumoss"
 KM010 = "kohakumoss-0.1.0"
 SIMPLETUNER = "simpletuner-4.10.1"
 DIFFSYNTH = "diffsynth-2.1.12"
-PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
+SDSCRIPTS = "sd-scripts-0.12.1"  # kohya-ss/sd-scripts, the release issue #47 names
+AITOOLKIT = "ai-toolkit"  # ostris/ai-toolkit (no releases: a commit of its main branch)
+PEERS = (KM010, SIMPLETUNER, DIFFSYNTH, SDSCRIPTS, AITOOLKIT)
+# what both lack for the GPU machine beyond its image and .whl/ (every call carries at most 64 MiB,
+# .whl/ ~44 MB of it): OpenCV, which sd-scripts' library/train_util.py and ai-toolkit's
+# toolkit/data_loader.py import at module level (`bundle_peers.sh --sdscripts-aitoolkit-size`)
+OPENCV_WHEEL = (
+    "opencv-python-headless 5.1.0.95's wheel is 60.8 MiB, which with .whl/ (44 MB) is past a call's 64 MiB"
+)
 # why a peer has no such row, or cannot run at all (checked from its package: docs/performance/peers.md)
 CANNOT = {
     DIFFSYNTH: "DiffSynth-Studio 2.1.12's wheel holds the MOSS-Image pipeline and DiT (which loads the "
@@ -96,6 +106,17 @@ CANNOT = {
     "in the repository's examples/, not on PyPI), and its loader picks each model class by the md5 of its "
     "file's keys and shapes, so it samples only with a text encoder of the released 9B shape (an 18 GB "
     "random file, past what a row should write): not run",
+    SDSCRIPTS: "sd-scripts' MOSS-Image trainer (v0.12.1 or later) cannot be read or carried from here: the "
+    "project is on no package index (its README installs a git clone), the GPU machine has no network, "
+    "and the repository's stored snapshot (main 48d368fa, 2026-02-16; newest tag v0.10.1, Anima) predates "
+    "its MOSS-Image support, so its script, the model files it loads, its text-encoder caching and its "
+    f"blocks_to_swap / fp8_base settings for this model are unknown; besides, {OPENCV_WHEEL}: not run",
+    AITOOLKIT: "ai-toolkit's MOSS-Image model (extensions_built_in/diffusion_models/moss_image) cannot be read "
+    "or carried from here: the project is on no package index (PyPI's ostris-ai-toolkit 0.2.7 is a 2024 "
+    "fork without it), the GPU machine has no network, and the repository's stored snapshot (27a03a91, "
+    "2026-08-21) predates MOSS-Image, so its example YAML, the files it loads, its low_vram / "
+    "layer_offloading settings for this model and the diffusers commit it pins are unknown; besides, "
+    f"{OPENCV_WHEEL}: not run",
 }
 KM010_CANNOT: dict[str, str] = {}  # every row runs
 # SimpleTuner 4.10.1's rows it has no setting for, or whose side is not written (read from its wheel)
