@@ -59,7 +59,7 @@ MOSS-Image training script is not in the PyPI package; its loader picks each mod
 file's keys, so it samples only with a text encoder of the released 9B shape); SimpleTuner has no
 `lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT); the MOSS-Image code of sd-scripts
 (v0.12.1+) and of ai-toolkit is on no package index and newer than the snapshots readable here, and
-OpenCV, which both import, does not fit a call beside .whl/ (CANNOT). Their rows say so.
+OpenCV, which ai-toolkit imports, does not fit a call beside .whl/ (CANNOT). Their rows say so.
 """
 
 from __future__ import annotations
@@ -93,9 +93,9 @@ DIFFSYNTH = "diffsynth-2.1.12"
 SDSCRIPTS = "sd-scripts-0.12.1"  # kohya-ss/sd-scripts, the release issue #47 names
 AITOOLKIT = "ai-toolkit"  # ostris/ai-toolkit (no releases: a commit of its main branch)
 PEERS = (KM010, SIMPLETUNER, DIFFSYNTH, SDSCRIPTS, AITOOLKIT)
-# what both lack for the GPU machine beyond its image and .whl/ (every call carries at most 64 MiB,
-# .whl/ ~44 MB of it): OpenCV, which sd-scripts' library/train_util.py and ai-toolkit's
-# toolkit/data_loader.py import at module level (`bundle_peers.sh --sdscripts-aitoolkit-size`)
+# what ai-toolkit lacks for the GPU machine beyond its image and .whl/ (every call carries at most 64 MiB,
+# .whl/ ~44 MB of it): OpenCV, which its toolkit/data_loader.py imports at module level
+# (`bundle_peers.sh --sdscripts-aitoolkit-size`); later sd-scripts stub it (library/cv2_compat.py)
 OPENCV_WHEEL = (
     "opencv-python-headless 5.1.0.95's wheel is 60.8 MiB, which with .whl/ (44 MB) is past a call's 64 MiB"
 )
@@ -110,7 +110,7 @@ CANNOT = {
     "project is on no package index (its README installs a git clone), the GPU machine has no network, "
     "and the repository's stored snapshot (main 48d368fa, 2026-02-16; newest tag v0.10.1, Anima) predates "
     "its MOSS-Image support, so its script, the model files it loads, its text-encoder caching and its "
-    f"blocks_to_swap / fp8_base settings for this model are unknown; besides, {OPENCV_WHEEL}: not run",
+    "blocks_to_swap / fp8_base settings for this model are unknown: not run",
     AITOOLKIT: "ai-toolkit's MOSS-Image model (extensions_built_in/diffusion_models/moss_image) cannot be read "
     "or carried from here: the project is on no package index (PyPI's ostris-ai-toolkit 0.2.7 is a 2024 "
     "fork without it), the GPU machine has no network, and the repository's stored snapshot (27a03a91, "
