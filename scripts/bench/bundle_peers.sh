@@ -5,11 +5,17 @@
 # (the project's .whl/ wheels from ../shared/device/bundle-wheels.sh give a peer kohaku-engine, lycoris-lora
 # and diffusers; the image has torch, transformers, accelerate, safetensors, numpy, pillow, tqdm).
 # Usage (from the project's root):  bash scripts/bench/bundle_peers.sh [--simpletuner] [--simpletuner-size]
+#   [--sdscripts-aitoolkit-size]
 #   --simpletuner: also SimpleTuner 4.10.1 and the packages its MOSS-Image LoRA path imports that neither the
 #   image nor .whl/ has (docs/performance/peers.md, "SimpleTuner 4.10.1"), into .whl/peers/simpletuner-4.10.1/;
 #   wandb, boto3/botocore and spacy, imported but never called there, are scripts/bench/peer_path/simpletuner_stubs/.
 #   --simpletuner-size: also download its declared requirements' largest wheels the image lacks into a
 #   scratch folder (never carried) and print their size: why they are not carried whole.
+#   --sdscripts-aitoolkit-size: the wheels that sd-scripts' and ai-toolkit's trainers import at module level
+#   and that neither the image nor .whl/ has (read from their repositories' newest readable commits, which
+#   predate MOSS-Image: docs/performance/peers.md), into a scratch folder (never carried), with their sizes.
+#   Neither project is on a package index: their code would travel as a git-ignored folder under
+#   .whl/peers/, and there is no MOSS-Image version of either to put there (peers.py CANNOT).
 set -euo pipefail
 root=$(git rev-parse --show-toplevel)
 cd "$root"
@@ -65,6 +71,22 @@ if [[ " $* " == *" --simpletuner-size "* ]]; then
   download "$scratch" simpletuner==4.10.1 faiss-cpu av spacy datasets torchcodec
   echo "SimpleTuner 4.10.1 and five of its missing requirements (not carried):"
   du -ch "$scratch"/*.whl | tail -n 1
+  rm -rf "$scratch"
+fi
+
+if [[ " $* " == *" --sdscripts-aitoolkit-size "* ]]; then
+  scratch=$(mktemp -d)
+  # sd-scripts (48d368fa): library/config_util.py imports voluptuous, library/train_util.py imagesize and
+  # cv2 (a later library/cv2_compat.py stubs cv2 when OpenCV is missing)
+  download "$scratch/sd-scripts" voluptuous==0.15.2 imagesize==1.4.1
+  # ai-toolkit (27a03a91): run.py imports dotenv, toolkit/config.py oyaml, toolkit/config_modules.py torchao,
+  # toolkit/data_loader.py albumentations and cv2, toolkit/stable_diffusion_model.py optimum.quanto; its
+  # diffusers is a git commit (no release) and its lycoris-lora 1.8.3 (.whl/ has 4.x)
+  download "$scratch/ai-toolkit" python-dotenv oyaml==1.0 torchao==0.10.0 optimum-quanto==0.2.4 \
+    albumentations==1.4.15 albucore==0.0.16 opencv-python-headless
+  du -b "$scratch"/*/*.whl | sed "s|$scratch/||"
+  du -ch "$scratch"/sd-scripts/*.whl | tail -n 1 | sed 's/total/sd-scripts, not counting OpenCV/'
+  du -ch "$scratch"/ai-toolkit/*.whl | tail -n 1 | sed 's/total/ai-toolkit/'
   rm -rf "$scratch"
 fi
 

@@ -57,7 +57,9 @@ metric, ours, theirs, unit, higher_is_better}; a row a peer could not run is lis
 `not_measured` (docs/performance/peers.md). A peer that does not run: DiffSynth-Studio 2.1.12 (its
 README trains and samples MOSS-Image through scripts in a clone's examples/moss_image/, which neither its
 wheel nor its sdist holds and no source reachable here has: DIFFSYNTH_SCRIPTS); SimpleTuner has no
-`lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT). Their rows say so.
+`lora/card8`, `full/whole` or `sample/whole` setting (ST_CANNOT); the MOSS-Image code of sd-scripts
+(v0.12.1+) and of ai-toolkit is on no package index and newer than the snapshots readable here, and
+OpenCV, which ai-toolkit imports, does not fit a call beside .whl/ (CANNOT). Their rows say so.
 """
 
 from __future__ import annotations
@@ -88,13 +90,21 @@ OURS = "kohakumoss"
 KM010 = "kohakumoss-0.1.0"
 SIMPLETUNER = "simpletuner-4.10.1"
 DIFFSYNTH = "diffsynth-2.1.12"
-PEERS = (KM010, SIMPLETUNER, DIFFSYNTH)
+SDSCRIPTS = "sd-scripts-0.12.1"  # kohya-ss/sd-scripts, the release issue #47 names
+AITOOLKIT = "ai-toolkit"  # ostris/ai-toolkit (no releases: a commit of its main branch)
+PEERS = (KM010, SIMPLETUNER, DIFFSYNTH, SDSCRIPTS, AITOOLKIT)
 # DiffSynth-Studio's own MOSS-Image scripts in a clone's examples/: its README's model table names the .sh and
 # the sampler; every model's LoRA .sh runs `accelerate launch examples/<model>/model_training/train.py`
 DIFFSYNTH_SCRIPTS = (
     "examples/moss_image/model_training/train.py",
     "examples/moss_image/model_training/lora/MOSS-Image-Base.sh",
     "examples/moss_image/model_inference/MOSS-Image-Base.py",
+)
+# what ai-toolkit lacks for the GPU machine beyond its image and .whl/ (every call carries at most 64 MiB,
+# .whl/ ~44 MB of it): OpenCV, which its toolkit/data_loader.py imports at module level
+# (`bundle_peers.sh --sdscripts-aitoolkit-size`); later sd-scripts stub it (library/cv2_compat.py)
+OPENCV_WHEEL = (
+    "opencv-python-headless 5.1.0.95's wheel is 60.8 MiB, which with .whl/ (44 MB) is past a call's 64 MiB"
 )
 # why a peer has no such row, or cannot run at all (checked from its package: docs/performance/peers.md)
 CANNOT = {
@@ -106,6 +116,17 @@ CANNOT = {
     "reachable here (2026-08-22, version 2.1.2) predates its MOSS-Image support (2026-10-20): its own "
     "trainer and sampler cannot be carried to the GPU machine (a script written here would be this "
     "project's, not its): not run",
+    SDSCRIPTS: "sd-scripts' MOSS-Image trainer (v0.12.1 or later) cannot be read or carried from here: the "
+    "project is on no package index (its README installs a git clone), the GPU machine has no network, "
+    "and the repository's stored snapshot (main 48d368fa, 2026-02-16; newest tag v0.10.1, Anima) predates "
+    "its MOSS-Image support, so its script, the model files it loads, its text-encoder caching and its "
+    "blocks_to_swap / fp8_base settings for this model are unknown: not run",
+    AITOOLKIT: "ai-toolkit's MOSS-Image model (extensions_built_in/diffusion_models/moss_image) cannot be read "
+    "or carried from here: the project is on no package index (PyPI's ostris-ai-toolkit 0.2.7 is a 2024 "
+    "fork without it), the GPU machine has no network, and the repository's stored snapshot (27a03a91, "
+    "2026-08-21) predates MOSS-Image, so its example YAML, the files it loads, its low_vram / "
+    "layer_offloading settings for this model and the diffusers commit it pins are unknown; besides, "
+    f"{OPENCV_WHEEL}: not run",
 }
 KM010_CANNOT: dict[str, str] = {}  # every row runs
 # SimpleTuner 4.10.1's rows it has no setting for, or whose side is not written (read from its wheel)

@@ -559,3 +559,23 @@ def test_simpletuner_probe_resets_and_logs_the_step_peak_in_its_training_process
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "peers.py probe: cap 0.0 GiB" in run.stderr
+
+
+def test_sd_scripts_and_ai_toolkit_rows_are_listed_as_not_run_with_why(peers, tmp_path):
+    # their MOSS-Image code is on no package index and newer than the readable snapshots, and OpenCV
+    # (which ai-toolkit imports) does not fit a call beside .whl/: every row is listed, none is run
+    doc = tmp_path / "peers_doc.json"
+    work = tmp_path / "work"
+    results = peers.main(["--peers", f"{peers.SDSCRIPTS},{peers.AITOOLKIT}", "--skip-ours", "--images", "1",
+                          "--size", "64", "--peer-root", str(tmp_path / "peers"), "--work", str(work),
+                          "--weights-dir", str(tmp_path / "weights"), "--out", str(tmp_path / "out.json"),
+                          "--logs", str(tmp_path / "logs"), "--doc-json", str(doc)])  # fmt: skip
+    listed = {(r["peer"], r["row"]): r["why"] for r in json.loads(doc.read_text())["not_measured"]}
+    assert set(listed) == {(p, r) for p in (peers.SDSCRIPTS, peers.AITOOLKIT) for r in peers.ROWS}
+    assert {listed[(p, "lora/card24")] for p in (peers.SDSCRIPTS, peers.AITOOLKIT)} == {
+        peers.CANNOT[peers.SDSCRIPTS],
+        peers.CANNOT[peers.AITOOLKIT],
+    }
+    assert all(peers.OPENCV_WHEEL in listed[(peers.AITOOLKIT, row)] for row in peers.ROWS)
+    assert not any(v.get("completed") for v in results.values())
+    assert not list(work.glob("*.log")) and not (tmp_path / "weights").exists()  # nothing of theirs ran
