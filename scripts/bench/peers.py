@@ -43,8 +43,8 @@ sitecustomize: in the training process that `accelerate launch` starts, the cap 
 fraction and the steps' torch peak into its metrics). `--preflight` checks that side where it will run
 (peer_path/simpletuner_preflight.py: Python, glibc, versions, imports, the cap).
 
---at-peer-peak runs our side of each row again under a cap of each peer's torch peak on it (its doc rows are
-`<row>@peak`): the speed this project gets with no more memory than the peer used.
+--at-peer-peak runs our side of each row again with CARD_GB at each peer's nvidia-smi peak on it (its doc rows
+are `<row>@peak`): the speed this project gets on a card holding no more than the peer's process did.
 
 Columns per row and side: s/step, images/s, joint and image tokens/s, the torch step peak, the GPU's
 nvidia-smi peak above its idle use (sampled every 0.5 s while the row runs), first-step seconds, and the
@@ -155,7 +155,7 @@ SAMPLE_TEXT_TOKENS = 32  # our sampler benchmark's synthetic prompt tokens: the 
 # ours: user_runs.py's row of the same card; rank 32 through its --rank
 OUR_ROWS = {"lora/whole": "whole/lora/2", "lora/card24": "card24/lora/2", "lora/card8": "card8/lora/2",
             "full/whole": "whole/full/2"}  # fmt: skip
-# our row again under a cap of a peer's torch peak on it ("a peak no higher"): its results key is
+# our row again on a card of a peer's nvidia-smi peak on it ("a peak no higher"): its results key is
 # (OURS, f"{row}{AT_PEAK}{peer}"), its doc rows' row f"{row}{AT_PEAK}"
 AT_PEAK = "@peak-of-"
 # 0.1.0's own layers for the row (its bundled configs/moss/...), composed as its recipes compose them
@@ -707,17 +707,22 @@ def run_ours(a, row: str, ur, ur_a, our_row: str | None = None) -> dict:
 
 
 def at_peak_row(row: str, peak_gib: float) -> str:
-    """user_runs.py's row of `row`'s adapter and images under a cap of `peak_gib` (a peer's torch peak,
-    rounded down to 0.1 GiB): our planner then picks the fastest plan whose estimate fits under it, so
-    our torch peak is no higher than the peer's."""
+    """user_runs.py's row of `row`'s adapter and images on a card of `peak_gib` (CARD_GB: a peer's
+    nvidia-smi peak on the row, rounded down to 0.1 GiB): our planner then picks the fastest plan whose
+    estimate, with the CUDA context and margin a card needs, fits the memory the peer's process held."""
     cap = math.floor(peak_gib * 10) / 10
     return f"card{cap:g}/{OUR_ROWS[row].split('/', 1)[1]}"
 
 
+def peer_peak(side: dict) -> float | None:
+    """What a peer's process held on the card: its nvidia-smi peak, else its torch peak."""
+    return side.get("peak_smi_gib") or side.get("peak_torch_gib")
+
+
 def at_peak_plan(results: dict, rows: list[str]) -> list[tuple[str, str, str]]:
-    """(row, peer, our capped row) for each peer's completed training side of `rows` with a torch peak."""
-    return [(row, peer, at_peak_row(row, r["peak_torch_gib"])) for (peer, row), r in sorted(results.items())
-            if peer != OURS and row in rows and row in OUR_ROWS and r.get("completed") and r.get("peak_torch_gib")]  # fmt: skip
+    """(row, peer, our capped row) for each peer's completed training side of `rows` with a peak."""
+    return [(row, peer, at_peak_row(row, peer_peak(r))) for (peer, row), r in sorted(results.items())
+            if peer != OURS and row in rows and row in OUR_ROWS and r.get("completed") and peer_peak(r)]  # fmt: skip
 
 
 def why_not(peer: str, row: str, a) -> str | None:
@@ -746,7 +751,7 @@ def peer_side(a, peer: str, row: str) -> Side:
 
 def comparison(results: dict) -> list[dict]:
     """The doc rows: one per (peer, row, metric) both sides measured; `row@peak` for our side capped at the
-    peer's torch peak of the row (--at-peer-peak)."""
+    peer's nvidia-smi peak on the row (--at-peer-peak)."""
     rows = []
     for (peer, row), theirs in sorted(results.items()):
         if peer == OURS or not theirs.get("completed"):
@@ -866,7 +871,7 @@ def main(argv=None) -> dict:
     p.add_argument("--card-gb", type=float, default=0.0,
                    help="the card a 'whole' row's layer is read for (default: nvidia-smi's; a dry run without a GPU)")  # fmt: skip
     p.add_argument("--at-peer-peak", action="store_true",
-                   help="then our side of each row again, capped at each peer's torch peak on it (this call's or --merge'd)")  # fmt: skip
+                   help="then our side of each row again, CARD_GB at each peer's nvidia-smi peak on it (this call's or --merge'd)")  # fmt: skip
     p.add_argument("--skip-ours", action="store_true", help="the peers' sides only (ours in another call)")
     p.add_argument("--merge", action="append", default=[], metavar="JSON",
                    help="an earlier call's --out (same machine): its sides join this call's in the tables")  # fmt: skip
@@ -920,7 +925,7 @@ def main(argv=None) -> dict:
         print("\n".join(table({(peer, row): results[(peer, row)]})[1:]), flush=True)
     for row, peer, our_row in at_peak_plan(results, rows) if a.at_peer_peak else []:
         key = (OURS, f"{row}{AT_PEAK}{peer}")
-        print(f"=== {OURS} {row} capped at {peer}'s torch peak: {our_row}", flush=True)
+        print(f"=== {OURS} {row} on a card of {peer}'s nvidia-smi peak: {our_row}", flush=True)
         results[key] = {**run_ours(a, row, ur, ur_a, our_row), "options": options(a), "our_row": our_row}
         print("\n".join(table({key: results[key]})[1:]), flush=True)
     # the options the sides ran with (a --merge'd call's own)

@@ -215,13 +215,22 @@ def test_comparison_rows_pair_both_sides_and_the_doc_json_lists_what_did_not_run
     assert peers.merged([str(out)]) == results
 
 
-def test_our_side_again_at_a_peers_torch_peak_runs_under_it_and_pairs_as_row_at_peak(
+def test_our_side_again_on_a_card_of_a_peers_peak_runs_under_it_and_pairs_as_row_at_peak(
     peers, tmp_path, monkeypatch
 ):
-    theirs = {"completed": True, "s_per_step": 0.9, "images_per_s": 2.2, "peak_torch_gib": 8.343}
+    theirs = {
+        "completed": True,
+        "s_per_step": 0.9,
+        "images_per_s": 2.2,
+        "peak_torch_gib": 8.343,
+        "peak_smi_gib": 9.68,
+    }
     earlier = tmp_path / "km010.json"
     earlier.write_text(json.dumps([{"peer": "kohakumoss-0.1.0", "row": "lora/card24", **theirs}]))
-    assert peers.at_peak_row("lora/card24", 8.343) == "card8.3/lora/2"  # rounded down: no higher than theirs
+    assert (
+        peers.at_peak_row("lora/card24", 9.68) == "card9.6/lora/2"
+    )  # rounded down: no more than theirs held
+    assert peers.peer_peak({"peak_torch_gib": 8.3}) == 8.3  # no nvidia-smi reading: the torch peak
     assert peers.at_peak_row("lora/whole", 61.0) == "card61/lora/2"
     ran = []
 
@@ -235,8 +244,8 @@ def test_our_side_again_at_a_peers_torch_peak_runs_under_it_and_pairs_as_row_at_
     got = peers.main(["--rows", "lora/card24", "--peers", "", "--skip-ours", "--merge", str(earlier),
                       "--at-peer-peak", "--work", str(tmp_path / "work"), "--doc-json", str(doc),
                       "--out", str(tmp_path / "out.json")])  # fmt: skip
-    assert ran == [("lora/card24", "card8.3/lora/2")]
-    assert got[("kohakumoss", "lora/card24@peak-of-kohakumoss-0.1.0")]["our_row"] == "card8.3/lora/2"
+    assert ran == [("lora/card24", "card9.6/lora/2")]
+    assert got[("kohakumoss", "lora/card24@peak-of-kohakumoss-0.1.0")]["our_row"] == "card9.6/lora/2"
     rows = {(r["row"], r["metric"]): (r["ours"], r["theirs"]) for r in json.loads(doc.read_text())["rows"]}
     assert rows[("lora/card24@peak", "images_per_s")] == (2.9, 2.2)
     assert rows[("lora/card24@peak", "peak_torch_gib")] == (7.9, 8.343)
