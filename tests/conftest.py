@@ -1,6 +1,7 @@
 """Shared test setup: no hub access ever, GPU tests skip cleanly without CUDA."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -31,3 +32,39 @@ def pytest_runtest_logreport(report):
     if path and report.failed:
         with open(path, "a") as f:
             f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
+
+_pool_leaks: list[str] = []
+_session_status = 0
+
+
+@pytest.fixture(autouse=True)
+def _process_pool_leak_check(request):
+    """Name each test that leaves a process pool's manager running (its join could hang the exit)."""
+    from tests.exit_guard import live_pool_managers, new_pool_managers
+
+    before = live_pool_managers()
+    yield
+    if left := new_pool_managers(before):
+        _pool_leaks.append(f"{request.node.nodeid}: {len(left)} process pool(s) still running")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _session_status
+    _session_status = int(exitstatus)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _pool_leaks:
+        terminalreporter.section("process pools left running by a test")
+        for line in _pool_leaks:
+            terminalreporter.write_line(line)
+
+
+def pytest_unconfigure(config):
+    """The process always exits (tests/exit_guard.py): leftover pool workers ended, then a watchdog."""
+    from tests.exit_guard import arm_exit_watchdog, end_leftover_workers
+
+    if killed := end_leftover_workers():
+        print(f"exit_guard: ended {len(killed)} leftover worker process(es): {killed}", file=sys.stderr)
+    arm_exit_watchdog(_session_status)

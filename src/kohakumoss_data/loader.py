@@ -10,6 +10,7 @@ is stopped the same way when the interpreter exits, before concurrent.futures jo
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import queue
@@ -90,6 +91,22 @@ def open_caches(
     return latents, texts
 
 
+def _close_to_submits(pool: Executor) -> tuple[list, threading.Thread | None]:
+    """Mark `pool` shut and return its workers and manager thread, both under the lock a first submit forks
+    the workers in: a submit racing the stop (the feeder thread, while `Loader.close()` runs in another)
+    then either forked before, and its workers are stopped with the rest, or raises; it never forks
+    workers nobody stops, whose join at the interpreter's exit could wait forever."""
+    # ProcessPoolExecutor's fields, 3.8 to 3.14 (3.14 adds terminate_workers())
+    lock = getattr(pool, "_shutdown_lock", None) or contextlib.nullcontext()
+    with lock:
+        if hasattr(pool, "_shutdown_thread"):
+            pool._shutdown_thread = True
+            pool._cancel_pending_futures = True
+        procs = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() drops the reference
+    return procs, manager
+
+
 def stop_pool(pool: Executor, grace_s: float = LoaderKnobs.stop_grace_s, warn: bool = True) -> int:
     """Shut `pool` down without waiting on a stuck worker: queued tasks are cancelled, running ones get
     `grace_s` to finish, then their workers are terminated (killed 2 s later). Returns how many were.
@@ -99,9 +116,7 @@ def stop_pool(pool: Executor, grace_s: float = LoaderKnobs.stop_grace_s, warn: b
     never returns (a read on a hung mount, a lock a fork copied held) would hang a stop forever. Workers
     only read (results are assembled and cached in the parent), so ending one mid-task loses nothing.
     """
-    # ProcessPoolExecutor keeps its workers in `_processes` (3.8 to 3.14; 3.14 adds terminate_workers())
-    procs = list((getattr(pool, "_processes", None) or {}).values())
-    manager = getattr(pool, "_executor_manager_thread", None)  # shutdown() drops the reference
+    procs, manager = _close_to_submits(pool)
     pool.shutdown(wait=False, cancel_futures=True)
     deadline = time.monotonic() + grace_s
     for p in procs:

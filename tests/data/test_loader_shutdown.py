@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing as mp
 import os
 import signal
 import subprocess
@@ -149,3 +150,25 @@ def test_a_stop_is_quiet_during_ctrl_c_and_when_the_consumer_left():
         seen.append(_stopping_quietly())
     seen.append(_stopping_quietly())  # an explicit close in normal flow warns
     assert seen == [True, True, False]
+
+
+def test_a_submit_racing_the_stop_leaves_no_worker_running():
+    """`Loader.close()` stops a pool from one thread while the feeder submits from another. Here the submit
+    lands at the worst moment, after the stop looked at the workers and before it shut the pool: it must
+    raise, or its worker be stopped with the rest (unseen, it ran on and its join hung the exit)."""
+    pool = worker_pool(1, None, None)
+    raced: list[object] = []
+    shutdown = pool.shutdown
+
+    def submit_then_shutdown(*args, **kwargs):
+        try:
+            raced.append(pool.submit(time.sleep, 3600))
+        except RuntimeError:  # "cannot schedule new futures after shutdown"
+            raced.append(None)
+        return shutdown(*args, **kwargs)
+
+    pool.shutdown = submit_then_shutdown
+    stop_pool(pool, grace_s=0.2, warn=False)
+    assert raced, "the stop never shut the pool down"
+    pids = [p.pid for p in mp.active_children()]
+    assert wait_gone(pids, 5.0) == [], "a worker forked by the racing submit is still running"
