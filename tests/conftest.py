@@ -1,7 +1,10 @@
 """Shared test setup: no hub access ever, GPU tests skip cleanly without CUDA."""
 
+import importlib.util
 import os
 import sys
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +37,17 @@ def pytest_runtest_logreport(report):
             f.write(f"== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
+def _beside(name: str) -> types.ModuleType:
+    """A module file next to this conftest, by path (the conftest also runs copied into a test's folder)."""
+    spec = importlib.util.spec_from_file_location(
+        f"_kohakumoss_{name}", Path(__file__).with_name(f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+exit_guard = _beside("exit_guard")
 _pool_leaks: list[str] = []
 _session_status = 0
 
@@ -41,11 +55,9 @@ _session_status = 0
 @pytest.fixture(autouse=True)
 def _process_pool_leak_check(request):
     """Name each test that leaves a process pool's manager running (its join could hang the exit)."""
-    from tests.exit_guard import live_pool_managers, new_pool_managers
-
-    before = live_pool_managers()
+    before = exit_guard.live_pool_managers()
     yield
-    if left := new_pool_managers(before):
+    if left := exit_guard.new_pool_managers(before):
         _pool_leaks.append(f"{request.node.nodeid}: {len(left)} process pool(s) still running")
 
 
@@ -63,8 +75,6 @@ def pytest_terminal_summary(terminalreporter):
 
 def pytest_unconfigure(config):
     """The process always exits (tests/exit_guard.py): leftover pool workers ended, then a watchdog."""
-    from tests.exit_guard import arm_exit_watchdog, end_leftover_workers
-
-    if killed := end_leftover_workers():
+    if killed := exit_guard.end_leftover_workers():
         print(f"exit_guard: ended {len(killed)} leftover worker process(es): {killed}", file=sys.stderr)
-    arm_exit_watchdog(_session_status)
+    exit_guard.arm_exit_watchdog(_session_status)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 def test_each_failure_is_written_as_it_happens(tmp_path):
-    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    for name in ("conftest.py", "exit_guard.py"):  # the conftest and the module it loads from beside it
+        shutil.copy(Path(__file__).with_name(name), tmp_path / name)
     (tmp_path / "test_two.py").write_text("def test_a():\n    assert 1 == 2\n\ndef test_b():\n    pass\n")
     log = tmp_path / "failures.txt"
     env = {**os.environ, "KOHAKUMOSS_TEST_FAILURES": str(log)}
